@@ -1,0 +1,69 @@
+// TcpStore: the client of a TCP rendezvous store. It talks to ddprun's store server and to
+// PyTorch's own TCPStore server, in either wire generation (see docs/store.md).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/store.hpp"
+
+namespace ddp {
+
+enum class WireGeneration {
+  kV1,  // torch 1.13 .. 2.1: no handshake, opcodes SET=0 ...
+  kV2,  // torch 2.2+: VALIDATE magic + PING first, opcodes SET=1 ...
+};
+
+struct TcpStoreOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 29500;
+  // Bound on every blocking call (get/wait); also Store::timeout().
+  std::chrono::milliseconds timeout{Store::kDefaultTimeout};
+  // Connection attempts retry with jittered exponential backoff until this deadline.
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+  WireGeneration generation = WireGeneration::kV2;
+};
+
+class TcpStore : public Store {
+ public:
+  // Connects (retrying until options.connect_timeout); throws NetworkError/TimeoutError
+  // naming host:port and the time spent.
+  explicit TcpStore(TcpStoreOptions options);
+  ~TcpStore() override;
+  TcpStore(const TcpStore&) = delete;
+  TcpStore& operator=(const TcpStore&) = delete;
+
+  void set(const std::string& key, const std::string& value) override;
+  std::string get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  std::string compare_set(const std::string& key, const std::string& expected,
+                          const std::string& desired) override;
+  bool check(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  using Store::wait;
+  bool delete_key(const std::string& key) override;
+  int64_t num_keys() override;
+
+  // Generation-2 extras (throw StoreError on a generation-1 connection).
+  void append(const std::string& key, const std::string& value);
+  std::vector<std::string> multi_get(const std::vector<std::string>& keys);
+  void multi_set(const std::vector<std::string>& keys, const std::vector<std::string>& values);
+  std::vector<std::string> list_keys();
+  void queue_push(const std::string& key, const std::string& value);
+  int64_t queue_len(const std::string& key);
+  // Returns false (and leaves value untouched) if the queue is empty.
+  bool queue_pop(const std::string& key, std::string& value);
+  void ping();
+
+  const TcpStoreOptions& options() const { return options_; }
+
+ private:
+  struct Impl;
+  TcpStoreOptions options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddp
