@@ -1,0 +1,173 @@
+// A process group: the ranks of one job joined for collectives. Create one from the
+// environment ddprun (or torchrun) sets, or from explicit options, then call collectives:
+//
+//   auto pg = ddp::init_process_group_from_env();          // RANK, WORLD_SIZE, MASTER_* ...
+//   pg->all_reduce(std::span<float>(grad), {.op = ddp::ReduceOp::kAvg});
+//
+// Every collective is blocking and must be called by every rank in the same order with
+// the same count/dtype/options. Errors throw ddp::CollectiveError or ddp::TimeoutError
+// (ddp/error.hpp) naming the operation, this rank, the peer involved and the cause; after
+// a failure the group is unusable and every later call throws at once.
+//
+// Backends:
+//   kCpu   host buffers; ring all-reduce over shared memory (ranks on one host) and TCP
+//          (between hosts), a flat shared-memory algorithm for small messages.
+//   kNccl  CUDA device buffers (void* device pointers), work enqueued on the group's CUDA
+//          stream and waited for (the call returns when the result is in place).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "ddp/collectives.hpp"
+#include "ddp/store.hpp"
+#include "ddp/types.hpp"
+
+namespace ddp {
+
+enum class Backend { kCpu, kNccl };
+
+// How the CPU backend links ranks. kAuto: shared memory between ranks on the same host
+// (same hostname, boot id and namespaces), TCP otherwise. kTcp: TCP everywhere.
+enum class Transport { kAuto, kTcp };
+
+struct ProcessGroupOptions {
+  int rank = -1;
+  int world_size = -1;
+  // Rendezvous store (all ranks must see the same keys). Required for world_size > 1.
+  std::shared_ptr<Store> store;
+  Backend backend = Backend::kCpu;
+  // Bound on bootstrap and default bound on each collective (options.timeout == 0).
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // Key namespace inside the store; give each group sharing a store its own name.
+  std::string name = "pg";
+  // This rank's index on its host (-1: unknown). NCCL uses it as the default device.
+  int local_rank = -1;
+
+  // CPU backend.
+  Transport transport = Transport::kAuto;
+  // Address other ranks use to reach this one over TCP. Empty: 127.0.0.1 when every rank
+  // is on this host, else $DDP_HOST, else the local address routing to $MASTER_ADDR, else
+  // the hostname's first IPv4 address.
+  std::string host;
+  // Messages of at most this many bytes per rank take the flat shared-memory algorithm
+  // when every rank is on one host (0 disables it).
+  size_t small_message_bytes = 64 << 10;
+  // Pipelining granularity of the ring algorithms.
+  size_t chunk_bytes = 128 << 10;
+  // Capacity of each shared-memory link (rounded up to 64 bytes).
+  size_t shm_ring_bytes = 2 << 20;
+
+  // NCCL backend.
+  int device = -1;              // CUDA device; -1: local_rank (or rank) modulo device count
+  void* cuda_stream = nullptr;  // cudaStream_t to enqueue on; null: the group creates one
+};
+
+// What ddprun/torchrun put in a worker's environment.
+struct LaunchEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr;
+  int master_port = 0;
+  bool use_agent_store = false;  // TORCHELASTIC_USE_AGENT_STORE == "True"
+  int restart_count = 0;         // TORCHELASTIC_RESTART_COUNT
+};
+
+// Reads the variables above; throws UsageError naming a missing or malformed one.
+LaunchEnv read_launch_env();
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  Backend backend() const { return backend_; }
+  std::chrono::milliseconds default_timeout() const { return timeout_; }
+
+  // In place: data (count elements) becomes the reduction over all ranks.
+  void all_reduce(void* data, size_t count, DType dtype, const AllReduceOptions& opts = {});
+  // In place: data on every rank becomes the root's.
+  void broadcast(void* data, size_t count, DType dtype, const BroadcastOptions& opts = {});
+  // output (count * size() elements) = every rank's input (count elements), in rank order.
+  void all_gather(const void* input, void* output, size_t count, DType dtype,
+                  const AllGatherOptions& opts = {});
+  // input holds count * size() elements; output (count elements) = the reduction of every
+  // rank's input block number rank().
+  void reduce_scatter(const void* input, void* output, size_t count, DType dtype,
+                      const ReduceScatterOptions& opts = {});
+  void barrier(const BarrierOptions& opts = {});
+
+  template <class T>
+  void all_reduce(std::span<T> data, const AllReduceOptions& opts = {}) {
+    all_reduce(data.data(), data.size(), dtype_of<T>(), opts);
+  }
+  template <class T>
+  void broadcast(std::span<T> data, const BroadcastOptions& opts = {}) {
+    broadcast(data.data(), data.size(), dtype_of<T>(), opts);
+  }
+  template <class T>
+  void all_gather(std::span<const T> input, std::span<T> output, const AllGatherOptions& opts = {}) {
+    check_span_sizes("all_gather", input.size() * static_cast<size_t>(size_), output.size());
+    all_gather(input.data(), output.data(), input.size(), dtype_of<T>(), opts);
+  }
+  template <class T>
+  void reduce_scatter(std::span<const T> input, std::span<T> output,
+                      const ReduceScatterOptions& opts = {}) {
+    check_span_sizes("reduce_scatter", output.size() * static_cast<size_t>(size_), input.size());
+    reduce_scatter(input.data(), output.data(), output.size(), dtype_of<T>(), opts);
+  }
+
+  // Set once a collective failed: the reason every later call reports (empty if healthy).
+  std::string failure() const { return failure_; }
+
+ protected:
+  ProcessGroup(int rank, int size, Backend backend, std::chrono::milliseconds timeout);
+
+  enum class Op { kAllReduce, kBroadcast, kAllGather, kReduceScatter, kBarrier };
+  static const char* op_name(Op op);
+
+  virtual void do_all_reduce(void* data, size_t count, DType dtype, ReduceOp op,
+                             std::chrono::steady_clock::time_point deadline) = 0;
+  virtual void do_broadcast(void* data, size_t count, DType dtype, int root,
+                            std::chrono::steady_clock::time_point deadline) = 0;
+  virtual void do_all_gather(const void* input, void* output, size_t count, DType dtype,
+                             std::chrono::steady_clock::time_point deadline) = 0;
+  virtual void do_reduce_scatter(const void* input, void* output, size_t count, DType dtype,
+                                 ReduceOp op, std::chrono::steady_clock::time_point deadline) = 0;
+  virtual void do_barrier(std::chrono::steady_clock::time_point deadline) = 0;
+  // Called once when a collective throws: tell peers (best effort) and release resources
+  // that would make them wait. Must not throw.
+  virtual void on_failure(const std::string& reason) noexcept {}
+
+ private:
+  template <class F>
+  void run(Op op, std::chrono::milliseconds timeout, F&& body);
+  void check_span_sizes(const char* op, size_t expected, size_t got) const;
+
+  int rank_;
+  int size_;
+  Backend backend_;
+  std::chrono::milliseconds timeout_;
+  std::string failure_;
+};
+
+// Joins a group from explicit options (throws UsageError on bad options, TimeoutError or
+// CollectiveError if peers do not show up or cannot be reached).
+std::unique_ptr<ProcessGroup> init_process_group(ProcessGroupOptions options);
+
+// Joins from the environment ddprun sets: rank/world size/local rank from RANK, WORLD_SIZE,
+// LOCAL_RANK; the store is ddprun's agent store (TcpStore client of MASTER_ADDR:MASTER_PORT,
+// which requires TORCHELASTIC_USE_AGENT_STORE=True) under the prefix
+// "ddp/attempt_<TORCHELASTIC_RESTART_COUNT>". Other fields of `options` (backend, timeout,
+// transport, ...) are kept; rank, world_size, local_rank and store are overwritten.
+std::unique_ptr<ProcessGroup> init_process_group_from_env(ProcessGroupOptions options = {});
+
+}  // namespace ddp

@@ -1,0 +1,39 @@
+// A point-to-point byte stream between this rank and one peer (internal to the CPU backend).
+// Non-blocking: try_send copies what fits, peek shows what has arrived. Both ends call
+// end_message() after every collective so that the next one starts aligned.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace ddp::detail {
+
+class Link {
+ public:
+  explicit Link(int peer) : peer_(peer) {}
+  virtual ~Link() = default;
+  Link(const Link&) = delete;
+  Link& operator=(const Link&) = delete;
+
+  int peer() const { return peer_; }
+  virtual const char* kind() const = 0;  // "shared memory", "tcp"
+  // Copies up to n bytes into the link; returns how many (0: full right now).
+  virtual size_t try_send(const uint8_t* p, size_t n) = 0;
+  // Received bytes not yet consumed (may be empty). Throws CollectiveError if the peer is
+  // gone and nothing is left.
+  virtual std::span<const uint8_t> peek() = 0;
+  virtual void consume(size_t n) = 0;
+  virtual void end_message() {}
+  // Socket to poll, or -1 (shared memory: wait on this rank's doorbell instead).
+  virtual int fd() const { return -1; }
+  // Makes the peer see end-of-stream at once (used when this rank fails).
+  virtual void shutdown() noexcept {}
+  // True once the peer closed the stream (what is buffered can still be read).
+  virtual bool at_eof() const { return false; }
+
+ private:
+  int peer_;
+};
+
+}  // namespace ddp::detail

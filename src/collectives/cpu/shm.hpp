@@ -1,0 +1,103 @@
+// Shared-memory segment of the ranks on one host (internal to the CPU backend).
+//
+// Layout: header | RankCtl per local rank | RingCtl per local rank | ring data per local
+// rank (rank i's ring carries i -> its right neighbour) | flat slots [2][nlocal].
+// Signalling: each rank has a doorbell (eventcount on a futex word) that peers ring after
+// they make data or space available for it.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "link.hpp"
+
+namespace ddp::detail {
+
+struct alignas(64) Bell {
+  std::atomic<uint32_t> seq{0};
+  std::atomic<uint32_t> sleepers{0};
+};
+
+struct alignas(64) RankCtl {
+  std::atomic<int32_t> pid{0};
+  std::atomic<uint32_t> aborted{0};
+  alignas(64) Bell bell;
+  alignas(64) std::atomic<uint32_t> flat_posted{0};
+};
+
+struct alignas(64) RingCtl {
+  alignas(64) std::atomic<uint64_t> head{0};  // written by the sender
+  alignas(64) std::atomic<uint64_t> tail{0};  // written by the receiver
+};
+
+// Wakes whoever sleeps on the bell.
+void ring_bell(Bell& b) noexcept;
+// Sleeps until the bell's seq differs from ticket or `timeout_us` passes.
+void wait_bell(Bell& b, uint32_t ticket, long timeout_us) noexcept;
+
+class ShmSegment {
+ public:
+  // Creates a new segment (name chosen here, see name()).
+  static std::unique_ptr<ShmSegment> create(int nlocal, size_t ring_bytes, size_t flat_bytes);
+  // Maps an existing segment by name and checks its header.
+  static std::unique_ptr<ShmSegment> open(const std::string& name, int nlocal);
+  ~ShmSegment();
+
+  const std::string& name() const { return name_; }
+  // Removes the name (mappings stay valid). Idempotent, never throws.
+  void unlink() noexcept;
+
+  int nlocal() const { return nlocal_; }
+  size_t ring_bytes() const { return ring_bytes_; }
+  size_t flat_bytes() const { return flat_bytes_; }
+  RankCtl& rank(int local) { return ranks_[local]; }
+  RingCtl& ring(int local) { return rings_[local]; }
+  uint8_t* ring_data(int local) { return ring_data_ + static_cast<size_t>(local) * ring_bytes_; }
+  uint8_t* flat_slot(uint32_t parity, int local) {
+    return flat_data_ + (static_cast<size_t>(parity & 1u) * nlocal_ + local) * flat_bytes_;
+  }
+
+ private:
+  ShmSegment() = default;
+  void layout(bool init);
+
+  std::string name_;
+  bool unlinked_ = false;
+  void* base_ = nullptr;
+  size_t size_ = 0;
+  int nlocal_ = 0;
+  size_t ring_bytes_ = 0;
+  size_t flat_bytes_ = 0;
+  RankCtl* ranks_ = nullptr;
+  RingCtl* rings_ = nullptr;
+  uint8_t* ring_data_ = nullptr;
+  uint8_t* flat_data_ = nullptr;
+};
+
+// Link over the segment: sends on ring `out_local` (this rank's ring), receives on ring
+// `in_local` (the peer's ring); either may be -1 when unused in that direction.
+class ShmLink : public Link {
+ public:
+  ShmLink(int peer, ShmSegment& seg, int out_local, int in_local, Bell* peer_bell, Bell* my_bell);
+  const char* kind() const override { return "shared memory"; }
+  size_t try_send(const uint8_t* p, size_t n) override;
+  std::span<const uint8_t> peek() override;
+  void consume(size_t n) override;
+  void end_message() override;
+
+ private:
+  ShmSegment& seg_;
+  RingCtl* out_ = nullptr;
+  uint8_t* out_data_ = nullptr;
+  RingCtl* in_ = nullptr;
+  const uint8_t* in_data_ = nullptr;
+  uint64_t cap_;
+  Bell* peer_bell_;
+  Bell* my_bell_;
+  bool pad_pending_ = false;
+};
+
+}  // namespace ddp::detail

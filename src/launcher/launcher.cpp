@@ -1,0 +1,80 @@
+#include "launcher/launcher.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <random>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "ddp/error.hpp"
+#include "launcher/log.hpp"
+#include "launcher/options.hpp"
+#include "launcher/rendezvous.hpp"
+#include "launcher/supervisor.hpp"
+#include "launcher/version.hpp"
+
+namespace ddprun {
+
+namespace {
+
+std::string random_run_id() {
+  std::random_device rd;
+  std::mt19937_64 g((static_cast<uint64_t>(rd()) << 32) ^ rd());
+  uint64_t a = g(), b = g();
+  return fmt::format("{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}", a >> 32, (a >> 16) & 0xffff, a & 0xfff,
+                     0x8000 | (b >> 48 & 0x3fff), b & 0xffffffffffffULL);
+}
+
+std::string host_name() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  return buf;
+}
+
+void print_error(const std::string& msg) {
+  std::string line = "ddprun: error: " + msg + "\n";
+  ssize_t r = ::write(2, line.data(), line.size());
+  (void)r;
+}
+
+}  // namespace
+
+int run_main(const std::vector<std::string>& args) {
+  Options o;
+  try {
+    auto env = current_environment();
+    o = parse_options(args, env);
+    if (o.help) {
+      fmt::print("{}", o.help_text);
+      return 0;
+    }
+    if (o.version) {
+      fmt::print("ddprun {}\n", kVersion);
+      return 0;
+    }
+    setup_logging(o.log_level);
+    block_supervised_signals(o);
+    if (o.standalone) o.rdzv_id = random_run_id();
+    RendezvousConfig rc{o, host_name()};
+    Rendezvous rdzv(rc);
+    JobPlan plan = rdzv.join();
+    if (sets_omp_threads(o, env))
+      spdlog::warn(
+          "OMP_NUM_THREADS is not set: setting it to 1 for each worker so that {} workers do not overload the "
+          "machine; tune it for your application",
+          o.nproc_per_node);
+    Supervisor sup(o, plan, env, rdzv.sync());
+    JobOutcome outcome = sup.run();
+    return outcome.exit_code;
+  } catch (const ddp::UsageError& e) {
+    print_error(e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    print_error(e.what());
+    return 1;
+  }
+}
+
+}  // namespace ddprun

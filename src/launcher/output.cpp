@@ -1,0 +1,270 @@
+#include "launcher/output.hpp"
+
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <ctime>
+
+#include <fmt/format.h>
+
+namespace ddprun {
+
+namespace {
+
+void write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;  // a closed console or a full disk: nothing better to do than go on
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+// Bytes at the end of [p, p+n) that start a UTF-8 sequence which is not complete yet.
+size_t incomplete_utf8_tail(const char* p, size_t n) {
+  for (size_t back = 1; back <= 3 && back <= n; ++back) {
+    auto c = static_cast<unsigned char>(p[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte: look further back
+    size_t len = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+    return len > back ? back : 0;
+  }
+  return 0;
+}
+
+// A cut at or before max that does not split a UTF-8 character.
+size_t utf8_cut(const char* p, size_t max) {
+  size_t cut = max;
+  while (cut > max - 3 && (static_cast<unsigned char>(p[cut]) & 0xC0) == 0x80) --cut;
+  return cut;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- ConsoleWriter
+
+ConsoleWriter::ConsoleWriter(int fd, size_t bound, int wake_fd)
+    : fd_(fd), bound_(bound), wake_fd_(wake_fd), thread_([this] { run(); }) {}
+
+ConsoleWriter::~ConsoleWriter() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void ConsoleWriter::push(std::string&& chunk) {
+  if (chunk.empty()) return;
+  size_t total = pending_.fetch_add(chunk.size(), std::memory_order_relaxed) + chunk.size();
+  if (total >= bound_) waiting_for_room_.store(true, std::memory_order_relaxed);
+  {
+    std::lock_guard lk(mu_);
+    queue_.push_back(std::move(chunk));
+  }
+  cv_.notify_one();
+}
+
+void ConsoleWriter::flush() {
+  std::unique_lock lk(mu_);
+  drained_.wait(lk, [&] { return pending_.load() == 0; });
+}
+
+void ConsoleWriter::run() {
+  std::deque<std::string> batch;
+  for (;;) {
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty() && stop_) return;
+      batch.swap(queue_);
+    }
+    // One writev for many chunks; chunks hold whole lines, so lines never tear.
+    size_t i = 0;
+    while (i < batch.size()) {
+      iovec iov[64];
+      size_t cnt = std::min<size_t>(64, batch.size() - i);
+      size_t bytes = 0;
+      for (size_t k = 0; k < cnt; ++k) {
+        iov[k] = {batch[i + k].data(), batch[i + k].size()};
+        bytes += batch[i + k].size();
+      }
+      ssize_t w = ::writev(fd_, iov, static_cast<int>(cnt));
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) w = static_cast<ssize_t>(bytes);  // console gone: drop, keep workers moving
+      size_t left = static_cast<size_t>(w), done = 0, k = 0;
+      while (k < cnt && left >= batch[i + k].size()) {
+        left -= batch[i + k].size();
+        done += batch[i + k].size();
+        ++k;
+      }
+      if (k < cnt && left > 0) {  // a chunk written in part: finish it before the next writev
+        write_all(fd_, batch[i + k].data() + left, batch[i + k].size() - left);
+        done += batch[i + k].size();
+        ++k;
+      }
+      pending_.fetch_sub(done, std::memory_order_relaxed);
+      i += k;
+    }
+    batch.clear();
+    size_t now = pending_.load(std::memory_order_relaxed);
+    if (waiting_for_room_.load(std::memory_order_relaxed) && now < bound_ / 2) {
+      waiting_for_room_.store(false, std::memory_order_relaxed);
+      uint64_t one = 1;
+      ssize_t r = ::write(wake_fd_, &one, sizeof one);
+      (void)r;
+    }
+    if (now == 0) {
+      std::lock_guard lk(mu_);
+      drained_.notify_all();
+    }
+  }
+}
+
+// ---------------------------------------------------------------- StreamForwarder
+
+StreamForwarder::StreamForwarder(ForwarderConfig cfg) : cfg_(std::move(cfg)) {}
+
+std::string StreamForwarder::stamp(std::chrono::system_clock::time_point now) const {
+  if (!cfg_.timestamps) return {};
+  auto t = std::chrono::system_clock::to_time_t(now);
+  auto us = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
+  tm tmv{};
+  localtime_r(&t, &tmv);
+  char buf[64];
+  size_t len = strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tmv);
+  return fmt::format("{}.{:06d} ", std::string_view(buf, len), us);
+}
+
+void StreamForwarder::remember(const char* p, size_t n) {
+  if (cfg_.tail_lines == 0) return;
+  // Lines in the tail are capped: the report wants the gist, not a 1 MiB line.
+  constexpr size_t kTailLineMax = 1024;
+  tail_partial_.append(p, std::min(n, kTailLineMax - std::min(kTailLineMax, tail_partial_.size())));
+}
+
+void StreamForwarder::emit_piece(std::string& out, const char* p, size_t n, bool terminated,
+                                 const std::string& stamp) {
+  if (cfg_.tail_lines) {
+    size_t body = n;
+    while (body > 0 && (p[body - 1] == '\n' || p[body - 1] == '\r')) --body;
+    remember(p, body);
+    if (terminated) {
+      tail_.push_back(std::move(tail_partial_));
+      tail_partial_.clear();
+      if (tail_.size() > cfg_.tail_lines) tail_.pop_front();
+    }
+  }
+  if (terminated) ++lines_;
+  Console* c = cfg_.console;
+  if (!c) return;
+  if (c->dangling && c->dangling != this) out += '\n';  // close another worker's unfinished line
+  if (c->dangling != this) {
+    out += stamp;
+    out += cfg_.prefix;
+  }
+  out.append(p, n);
+  c->dangling = terminated ? nullptr : this;
+}
+
+void StreamForwarder::send(std::string& out) {
+  if (!out.empty() && cfg_.console) cfg_.console->writer->push(std::move(out));
+}
+
+void StreamForwarder::feed(const char* data, size_t n, std::chrono::system_clock::time_point now) {
+  last_data_ = std::chrono::steady_clock::now();
+  if (cfg_.file_fd >= 0) write_all(cfg_.file_fd, data, n);
+  if (!cfg_.console && cfg_.tail_lines == 0) {
+    lines_ += static_cast<uint64_t>(std::count(data, data + n, '\n'));
+    return;
+  }
+  const std::string st = stamp(now);
+  std::string out;
+  out.reserve(n + (n / 16 + 2) * (cfg_.prefix.size() + st.size()));
+  const char* p = data;
+  const char* end = data + n;
+  if (after_cr_ && p < end && *p == '\n') {
+    // "\r\n" split across reads: the '\n' ends the line already sent with its '\r'.
+    if (cfg_.console) out += '\n';
+    ++p;
+  }
+  after_cr_ = false;
+  while (p < end) {
+    const char* q = p;
+    while (q < end && *q != '\n' && *q != '\r') ++q;
+    if (q == end) {
+      partial_.append(p, static_cast<size_t>(end - p));
+      while (partial_.size() >= kMaxLine) {
+        size_t cut = utf8_cut(partial_.data(), kMaxLine);
+        std::string piece = partial_.substr(0, cut) + kContinuation;
+        emit_piece(out, piece.data(), piece.size(), true, st);
+        partial_.erase(0, cut);
+      }
+      break;
+    }
+    size_t term = (*q == '\r' && q + 1 < end && q[1] == '\n') ? 2 : 1;
+    if (*q == '\r' && q + 1 == end) after_cr_ = true;
+    const char* line_end = q + term;
+    if (partial_.empty() && static_cast<size_t>(line_end - p) <= kMaxLine) {
+      emit_piece(out, p, static_cast<size_t>(line_end - p), true, st);
+    } else {
+      partial_.append(p, static_cast<size_t>(line_end - p));
+      while (partial_.size() > kMaxLine) {
+        size_t cut = utf8_cut(partial_.data(), kMaxLine);
+        std::string piece = partial_.substr(0, cut) + kContinuation;
+        emit_piece(out, piece.data(), piece.size(), true, st);
+        partial_.erase(0, cut);
+      }
+      emit_piece(out, partial_.data(), partial_.size(), true, st);
+      partial_.clear();
+    }
+    p = line_end;
+  }
+  send(out);
+}
+
+void StreamForwarder::flush_partial(std::chrono::system_clock::time_point now) {
+  size_t keep = incomplete_utf8_tail(partial_.data(), partial_.size());
+  if (partial_.size() == keep) return;
+  std::string out;
+  emit_piece(out, partial_.data(), partial_.size() - keep, false, stamp(now));
+  partial_.erase(0, partial_.size() - keep);
+  send(out);
+}
+
+void StreamForwarder::finish(std::chrono::system_clock::time_point now) {
+  if (partial_.empty()) return;
+  partial_ += '\n';
+  std::string out;
+  emit_piece(out, partial_.data(), partial_.size(), true, stamp(now));
+  partial_.clear();
+  send(out);
+}
+
+std::string expand_prefix(const std::string& tmpl, int rank, int local_rank, const std::string& role,
+                          const std::string& hostname) {
+  std::string out;
+  for (size_t i = 0; i < tmpl.size();) {
+    auto try_macro = [&](std::string_view name, const std::string& value) {
+      if (tmpl.compare(i, name.size(), name) == 0) {
+        out += value;
+        i += name.size();
+        return true;
+      }
+      return false;
+    };
+    if (tmpl[i] == '$' && (try_macro("${rank}", std::to_string(rank)) ||
+                           try_macro("${local_rank}", std::to_string(local_rank)) ||
+                           try_macro("${role_name}", role) || try_macro("${hostname}", hostname)))
+      continue;
+    out += tmpl[i++];
+  }
+  return out;
+}
+
+}  // namespace ddprun

@@ -1,0 +1,99 @@
+// Forwarding of worker output: every line of every worker reaches ddprun's stdout or
+// stderr whole, prefixed, never torn, never dropped, with bounded memory.
+//
+//   ConsoleWriter   one per console stream; a thread that owns the blocking write(2)s, so
+//                   that a stalled console never stalls ddprun's event loop. When more than
+//                   its bound is queued, readers pause (workers block on their pipes).
+//   Console         the writer plus which worker left a line unfinished on it.
+//   StreamForwarder one per worker stream: splits lines, adds the prefix, splits overlong
+//                   lines at a UTF-8 boundary with a visible mark, writes log files, keeps
+//                   the tail of stderr for the failure report.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ddprun {
+
+class ConsoleWriter {
+ public:
+  // fd: 1 or 2. wake_fd: an eventfd written when the queue drains below half the bound.
+  ConsoleWriter(int fd, size_t bound, int wake_fd);
+  ~ConsoleWriter();
+  void push(std::string&& chunk);
+  bool full() const { return pending_.load(std::memory_order_relaxed) >= bound_; }
+  void flush();  // blocks until everything queued is written
+
+ private:
+  void run();
+  int fd_;
+  size_t bound_;
+  int wake_fd_;
+  std::atomic<size_t> pending_{0};
+  std::atomic<bool> waiting_for_room_{false};
+  std::mutex mu_;
+  std::condition_variable cv_, drained_;
+  std::deque<std::string> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+struct Console {
+  ConsoleWriter* writer = nullptr;
+  const void* dangling = nullptr;  // forwarder whose last line on this console is unfinished
+};
+
+struct ForwarderConfig {
+  std::string prefix;              // already expanded; "" = raw
+  bool timestamps = false;
+  Console* console = nullptr;      // nullptr: not shown (filtered, or redirected to a file)
+  int file_fd = -1;                // log file (raw bytes), -1 = none
+  size_t tail_lines = 0;           // keep the last N lines (stderr, for the failure report)
+};
+
+class StreamForwarder {
+ public:
+  static constexpr size_t kMaxLine = 64 * 1024;
+  static constexpr std::chrono::milliseconds kIdleFlush{100};
+  static constexpr const char* kContinuation = "\\\n";  // ends each piece of a split line
+
+  explicit StreamForwarder(ForwarderConfig cfg);
+  // Feeds bytes read from the worker. Complete lines go out at once.
+  void feed(const char* data, size_t n, std::chrono::system_clock::time_point now);
+  // Sends an unfinished line (a prompt, a progress bar) after it sat idle.
+  void flush_partial(std::chrono::system_clock::time_point now);
+  // End of stream: the unfinished line goes out with a newline.
+  void finish(std::chrono::system_clock::time_point now);
+  bool has_partial() const { return !partial_.empty(); }
+  std::chrono::steady_clock::time_point last_data() const { return last_data_; }
+  const std::deque<std::string>& tail() const { return tail_; }
+  uint64_t lines() const { return lines_; }
+  bool console_full() const { return cfg_.console && cfg_.console->writer->full(); }
+
+ private:
+  void emit_piece(std::string& out, const char* p, size_t n, bool terminated, const std::string& stamp);
+  void remember(const char* p, size_t n);
+  std::string stamp(std::chrono::system_clock::time_point now) const;
+  void send(std::string& out);
+
+  ForwarderConfig cfg_;
+  std::string partial_;
+  bool mid_line_ = false;       // part of the current line already went to the console
+  bool after_cr_ = false;       // the last piece ended with '\r' (a following '\n' belongs to it)
+  std::deque<std::string> tail_;
+  std::string tail_partial_;
+  uint64_t lines_ = 0;
+  std::chrono::steady_clock::time_point last_data_{};
+};
+
+// Expands ${rank} ${local_rank} ${role_name} ${hostname} in a prefix template.
+std::string expand_prefix(const std::string& tmpl, int rank, int local_rank, const std::string& role,
+                          const std::string& hostname);
+
+}  // namespace ddprun

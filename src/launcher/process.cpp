@@ -1,0 +1,206 @@
+#include "launcher/process.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "ddp/error.hpp"
+
+namespace ddprun {
+
+namespace {
+
+// Writes all of buf, retrying on EINTR; async-signal-safe.
+void write_all_raw(int fd, const void* buf, size_t n) {
+  const char* p = static_cast<const char*>(buf);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+std::vector<char*> c_strings(const std::vector<std::string>& v) {
+  std::vector<char*> out;
+  out.reserve(v.size() + 1);
+  for (auto& s : v) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+}  // namespace
+
+SpawnResult spawn(const SpawnSpec& spec) {
+  // Everything the child needs is prepared here: after fork only async-signal-safe calls.
+  std::vector<char*> argv = c_strings(spec.argv);
+  std::vector<char*> envp = c_strings(spec.env);
+  const char* path = spec.path.c_str();
+  int errpipe[2];
+  if (pipe2(errpipe, O_CLOEXEC) != 0) throw ddp::SystemError("pipe for exec status", errno);
+  pid_t parent = getpid();
+  sigset_t none;
+  sigemptyset(&none);
+
+  pid_t pid = fork();
+  if (pid < 0) {
+    int err = errno;
+    close(errpipe[0]);
+    close(errpipe[1]);
+    throw ddp::SystemError(fmt::format("fork for {}", spec.path), err);
+  }
+  if (pid == 0) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(128 + SIGKILL);  // ddprun died before the signal was armed
+    // Dispositions ddprun changed must not leak into the worker (ignored ones survive exec).
+    for (int s = 1; s < NSIG; ++s)
+      if (s != SIGKILL && s != SIGSTOP) signal(s, SIG_DFL);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (spec.stdout_fd >= 0 && dup2(spec.stdout_fd, 1) < 0) goto fail;
+    if (spec.stderr_fd >= 0 && dup2(spec.stderr_fd, 2) < 0) goto fail;
+    execve(path, argv.data(), envp.data());
+  fail:
+    int err = errno;
+    write_all_raw(errpipe[1], &err, sizeof err);
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also here, so that the group exists before anyone signals it
+  close(errpipe[1]);
+  return SpawnResult{pid, errpipe[0]};
+}
+
+int exec_status(SpawnResult& r) {
+  if (r.status_fd < 0) return 0;
+  int err = 0;
+  ssize_t n;
+  do n = read(r.status_fd, &err, sizeof err);
+  while (n < 0 && errno == EINTR);
+  close(r.status_fd);
+  r.status_fd = -1;
+  return n == sizeof err ? err : 0;
+}
+
+std::string describe_exec_failure(const std::string& path, int err) {
+  std::string msg = fmt::format("cannot execute {}: {}", path, ddp::errno_text(err));
+  if (err == ENOENT || err == EACCES || err == ENOEXEC) {
+    std::ifstream f(path);
+    std::string first;
+    if (f && std::getline(f, first) && first.starts_with("#!")) {
+      std::istringstream ss(first.substr(2));
+      std::string interp;
+      ss >> interp;
+      if (!interp.empty() && access(interp.c_str(), X_OK) != 0)
+        msg += fmt::format(" (bad interpreter '{}': {})", interp, ddp::errno_text(errno));
+    } else if (err == ENOEXEC) {
+      msg += " (not a binary and no #! line)";
+    }
+  }
+  return msg;
+}
+
+void become_subreaper() { prctl(PR_SET_CHILD_SUBREAPER, 1); }
+
+std::vector<pid_t> descendants() {
+  std::vector<pid_t> out;
+  std::vector<pid_t> frontier{getpid()};
+  while (!frontier.empty()) {
+    pid_t p = frontier.back();
+    frontier.pop_back();
+    std::string taskdir = fmt::format("/proc/{}/task", p);
+    DIR* d = opendir(taskdir.c_str());
+    if (!d) continue;
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream f(taskdir + "/" + e->d_name + "/children");
+      pid_t c;
+      while (f >> c) {
+        out.push_back(c);
+        frontier.push_back(c);
+      }
+    }
+    closedir(d);
+  }
+  return out;
+}
+
+std::string find_executable(const std::string& name, const std::string& path_env) {
+  auto ok = [](const std::string& p) {
+    struct stat st {};
+    return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(p.c_str(), X_OK) == 0;
+  };
+  if (name.find('/') != std::string::npos) return name;
+  size_t start = 0;
+  while (start <= path_env.size()) {
+    size_t end = path_env.find(':', start);
+    if (end == std::string::npos) end = path_env.size();
+    std::string dir = path_env.substr(start, end - start);
+    std::string cand = (dir.empty() ? "." : dir) + "/" + name;
+    if (ok(cand)) return cand;
+    start = end + 1;
+  }
+  return "";
+}
+
+void Guardian::start() {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return;  // best effort: the death signal still covers workers
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return;
+  }
+  if (pid == 0) {
+    close(fds[1]);
+    // Terminal signals reach ddprun's whole group; the guardian waits for its pipe alone.
+    for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE}) signal(s, SIG_IGN);
+    prctl(PR_SET_NAME, "ddprun-guard");
+    std::vector<pid_t> groups;
+    int32_t msg;
+    for (;;) {
+      ssize_t n = read(fds[0], &msg, sizeof msg);
+      if (n < 0 && errno == EINTR) continue;
+      if (n != sizeof msg) break;  // EOF: ddprun is gone
+      if (msg == 0) _exit(0);      // disarmed
+      groups.push_back(msg);
+    }
+    for (pid_t g : groups) kill(-g, SIGKILL);
+    _exit(0);
+  }
+  close(fds[0]);
+  fd_ = fds[1];
+  pid_ = pid;
+}
+
+void Guardian::watch(pid_t pgid) {
+  if (fd_ < 0) return;
+  int32_t msg = pgid;
+  write_all_raw(fd_, &msg, sizeof msg);
+}
+
+void Guardian::disarm() {
+  if (fd_ < 0) return;
+  int32_t msg = 0;
+  write_all_raw(fd_, &msg, sizeof msg);
+  close(fd_);
+  fd_ = -1;
+  while (waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
+  }
+}
+
+Guardian::~Guardian() { disarm(); }
+
+}  // namespace ddprun

@@ -1,0 +1,63 @@
+// Starting and ending worker processes with POSIX calls (see docs/design.md for why not
+// Boost.Process): own process group, death signal armed without a race, exec failure
+// reported through a close-on-exec pipe, only async-signal-safe calls after fork.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace ddprun {
+
+struct SpawnSpec {
+  std::string path;               // resolved executable
+  std::vector<std::string> argv;  // argv[0] included
+  std::vector<std::string> env;   // "KEY=VALUE"
+  int stdout_fd = -1;             // dup2'ed onto 1 in the child; -1 inherits
+  int stderr_fd = -1;             // dup2'ed onto 2 in the child; -1 inherits
+};
+
+struct SpawnResult {
+  pid_t pid = -1;
+  int status_fd = -1;  // close-on-exec pipe: EOF when exec succeeded, errno otherwise
+};
+
+// Forks and execs. The child is leader of its own process group and gets SIGKILL if
+// ddprun dies. Throws ddp::SystemError if fork itself fails. Does not wait for the exec:
+// start every worker first, then ask exec_status() of each.
+SpawnResult spawn(const SpawnSpec& spec);
+
+// 0 when the exec succeeded, else its errno (the child has exited 127). Closes status_fd.
+int exec_status(SpawnResult& r);
+
+// Explains an exec failure: "cannot execute /x/y.sh: Permission denied", with the bad
+// interpreter named when a #! line points nowhere.
+std::string describe_exec_failure(const std::string& path, int err);
+
+// Makes ddprun the reaper of every orphan its workers leave behind.
+void become_subreaper();
+
+// Every descendant of this process (children first), read from /proc.
+std::vector<pid_t> descendants();
+
+// Resolves a command like execvp would; "" if not found.
+std::string find_executable(const std::string& name, const std::string& path_env);
+
+// A watchdog process that outlives a SIGKILLed ddprun just long enough to kill every
+// worker process group it was told about (grandchildren included). Survives terminal
+// signals; exits quietly when disarmed.
+class Guardian {
+ public:
+  void start();                 // forks it (call before any thread starts)
+  void watch(pid_t pgid);       // a worker group to kill if ddprun dies
+  void disarm();                // normal end: it exits without killing
+  pid_t pid() const { return pid_; }
+  ~Guardian();
+
+ private:
+  int fd_ = -1;
+  pid_t pid_ = -1;
+};
+
+}  // namespace ddprun

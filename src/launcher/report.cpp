@@ -1,0 +1,170 @@
+#include "launcher/report.hpp"
+
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "launcher/options.hpp"
+
+namespace ddprun {
+
+using nlohmann::json;
+
+namespace {
+
+std::optional<json> read_error_json(const std::string& path) {
+  if (path.empty()) return std::nullopt;
+  std::ifstream f(path);
+  if (!f) return std::nullopt;
+  try {
+    return json::parse(f);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+double epoch_seconds(std::chrono::system_clock::time_point t) {
+  return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
+
+std::string indent(const std::string& text, const std::string& pad) {
+  std::string out;
+  std::istringstream ss(text);
+  bool first = true;
+  for (std::string line; std::getline(ss, line);) {
+    if (!first) out += "\n" + pad;
+    out += line;
+    first = false;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string format_time(std::chrono::system_clock::time_point t) {
+  auto tt = std::chrono::system_clock::to_time_t(t);
+  tm tmv{};
+  localtime_r(&tt, &tmv);
+  char buf[32];
+  strftime(buf, sizeof buf, "%Y-%m-%d_%H:%M:%S", &tmv);
+  return buf;
+}
+
+std::string traceback_of(const WorkerResult& w) {
+  if (auto j = read_error_json(w.error_file)) {
+    try {
+      const json& m = (*j)["message"];
+      if (m.is_object()) {
+        std::string msg = m.value("message", "");
+        std::string stack;
+        if (m.contains("extraInfo") && m["extraInfo"].is_object())
+          stack = m["extraInfo"].value("py_callstack", "");
+        if (!stack.empty()) return stack;
+        if (!msg.empty()) return msg;
+      } else if (m.is_string()) {
+        return m.get<std::string>();
+      }
+    } catch (const std::exception&) {
+    }
+  }
+  if (w.state == WorkerResult::State::kExecFailed) return w.exec_error;
+  std::string out;
+  if (w.signal) out = fmt::format("Signal {} ({}) received by PID {}", w.signal, signal_name(w.signal), w.pid);
+  if (w.stopped_by_ddprun) out += (out.empty() ? "" : "; ") + std::string("stopped by ddprun during teardown");
+  if (!w.stderr_tail.empty()) {
+    if (!out.empty()) out += "\n";
+    out += fmt::format("last {} lines of stderr:", w.stderr_tail.size());
+    for (auto& l : w.stderr_tail) out += "\n  " + l;
+  }
+  if (out.empty()) out = "(no error file and no output on stderr)";
+  return out;
+}
+
+std::string failure_summary(const std::string& script, const WorkerResult& root,
+                            const std::vector<WorkerResult>& others) {
+  const std::string rule(60, '='), thin(60, '-');
+  auto block = [](const WorkerResult& w, size_t idx) {
+    bool has_file = !w.error_file.empty() && read_error_json(w.error_file).has_value();
+    std::string code = fmt::format("{} (pid: {})", w.torch_exit_code(), w.pid);
+    if (w.signal) code += fmt::format(" {}", signal_name(w.signal));
+    if (w.state == WorkerResult::State::kExecFailed) code += " could not start";
+    return fmt::format(
+        "[{}]:\n  time      : {}\n  host      : {}\n  rank      : {} (local_rank: {})\n  exitcode  : {}\n"
+        "  error_file: {}\n  traceback : {}\n",
+        idx, format_time(w.end), w.host, w.rank, w.local_rank, code, has_file ? w.error_file : "<N/A>",
+        indent(traceback_of(w), "              "));
+  };
+  std::string s = rule + "\n" + script + " FAILED\n" + thin + "\nFailures:\n";
+  if (others.empty()) s += "  <NO_OTHER_FAILURES>\n";
+  for (size_t i = 0; i < others.size(); ++i) s += block(others[i], i + 1);
+  s += thin + "\nRoot Cause (first observed failure):\n" + block(root, 0) + rule + "\n";
+  return s;
+}
+
+void write_root_cause_error_file(const std::string& path, const WorkerResult& root, const std::string& script) {
+  json out;
+  if (auto j = read_error_json(root.error_file); j && (*j)["message"].is_object()) {
+    out = *j;
+    out["message"]["errorCode"] = root.torch_exit_code();
+  } else {
+    out["message"] = {
+        {"message", fmt::format("ChildFailedError: {} failed: rank {} (local_rank {}) exited with {}", script,
+                                root.rank, root.local_rank,
+                                root.signal ? signal_name(root.signal) : std::to_string(root.exit_code))},
+        {"errorCode", root.torch_exit_code()},
+        {"extraInfo", {{"py_callstack", traceback_of(root)}, {"timestamp", std::to_string(static_cast<long>(epoch_seconds(root.end)))}}}};
+  }
+  std::ofstream f(path, std::ios::trunc);
+  if (!f) {
+    spdlog::error("cannot write TORCHELASTIC_ERROR_FILE {}", path);
+    return;
+  }
+  f << out.dump(2) << "\n";
+}
+
+void write_summary_json(const std::string& path, const JobOutcome& o, const std::string& run_id) {
+  auto state_name = [](WorkerResult::State s) {
+    switch (s) {
+      case WorkerResult::State::kRunning: return "running";
+      case WorkerResult::State::kSucceeded: return "succeeded";
+      case WorkerResult::State::kFailed: return "failed";
+      case WorkerResult::State::kExecFailed: return "exec_failed";
+      case WorkerResult::State::kStopped: return "stopped";
+    }
+    return "unknown";
+  };
+  auto worker_json = [&](const WorkerResult& w) {
+    json j = {{"attempt", w.attempt},       {"rank", w.rank},
+              {"local_rank", w.local_rank}, {"host", w.host},
+              {"pid", w.pid},               {"state", state_name(w.state)},
+              {"exit_code", w.exit_code},   {"signal", w.signal ? json(signal_name(w.signal)) : json(nullptr)},
+              {"stopped_by_ddprun", w.stopped_by_ddprun},
+              {"start", epoch_seconds(w.start)}, {"end", epoch_seconds(w.end)},
+              {"duration_s", std::chrono::duration<double>(w.end - w.start).count()}};
+    if (!w.error_file.empty()) j["error_file"] = w.error_file;
+    if (w.failed()) j["traceback"] = traceback_of(w);
+    return j;
+  };
+  json j;
+  j["status"] = o.status;
+  j["exit_code"] = o.exit_code;
+  j["signal"] = o.signal ? json(signal_name(o.signal)) : json(nullptr);
+  j["run_id"] = run_id;
+  j["restarts"] = o.restarts;
+  j["start"] = epoch_seconds(o.start);
+  j["end"] = epoch_seconds(o.end);
+  j["root_cause"] = o.root_cause ? worker_json(*o.root_cause) : json(nullptr);
+  j["workers"] = json::array();
+  for (auto& w : o.workers) j["workers"].push_back(worker_json(w));
+  std::ofstream f(path, std::ios::trunc);
+  if (!f) {
+    spdlog::error("cannot write --summary-json {}", path);
+    return;
+  }
+  f << j.dump(2) << "\n";
+}
+
+}  // namespace ddprun

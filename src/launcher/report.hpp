@@ -1,0 +1,62 @@
+// What ddprun tells a person (and a scheduler) when a job ends: torchrun's failure summary
+// with tracebacks, ddprun's own TORCHELASTIC_ERROR_FILE, and --summary-json.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <deque>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddprun {
+
+struct WorkerResult {
+  int attempt = 0;
+  int rank = 0, local_rank = 0;
+  pid_t pid = -1;
+  std::string host;
+  std::string error_file;
+  enum class State { kRunning, kSucceeded, kFailed, kExecFailed, kStopped } state = State::kRunning;
+  int exit_code = 0;  // as waitpid said, 128+N never used here
+  int signal = 0;     // killed by this signal
+  bool stopped_by_ddprun = false;  // ddprun signalled it before it exited
+  std::chrono::system_clock::time_point start, end;
+  std::string exec_error;
+  std::deque<std::string> stderr_tail;
+
+  bool failed() const { return state == State::kFailed || state == State::kExecFailed; }
+  // torchrun's exit code: negative signal number when killed.
+  int torch_exit_code() const { return signal ? -signal : exit_code; }
+  // What ddprun exits with when this worker is the root cause.
+  int status_code() const { return signal ? 128 + signal : exit_code; }
+};
+
+// The traceback shown for a failed worker: its error file's py_callstack (torch's @record
+// format), else how it died, else the tail of its stderr.
+std::string traceback_of(const WorkerResult& w);
+
+// torchrun's summary block; root first among failures (earliest end time).
+std::string failure_summary(const std::string& script, const WorkerResult& root,
+                            const std::vector<WorkerResult>& others);
+
+// Writes the root cause to path as torchrun does (the worker's error JSON plus errorCode,
+// or a ChildFailedError record). Errors are logged, not thrown.
+void write_root_cause_error_file(const std::string& path, const WorkerResult& root, const std::string& script);
+
+struct JobOutcome {
+  std::string status;  // "succeeded", "failed", "signaled"
+  int exit_code = 0;
+  int signal = 0;      // signal ddprun received, if any
+  int restarts = 0;
+  std::optional<WorkerResult> root_cause;
+  std::vector<WorkerResult> workers;  // every worker of every attempt
+  std::chrono::system_clock::time_point start, end;
+};
+
+void write_summary_json(const std::string& path, const JobOutcome& outcome, const std::string& run_id);
+
+std::string format_time(std::chrono::system_clock::time_point t);  // 2026-11-29_22:18:21
+
+}  // namespace ddprun

@@ -1,0 +1,516 @@
+#include "launcher/supervisor.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <random>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "ddp/error.hpp"
+#include "launcher/log.hpp"
+#include "launcher/output.hpp"
+#include "launcher/process.hpp"
+
+namespace ddprun {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using SysClock = std::chrono::system_clock;
+
+namespace {
+
+sigset_t supervised_set(const Options& o) {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : o.signals_to_handle) sigaddset(&set, s);
+  for (int s : {SIGCHLD, SIGUSR1, SIGUSR2}) sigaddset(&set, s);
+  return set;
+}
+
+constexpr size_t kConsoleBound = 4 << 20;  // bytes queued per console before readers pause
+constexpr size_t kReadChunk = 64 << 10;
+constexpr int kTailLines = 20;
+
+std::string random_suffix() {
+  std::random_device rd;
+  static const char* alphabet = "abcdefghijklmnopqrstuvwxyz0123456789_";
+  std::string s;
+  for (int i = 0; i < 8; ++i) s += alphabet[rd() % 37];
+  return s;
+}
+
+}  // namespace
+
+void block_supervised_signals(const Options& o) {
+  sigset_t set = supervised_set(o);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the launcher
+}
+
+struct Stream {
+  int fd = -1;
+  int worker = 0;  // index into workers of the current attempt
+  bool is_stderr = false;
+  bool paused = false;
+  std::unique_ptr<StreamForwarder> fwd;
+  int file_fd = -1;
+};
+
+struct Supervisor::Impl {
+  const Options& o;
+  JobPlan plan;
+  std::map<std::string, std::string> base_env;
+  NodeSync* sync;
+
+  int epfd = -1, sigfd = -1, wakefd = -1;
+  std::unique_ptr<ConsoleWriter> out_writer, err_writer;
+  Console out_console, err_console;
+  Guardian guardian;
+
+  std::string log_root;       // <log_dir>/<run_id>_<suffix>
+  std::string tmp_root;       // mkdtemp'd when no --log-dir: removed after success
+  std::vector<WorkerResult> workers;  // current attempt
+  std::vector<std::unique_ptr<Stream>> streams;
+  int live = 0, open_streams = 0;
+  bool stopping = false;
+  std::optional<Clock::time_point> kill_deadline;
+  std::optional<Clock::time_point> drain_deadline;
+  std::optional<WorkerResult> root;
+  int got_signal = 0;
+  int attempt = 0;
+  std::string remote_reason;
+  JobOutcome outcome;
+
+  Impl(const Options& opt, JobPlan p, std::map<std::string, std::string> env, NodeSync* s)
+      : o(opt), plan(std::move(p)), base_env(std::move(env)), sync(s) {}
+
+  ~Impl() {
+    for (int fd : {epfd, sigfd, wakefd})
+      if (fd >= 0) close(fd);
+  }
+
+  void setup() {
+    guardian.start();  // before any thread exists
+    become_subreaper();
+    sigset_t set = supervised_set(o);
+    sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (sigfd < 0) throw ddp::SystemError("signalfd", errno);
+    wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (wakefd < 0 || epfd < 0) throw ddp::SystemError("epoll/eventfd", errno);
+    add_fd(sigfd, nullptr);
+    add_fd(wakefd, &wakefd);
+    if (sync) add_fd(sync->notify_fd(), &sync);
+    out_writer = std::make_unique<ConsoleWriter>(1, kConsoleBound, wakefd);
+    err_writer = std::make_unique<ConsoleWriter>(2, kConsoleBound, wakefd);
+    out_console.writer = out_writer.get();
+    err_console.writer = err_writer.get();
+    route_logging_through(err_writer.get());
+
+    std::string base = o.log_dir;
+    if (base.empty()) {
+      const char* tmp = getenv("TMPDIR");
+      std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/torchelastic_XXXXXX";
+      if (!mkdtemp(tmpl.data())) throw ddp::SystemError("create a temporary folder for error files", errno);
+      tmp_root = base = tmpl;
+    }
+    log_root = base + "/" + plan.run_id + "_" + random_suffix();
+    std::error_code ec;
+    fs::create_directories(log_root, ec);
+    if (ec) throw ddp::Error(fmt::format("--log-dir: cannot create {}: {}", log_root, ec.message()));
+  }
+
+  void add_fd(int fd, void* tag) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = tag;
+    if (epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) != 0) throw ddp::SystemError("epoll_ctl", errno);
+  }
+
+  // ------------------------------------------------------------------ starting
+
+  bool shown(int local_rank) const {
+    return !o.local_ranks_filter || o.local_ranks_filter->count(local_rank) > 0;
+  }
+
+  int open_log(const std::string& path) {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw ddp::SystemError(fmt::format("open log file {}", path), errno);
+    return fd;
+  }
+
+  // A pipe for one worker stream, its forwarder, log file and console routing.
+  int make_stream(int idx, bool is_stderr, const std::string& dir) {
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0) throw ddp::SystemError("pipe", errno);
+    fcntl(p[0], F_SETFL, O_NONBLOCK);
+    const int lr = workers[static_cast<size_t>(idx)].local_rank;
+    const int bit = is_stderr ? 2 : 1;
+    const bool redirect = o.redirects.of(lr) & bit, tee = o.tee.of(lr) & bit;
+    auto s = std::make_unique<Stream>();
+    s->fd = p[0];
+    s->worker = idx;
+    s->is_stderr = is_stderr;
+    ForwarderConfig cfg;
+    if (redirect || tee) s->file_fd = cfg.file_fd = open_log(dir + (is_stderr ? "/stderr.log" : "/stdout.log"));
+    if (!(redirect && !tee) && shown(lr)) cfg.console = is_stderr ? &err_console : &out_console;
+    cfg.prefix = expand_prefix(o.log_line_prefix_template.value_or("[rank${rank}]:"),
+                               workers[static_cast<size_t>(idx)].rank, lr, o.role, plan.hostname);
+    cfg.timestamps = o.log_timestamps;
+    cfg.tail_lines = is_stderr ? kTailLines : 0;
+    s->fwd = std::make_unique<StreamForwarder>(std::move(cfg));
+    add_fd(s->fd, s.get());
+    ++open_streams;
+    streams.push_back(std::move(s));
+    return p[1];
+  }
+
+  void start_attempt() {
+    workers.clear();
+    streams.clear();
+    live = open_streams = 0;
+    stopping = false;
+    kill_deadline.reset();
+    drain_deadline.reset();
+    root.reset();
+    remote_reason.clear();
+    const std::string attempt_dir = fmt::format("{}/attempt_{}", log_root, attempt);
+    for (int lr = 0; lr < o.nproc_per_node; ++lr) {
+      WorkerResult w;
+      w.attempt = attempt;
+      w.local_rank = lr;
+      w.rank = plan.rank_base + lr;
+      w.host = plan.hostname;
+      const std::string dir = fmt::format("{}/{}", attempt_dir, lr);
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+      if (ec) throw ddp::Error(fmt::format("cannot create {}: {}", dir, ec.message()));
+      w.error_file = dir + "/error.json";
+      ::unlink(w.error_file.c_str());  // a stale file must not be mistaken for this attempt's
+      workers.push_back(std::move(w));
+    }
+    // Start them all, then collect each exec's outcome: no worker waits for another's exec.
+    std::vector<SpawnResult> started;
+    std::vector<std::string> paths;
+    for (size_t i = 0; i < workers.size(); ++i) {
+      WorkerResult& w = workers[i];
+      const std::string dir = fmt::format("{}/{}", attempt_dir, w.local_rank);
+      int out_w = make_stream(static_cast<int>(i), false, dir);
+      int err_w = make_stream(static_cast<int>(i), true, dir);
+      WorkerCommand cmd = worker_command(o, w.local_rank, base_env);
+      SpawnSpec spec{cmd.path, cmd.argv,
+                     to_envp(worker_environment(o, plan, w.local_rank, attempt, w.error_file, base_env)), out_w,
+                     err_w};
+      w.start = SysClock::now();
+      started.push_back(spawn(spec));
+      paths.push_back(cmd.path);
+      close(out_w);
+      close(err_w);
+      w.pid = started.back().pid;
+      w.state = WorkerResult::State::kRunning;
+      guardian.watch(w.pid);
+      ++live;
+    }
+    for (size_t i = 0; i < workers.size(); ++i) {
+      WorkerResult& w = workers[i];
+      if (int err = exec_status(started[i])) {
+        w.state = WorkerResult::State::kExecFailed;
+        w.exit_code = err == ENOENT ? 127 : 126;
+        w.exec_error = describe_exec_failure(paths[i], err);
+        w.end = SysClock::now();
+        spdlog::error("rank {}: {}", w.rank, w.exec_error);
+        fail(w);
+      }
+    }
+    spdlog::info("attempt {}: started {} workers (ranks {}..{} of {})", attempt, workers.size(), plan.rank_base,
+                 plan.rank_base + static_cast<int>(workers.size()) - 1, plan.world_size);
+  }
+
+  // ------------------------------------------------------------------ stopping
+
+  void signal_live(int sig, bool mark_stopped) {
+    for (auto& w : workers) {
+      if (w.state != WorkerResult::State::kRunning) continue;
+      if (kill(-w.pid, sig) != 0 && errno == ESRCH) kill(w.pid, sig);
+      if (mark_stopped) w.stopped_by_ddprun = true;
+    }
+  }
+
+  void begin_stop(int sig) {
+    if (stopping) return;
+    stopping = true;
+    signal_live(sig, true);
+    if (o.shutdown_timeout <= 0) {
+      signal_live(SIGKILL, true);
+    } else {
+      kill_deadline = Clock::now() + std::chrono::milliseconds(static_cast<long>(o.shutdown_timeout * 1000));
+    }
+  }
+
+  void fail(WorkerResult& w) {
+    if (root) return;
+    root = w;
+    if (sync) sync->report_failure(attempt, fmt::format("rank {} on {} exited with {}", w.rank, w.host,
+                                                        w.signal ? signal_name(w.signal) : std::to_string(w.exit_code)));
+    begin_stop(SIGTERM);
+  }
+
+  // Kills whatever the workers left behind (their groups, then any other descendant).
+  void kill_leftovers() {
+    for (auto& w : workers)
+      if (w.pid > 0) kill(-w.pid, SIGKILL);
+    for (pid_t p : descendants())
+      if (p != guardian.pid()) kill(p, SIGKILL);
+  }
+
+  // ------------------------------------------------------------------ events
+
+  void reap() {
+    int st;
+    pid_t pid;
+    while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+      auto it = std::find_if(workers.begin(), workers.end(), [&](auto& w) { return w.pid == pid; });
+      if (it == workers.end()) continue;  // an orphan ddprun adopted as subreaper
+      WorkerResult& w = *it;
+      --live;
+      if (w.state == WorkerResult::State::kExecFailed) continue;
+      w.end = SysClock::now();
+      if (WIFSIGNALED(st)) w.signal = WTERMSIG(st);
+      else w.exit_code = WEXITSTATUS(st);
+      if (!w.signal && w.exit_code == 0) {
+        w.state = WorkerResult::State::kSucceeded;
+      } else if (w.stopped_by_ddprun) {
+        w.state = WorkerResult::State::kStopped;
+      } else {
+        w.state = WorkerResult::State::kFailed;
+        // A line a person can read while the rest shuts down.
+        spdlog::warn("rank {} (local_rank {}, pid {}) {}", w.rank, w.local_rank, w.pid,
+                     w.signal ? fmt::format("was killed by {}", signal_name(w.signal))
+                              : fmt::format("exited with code {}", w.exit_code));
+        fail(w);
+      }
+    }
+  }
+
+  void on_signal() {
+    signalfd_siginfo si;
+    while (read(sigfd, &si, sizeof si) == sizeof si) {
+      int sig = static_cast<int>(si.ssi_signo);
+      if (sig == SIGCHLD) {
+        reap();
+        continue;
+      }
+      bool stops = std::find(o.signals_to_handle.begin(), o.signals_to_handle.end(), sig) != o.signals_to_handle.end();
+      if (!stops) {  // SIGUSR1/SIGUSR2: Slurm's pre-emption notice, passed on
+        spdlog::info("forwarding {} to the workers", signal_name(sig));
+        signal_live(sig, false);
+        continue;
+      }
+      if (got_signal) {
+        spdlog::warn("received {} again: killing the workers now", signal_name(sig));
+        signal_live(SIGKILL, true);
+        continue;
+      }
+      got_signal = sig;
+      spdlog::warn("received {}: forwarding it to the workers, SIGKILL after {} s", signal_name(sig),
+                   o.shutdown_timeout);
+      if (sync) sync->report_failure(attempt, fmt::format("ddprun on {} received {}", plan.hostname, signal_name(sig)));
+      stopping = false;  // begin_stop sends this signal, not SIGTERM
+      begin_stop(sig);
+    }
+  }
+
+  void on_stream(Stream& s) {
+    static thread_local std::vector<char> buf(kReadChunk);
+    for (int i = 0; i < 4; ++i) {
+      if (s.fwd->console_full()) {
+        epoll_ctl(epfd, EPOLL_CTL_DEL, s.fd, nullptr);
+        s.paused = true;  // the console is behind: the worker blocks on its pipe
+        return;
+      }
+      ssize_t n = read(s.fd, buf.data(), buf.size());
+      if (n > 0) {
+        s.fwd->feed(buf.data(), static_cast<size_t>(n), SysClock::now());
+        if (static_cast<size_t>(n) < buf.size()) return;
+        continue;
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+      close_stream(s);
+      return;
+    }
+  }
+
+  void close_stream(Stream& s) {
+    if (s.fd < 0) return;
+    s.fwd->finish(SysClock::now());
+    if (!s.paused) epoll_ctl(epfd, EPOLL_CTL_DEL, s.fd, nullptr);
+    close(s.fd);
+    s.fd = -1;
+    if (s.file_fd >= 0) close(s.file_fd);
+    s.file_fd = -1;
+    if (s.is_stderr) workers[static_cast<size_t>(s.worker)].stderr_tail = s.fwd->tail();
+    --open_streams;
+  }
+
+  void resume_paused() {
+    uint64_t v;
+    while (read(wakefd, &v, sizeof v) == sizeof v) {
+    }
+    for (auto& s : streams) {
+      if (s->fd < 0 || !s->paused || s->fwd->console_full()) continue;
+      s->paused = false;
+      add_fd(s->fd, s.get());
+    }
+  }
+
+  void on_remote() {
+    std::string why = sync->remote_failure(attempt);
+    if (why.empty() || stopping) return;
+    remote_reason = why;
+    spdlog::warn("another node failed ({}): stopping this node's workers", why);
+    begin_stop(SIGTERM);
+  }
+
+  // Runs one attempt to its end: every worker exited and every stream drained.
+  void supervise() {
+    epoll_event evs[64];
+    for (;;) {
+      if (live == 0 && !drain_deadline) {
+        kill_leftovers();
+        drain_deadline = Clock::now() + std::chrono::seconds(5);
+      }
+      if (live == 0 && open_streams == 0) break;
+      if (live == 0 && drain_deadline && Clock::now() >= *drain_deadline) {
+        bool any_paused = false;
+        for (auto& s : streams)
+          if (s->fd >= 0 && !s->paused) close_stream(*s);
+          else if (s->fd >= 0) any_paused = true;
+        if (!any_paused) break;
+      }
+      auto now = Clock::now();
+      auto next = now + std::chrono::seconds(3600);
+      if (kill_deadline) next = std::min(next, *kill_deadline);
+      if (drain_deadline) next = std::min(next, *drain_deadline);
+      for (auto& s : streams)
+        if (s->fd >= 0 && s->fwd->has_partial()) next = std::min(next, s->fwd->last_data() + StreamForwarder::kIdleFlush);
+      int timeout = static_cast<int>(
+          std::max<long>(0, std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1));
+      int n = epoll_wait(epfd, evs, 64, timeout);
+      if (n < 0 && errno != EINTR) throw ddp::SystemError("epoll_wait", errno);
+      for (int i = 0; i < n; ++i) {
+        void* tag = evs[i].data.ptr;
+        if (tag == nullptr) on_signal();
+        else if (tag == &wakefd) resume_paused();
+        else if (tag == &sync) on_remote();
+        else on_stream(*static_cast<Stream*>(tag));
+      }
+      now = Clock::now();
+      for (auto& s : streams)
+        if (s->fd >= 0 && s->fwd->has_partial() && now >= s->fwd->last_data() + StreamForwarder::kIdleFlush)
+          s->fwd->flush_partial(SysClock::now());
+      if (kill_deadline && now >= *kill_deadline) {
+        spdlog::warn("workers still running {} s after the stop signal: sending SIGKILL", o.shutdown_timeout);
+        signal_live(SIGKILL, true);
+        kill_deadline.reset();
+      }
+    }
+    for (auto& s : streams)
+      if (s->fd >= 0) close_stream(*s);
+  }
+
+  // ------------------------------------------------------------------ the job
+
+  JobOutcome run() {
+    outcome.start = SysClock::now();
+    setup();
+    for (attempt = 0;; ++attempt) {
+      if (sync) sync->attempt_barrier(attempt);
+      start_attempt();
+      supervise();
+      for (auto& w : workers) {
+        if (root && w.pid == root->pid) root = w;  // now with its stderr tail
+        outcome.workers.push_back(w);
+      }
+      if (got_signal) break;
+      if (!root && remote_reason.empty()) {
+        if (sync) sync->exit_barrier(attempt);
+        break;
+      }
+      if (attempt >= o.max_restarts) break;
+      std::string why = root ? fmt::format("rank {} {}", root->rank,
+                                           root->signal ? "was killed by " + signal_name(root->signal)
+                                                        : fmt::format("exited with code {}", root->exit_code))
+                             : remote_reason;
+      spdlog::warn("attempt {} failed ({}); restarting all workers: attempt {} of {}", attempt, why, attempt + 1,
+                   o.max_restarts);
+    }
+    outcome.restarts = attempt;
+    outcome.end = SysClock::now();
+    finish();
+    return outcome;
+  }
+
+  void finish() {
+    // Nothing outlives the job: stray descendants die, and as PID 1 everything does.
+    for (pid_t p : descendants())
+      if (p != guardian.pid()) kill(p, SIGKILL);
+    if (getpid() == 1) kill(-1, SIGKILL);
+    guardian.disarm();
+    while (waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+    route_logging_through(nullptr);
+    out_writer->flush();
+    err_writer->flush();
+
+    if (got_signal) {
+      outcome.status = "signaled";
+      outcome.signal = got_signal;
+      outcome.exit_code = 128 + got_signal;
+      spdlog::warn("stopped after {}: exiting with {}", signal_name(got_signal), outcome.exit_code);
+    } else if (root) {
+      outcome.status = "failed";
+      outcome.root_cause = root;
+      outcome.exit_code = root->status_code();
+      std::vector<WorkerResult> others;
+      for (auto& w : workers)
+        if (w.pid != root->pid && (w.failed() || w.state == WorkerResult::State::kStopped)) others.push_back(w);
+      std::string summary = failure_summary(o.script, *root, others);
+      ssize_t r = write(2, summary.data(), summary.size());
+      (void)r;
+      if (const char* ef = getenv("TORCHELASTIC_ERROR_FILE"); ef && *ef)
+        write_root_cause_error_file(ef, *root, o.script);
+    } else if (!remote_reason.empty()) {
+      outcome.status = "failed";
+      outcome.exit_code = 1;
+      spdlog::error("the job failed on another node: {}", remote_reason);
+    } else {
+      outcome.status = "succeeded";
+      outcome.exit_code = 0;
+    }
+    if (!o.summary_json.empty()) write_summary_json(o.summary_json, outcome, plan.run_id);
+    if (!tmp_root.empty() && outcome.exit_code == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp_root, ec);
+    }
+  }
+};
+
+Supervisor::Supervisor(const Options& o, JobPlan plan, std::map<std::string, std::string> base_env, NodeSync* sync)
+    : impl_(std::make_unique<Impl>(o, std::move(plan), std::move(base_env), sync)) {}
+Supervisor::~Supervisor() = default;
+JobOutcome Supervisor::run() { return impl_->run(); }
+
+}  // namespace ddprun

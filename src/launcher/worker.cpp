@@ -1,0 +1,106 @@
+#include "launcher/worker.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <sstream>
+
+#include "launcher/process.hpp"
+
+namespace ddprun {
+
+namespace {
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += to.size()) s.replace(pos, from.size(), to);
+  return s;
+}
+
+bool runs_directly(const Options& o) {
+  if (o.no_python) return true;
+  if (o.module || o.script.ends_with(".py")) return false;
+  struct stat st {};
+  return stat(o.script.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(o.script.c_str(), X_OK) == 0;
+}
+
+std::string get(const std::map<std::string, std::string>& env, const std::string& k, const std::string& def = "") {
+  auto it = env.find(k);
+  return it == env.end() ? def : it->second;
+}
+
+}  // namespace
+
+WorkerCommand worker_command(const Options& o, int local_rank, const std::map<std::string, std::string>& env) {
+  WorkerCommand c;
+  const std::string path_env = get(env, "PATH", "/usr/local/bin:/usr/bin:/bin");
+  std::vector<std::string> args;
+  for (auto& a : o.script_args) args.push_back(replace_all(a, "${local_rank}", std::to_string(local_rank)));
+  if (runs_directly(o)) {
+    c.path = find_executable(o.script, path_env);
+    if (c.path.empty()) c.path = o.script;
+    c.argv.push_back(o.script);
+  } else {
+    std::string python = get(env, "PYTHON_EXEC", "python3");
+    if (python.empty()) python = "python3";
+    c.path = find_executable(python, path_env);
+    if (c.path.empty()) c.path = python;  // execve reports ENOENT, which ddprun explains
+    c.argv = {python, "-u"};
+    if (o.module) c.argv.push_back("-m");
+    c.argv.push_back(o.script);
+  }
+  c.argv.insert(c.argv.end(), args.begin(), args.end());
+  return c;
+}
+
+bool sets_omp_threads(const Options& o, const std::map<std::string, std::string>& base) {
+  return !base.count("OMP_NUM_THREADS") && o.nproc_per_node > 1;
+}
+
+std::map<std::string, std::string> worker_environment(const Options& o, const JobPlan& plan, int local_rank,
+                                                      int restart_count, const std::string& error_file,
+                                                      const std::map<std::string, std::string>& base) {
+  std::map<std::string, std::string> env = base;
+  const int rank = plan.rank_base + local_rank;
+  auto s = [](auto v) { return std::to_string(v); };
+  env["LOCAL_RANK"] = s(local_rank);
+  env["RANK"] = s(rank);
+  env["GROUP_RANK"] = s(plan.group_rank);
+  env["ROLE_RANK"] = s(rank);
+  env["ROLE_NAME"] = o.role;
+  env["LOCAL_WORLD_SIZE"] = s(o.nproc_per_node);
+  env["WORLD_SIZE"] = s(plan.world_size);
+  env["GROUP_WORLD_SIZE"] = s(plan.group_world_size);
+  env["ROLE_WORLD_SIZE"] = s(plan.world_size);
+  env["MASTER_ADDR"] = plan.master_addr;
+  env["MASTER_PORT"] = s(plan.master_port);
+  env["TORCHELASTIC_RESTART_COUNT"] = s(restart_count);
+  env["TORCHELASTIC_MAX_RESTARTS"] = s(o.max_restarts);
+  env["TORCHELASTIC_RUN_ID"] = plan.run_id;
+  env["TORCHELASTIC_USE_AGENT_STORE"] = plan.use_agent_store ? "True" : "False";
+  env["TORCHELASTIC_ERROR_FILE"] = error_file;
+  env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = get(base, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+  if (sets_omp_threads(o, base)) env["OMP_NUM_THREADS"] = "1";
+  if (o.virtual_local_rank) {
+    // Each worker sees only its own GPU, as device 0.
+    std::string visible = get(base, "CUDA_VISIBLE_DEVICES");
+    std::string device = s(local_rank);
+    if (!visible.empty()) {
+      std::vector<std::string> ids;
+      std::stringstream ss(visible);
+      for (std::string id; std::getline(ss, id, ',');) ids.push_back(id);
+      if (local_rank < static_cast<int>(ids.size())) device = ids[static_cast<size_t>(local_rank)];
+    }
+    env["CUDA_VISIBLE_DEVICES"] = device;
+    env["LOCAL_RANK"] = "0";
+  }
+  return env;
+}
+
+std::vector<std::string> to_envp(const std::map<std::string, std::string>& env) {
+  std::vector<std::string> out;
+  out.reserve(env.size());
+  for (auto& [k, v] : env) out.push_back(k + "=" + v);
+  return out;
+}
+
+}  // namespace ddprun

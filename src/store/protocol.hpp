@@ -1,0 +1,170 @@
+// The c10d TCPStore wire protocol, both generations (docs/store.md,
+// ../shared/reference/tcpstore-wire.md): opcodes, an incremental request parser shared by
+// the server and the fuzzer, and the little-endian encoders used by clients and the server.
+//
+// This file and protocol.cpp depend on the standard library only, so that the fuzz target
+// can be built from them alone with clang.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ddp::detail::proto {
+
+// Generation 2 starts every connection with VALIDATE: 0x00 then this u32 (CE F7 85 3C).
+inline constexpr uint32_t kValidationMagic = 0x3C85F7CE;
+
+enum class Generation : uint8_t {
+  kUnknown,  // not decided yet: the parser decides from the first bytes
+  kV1,       // torch 1.13 .. 2.1
+  kV2,       // torch 2.2+
+};
+
+// Operations, independent of their opcode in either generation.
+enum class Op : uint8_t {
+  kValidate,
+  kPing,
+  kSet,
+  kCompareSet,
+  kGet,
+  kAdd,
+  kCheck,
+  kWait,
+  kGetNumKeys,
+  kWatchKey,
+  kDeleteKey,
+  kAppend,
+  kMultiGet,
+  kMultiSet,
+  kCancelWait,
+  kQueuePush,
+  kQueuePop,
+  kQueueLen,
+  kList,
+};
+
+const char* op_name(Op op);
+
+// The operation behind a wire opcode; nullopt if the generation has no such opcode.
+// Generation must be kV1 or kV2.
+std::optional<Op> decode_opcode(Generation g, uint8_t opcode);
+// The wire opcode of an operation; nullopt if the generation lacks it (PING in gen 1...).
+std::optional<uint8_t> encode_opcode(Generation g, Op op);
+
+// Reply codes.
+inline constexpr uint8_t kCheckReady = 0, kCheckNotReady = 1;
+inline constexpr uint8_t kWaitStopWaiting = 0, kWaitCanceled = 1;
+inline constexpr uint8_t kWatchUpdated = 0, kWatchCreated = 1, kWatchDeleted = 2,
+                         kWatchRegistered = 3;
+
+// One decoded request. Field usage by operation:
+//   keys    the key fields in wire order (SET/GET/... one; CHECK/WAIT/MULTI_GET/MULTI_SET n)
+//   values  the payload fields in wire order (SET/APPEND/QUEUE_PUSH one value; COMPARE_SET
+//           expected then desired; MULTI_SET one per key)
+//   i64     ADD's delta
+//   u32     VALIDATE's magic, PING's nonce
+struct Request {
+  Op op = Op::kGetNumKeys;
+  std::vector<std::string> keys;
+  std::vector<std::string> values;
+  int64_t i64 = 0;
+  uint32_t u32 = 0;
+};
+
+struct Limits {
+  size_t max_key_bytes = 8 << 10;
+  size_t max_payload_bytes = 8 << 20;
+  size_t max_keys_per_request = 128 << 10;
+  // Sum of the declared string lengths of one request (MULTI_SET of big values).
+  size_t max_request_bytes = size_t{256} << 20;
+};
+
+// Incremental (push) parser of a client's request stream. Bytes can be fed in pieces of
+// any size, down to one byte; each byte is looked at once and copied at most once (into
+// the field it belongs to), so a request split over many TCP segments costs no more than
+// one that arrives whole.
+//
+// With Generation::kUnknown the generation is decided from the first bytes: 0x00 followed
+// by CE F7 85 3C is generation 2 (and yields a VALIDATE request), anything else is
+// generation 1. Nothing is decided before the first byte arrives.
+class RequestParser {
+ public:
+  enum class Status {
+    kNeedMore,  // every byte given was consumed, no request is complete yet
+    kReady,     // a request is complete: take() it; bytes after it were not consumed
+    kError,     // the stream is invalid (error() says why); the parser stays in error
+  };
+
+  explicit RequestParser(Limits limits = {}, Generation generation = Generation::kUnknown);
+
+  // Consumes bytes of [data, data + size) up to the end of the next complete request;
+  // `consumed` is set to the number of bytes used.
+  Status feed(const uint8_t* data, size_t size, size_t& consumed);
+  Request take();
+
+  Generation generation() const { return gen_; }
+  const std::string& error() const { return error_; }
+  // True when no partial request is buffered (between requests).
+  bool idle() const { return stage_ == Stage::kOpcode || stage_ == Stage::kDetect; }
+
+ private:
+  enum class Stage : uint8_t { kDetect, kOpcode, kFixed, kStrBody, kReady, kError };
+  enum class Field : uint8_t { kU32, kI64, kCount, kKey, kValue };
+
+  Status fail(std::string why);
+  bool begin_op(uint8_t opcode);   // false: error set
+  bool next_field();               // starts the next field, or sets kReady; false: error
+  bool on_fixed_complete();        // false: error set
+  bool field_done();               // a field finished; false: error
+  Status feed_detect(const uint8_t* data, size_t size, size_t& consumed);
+
+  Limits limits_;
+  Generation gen_;
+  Stage stage_;
+  std::string error_;
+  Request req_;
+
+  // Schema of the current operation.
+  const Field* fields_ = nullptr;
+  uint8_t nfields_ = 0;
+  const Field* group_ = nullptr;  // repeated `count` times after the fields
+  uint8_t ngroup_ = 0;
+  uint8_t field_idx_ = 0;
+  uint8_t group_idx_ = 0;
+  bool in_group_ = false;
+  uint64_t groups_left_ = 0;
+  Field cur_ = Field::kU32;
+
+  // Fixed-size integer being read (or the u64 length of a string).
+  uint8_t fixed_[8] = {};
+  uint8_t fixed_need_ = 0, fixed_have_ = 0;
+  bool reading_len_ = false;  // fixed_ holds a string length (cur_ is kKey/kValue)
+  std::string* str_ = nullptr;
+  uint64_t str_left_ = 0;
+  uint64_t req_bytes_ = 0;
+
+  // Generation detection: bytes seen so far of a possible VALIDATE.
+  uint8_t detect_[5] = {};
+  uint8_t detect_len_ = 0;
+};
+
+// Encoders: raw little-endian (host order on x86-64) integers and u64-length strings.
+void put_u8(std::string& out, uint8_t v);
+void put_u32(std::string& out, uint32_t v);
+void put_u64(std::string& out, uint64_t v);
+void put_i64(std::string& out, int64_t v);
+void put_str(std::string& out, std::string_view s);
+
+// Appends a whole request (opcode and fields as Request documents them). Throws
+// std::invalid_argument if the generation lacks the operation.
+void encode_request(Generation g, const Request& r, std::string& out);
+
+// PyTorch's std::stoll: optional leading whitespace and sign, then digits; trailing bytes
+// are ignored. nullopt if there are no digits or the value overflows.
+std::optional<int64_t> parse_counter(std::string_view text);
+
+}  // namespace ddp::detail::proto

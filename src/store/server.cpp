@@ -1,0 +1,675 @@
+// The store server: one io_context on one thread, every socket non-blocking.
+//
+// Reads: a connection waits for readability (async_wait), then read_some()s into one
+// buffer shared by all connections (single thread), feeding the bytes to its incremental
+// RequestParser; no per-connection read buffer exists, so idle connections cost little.
+// Writes: replies are appended to a per-connection output buffer; after each event the
+// buffers touched are flushed with non-blocking writes, and whatever the kernel does not
+// take waits for writability (async_wait) without holding anyone else up. A connection
+// with more than kPauseReadingAbove bytes unsent is not read from until it drains.
+#include "store/server.hpp"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp misses it under C++20
+#include <vector>
+
+#include <boost/asio.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "ddp/error.hpp"
+#include "store/protocol.hpp"
+
+namespace ddp::detail {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using boost::system::error_code;
+
+namespace {
+
+constexpr size_t kReadChunk = 64 << 10;
+constexpr int kReadsPerEvent = 4;  // then yield to other connections
+constexpr size_t kPauseReadingAbove = 4 << 20;
+
+bool is_wildcard(const std::string& host) {
+  return host.empty() || host == "0.0.0.0" || host == "::" || host == "*";
+}
+
+void raise_fd_limit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+  rlimit want = rl;
+  want.rlim_cur = rl.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &want) != 0)
+    spdlog::warn("store server: cannot raise the open-file limit from {} to {}: {}",
+                 rl.rlim_cur, rl.rlim_max, errno_text(errno));
+}
+
+bool would_block(const error_code& ec) {
+  return ec == asio::error::would_block || ec == asio::error::try_again;
+}
+
+// A client broke the protocol in a way only the server notices (GET of a missing key in
+// generation 1, ADD on a non-integer): its connection is closed.
+class Violation : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct Conn;
+
+// One pending WAIT request. Registered under each key that was missing (once per
+// occurrence); `remaining` counts registrations not yet satisfied.
+struct Wait {
+  Conn* conn = nullptr;
+  size_t remaining = 0;
+  std::vector<std::string> keys;
+};
+
+struct Conn : std::enable_shared_from_this<Conn> {
+  Conn(tcp::socket s, const proto::Limits& limits, uint64_t id_)
+      : sock(std::move(s)), parser(limits), id(id_) {}
+
+  size_t pending() const { return out.size() - out_off; }
+
+  tcp::socket sock;
+  proto::RequestParser parser;
+  uint64_t id;
+  std::string out;  // unsent replies from out_off on
+  size_t out_off = 0;
+  bool closed = false, reading = false, writing = false, dirty = false;
+  std::vector<std::unique_ptr<Wait>> waits;
+  std::vector<std::string> watched;  // generation-1 WATCH_KEY registrations
+};
+
+}  // namespace
+
+class StoreServer::Impl {
+ public:
+  explicit Impl(StoreServerOptions o);
+  ~Impl() { stop(); }
+
+  uint16_t port() const { return port_; }
+  void start();
+  void stop();
+  size_t num_connections() const { return nconn_.load(std::memory_order_relaxed); }
+
+ private:
+  using ConnPtr = std::shared_ptr<Conn>;
+
+  error_code try_listen(const tcp::endpoint& ep, bool dual_stack);
+  void do_accept();
+  void on_accept(tcp::socket s);
+  void arm_read(const ConnPtr& c);
+  void on_readable(const ConnPtr& c);
+  void process(Conn& c, const uint8_t* data, size_t n);
+  void handle(Conn& c, proto::Request& r);
+  std::string& out(Conn& c);
+  void flush_dirty();
+  void flush(const ConnPtr& c);
+  void close(Conn& c, std::string_view why);
+  void shutdown_all();
+
+  // The key-value data and the waits on it (all touched on the io thread only).
+  bool present(const std::string& key) const;
+  void store_value(const std::string& key, std::string value);
+  void wake_all(const std::string& key);
+  void wake_one(const std::string& key);
+  void complete(Wait* w);
+  void cancel_waits(Conn& c);
+  void notify(const std::string& key, uint8_t type, std::string_view old_value,
+              std::string_view new_value);
+  void unwatch(Conn& c);
+
+  StoreServerOptions opt_;
+  proto::Limits limits_;
+  asio::io_context io_{1};
+  tcp::acceptor acceptor_{io_};
+  asio::steady_timer accept_retry_{io_};
+  uint16_t port_ = 0;
+  std::thread thread_;
+  std::mutex stop_mu_;
+  bool stopped_ = false;
+  std::atomic<size_t> nconn_{0};
+
+  std::unordered_map<uint64_t, ConnPtr> conns_;
+  uint64_t next_id_ = 1;
+  std::vector<ConnPtr> dirty_;
+  std::unique_ptr<uint8_t[]> rbuf_{new uint8_t[kReadChunk]};
+
+  std::unordered_map<std::string, std::string> kv_;
+  std::unordered_map<std::string, std::deque<std::string>> queues_;
+  std::unordered_map<std::string, std::vector<Wait*>> waiters_;
+  std::unordered_map<std::string, std::vector<Conn*>> watchers_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Listening, accepting, stopping
+
+StoreServer::Impl::Impl(StoreServerOptions o) : opt_(std::move(o)) {
+  limits_.max_key_bytes = opt_.max_key_bytes;
+  limits_.max_payload_bytes = opt_.max_payload_bytes;
+  limits_.max_keys_per_request = opt_.max_keys_per_request;
+  limits_.max_request_bytes = opt_.max_request_bytes;
+  raise_fd_limit();
+
+  error_code ec;
+  if (is_wildcard(opt_.host)) {
+    ec = try_listen(tcp::endpoint(tcp::v6(), opt_.port), /*dual_stack=*/true);
+    if (ec && ec != asio::error::address_in_use && ec != asio::error::access_denied) {
+      spdlog::debug("store server: no IPv6 listener ({}), using IPv4", ec.message());
+      ec = try_listen(tcp::endpoint(tcp::v4(), opt_.port), false);
+    }
+  } else {
+    auto addr = asio::ip::make_address(opt_.host, ec);
+    if (!ec) {
+      ec = try_listen(tcp::endpoint(addr, opt_.port), false);
+    } else {
+      tcp::resolver resolver(io_);
+      auto results = resolver.resolve(opt_.host, std::to_string(opt_.port), ec);
+      if (ec)
+        throw SystemError(fmt::format("bind {}:{}: cannot resolve {} ({})", opt_.host, opt_.port,
+                                      opt_.host, ec.message()),
+                          EADDRNOTAVAIL);
+      ec = asio::error::host_not_found;
+      for (const auto& entry : results) {
+        ec = try_listen(entry.endpoint(), false);
+        if (!ec) break;
+      }
+    }
+  }
+  if (ec) throw SystemError(fmt::format("bind {}:{}", opt_.host, opt_.port), ec.value());
+  port_ = acceptor_.local_endpoint().port();
+}
+
+error_code StoreServer::Impl::try_listen(const tcp::endpoint& ep, bool dual_stack) {
+  error_code ec, ignored;
+  acceptor_.open(ep.protocol(), ec);
+  if (ec) return ec;
+  if (dual_stack) acceptor_.set_option(asio::ip::v6_only(false), ignored);
+  acceptor_.set_option(tcp::acceptor::reuse_address(true), ignored);
+  acceptor_.bind(ep, ec);
+  if (!ec) acceptor_.listen(opt_.backlog, ec);
+  if (ec) acceptor_.close(ignored);
+  return ec;
+}
+
+void StoreServer::Impl::start() {
+  std::lock_guard lk(stop_mu_);
+  if (stopped_ || thread_.joinable()) return;
+  thread_ = std::thread([this] {
+    do_accept();
+    for (;;) {
+      try {
+        io_.run();
+        break;
+      } catch (const std::exception& e) {  // handlers catch their own; belt and braces
+        spdlog::error("store server: unexpected error: {}", e.what());
+      }
+    }
+  });
+}
+
+void StoreServer::Impl::stop() {
+  std::lock_guard lk(stop_mu_);
+  if (stopped_) return;
+  stopped_ = true;
+  if (thread_.joinable()) {
+    asio::post(io_, [this] {
+      shutdown_all();
+      io_.stop();
+    });
+    thread_.join();
+  } else {
+    shutdown_all();
+  }
+  // Run the aborted handlers here so that they release their connections.
+  io_.restart();
+  io_.poll();
+}
+
+void StoreServer::Impl::shutdown_all() {
+  error_code ignored;
+  acceptor_.close(ignored);
+  accept_retry_.cancel();
+  std::vector<ConnPtr> all;
+  all.reserve(conns_.size());
+  for (auto& [id, c] : conns_) all.push_back(c);
+  for (auto& c : all) close(*c, "server stopping");
+  dirty_.clear();
+}
+
+void StoreServer::Impl::do_accept() {
+  acceptor_.async_accept([this](error_code ec, tcp::socket s) {
+    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+    if (ec) {
+      spdlog::warn("store server: accept on port {} failed: {}", port_, ec.message());
+      // Out of descriptors or memory: retry shortly instead of spinning.
+      accept_retry_.expires_after(std::chrono::milliseconds(50));
+      accept_retry_.async_wait([this](error_code e) {
+        if (!e) do_accept();
+      });
+      return;
+    }
+    on_accept(std::move(s));
+    do_accept();
+  });
+}
+
+void StoreServer::Impl::on_accept(tcp::socket s) {
+  error_code ignored;
+  s.set_option(tcp::no_delay(true), ignored);
+  s.non_blocking(true, ignored);
+  auto c = std::make_shared<Conn>(std::move(s), limits_, next_id_++);
+  if (spdlog::should_log(spdlog::level::trace)) {
+    auto ep = c->sock.remote_endpoint(ignored);
+    spdlog::trace("store server: connection {} from {}:{}", c->id, ep.address().to_string(),
+                  ep.port());
+  }
+  conns_.emplace(c->id, c);
+  nconn_.store(conns_.size(), std::memory_order_relaxed);
+  arm_read(c);
+}
+
+void StoreServer::Impl::close(Conn& c, std::string_view why) {
+  if (c.closed) return;
+  c.closed = true;
+  if (spdlog::should_log(spdlog::level::debug)) {
+    error_code e;
+    auto ep = c.sock.remote_endpoint(e);
+    spdlog::debug("store server: closing connection {} ({}): {}", c.id,
+                  e ? std::string("?") : fmt::format("{}:{}", ep.address().to_string(), ep.port()),
+                  why);
+  }
+  cancel_waits(c);
+  unwatch(c);
+  error_code ignored;
+  c.sock.close(ignored);
+  c.out.clear();
+  c.out.shrink_to_fit();
+  c.out_off = 0;
+  auto keep = c.shared_from_this();  // conns_ may hold the last reference
+  conns_.erase(c.id);
+  nconn_.store(conns_.size(), std::memory_order_relaxed);
+}
+
+// ---------------------------------------------------------------------------------------
+// Reading and writing
+
+void StoreServer::Impl::arm_read(const ConnPtr& c) {
+  if (c->closed || c->reading || c->pending() > kPauseReadingAbove) return;
+  c->reading = true;
+  c->sock.async_wait(tcp::socket::wait_read, [this, c](error_code ec) {
+    c->reading = false;
+    if (c->closed) return;
+    if (ec) {
+      close(*c, ec.message());
+      return;
+    }
+    on_readable(c);
+  });
+}
+
+void StoreServer::Impl::on_readable(const ConnPtr& c) {
+  for (int i = 0; i < kReadsPerEvent && !c->closed; ++i) {
+    error_code ec;
+    size_t n = c->sock.read_some(asio::buffer(rbuf_.get(), kReadChunk), ec);
+    if (would_block(ec)) break;
+    if (ec) {
+      close(*c, ec == asio::error::eof ? "closed by the client" : ec.message());
+      break;
+    }
+    process(*c, rbuf_.get(), n);
+    if (n < kReadChunk) break;
+  }
+  flush_dirty();
+  arm_read(c);
+}
+
+void StoreServer::Impl::process(Conn& c, const uint8_t* data, size_t n) {
+  size_t off = 0;
+  while (off < n && !c.closed) {
+    size_t used = 0;
+    auto st = c.parser.feed(data + off, n - off, used);
+    off += used;
+    if (st == proto::RequestParser::Status::kNeedMore) break;
+    if (st == proto::RequestParser::Status::kError) {
+      close(c, fmt::format("protocol error: {}", c.parser.error()));
+      return;
+    }
+    proto::Request req = c.parser.take();
+    try {
+      handle(c, req);
+    } catch (const Violation& e) {
+      close(c, fmt::format("protocol error: {}", e.what()));
+    } catch (const std::exception& e) {
+      close(c, fmt::format("{} failed: {}", proto::op_name(req.op), e.what()));
+    }
+  }
+}
+
+std::string& StoreServer::Impl::out(Conn& c) {
+  if (!c.dirty) {
+    c.dirty = true;
+    dirty_.push_back(c.shared_from_this());
+  }
+  return c.out;
+}
+
+void StoreServer::Impl::flush_dirty() {
+  while (!dirty_.empty()) {
+    auto list = std::move(dirty_);
+    dirty_.clear();
+    for (auto& c : list) {
+      c->dirty = false;
+      if (c->closed) continue;
+      if (c->pending() > opt_.max_pending_output_bytes) {
+        close(*c, fmt::format("client does not read its replies ({} bytes unsent)", c->pending()));
+        continue;
+      }
+      flush(c);
+    }
+  }
+}
+
+void StoreServer::Impl::flush(const ConnPtr& c) {
+  if (c->closed || c->writing) return;
+  while (c->pending() > 0) {
+    error_code ec;
+    size_t n = c->sock.write_some(asio::buffer(c->out.data() + c->out_off, c->pending()), ec);
+    if (would_block(ec)) {
+      if (c->out_off > 0 && c->out_off >= c->out.size() / 2) {
+        c->out.erase(0, c->out_off);
+        c->out_off = 0;
+      }
+      c->writing = true;
+      c->sock.async_wait(tcp::socket::wait_write, [this, c](error_code e) {
+        c->writing = false;
+        if (c->closed) return;
+        if (e) {
+          close(*c, e.message());
+          return;
+        }
+        flush(c);
+      });
+      return;
+    }
+    if (ec) {
+      close(*c, fmt::format("write failed: {}", ec.message()));
+      return;
+    }
+    c->out_off += n;
+  }
+  c->out.clear();
+  c->out_off = 0;
+  if (c->out.capacity() > (1u << 20)) c->out.shrink_to_fit();
+  arm_read(c);  // reading may have been paused while replies piled up
+}
+
+// ---------------------------------------------------------------------------------------
+// Operations
+
+bool StoreServer::Impl::present(const std::string& key) const {
+  if (kv_.count(key)) return true;
+  auto q = queues_.find(key);
+  return q != queues_.end() && !q->second.empty();
+}
+
+void StoreServer::Impl::store_value(const std::string& key, std::string value) {
+  auto w = watchers_.find(key);
+  auto [it, inserted] = kv_.try_emplace(key);
+  if (w != watchers_.end()) {
+    std::string old = inserted ? std::string() : std::move(it->second);
+    it->second = std::move(value);
+    notify(key, inserted ? proto::kWatchCreated : proto::kWatchUpdated, old, it->second);
+  } else {
+    it->second = std::move(value);
+  }
+  if (inserted) wake_all(key);
+}
+
+void StoreServer::Impl::wake_all(const std::string& key) {
+  auto it = waiters_.find(key);
+  if (it == waiters_.end()) return;
+  std::vector<Wait*> list = std::move(it->second);
+  waiters_.erase(it);
+  for (Wait* w : list)
+    if (--w->remaining == 0) complete(w);  // a Wait registered n times completes on the n-th
+}
+
+void StoreServer::Impl::wake_one(const std::string& key) {
+  auto it = waiters_.find(key);
+  if (it == waiters_.end()) return;
+  for (;;) {
+    auto& list = it->second;
+    Wait* w = list.front();
+    size_t m = std::erase(list, w);
+    w->remaining -= m;
+    bool empty = list.empty();
+    if (empty) waiters_.erase(it);
+    if (w->remaining == 0) {
+      complete(w);
+      return;
+    }
+    if (empty) return;
+  }
+}
+
+void StoreServer::Impl::complete(Wait* w) {
+  Conn& c = *w->conn;
+  proto::put_u8(out(c), proto::kWaitStopWaiting);
+  std::erase_if(c.waits, [w](const std::unique_ptr<Wait>& p) { return p.get() == w; });
+}
+
+void StoreServer::Impl::cancel_waits(Conn& c) {
+  for (auto& w : c.waits) {
+    for (auto& k : w->keys) {
+      auto it = waiters_.find(k);
+      if (it == waiters_.end()) continue;
+      std::erase(it->second, w.get());
+      if (it->second.empty()) waiters_.erase(it);
+    }
+  }
+  c.waits.clear();
+}
+
+void StoreServer::Impl::notify(const std::string& key, uint8_t type, std::string_view old_value,
+                               std::string_view new_value) {
+  auto it = watchers_.find(key);
+  if (it == watchers_.end()) return;
+  for (Conn* w : it->second) {
+    auto& o = out(*w);
+    proto::put_u8(o, type);
+    proto::put_str(o, key);
+    proto::put_str(o, old_value);
+    proto::put_str(o, new_value);
+  }
+}
+
+void StoreServer::Impl::unwatch(Conn& c) {
+  for (auto& k : c.watched) {
+    auto it = watchers_.find(k);
+    if (it == watchers_.end()) continue;
+    std::erase(it->second, &c);
+    if (it->second.empty()) watchers_.erase(it);
+  }
+  c.watched.clear();
+}
+
+void StoreServer::Impl::handle(Conn& c, proto::Request& r) {
+  using proto::Op;
+  const bool gen1 = c.parser.generation() == proto::Generation::kV1;
+  switch (r.op) {
+    case Op::kValidate:  // the parser checked the magic
+      break;
+    case Op::kPing:
+      proto::put_u32(out(c), r.u32);
+      break;
+    case Op::kSet:
+      store_value(r.keys[0], std::move(r.values[0]));
+      break;
+    case Op::kCompareSet: {
+      const std::string& key = r.keys[0];
+      std::string& expected = r.values[0];
+      std::string& desired = r.values[1];
+      auto it = kv_.find(key);
+      if (it == kv_.end()) {
+        if (expected.empty()) {
+          proto::put_str(out(c), desired);
+          store_value(key, std::move(desired));
+        } else {
+          proto::put_str(out(c), expected);  // PyTorch's reply: nothing was set
+        }
+      } else {
+        if (it->second == expected) store_value(key, std::move(desired));
+        proto::put_str(out(c), kv_.find(key)->second);
+      }
+      break;
+    }
+    case Op::kGet: {
+      auto it = kv_.find(r.keys[0]);
+      if (it != kv_.end()) {
+        proto::put_str(out(c), it->second);
+      } else if (gen1) {
+        throw Violation(fmt::format("GET of missing key '{}'", r.keys[0]));
+      } else {
+        proto::put_str(out(c), "");
+      }
+      break;
+    }
+    case Op::kAdd: {
+      const std::string& key = r.keys[0];
+      int64_t v = r.i64;
+      auto it = kv_.find(key);
+      if (it != kv_.end()) {
+        auto cur = proto::parse_counter(it->second);
+        if (!cur) throw Violation(fmt::format("ADD on key '{}' whose value is not an integer", key));
+        v = static_cast<int64_t>(static_cast<uint64_t>(*cur) + static_cast<uint64_t>(v));
+      }
+      store_value(key, std::to_string(v));
+      proto::put_i64(out(c), v);
+      break;
+    }
+    case Op::kCheck: {
+      bool all = std::all_of(r.keys.begin(), r.keys.end(), [&](auto& k) { return present(k); });
+      proto::put_u8(out(c), all ? proto::kCheckReady : proto::kCheckNotReady);
+      break;
+    }
+    case Op::kWait: {
+      auto w = std::make_unique<Wait>();
+      w->conn = &c;
+      for (auto& k : r.keys) {
+        if (present(k)) continue;
+        waiters_[k].push_back(w.get());
+        w->keys.push_back(k);
+        ++w->remaining;
+      }
+      if (w->remaining == 0)
+        proto::put_u8(out(c), proto::kWaitStopWaiting);
+      else
+        c.waits.push_back(std::move(w));
+      break;
+    }
+    case Op::kGetNumKeys:
+      proto::put_i64(out(c), static_cast<int64_t>(kv_.size()));
+      break;
+    case Op::kWatchKey: {
+      auto& list = watchers_[r.keys[0]];
+      if (std::find(list.begin(), list.end(), &c) == list.end()) {
+        list.push_back(&c);
+        c.watched.push_back(r.keys[0]);
+      }
+      proto::put_u8(out(c), proto::kWatchRegistered);
+      break;
+    }
+    case Op::kDeleteKey: {
+      auto it = kv_.find(r.keys[0]);
+      int64_t n = 0;
+      if (it != kv_.end()) {
+        std::string old = std::move(it->second);
+        kv_.erase(it);
+        n = 1;
+        notify(r.keys[0], proto::kWatchDeleted, old, "");
+      }
+      proto::put_i64(out(c), n);
+      break;
+    }
+    case Op::kAppend: {
+      auto it = kv_.find(r.keys[0]);
+      if (it == kv_.end()) {
+        store_value(r.keys[0], std::move(r.values[0]));
+      } else if (watchers_.count(r.keys[0])) {
+        std::string old = it->second;
+        it->second += r.values[0];
+        notify(r.keys[0], proto::kWatchUpdated, old, it->second);
+      } else {
+        it->second += r.values[0];
+      }
+      break;
+    }
+    case Op::kMultiGet: {
+      std::string& o = out(c);
+      for (auto& k : r.keys) {
+        auto it = kv_.find(k);
+        if (it == kv_.end() && gen1) throw Violation(fmt::format("MULTI_GET of missing key '{}'", k));
+        proto::put_str(o, it == kv_.end() ? std::string_view() : std::string_view(it->second));
+      }
+      break;
+    }
+    case Op::kMultiSet:
+      for (size_t i = 0; i < r.keys.size(); ++i) store_value(r.keys[i], std::move(r.values[i]));
+      break;
+    case Op::kCancelWait:
+      cancel_waits(c);
+      proto::put_u8(out(c), proto::kWaitCanceled);
+      break;
+    case Op::kQueuePush:
+      queues_[r.keys[0]].push_back(std::move(r.values[0]));
+      wake_one(r.keys[0]);
+      break;
+    case Op::kQueuePop: {
+      auto it = queues_.find(r.keys[0]);
+      std::string& o = out(c);
+      if (it == queues_.end() || it->second.empty()) {
+        proto::put_i64(o, 0);
+      } else {
+        proto::put_i64(o, static_cast<int64_t>(it->second.size()));
+        proto::put_str(o, it->second.front());
+        it->second.pop_front();
+        if (it->second.empty()) queues_.erase(it);
+      }
+      break;
+    }
+    case Op::kQueueLen: {
+      auto it = queues_.find(r.keys[0]);
+      proto::put_i64(out(c), it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size()));
+      break;
+    }
+    case Op::kList: {
+      std::string& o = out(c);
+      proto::put_i64(o, static_cast<int64_t>(kv_.size()));
+      for (auto& [k, v] : kv_) proto::put_str(o, k);
+      break;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+
+StoreServer::StoreServer(StoreServerOptions o) : impl_(std::make_unique<Impl>(std::move(o))) {}
+StoreServer::~StoreServer() = default;
+uint16_t StoreServer::port() const { return impl_->port(); }
+void StoreServer::start() { impl_->start(); }
+void StoreServer::stop() { impl_->stop(); }
+size_t StoreServer::num_connections() const { return impl_->num_connections(); }
+
+}  // namespace ddp::detail

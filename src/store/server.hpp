@@ -1,0 +1,51 @@
+// ddprun's TCPStore server: serves PyTorch's TCPStore clients of both wire generations and
+// ddp::TcpStore, on one background thread (Boost.Asio, one io_context). See docs/store.md.
+//
+// Kept free of Asio/spdlog includes: the implementation lives in server.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace ddp::detail {
+
+struct StoreServerOptions {
+  // "" or "0.0.0.0" or "::" = all interfaces: [::] with IPV6_V6ONLY=0 (dual stack, like
+  // torch), falling back to 0.0.0.0 where IPv6 is unavailable. Otherwise an address or a
+  // host name to bind.
+  std::string host = "0.0.0.0";
+  uint16_t port = 0;  // 0 = pick a free port
+  int backlog = 2048;  // the kernel caps it at net.core.somaxconn
+  size_t max_key_bytes = 8 << 10, max_payload_bytes = 8 << 20,
+         max_keys_per_request = 128 << 10;
+  // Sum of the declared string lengths of one request.
+  size_t max_request_bytes = size_t{256} << 20;
+  // A connection whose unsent replies exceed this is closed (a client that never reads).
+  size_t max_pending_output_bytes = size_t{512} << 20;
+};
+
+class StoreServer {
+ public:
+  // Binds and listens now; throws ddp::SystemError("bind HOST:PORT: <reason>", errno) on
+  // failure (code() == EADDRINUSE when the port is taken). Raises the RLIMIT_NOFILE soft
+  // limit to the hard limit.
+  explicit StoreServer(StoreServerOptions o);
+  ~StoreServer();  // stops
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+
+  uint16_t port() const;
+  // Serves on its own background thread. Call once.
+  void start();
+  // Idempotent; closes the listener and every connection and joins the thread.
+  void stop();
+  size_t num_connections() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddp::detail

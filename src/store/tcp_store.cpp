@@ -1,0 +1,579 @@
+// ddp::TcpStore: a blocking client over plain POSIX sockets (no Boost, no spdlog, so that
+// libddp stays light). One connection per store object; one mutex serialises calls.
+#include "ddp/tcp_store.hpp"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "ddp/error.hpp"
+#include "store/protocol.hpp"
+
+namespace ddp {
+
+namespace proto = detail::proto;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+// Thrown by the I/O helpers when a deadline passes; callers turn it into a TimeoutError
+// with their context.
+struct IoTimeout {};
+
+std::string quoted_keys(const std::vector<std::string>& keys, size_t max = 16) {
+  std::string s;
+  for (size_t i = 0; i < keys.size() && i < max; ++i) {
+    if (i) s += ", ";
+    s += '\'';
+    s += keys[i];
+    s += '\'';
+  }
+  if (keys.size() > max) s += fmt::format(", ... ({} keys)", keys.size());
+  return s;
+}
+
+milliseconds since(Clock::time_point t0) {
+  return std::chrono::duration_cast<milliseconds>(Clock::now() - t0);
+}
+
+int poll_ms(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
+  if (left <= 0) return 0;
+  return left > 60'000 ? 60'000 : static_cast<int>(left) + 1;
+}
+
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() { reset(); }
+  Fd(Fd&& o) noexcept : fd_(o.release()) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = o.release();
+    }
+    return *this;
+  }
+  int get() const { return fd_; }
+  int release() {
+    int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+  void reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  explicit operator bool() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace
+
+struct TcpStore::Impl {
+  explicit Impl(const TcpStoreOptions& o)
+      : opt(o),
+        gen(o.generation == WireGeneration::kV1 ? proto::Generation::kV1 : proto::Generation::kV2),
+        addr(o.host.find(':') != std::string::npos ? fmt::format("[{}]:{}", o.host, o.port)
+                                                   : fmt::format("{}:{}", o.host, o.port)) {}
+
+  TcpStoreOptions opt;
+  proto::Generation gen;
+  std::string addr;
+  std::mutex mu;
+  Fd fd;
+
+  // ---- connection -------------------------------------------------------------------
+
+  // One connect attempt to one resolved address, bounded by the deadline. Returns the
+  // connected socket or sets err.
+  static Fd try_connect(const addrinfo* ai, Clock::time_point deadline, int& err) {
+    Fd s(::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol));
+    if (!s) {
+      err = errno;
+      return {};
+    }
+    if (::connect(s.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
+      if (errno != EINPROGRESS) {
+        err = errno;
+        return {};
+      }
+      pollfd p{s.get(), POLLOUT, 0};
+      int r;
+      do {
+        r = ::poll(&p, 1, poll_ms(deadline));
+      } while (r < 0 && errno == EINTR);
+      if (r == 0) {
+        err = ETIMEDOUT;
+        return {};
+      }
+      if (r < 0) {
+        err = errno;
+        return {};
+      }
+      int soerr = 0;
+      socklen_t len = sizeof soerr;
+      ::getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &soerr, &len);
+      if (soerr != 0) {
+        err = soerr;
+        return {};
+      }
+    }
+    int one = 1;
+    ::setsockopt(s.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return s;
+  }
+
+  void connect() {
+    const auto t0 = Clock::now();
+    const auto deadline = t0 + opt.connect_timeout;
+    std::mt19937_64 rng(std::random_device{}() ^ static_cast<uint64_t>(::getpid()) ^
+                        static_cast<uint64_t>(t0.time_since_epoch().count()));
+    auto backoff = milliseconds(10);
+    int attempts = 0;
+    std::string last_error = "no attempt made";
+    for (;;) {
+      ++attempts;
+      addrinfo hints{};
+      hints.ai_family = AF_UNSPEC;
+      hints.ai_socktype = SOCK_STREAM;
+      addrinfo* res = nullptr;
+      const std::string port = std::to_string(opt.port);
+      int rc = ::getaddrinfo(opt.host.c_str(), port.c_str(), &hints, &res);
+      if (rc != 0) {
+        last_error = fmt::format("cannot resolve {}: {}", opt.host,
+                                 rc == EAI_SYSTEM ? errno_text(errno) : ::gai_strerror(rc));
+      } else {
+        for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+          int err = 0;
+          Fd s = try_connect(ai, deadline, err);
+          if (s) {
+            ::freeaddrinfo(res);
+            fd = std::move(s);
+            handshake(deadline, t0);
+            return;
+          }
+          last_error = errno_text(err);
+        }
+        ::freeaddrinfo(res);
+      }
+      auto now = Clock::now();
+      if (now >= deadline)
+        throw NetworkError(fmt::format(
+            "cannot connect to the store at {}: gave up after {} and {} attempts; last error: {}",
+            addr, format_duration(since(t0)), attempts, last_error));
+      // Jittered exponential backoff: uniformly in [b/2, 3b/2), b doubling up to 1 s.
+      std::uniform_int_distribution<int64_t> jitter(backoff.count() / 2, backoff.count() * 3 / 2);
+      auto sleep = milliseconds(jitter(rng));
+      auto left = std::chrono::duration_cast<milliseconds>(deadline - now);
+      std::this_thread::sleep_for(std::min(sleep, left));
+      backoff = std::min(backoff * 2, milliseconds(1000));
+    }
+  }
+
+  // Generation 2: VALIDATE, then PING with our pid, expecting it echoed.
+  void handshake(Clock::time_point deadline, Clock::time_point t0) {
+    if (gen != proto::Generation::kV2) return;
+    const uint32_t nonce = static_cast<uint32_t>(::getpid());
+    std::string req;
+    proto::Request r;
+    r.op = proto::Op::kValidate;
+    r.u32 = proto::kValidationMagic;
+    proto::encode_request(gen, r, req);
+    r.op = proto::Op::kPing;
+    r.u32 = nonce;
+    proto::encode_request(gen, r, req);
+    // Give the handshake at least a few seconds even if connecting used the budget up.
+    deadline = std::max(deadline, Clock::now() + std::chrono::seconds(5));
+    uint32_t echo = 0;
+    try {
+      send_all(req, deadline, "handshake");
+      recv_exact(&echo, sizeof echo, deadline, "handshake");
+    } catch (const IoTimeout&) {
+      fd.reset();
+      throw NetworkError(fmt::format(
+          "store at {}: no reply to the generation-2 handshake (VALIDATE + PING) within {}; is it a "
+          "generation-1 server (torch < 2.2)?",
+          addr, format_duration(since(t0))));
+    }
+    if (echo != nonce) {
+      fd.reset();
+      throw StoreError(fmt::format("store at {}: handshake PING returned {} instead of {}", addr,
+                                   echo, nonce));
+    }
+  }
+
+  void ensure_connected() {
+    if (!fd) connect();
+  }
+
+  // ---- I/O --------------------------------------------------------------------------
+
+  [[noreturn]] void lost(const std::string& what, int err) {
+    fd.reset();
+    throw NetworkError(fmt::format("store at {}: {} failed: {}", addr, what, errno_text(err)));
+  }
+
+  void wait_fd(short events, Clock::time_point deadline, const std::string& what) {
+    pollfd p{fd.get(), events, 0};
+    for (;;) {
+      int ms = poll_ms(deadline);
+      if (ms == 0) throw IoTimeout{};
+      int r = ::poll(&p, 1, ms);
+      if (r > 0) return;
+      if (r < 0 && errno != EINTR) lost(what, errno);
+    }
+  }
+
+  void send_all(std::string_view data, Clock::time_point deadline, const std::string& what) {
+    while (!data.empty()) {
+      ssize_t n = ::send(fd.get(), data.data(), data.size(), MSG_NOSIGNAL);
+      if (n > 0) {
+        data.remove_prefix(static_cast<size_t>(n));
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        wait_fd(POLLOUT, deadline, what);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else {
+        lost("sending " + what, errno);
+      }
+    }
+  }
+
+  void recv_exact(void* buf, size_t size, Clock::time_point deadline, const std::string& what) {
+    auto* p = static_cast<char*>(buf);
+    while (size > 0) {
+      ssize_t n = ::recv(fd.get(), p, size, 0);
+      if (n > 0) {
+        p += n;
+        size -= static_cast<size_t>(n);
+      } else if (n == 0) {
+        fd.reset();
+        throw NetworkError(fmt::format("store at {} closed the connection during {}", addr, what));
+      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        wait_fd(POLLIN, deadline, what);
+      } else if (errno != EINTR) {
+        lost("receiving the reply to " + what, errno);
+      }
+    }
+  }
+
+  template <typename T>
+  T recv_value(Clock::time_point deadline, const std::string& what) {
+    T v;
+    recv_exact(&v, sizeof v, deadline, what);
+    return v;
+  }
+
+  std::string recv_str(Clock::time_point deadline, const std::string& what) {
+    auto len = recv_value<uint64_t>(deadline, what);
+    if (len > (uint64_t{1} << 32)) {
+      fd.reset();
+      throw StoreError(fmt::format("store at {}: reply to {} announces {} bytes", addr, what, len));
+    }
+    std::string s(static_cast<size_t>(len), '\0');
+    recv_exact(s.data(), s.size(), deadline, what);
+    return s;
+  }
+
+  // ---- requests ---------------------------------------------------------------------
+
+  static std::string describe(const proto::Request& r) {
+    if (r.keys.empty()) return proto::op_name(r.op);
+    return fmt::format("{} {}", proto::op_name(r.op), quoted_keys(r.keys, 4));
+  }
+
+  // Sends a request (connecting first if needed); the caller then reads the reply.
+  Clock::time_point send_request(const proto::Request& r, milliseconds timeout) {
+    ensure_connected();
+    if (!proto::encode_opcode(gen, r.op))
+      throw StoreError(fmt::format("store at {}: {} needs wire generation 2 (torch >= 2.2)", addr,
+                                   proto::op_name(r.op)));
+    std::string buf;
+    proto::encode_request(gen, r, buf);
+    auto deadline = Clock::now() + timeout;
+    try {
+      send_all(buf, deadline, describe(r));
+    } catch (const IoTimeout&) {
+      fd.reset();
+      throw TimeoutError(fmt::format("store at {}: sending {} timed out after {}", addr,
+                                     describe(r), format_duration(timeout)));
+    }
+    return deadline;
+  }
+
+  // Runs `read` for the reply; a timeout leaves the connection in an unknown state, so it
+  // is dropped (the next call reconnects).
+  template <typename F>
+  auto reply(const proto::Request& r, Clock::time_point deadline, milliseconds timeout, F read) {
+    try {
+      return read(deadline, describe(r));
+    } catch (const IoTimeout&) {
+      fd.reset();
+      throw TimeoutError(fmt::format("store at {}: no reply to {} within {}", addr, describe(r),
+                                     format_duration(timeout)));
+    }
+  }
+
+  template <typename F>
+  auto call(const proto::Request& r, milliseconds timeout, F read) {
+    auto deadline = send_request(r, timeout);
+    return reply(r, deadline, timeout, read);
+  }
+
+  void call_noreply(const proto::Request& r, milliseconds timeout) { send_request(r, timeout); }
+
+  // Returns true when all keys exist; false at the timeout.
+  bool do_wait(const std::vector<std::string>& keys, milliseconds timeout) {
+    proto::Request r;
+    r.op = proto::Op::kWait;
+    r.keys = keys;
+    auto deadline = send_request(r, timeout);
+    const std::string what = describe(r);
+    try {
+      auto v = recv_value<uint8_t>(deadline, what);
+      if (v != proto::kWaitStopWaiting) {
+        fd.reset();
+        throw StoreError(fmt::format("store at {}: unexpected reply {} to {}", addr, v, what));
+      }
+      return true;
+    } catch (const IoTimeout&) {
+    }
+    if (gen == proto::Generation::kV1) {
+      // Generation 1 has no way to cancel: the server would later send a stray 0x00 on
+      // this connection. Start afresh with the next call.
+      fd.reset();
+      return false;
+    }
+    proto::Request cancel;
+    cancel.op = proto::Op::kCancelWait;
+    std::string buf;
+    proto::encode_request(gen, cancel, buf);
+    auto grace = Clock::now() + std::max(opt.timeout, milliseconds(1000));
+    try {
+      send_all(buf, grace, "CANCEL_WAIT");
+      auto v = recv_value<uint8_t>(grace, "CANCEL_WAIT");
+      if (v == proto::kWaitCanceled) return false;
+      if (v == proto::kWaitStopWaiting) {
+        // The keys appeared just before the cancel: the wait succeeded after all; the
+        // server still answers the cancel.
+        v = recv_value<uint8_t>(grace, "CANCEL_WAIT");
+        if (v == proto::kWaitCanceled) return true;
+      }
+      fd.reset();
+      throw StoreError(fmt::format("store at {}: unexpected reply {} to CANCEL_WAIT", addr, v));
+    } catch (const IoTimeout&) {
+      fd.reset();
+      return false;
+    }
+  }
+
+  // Best effort, for error messages: which of the keys are still missing.
+  std::vector<std::string> missing_keys(const std::vector<std::string>& keys) {
+    std::vector<std::string> missing;
+    if (!fd || keys.size() > 16) return missing;
+    try {
+      for (auto& k : keys) {
+        proto::Request r;
+        r.op = proto::Op::kCheck;
+        r.keys = {k};
+        auto ok = call(r, milliseconds(1000), [&](auto deadline, const std::string& what) {
+          return recv_value<uint8_t>(deadline, what);
+        });
+        if (ok != proto::kCheckReady) missing.push_back(k);
+      }
+    } catch (const Error&) {
+      missing.clear();
+    }
+    return missing;
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+
+TcpStore::TcpStore(TcpStoreOptions options)
+    : options_(std::move(options)), impl_(std::make_unique<Impl>(options_)) {
+  timeout_ = options_.timeout;
+  impl_->connect();
+}
+
+TcpStore::~TcpStore() = default;
+
+namespace {
+proto::Request make(proto::Op op, std::vector<std::string> keys = {},
+                    std::vector<std::string> values = {}) {
+  proto::Request r;
+  r.op = op;
+  r.keys = std::move(keys);
+  r.values = std::move(values);
+  return r;
+}
+}  // namespace
+
+void TcpStore::set(const std::string& key, const std::string& value) {
+  std::lock_guard lk(impl_->mu);
+  impl_->call_noreply(make(proto::Op::kSet, {key}, {value}), timeout());
+}
+
+std::string TcpStore::get(const std::string& key) {
+  wait({key}, timeout());
+  std::lock_guard lk(impl_->mu);
+  return impl_->call(make(proto::Op::kGet, {key}), timeout(),
+                     [&](auto d, const std::string& w) { return impl_->recv_str(d, w); });
+}
+
+int64_t TcpStore::add(const std::string& key, int64_t delta) {
+  std::lock_guard lk(impl_->mu);
+  auto r = make(proto::Op::kAdd, {key});
+  r.i64 = delta;
+  return impl_->call(r, timeout(),
+                     [&](auto d, const std::string& w) { return impl_->recv_value<int64_t>(d, w); });
+}
+
+std::string TcpStore::compare_set(const std::string& key, const std::string& expected,
+                                  const std::string& desired) {
+  std::lock_guard lk(impl_->mu);
+  return impl_->call(make(proto::Op::kCompareSet, {key}, {expected, desired}), timeout(),
+                     [&](auto d, const std::string& w) { return impl_->recv_str(d, w); });
+}
+
+bool TcpStore::check(const std::vector<std::string>& keys) {
+  std::lock_guard lk(impl_->mu);
+  return impl_->call(make(proto::Op::kCheck, keys), timeout(), [&](auto d, const std::string& w) {
+           return impl_->recv_value<uint8_t>(d, w);
+         }) == proto::kCheckReady;
+}
+
+void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  std::lock_guard lk(impl_->mu);
+  const auto t0 = Clock::now();
+  if (impl_->do_wait(keys, timeout)) return;
+  auto waited = since(t0);
+  auto missing = impl_->missing_keys(keys);
+  std::string detail = missing.empty() ? std::string()
+                                       : fmt::format(" (still missing: {})", quoted_keys(missing));
+  throw TimeoutError(fmt::format("store at {}: wait timed out after {} (timeout {}), keys: {}{}",
+                                 impl_->addr, format_duration(waited), format_duration(timeout),
+                                 quoted_keys(keys), detail));
+}
+
+bool TcpStore::delete_key(const std::string& key) {
+  std::lock_guard lk(impl_->mu);
+  return impl_->call(make(proto::Op::kDeleteKey, {key}), timeout(),
+                     [&](auto d, const std::string& w) {
+                       return impl_->recv_value<int64_t>(d, w);
+                     }) > 0;
+}
+
+int64_t TcpStore::num_keys() {
+  std::lock_guard lk(impl_->mu);
+  return impl_->call(make(proto::Op::kGetNumKeys), timeout(), [&](auto d, const std::string& w) {
+    return impl_->recv_value<int64_t>(d, w);
+  });
+}
+
+namespace {
+void require_v2(const TcpStoreOptions& o, const char* what) {
+  if (o.generation != WireGeneration::kV2)
+    throw StoreError(fmt::format("store at {}:{}: {} needs wire generation 2 (torch >= 2.2)",
+                                 o.host, o.port, what));
+}
+}  // namespace
+
+void TcpStore::append(const std::string& key, const std::string& value) {
+  require_v2(options_, "append");
+  std::lock_guard lk(impl_->mu);
+  impl_->call_noreply(make(proto::Op::kAppend, {key}, {value}), timeout());
+}
+
+std::vector<std::string> TcpStore::multi_get(const std::vector<std::string>& keys) {
+  require_v2(options_, "multi_get");
+  std::lock_guard lk(impl_->mu);
+  return impl_->call(make(proto::Op::kMultiGet, keys), timeout(),
+                     [&](auto d, const std::string& w) {
+                       std::vector<std::string> out;
+                       out.reserve(keys.size());
+                       for (size_t i = 0; i < keys.size(); ++i) out.push_back(impl_->recv_str(d, w));
+                       return out;
+                     });
+}
+
+void TcpStore::multi_set(const std::vector<std::string>& keys,
+                         const std::vector<std::string>& values) {
+  require_v2(options_, "multi_set");
+  if (keys.size() != values.size())
+    throw StoreError(fmt::format("multi_set: {} keys but {} values", keys.size(), values.size()));
+  std::lock_guard lk(impl_->mu);
+  impl_->call_noreply(make(proto::Op::kMultiSet, keys, values), timeout());
+}
+
+std::vector<std::string> TcpStore::list_keys() {
+  require_v2(options_, "list_keys");
+  std::lock_guard lk(impl_->mu);
+  return impl_->call(make(proto::Op::kList), timeout(), [&](auto d, const std::string& w) {
+    auto n = impl_->recv_value<int64_t>(d, w);
+    if (n < 0 || n > (int64_t{1} << 32))
+      throw StoreError(fmt::format("store at {}: LIST announced {} keys", impl_->addr, n));
+    std::vector<std::string> out;
+    out.reserve(static_cast<size_t>(std::min<int64_t>(n, 1 << 16)));
+    for (int64_t i = 0; i < n; ++i) out.push_back(impl_->recv_str(d, w));
+    return out;
+  });
+}
+
+void TcpStore::queue_push(const std::string& key, const std::string& value) {
+  require_v2(options_, "queue_push");
+  std::lock_guard lk(impl_->mu);
+  impl_->call_noreply(make(proto::Op::kQueuePush, {key}, {value}), timeout());
+}
+
+int64_t TcpStore::queue_len(const std::string& key) {
+  require_v2(options_, "queue_len");
+  std::lock_guard lk(impl_->mu);
+  return impl_->call(make(proto::Op::kQueueLen, {key}), timeout(),
+                     [&](auto d, const std::string& w) { return impl_->recv_value<int64_t>(d, w); });
+}
+
+bool TcpStore::queue_pop(const std::string& key, std::string& value) {
+  require_v2(options_, "queue_pop");
+  std::lock_guard lk(impl_->mu);
+  return impl_->call(make(proto::Op::kQueuePop, {key}), timeout(),
+                     [&](auto d, const std::string& w) {
+                       auto len = impl_->recv_value<int64_t>(d, w);
+                       if (len <= 0) return false;
+                       value = impl_->recv_str(d, w);
+                       return true;
+                     });
+}
+
+void TcpStore::ping() {
+  require_v2(options_, "ping");
+  std::lock_guard lk(impl_->mu);
+  auto r = make(proto::Op::kPing);
+  r.u32 = static_cast<uint32_t>(::getpid());
+  auto echo = impl_->call(r, timeout(), [&](auto d, const std::string& w) {
+    return impl_->recv_value<uint32_t>(d, w);
+  });
+  if (echo != r.u32)
+    throw StoreError(fmt::format("store at {}: PING returned {} instead of {}", impl_->addr, echo,
+                                 r.u32));
+}
+
+}  // namespace ddp
