@@ -445,10 +445,11 @@ struct Supervisor::Impl {
         outcome.workers.push_back(w);
       }
       if (got_signal) break;
-      if (!root && remote_reason.empty()) {
-        if (sync) sync->exit_barrier(attempt);
-        break;
+      if (!root && remote_reason.empty() && sync) {
+        sync->exit_barrier(attempt);
+        remote_reason = sync->last_exit_reason();  // this node succeeded, another did not
       }
+      if (!root && remote_reason.empty()) break;
       if (attempt >= o.max_restarts) break;
       std::string why = root ? fmt::format("rank {} {}", root->rank,
                                            root->signal ? "was killed by " + signal_name(root->signal)

@@ -30,6 +30,8 @@ class NodeSync {
   // Called after a node's workers all succeeded: waits for every node (the store outlives
   // every worker).
   virtual void exit_barrier(int attempt) = 0;
+  // After exit_barrier: the failure another node reported for that attempt, or "".
+  virtual std::string last_exit_reason() const = 0;
 };
 
 // Signals ddprun handles must be blocked before any thread starts; call first thing.
