@@ -44,53 +44,38 @@ std::vector<char*> c_strings(const std::vector<std::string>& v) {
 }  // namespace
 
 SpawnResult spawn(const SpawnSpec& spec) {
-  // Everything the child needs is prepared here: after fork only async-signal-safe calls.
+  // Everything the child needs is prepared here: after vfork only async-signal-safe calls,
+  // and no writes to memory but exec_err (the child borrows ddprun's memory until exec).
   std::vector<char*> argv = c_strings(spec.argv);
   std::vector<char*> envp = c_strings(spec.env);
   const char* path = spec.path.c_str();
-  int errpipe[2];
-  if (pipe2(errpipe, O_CLOEXEC) != 0) throw ddp::SystemError("pipe for exec status", errno);
-  pid_t parent = getpid();
+  const int out_fd = spec.stdout_fd, err_fd = spec.stderr_fd;
+  const pid_t parent = getpid();
   sigset_t none;
   sigemptyset(&none);
+  volatile int exec_err = 0;
 
-  pid_t pid = fork();
-  if (pid < 0) {
-    int err = errno;
-    close(errpipe[0]);
-    close(errpipe[1]);
-    throw ddp::SystemError(fmt::format("fork for {}", spec.path), err);
-  }
+  // vfork: no page tables to copy, and ddprun resumes only once the child has exec'd or
+  // failed, so the exec's outcome is known without a pipe.
+  pid_t pid = vfork();
+  if (pid < 0) throw ddp::SystemError(fmt::format("vfork for {}", spec.path), errno);
   if (pid == 0) {
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(128 + SIGKILL);  // ddprun died before the signal was armed
     // Dispositions ddprun changed must not leak into the worker (ignored ones survive exec).
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
     for (int s = 1; s < NSIG; ++s)
-      if (s != SIGKILL && s != SIGSTOP) signal(s, SIG_DFL);
+      if (s != SIGKILL && s != SIGSTOP) sigaction(s, &dfl, nullptr);
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    if (spec.stdout_fd >= 0 && dup2(spec.stdout_fd, 1) < 0) goto fail;
-    if (spec.stderr_fd >= 0 && dup2(spec.stderr_fd, 2) < 0) goto fail;
-    execve(path, argv.data(), envp.data());
-  fail:
-    int err = errno;
-    write_all_raw(errpipe[1], &err, sizeof err);
+    if ((out_fd < 0 || dup2(out_fd, 1) >= 0) && (err_fd < 0 || dup2(err_fd, 2) >= 0))
+      execve(path, argv.data(), envp.data());
+    exec_err = errno ? errno : EINVAL;
     _exit(127);
   }
-  setpgid(pid, pid);  // also here, so that the group exists before anyone signals it
-  close(errpipe[1]);
-  return SpawnResult{pid, errpipe[0]};
-}
-
-int exec_status(SpawnResult& r) {
-  if (r.status_fd < 0) return 0;
-  int err = 0;
-  ssize_t n;
-  do n = read(r.status_fd, &err, sizeof err);
-  while (n < 0 && errno == EINTR);
-  close(r.status_fd);
-  r.status_fd = -1;
-  return n == sizeof err ? err : 0;
+  setpgid(pid, pid);  // no-op when the child did it; closes the race otherwise
+  return SpawnResult{pid, exec_err};
 }
 
 std::string describe_exec_failure(const std::string& path, int err) {

@@ -1,6 +1,6 @@
 // Starting and ending worker processes with POSIX calls (see docs/design.md for why not
 // Boost.Process): own process group, death signal armed without a race, exec failure
-// reported through a close-on-exec pipe, only async-signal-safe calls after fork.
+// reported back to ddprun, only async-signal-safe calls between vfork and exec.
 #pragma once
 
 #include <sys/types.h>
@@ -20,16 +20,12 @@ struct SpawnSpec {
 
 struct SpawnResult {
   pid_t pid = -1;
-  int status_fd = -1;  // close-on-exec pipe: EOF when exec succeeded, errno otherwise
+  int exec_errno = 0;  // != 0: execve failed with this errno (the child has exited 127)
 };
 
-// Forks and execs. The child is leader of its own process group and gets SIGKILL if
-// ddprun dies. Throws ddp::SystemError if fork itself fails. Does not wait for the exec:
-// start every worker first, then ask exec_status() of each.
+// vfork + exec. The child leads its own process group and gets SIGKILL if ddprun dies.
+// Returns once the child has exec'd (or failed to). Throws ddp::SystemError if vfork fails.
 SpawnResult spawn(const SpawnSpec& spec);
-
-// 0 when the exec succeeded, else its errno (the child has exited 127). Closes status_fd.
-int exec_status(SpawnResult& r);
 
 // Explains an exec failure: "cannot execute /x/y.sh: Permission denied", with the bad
 // interpreter named when a #! line points nowhere.

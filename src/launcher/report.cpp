@@ -1,5 +1,8 @@
 #include "launcher/report.hpp"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <fstream>
 #include <sstream>
 
@@ -156,6 +159,13 @@ void write_summary_json(const std::string& path, const JobOutcome& o, const std:
   j["restarts"] = o.restarts;
   j["start"] = epoch_seconds(o.start);
   j["end"] = epoch_seconds(o.end);
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  auto secs = [](const timeval& tv) { return static_cast<double>(tv.tv_sec) + static_cast<double>(tv.tv_usec) / 1e6; };
+  j["launcher"] = {{"pid", getpid()},
+                   {"max_rss_kb", ru.ru_maxrss},
+                   {"user_cpu_s", secs(ru.ru_utime)},
+                   {"system_cpu_s", secs(ru.ru_stime)}};
   j["root_cause"] = o.root_cause ? worker_json(*o.root_cause) : json(nullptr);
   j["workers"] = json::array();
   for (auto& w : o.workers) j["workers"].push_back(worker_json(w));

@@ -202,7 +202,6 @@ struct Supervisor::Impl {
       ::unlink(w.error_file.c_str());  // a stale file must not be mistaken for this attempt's
       workers.push_back(std::move(w));
     }
-    // Start them all, then collect each exec's outcome: no worker waits for another's exec.
     std::vector<SpawnResult> started;
     std::vector<std::string> paths;
     for (size_t i = 0; i < workers.size(); ++i) {
@@ -226,7 +225,7 @@ struct Supervisor::Impl {
     }
     for (size_t i = 0; i < workers.size(); ++i) {
       WorkerResult& w = workers[i];
-      if (int err = exec_status(started[i])) {
+      if (int err = started[i].exec_errno) {
         w.state = WorkerResult::State::kExecFailed;
         w.exit_code = err == ENOENT ? 127 : 126;
         w.exec_error = describe_exec_failure(paths[i], err);

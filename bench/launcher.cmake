@@ -1,0 +1,1 @@
+add_executable(ddp-bench-lines launcher/lines.c)
