@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <ctime>
 #include <random>
 
 #include <fmt/format.h>
@@ -43,6 +44,8 @@ sigset_t supervised_set(const Options& o) {
 constexpr size_t kConsoleBound = 4 << 20;  // bytes queued per console before readers pause
 constexpr size_t kReadChunk = 64 << 10;
 constexpr int kTailLines = 20;
+constexpr size_t kTrickleBytes = 16 << 10;
+constexpr long kTricklePauseNs = 1'000'000;
 
 std::string random_suffix() {
   std::random_device rd;
@@ -92,6 +95,7 @@ struct Supervisor::Impl {
   int got_signal = 0;
   int attempt = 0;
   std::string remote_reason;
+  size_t cycle_reads = 0, cycle_bytes = 0;  // stream reads in this loop iteration
   JobOutcome outcome;
 
   Impl(const Options& opt, JobPlan p, std::map<std::string, std::string> env, NodeSync* s)
@@ -342,6 +346,8 @@ struct Supervisor::Impl {
       }
       ssize_t n = read(s.fd, buf.data(), buf.size());
       if (n > 0) {
+        ++cycle_reads;
+        cycle_bytes += static_cast<size_t>(n);
         s.fwd->feed(buf.data(), static_cast<size_t>(n), SysClock::now());
         if (static_cast<size_t>(n) < buf.size()) return;
         continue;
@@ -407,6 +413,14 @@ struct Supervisor::Impl {
         if (s->fd >= 0 && s->fwd->has_partial()) next = std::min(next, s->fwd->last_data() + StreamForwarder::kIdleFlush);
       int timeout = static_cast<int>(
           std::max<long>(0, std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1));
+      // Output that trickles in small writes (python -u writes every line on its own) is
+      // read in batches: a short pause lets the pipes fill, so a burst of lines costs one
+      // wake-up instead of one per line. Floods (full reads) and idle pipes never pause.
+      if (cycle_reads > 0 && cycle_bytes / cycle_reads < kTrickleBytes && !stopping) {
+        timespec pause{0, kTricklePauseNs};
+        nanosleep(&pause, nullptr);
+      }
+      cycle_reads = cycle_bytes = 0;
       int n = epoll_wait(epfd, evs, 64, timeout);
       if (n < 0 && errno != EINTR) throw ddp::SystemError("epoll_wait", errno);
       for (int i = 0; i < n; ++i) {
