@@ -255,7 +255,6 @@ std::string signal_name(int sig) {
 Options parse_options(const std::vector<std::string>& args, const std::map<std::string, std::string>& env) {
   Options o;
   std::map<std::string, Given> given;  // canonical name -> value
-  std::set<std::string> flags_set;
 
   // 1. Split torchrun's options from the script and its arguments.
   size_t i = 0;
@@ -287,7 +286,6 @@ Options parse_options(const std::vector<std::string>& args, const std::map<std::
       if (inline_value && spec->short_name && !a.starts_with("--"))
         throw UsageError(fmt::format("{}: takes no value, got '{}'", shown, *inline_value));
       bool on = inline_value ? truthy(shown, *inline_value) : true;
-      if (on) flags_set.insert(spec->name); else flags_set.erase(spec->name);
       given[spec->name] = {on ? "1" : "0", shown};
       continue;
     }
@@ -469,6 +467,22 @@ Options parse_options(const std::vector<std::string>& args, const std::map<std::
                                    given["rdzv-backend"].source, o.rdzv_backend));
     throw UsageError(fmt::format("{}: expected static or c10d, got '{}'", given["rdzv-backend"].source, o.rdzv_backend));
   }
+  if (!o.rdzv_endpoint.empty() && !o.standalone) {
+    // torchrun's static rendezvous takes host[:port] from --rdzv-endpoint over
+    // --master-addr/--master-port.
+    const auto& g = given["rdzv-endpoint"];
+    std::string host = o.rdzv_endpoint;
+    auto colon = host.rfind(':');
+    if (colon != std::string::npos && host.find(']') == std::string::npos && host.find(':') != colon) colon = std::string::npos;
+    if (colon != std::string::npos) {
+      Given port{host.substr(colon + 1), g.source};
+      o.master_port = parse_int(port, 1, 65535, "host[:port] with a port 1..65535");
+      host.resize(colon);
+    }
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+    if (host.empty()) throw UsageError(fmt::format("{}: expected host[:port], got '{}'", g.source, o.rdzv_endpoint));
+    o.master_addr = host;
+  }
   if (o.min_nodes != o.max_nodes)
     throw UsageError(fmt::format("{}: elastic node ranges ({}) need c10d rendezvous, which is not supported yet; "
                                  "give a fixed N",
@@ -483,8 +497,6 @@ Options parse_options(const std::vector<std::string>& args, const std::map<std::
                                  given["logs-specs"].source));
   if (!o.numa_binding.empty())
     throw UsageError(fmt::format("{}: NUMA binding is not supported yet", given["numa-binding"].source));
-  auto files_needed = [](const StdMap& m) { return m.all != 0 || !m.per_rank.empty(); };
-  (void)files_needed;
 
   // 5. The target must exist before any worker starts.
   bool direct = o.no_python || (!o.module && !o.script.ends_with(".py") && is_executable_file(o.script));
