@@ -21,7 +21,7 @@ class StderrSink : public spdlog::sinks::base_sink<std::mutex> {
     formatter_->format(msg, buf);
     std::string line(buf.data(), buf.size());
     if (ConsoleWriter* w = g_writer.load()) {
-      w->push(std::move(line));
+      w->push_line(std::move(line));
       return;
     }
     const char* p = line.data();

@@ -61,12 +61,31 @@ ConsoleWriter::~ConsoleWriter() {
 
 void ConsoleWriter::push(std::string&& chunk) {
   if (chunk.empty()) return;
-  size_t total = pending_.fetch_add(chunk.size(), std::memory_order_relaxed) + chunk.size();
-  if (total >= bound_) waiting_for_room_.store(true, std::memory_order_relaxed);
+  size_t n = chunk.size();
   {
     std::lock_guard lk(mu_);
+    at_line_start_ = chunk.back() == '\n';
     queue_.push_back(std::move(chunk));
   }
+  size_t total = pending_.fetch_add(n, std::memory_order_relaxed) + n;
+  if (total >= bound_) waiting_for_room_.store(true, std::memory_order_relaxed);
+  cv_.notify_one();
+}
+
+void ConsoleWriter::push_line(std::string&& line) {
+  if (line.empty()) return;
+  size_t n;
+  {
+    std::lock_guard lk(mu_);
+    if (!at_line_start_) {
+      line.insert(line.begin(), '\n');
+      interruptions_.fetch_add(1, std::memory_order_relaxed);
+    }
+    at_line_start_ = line.back() == '\n';
+    n = line.size();
+    queue_.push_back(std::move(line));
+  }
+  pending_.fetch_add(n, std::memory_order_relaxed);
   cv_.notify_one();
 }
 
@@ -163,13 +182,15 @@ void StreamForwarder::emit_piece(std::string& out, const char* p, size_t n, bool
   if (terminated) ++lines_;
   Console* c = cfg_.console;
   if (!c) return;
-  if (c->dangling && c->dangling != this) out += '\n';  // close another worker's unfinished line
-  if (c->dangling != this) {
+  const void* open = c->open_line();
+  if (open && open != this) out += '\n';  // close another worker's unfinished line
+  if (open != this) {
     out += stamp;
     out += cfg_.prefix;
   }
   out.append(p, n);
   c->dangling = terminated ? nullptr : this;
+  if (!terminated) c->dangling_epoch = c->writer->interruptions();
 }
 
 void StreamForwarder::send(std::string& out) {
@@ -199,7 +220,9 @@ void StreamForwarder::feed(const char* data, size_t n, std::chrono::system_clock
     while (q < end && *q != '\n' && *q != '\r') ++q;
     if (q == end) {
       partial_.append(p, static_cast<size_t>(end - p));
-      while (partial_.size() >= kMaxLine) {
+      // Split only beyond kMaxLine: the byte at the cut must have arrived to tell whether
+      // the cut falls inside a UTF-8 character.
+      while (partial_.size() > kMaxLine) {
         size_t cut = utf8_cut(partial_.data(), kMaxLine);
         std::string piece = partial_.substr(0, cut) + kContinuation;
         emit_piece(out, piece.data(), piece.size(), true, st);
@@ -238,7 +261,15 @@ void StreamForwarder::flush_partial(std::chrono::system_clock::time_point now) {
 }
 
 void StreamForwarder::finish(std::chrono::system_clock::time_point now) {
-  if (partial_.empty()) return;
+  if (partial_.empty()) {
+    // A line flushed while idle and never finished is ended, so the console stays tidy.
+    if (cfg_.console && cfg_.console->open_line() == this) {
+      std::string nl = "\n";
+      cfg_.console->dangling = nullptr;
+      send(nl);
+    }
+    return;
+  }
   partial_ += '\n';
   std::string out;
   emit_piece(out, partial_.data(), partial_.size(), true, stamp(now));

@@ -27,6 +27,10 @@ class ConsoleWriter {
   ConsoleWriter(int fd, size_t bound, int wake_fd);
   ~ConsoleWriter();
   void push(std::string&& chunk);
+  // A whole line of ddprun's own (a log message): if a worker's unfinished line is open on
+  // this console it is ended first, and interruptions() counts up.
+  void push_line(std::string&& line);
+  uint64_t interruptions() const { return interruptions_.load(std::memory_order_relaxed); }
   bool full() const { return pending_.load(std::memory_order_relaxed) >= bound_; }
   void flush();  // blocks until everything queued is written
 
@@ -37,6 +41,8 @@ class ConsoleWriter {
   int wake_fd_;
   std::atomic<size_t> pending_{0};
   std::atomic<bool> waiting_for_room_{false};
+  std::atomic<uint64_t> interruptions_{0};
+  bool at_line_start_ = true;  // the last byte queued was '\n' (guarded by mu_)
   std::mutex mu_;
   std::condition_variable cv_, drained_;
   std::deque<std::string> queue_;
@@ -47,6 +53,11 @@ class ConsoleWriter {
 struct Console {
   ConsoleWriter* writer = nullptr;
   const void* dangling = nullptr;  // forwarder whose last line on this console is unfinished
+  uint64_t dangling_epoch = 0;     // writer->interruptions() when it was left unfinished
+  // The unfinished line, if it is still open (no log line ended it since).
+  const void* open_line() const {
+    return dangling && writer->interruptions() == dangling_epoch ? dangling : nullptr;
+  }
 };
 
 struct ForwarderConfig {

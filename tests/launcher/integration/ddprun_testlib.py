@@ -1,0 +1,233 @@
+"""Shared helpers for ddprun's launcher integration tests.
+
+Every test runs the built ddprun (path in $DDPRUN, set by ctest) in a temporary folder,
+with worker scripts from ./workers run by Debian's /usr/bin/python3 (PYTHON_EXEC), and
+cleans up every process it started, by pid.
+"""
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKERS = os.path.join(HERE, "workers")
+PYTHON = "/usr/bin/python3"
+
+
+def _default_ddprun():
+    root = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+    for build in ("build-tests", "build"):
+        cand = os.path.join(root, build, "bin", "ddprun")
+        if os.path.exists(cand):
+            return cand
+    return os.path.join(root, "build", "bin", "ddprun")
+
+
+DDPRUN = os.environ.get("DDPRUN") or _default_ddprun()
+
+
+def worker(name):
+    return os.path.join(WORKERS, name)
+
+
+def read_text(path):
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _no_core_dumps():
+    # Workers that die of SIGSEGV must not leave core files behind (limits are inherited).
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def clean_env(**extra):
+    """The test's environment without anything that would steer ddprun (PET_*, TORCHELASTIC_*),
+    with PYTHON_EXEC pointing at the torch-enabled python and PET_MASTER_PORT at a free
+    port, plus extra (None removes a variable)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PET_", "TORCHELASTIC_", "TORCH_ELASTIC_"))
+           and k not in ("OMP_NUM_THREADS", "LOGLEVEL", "DDPRUN")}
+    env["PYTHON_EXEC"] = PYTHON
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # Node 0 hosts a store at the master port: tests running in parallel (and anything else
+    # on this machine) must not all fight for the default 29500.
+    env["PET_MASTER_PORT"] = str(free_port())
+    for k, v in extra.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = str(v)
+    return env
+
+
+def pid_alive(pid):
+    """True if pid exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    state = stat.rsplit(")", 1)[1].split()[0]
+    return state not in ("Z", "X")
+
+
+def vm_hwm_kb(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None
+
+
+class Result:
+    def __init__(self, rc, out, err, elapsed):
+        self.rc, self.out, self.err, self.elapsed = rc, out, err, elapsed
+
+    @property
+    def stdout(self):
+        return self.out.decode("utf-8", "replace")
+
+    @property
+    def stderr(self):
+        return self.err.decode("utf-8", "replace")
+
+    def __repr__(self):
+        def cut(b):
+            t = b.decode("utf-8", "replace")
+            return t if len(t) < 3000 else t[:1500] + "\n...\n" + t[-1500:]
+        return f"rc={self.rc} elapsed={self.elapsed:.2f}s\n--- stdout\n{cut(self.out)}\n--- stderr\n{cut(self.err)}"
+
+
+class DdprunTestCase(unittest.TestCase):
+    maxDiff = 4000
+
+    @classmethod
+    def setUpClass(cls):
+        if not os.access(DDPRUN, os.X_OK):
+            raise unittest.SkipTest(f"ddprun not built at {DDPRUN} (set DDPRUN)")
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="ddprun_it_")
+        self._procs = []
+        self._pids = []
+        self._files = []
+
+    def tearDown(self):
+        for p in self._procs:
+            if p.poll() is None:
+                try:
+                    p.send_signal(signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                try:
+                    p.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+        for pid in self._pids:
+            if pid_alive(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for f in self._files:
+            f.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # -- helpers
+
+    def path(self, *names):
+        return os.path.join(self.tmp, *names)
+
+    def track_pid(self, pid):
+        """A pid this test caused to exist (a worker, a grandchild): killed in tearDown."""
+        self._pids.append(pid)
+
+    def start(self, args, env=None, stdout=None, stderr=None, cmd_prefix=(), **kw):
+        """Starts ddprun in its own session; stdout/stderr default to files in the temp dir."""
+        env = dict(clean_env() if env is None else env)
+        # ddprun keeps error files of failed jobs under $TMPDIR/torchelastic_*: keep them in
+        # this test's folder, which tearDown removes.
+        env["TMPDIR"] = self.tmp
+        if stdout is None:
+            stdout = open(self.path("ddprun.stdout"), "wb")
+            self._files.append(stdout)
+        if stderr is None:
+            stderr = open(self.path("ddprun.stderr"), "wb")
+            self._files.append(stderr)
+        p = subprocess.Popen(list(cmd_prefix) + [DDPRUN] + list(args), env=env, stdout=stdout,
+                             stderr=stderr, stdin=subprocess.DEVNULL, cwd=self.tmp,
+                             start_new_session=True, preexec_fn=_no_core_dumps, **kw)
+        self._procs.append(p)
+        return p
+
+    def run_ddprun(self, args, env=None, timeout=40, cmd_prefix=()):
+        out_path, err_path = self.path("ddprun.stdout"), self.path("ddprun.stderr")
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            t0 = time.monotonic()
+            p = self.start(args, env=env, stdout=out, stderr=err, cmd_prefix=cmd_prefix)
+            try:
+                rc = p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                with open(out_path, "rb") as o, open(err_path, "rb") as e:
+                    self.fail(f"ddprun did not finish within {timeout}s: {Result(None, o.read(), e.read(), timeout)}")
+            elapsed = time.monotonic() - t0
+        with open(out_path, "rb") as o, open(err_path, "rb") as e:
+            return Result(rc, o.read(), e.read(), elapsed)
+
+    def wait_for(self, pred, timeout=10.0, what="condition"):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            v = pred()
+            if v:
+                return v
+            time.sleep(0.02)
+        self.fail(f"timed out after {timeout}s waiting for {what}")
+
+    def wait_for_files(self, paths, timeout=15.0):
+        self.wait_for(lambda: all(os.path.exists(p) for p in paths), timeout, f"files {paths}")
+
+    def read_pid(self, path):
+        self.wait_for(lambda: os.path.exists(path) and read_text(path).strip(), 10, path)
+        pid = int(read_text(path).strip())
+        self.track_pid(pid)
+        return pid
+
+    def load_json(self, path):
+        with open(path) as f:
+            return json.load(f)
+
+    def summary_block(self, stderr_text):
+        """The failure summary ddprun printed (from the '=====' rule before 'FAILED')."""
+        idx = stderr_text.find(" FAILED\n")
+        self.assertNotEqual(idx, -1, f"no failure summary on stderr:\n{stderr_text[-3000:]}")
+        start = stderr_text.rfind("=" * 60, 0, idx)
+        self.assertNotEqual(start, -1, "summary lacks its opening rule")
+        end = stderr_text.find("=" * 60, idx)
+        self.assertNotEqual(end, -1, "summary lacks its closing rule")
+        return stderr_text[start:end + 60]
+
+
+def main():
+    unittest.main(verbosity=2)
+
+
+if __name__ == "__main__":
+    sys.exit("import this module from a test file")

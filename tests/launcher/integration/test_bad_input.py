@@ -1,0 +1,71 @@
+"""Issue 2: every bad command line exits 2 with exactly one 'ddprun: error:' line on
+stderr, names the culprit, and starts no worker."""
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ddprun_testlib import DdprunTestCase, clean_env, worker
+
+# (name, ddprun flags before the script, text the error must contain, script given?)
+CASES = [
+    ("unknown flag", ["--bogus-flag", "1"], "--bogus-flag", True),
+    ("nproc zero", ["--nproc-per-node", "0"], "--nproc-per-node", True),
+    ("nproc abc", ["--nproc-per-node", "abc"], "--nproc-per-node", True),
+    ("nnodes reversed", ["--nnodes", "3:1"], "--nnodes", True),
+    ("master port too big", ["--master-port", "70000"], "--master-port", True),
+    ("max restarts negative", ["--max-restarts", "-1"], "--max-restarts", True),
+    ("ambiguous prefix", ["--n", "2"], "--nproc-per-node", True),
+    ("missing script", ["--nproc-per-node", "2"], "training_script", False),
+    ("no-python with -m", ["--no-python", "-m"], "--no-python", True),
+    ("standalone with nnodes 2", ["--standalone", "--nnodes", "2"], "--nnodes", True),
+    ("rdzv c10d", ["--rdzv-backend", "c10d"], "not supported yet", True),
+    ("logs specs", ["--logs-specs", "x"], "--logs-specs", True),
+    ("redirects 5", ["--redirects", "5"], "--redirects", True),
+    ("local ranks filter letters", ["--local-ranks-filter", "a,b"], "--local-ranks-filter", True),
+    ("bad signal", ["--signals-to-handle", "SIGNOPE"], "--signals-to-handle", True),
+    ("bad PET value", [], "PET_NPROC_PER_NODE", True),
+]
+
+
+class BadInputTest(DdprunTestCase):
+    def check(self, args, expect, env=None):
+        marker = self.path("marker")
+        res = self.run_ddprun(args, env=env, timeout=15)
+        self.assertEqual(res.rc, 2, res)
+        lines = res.stderr.splitlines()
+        self.assertEqual(len([l for l in lines if l.startswith("ddprun: error:")]), 1, res)
+        self.assertEqual(len(lines), 1, f"exactly one line expected on stderr: {res}")
+        self.assertIn(expect, lines[0])
+        self.assertEqual(res.stdout, "", res)
+        self.assertFalse(os.path.exists(marker), "a worker was started")
+
+    def test_each_bad_input(self):
+        for name, flags, expect, with_script in CASES:
+            with self.subTest(name):
+                args = list(flags)
+                if with_script:
+                    args += [worker("marker.py"), self.path("marker")]
+                env = clean_env(PET_NPROC_PER_NODE="many") if name == "bad PET value" else None
+                self.check(args, expect, env)
+
+    def test_nonexistent_script(self):
+        self.check(["/nonexistent/train.py", self.path("marker")], "/nonexistent/train.py")
+
+    def test_flags_after_script_are_the_scripts(self):
+        # Not bad input: '--redirects 5' after the script belongs to the script.
+        res = self.run_ddprun([worker("marker.py"), self.path("marker"), "--redirects", "5"])
+        self.assertEqual(res.rc, 0, res)
+        self.assertTrue(os.path.exists(self.path("marker")))
+
+    def test_help_and_version(self):
+        res = self.run_ddprun(["--help"])
+        self.assertEqual(res.rc, 0, res)
+        self.assertIn("--nproc-per-node", res.stdout)
+        res = self.run_ddprun(["--version"])
+        self.assertEqual(res.rc, 0, res)
+        self.assertTrue(res.stdout.startswith("ddprun "), res)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,149 @@
+"""Issue 2: the environment every rank sees (torchrun's variables), --standalone and
+static rendezvous, PET_ fallbacks, ${local_rank} and -m."""
+import json
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ddprun_testlib import DdprunTestCase, clean_env, free_port, worker, WORKERS
+
+TORCHRUN_VARS = ["RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
+                 "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+                 "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "TORCH_NCCL_ASYNC_ERROR_HANDLING"]
+
+
+class EnvTest(DdprunTestCase):
+    def dump(self, n):
+        envs = {}
+        for r in range(n):
+            path = self.path(f"env_{r}.json")
+            self.assertTrue(os.path.exists(path), f"rank {r} wrote no environment")
+            with open(path) as f:
+                envs[r] = json.load(f)
+        extra = [f for f in os.listdir(self.tmp) if f.startswith("env_") and f not in {f"env_{r}.json" for r in range(n)}]
+        self.assertEqual(extra, [], "unexpected ranks")
+        return envs
+
+    def check_agent_store(self, e):
+        """TORCHELASTIC_USE_AGENT_STORE=True promises a store at MASTER_ADDR:MASTER_PORT that the
+        workers join as clients (torch then starts no server of its own)."""
+        use = e["env"]["TORCHELASTIC_USE_AGENT_STORE"]
+        self.assertIn(use, ("True", "False"))
+        if use == "True":
+            self.assertTrue(e["store_reachable"], "USE_AGENT_STORE=True but nothing listens at MASTER_ADDR:MASTER_PORT")
+
+    def test_standalone_four_ranks(self):
+        env = clean_env(MY_INHERITED_VAR="kept-as-is")
+        res = self.run_ddprun(["--standalone", "--nproc-per-node", "4", worker("env_dump.py"), self.tmp], env=env)
+        self.assertEqual(res.rc, 0, res)
+        envs = self.dump(4)
+        ports = {e["env"]["MASTER_PORT"] for e in envs.values()}
+        run_ids = {e["env"]["TORCHELASTIC_RUN_ID"] for e in envs.values()}
+        self.assertEqual(len(ports), 1, f"ranks disagree on MASTER_PORT: {ports}")
+        self.assertEqual(len(run_ids), 1, f"ranks disagree on the run id: {run_ids}")
+        port = int(ports.pop())
+        self.assertTrue(1024 <= port <= 65535, port)
+        run_id = run_ids.pop()
+        self.assertNotEqual(run_id, "none", "--standalone makes a random run id")
+        self.assertRegex(run_id, r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+        error_files = set()
+        for r, e in envs.items():
+            v = e["env"]
+            with self.subTest(rank=r):
+                for k in TORCHRUN_VARS:
+                    self.assertIn(k, v, f"rank {r} lacks {k}")
+                self.assertEqual(v["RANK"], str(r))
+                self.assertEqual(v["LOCAL_RANK"], str(r))
+                self.assertEqual(v["GROUP_RANK"], "0")
+                self.assertEqual(v["ROLE_RANK"], str(r))
+                self.assertEqual(v["ROLE_NAME"], "default")
+                self.assertEqual(v["LOCAL_WORLD_SIZE"], "4")
+                self.assertEqual(v["WORLD_SIZE"], "4")
+                self.assertEqual(v["GROUP_WORLD_SIZE"], "1")
+                self.assertEqual(v["ROLE_WORLD_SIZE"], "4")
+                self.assertEqual(v["MASTER_ADDR"], "localhost")
+                self.assertEqual(v["TORCHELASTIC_RESTART_COUNT"], "0")
+                self.assertEqual(v["TORCHELASTIC_MAX_RESTARTS"], "0")
+                self.check_agent_store(e)
+                self.assertEqual(v["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1")
+                self.assertEqual(v["OMP_NUM_THREADS"], "1")
+                self.assertEqual(v["MY_INHERITED_VAR"], "kept-as-is")
+                self.assertTrue(v["TORCHELASTIC_ERROR_FILE"].endswith(f"/attempt_0/{r}/error.json"),
+                                v["TORCHELASTIC_ERROR_FILE"])
+                error_files.add(v["TORCHELASTIC_ERROR_FILE"])
+        self.assertEqual(len(error_files), 4)
+        # torchrun's warning about OMP_NUM_THREADS, once.
+        self.assertEqual(res.stderr.count("OMP_NUM_THREADS"), 1, res)
+
+    def test_static_rendezvous(self):
+        port = free_port()
+        res = self.run_ddprun(["--nnodes", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                               "--nproc-per-node", "2", "--role", "trainer", "--max-restarts", "2",
+                               worker("env_dump.py"), self.tmp])
+        self.assertEqual(res.rc, 0, res)
+        envs = self.dump(2)
+        for r, e in envs.items():
+            v = e["env"]
+            with self.subTest(rank=r):
+                self.assertEqual(v["MASTER_ADDR"], "127.0.0.1")
+                self.assertEqual(v["MASTER_PORT"], str(port))
+                self.assertEqual(v["ROLE_NAME"], "trainer")
+                self.assertEqual(v["TORCHELASTIC_MAX_RESTARTS"], "2")
+                self.assertEqual(v["TORCHELASTIC_RUN_ID"], "none")
+                self.assertEqual(v["WORLD_SIZE"], "2")
+                self.check_agent_store(e)
+
+    def test_inherited_omp_num_threads_kept(self):
+        env = clean_env(OMP_NUM_THREADS="3")
+        res = self.run_ddprun(["--standalone", "--nproc-per-node", "2", worker("env_dump.py"), self.tmp], env=env)
+        self.assertEqual(res.rc, 0, res)
+        for r, e in self.dump(2).items():
+            self.assertEqual(e["env"]["OMP_NUM_THREADS"], "3")
+        self.assertNotIn("OMP_NUM_THREADS", res.stderr, "no warning when the user set it")
+
+    def test_single_worker_leaves_omp_unset(self):
+        res = self.run_ddprun(["--standalone", worker("env_dump.py"), self.tmp])
+        self.assertEqual(res.rc, 0, res)
+        self.assertNotIn("OMP_NUM_THREADS", self.dump(1)[0]["env"])
+
+    def test_pet_environment_fallbacks(self):
+        port = free_port()
+        env = clean_env(PET_NPROC_PER_NODE="3", PET_MASTER_PORT=str(port))
+        res = self.run_ddprun([worker("env_dump.py"), self.tmp], env=env)
+        self.assertEqual(res.rc, 0, res)
+        envs = self.dump(3)
+        self.assertEqual({e["env"]["MASTER_PORT"] for e in envs.values()}, {str(port)})
+        self.assertEqual(envs[2]["env"]["WORLD_SIZE"], "3")
+
+    def test_command_line_beats_pet(self):
+        env = clean_env(PET_NPROC_PER_NODE="3")
+        res = self.run_ddprun(["--nproc_per_node=2", "--standalone", worker("env_dump.py"), self.tmp], env=env)
+        self.assertEqual(res.rc, 0, res)
+        self.dump(2)
+
+    def test_local_rank_replaced_and_args_passed(self):
+        res = self.run_ddprun(["--standalone", "--nproc-per-node", "2", worker("env_dump.py"), self.tmp,
+                               "--out=${local_rank}.txt", "--nproc-per-node", "9"])
+        self.assertEqual(res.rc, 0, res)
+        for r, e in self.dump(2).items():
+            self.assertEqual(e["argv"][1:], [self.tmp, f"--out={r}.txt", "--nproc-per-node", "9"])
+
+    def test_module(self):
+        env = clean_env(PYTHONPATH=WORKERS)
+        res = self.run_ddprun(["--standalone", "--nproc-per-node", "2", "-m", "env_dump", self.tmp], env=env)
+        self.assertEqual(res.rc, 0, res)
+        self.dump(2)
+
+    def test_no_python_shell_command(self):
+        res = self.run_ddprun(["--standalone", "--nproc-per-node", "2", "--no-python", "sh", "-c",
+                               'echo "$RANK $LOCAL_RANK $WORLD_SIZE" > "$0/rank_$RANK"', self.tmp])
+        self.assertEqual(res.rc, 0, res)
+        for r in range(2):
+            with open(self.path(f"rank_{r}")) as f:
+                self.assertEqual(f.read().strip(), f"{r} {r} 2")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

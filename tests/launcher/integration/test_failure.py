@@ -1,0 +1,153 @@
+"""Issue 2: exec failures, failure propagation with the worker's exit code, death by
+signal, --shutdown-timeout, restarts."""
+import os
+import re
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ddprun_testlib import DdprunTestCase, clean_env, pid_alive, worker
+
+
+class ExecFailureTest(DdprunTestCase):
+    def test_non_executable_with_no_python(self):
+        script = self.path("not_executable.sh")
+        with open(script, "w") as f:
+            f.write("#!/bin/sh\necho should not run > marker\n")
+        os.chmod(script, 0o644)
+        res = self.run_ddprun(["--no-python", script])
+        self.assertEqual(res.rc, 126, res)
+        self.assertIn(script, res.stderr, res)
+        self.assertIn("Permission denied", res.stderr, res)
+        self.assertFalse(os.path.exists(self.path("marker")))
+        # It counts as the worker's failure: the summary names it.
+        summary = self.summary_block(res.stderr)
+        self.assertIn("exitcode  : 126", summary)
+        self.assertIn("Permission denied", summary)
+
+    def test_bad_interpreter_named(self):
+        script = self.path("bad_interp.sh")
+        with open(script, "w") as f:
+            f.write("#!/nonexistent/interp-xyz\necho hi\n")
+        os.chmod(script, 0o755)
+        for args in (["--no-python", script], [script]):
+            with self.subTest(args=args[0]):
+                res = self.run_ddprun(args)
+                self.assertEqual(res.rc, 127, res)
+                self.assertIn("/nonexistent/interp-xyz", res.stderr, res)
+                self.assertIn(script, res.stderr, res)
+                self.summary_block(res.stderr)
+
+    def test_python_exec_nonexistent(self):
+        env = clean_env(PYTHON_EXEC="/nonexistent/python3.99")
+        res = self.run_ddprun(["--nproc-per-node", "2", worker("marker.py"), self.path("marker")], env=env)
+        self.assertEqual(res.rc, 127, res)
+        self.assertIn("/nonexistent/python3.99", res.stderr, res)
+        self.assertFalse(os.path.exists(self.path("marker")))
+        self.summary_block(res.stderr)
+
+    def test_exec_failure_stops_siblings(self):
+        # No rank can start: PYTHON_EXEC names a file that is not executable. ddprun exits 126 at once.
+        fake = self.path("python")
+        with open(fake, "w") as f:
+            f.write("not a program\n")
+        os.chmod(fake, 0o644)
+        env = clean_env(PYTHON_EXEC=fake)
+        res = self.run_ddprun(["--nproc-per-node", "3", worker("marker.py"), self.path("marker")], env=env)
+        self.assertEqual(res.rc, 126, res)
+        self.assertIn(fake, res.stderr)
+        self.assertLess(res.elapsed, 5, res)
+
+
+class FailurePropagationTest(DdprunTestCase):
+    def pids(self, n):
+        return [self.read_pid(self.path(f"pid_{r}")) for r in range(n)]
+
+    def test_exit_code_propagates_quickly(self):
+        res = self.run_ddprun(["--nproc-per-node", "4", worker("fail_one.py"), self.tmp, "1", "exit:3"])
+        self.assertEqual(res.rc, 3, res)
+        self.assertLess(res.elapsed, 5.0, f"siblings sleeping 60 s must be stopped at once: {res}")
+        for pid in self.pids(4):
+            self.assertFalse(pid_alive(pid), f"worker {pid} still running after ddprun exited")
+        summary = self.summary_block(res.stderr)
+        root = summary[summary.index("Root Cause"):]
+        self.assertIn("rank      : 1 (local_rank: 1)", root)
+        self.assertIn("exitcode  : 3 (pid: ", root)
+        # The siblings were stopped with SIGTERM (torchrun lists them as -15 failures).
+        others = summary[summary.index("Failures:"):summary.index("Root Cause")]
+        self.assertEqual(others.count("Signal 15 (SIGTERM)"), 3, summary)
+
+    def test_killed_by_sigkill_exits_137(self):
+        res = self.run_ddprun(["--nproc-per-node", "2", worker("fail_one.py"), self.tmp, "0", "signal:9"])
+        self.assertEqual(res.rc, 137, res)
+        self.assertLess(res.elapsed, 5.0, res)
+        summary = self.summary_block(res.stderr)
+        self.assertIn("exitcode  : -9 (pid: ", summary)
+        self.assertRegex(summary, r"Signal 9 \(SIGKILL\) received by PID \d+")
+
+    def test_killed_by_sigsegv_exits_139(self):
+        res = self.run_ddprun(["--nproc-per-node", "2", worker("fail_one.py"), self.tmp, "1", "signal:11"])
+        self.assertEqual(res.rc, 139, res)
+        self.assertLess(res.elapsed, 5.0, res)
+        self.assertIn("SIGSEGV", self.summary_block(res.stderr))
+
+    def _time_teardown(self, args, env=None):
+        p = self.start(args, env=env)
+        self.wait_for_files([self.path(f"ready_{r}") for r in range(3)], timeout=15)
+        t0 = time.monotonic()
+        rc = p.wait(timeout=30)
+        return rc, time.monotonic() - t0
+
+    def test_shutdown_timeout_sigkills_sibling_ignoring_sigterm(self):
+        rc, t = self._time_teardown(["--nproc-per-node", "3", "--shutdown-timeout", "2", worker("fail_one.py"),
+                                     self.tmp, "0", "exit:4", "ignore-term"])
+        self.assertEqual(rc, 4)
+        self.assertGreater(t, 1.6, "SIGKILL came before the shutdown timeout")
+        self.assertLess(t, 4.0, "SIGKILL came long after the shutdown timeout")
+        for r in range(3):
+            self.assertFalse(pid_alive(self.read_pid(self.path(f"pid_{r}"))))
+        with open(self.path("ddprun.stderr")) as f:
+            err = f.read()
+        self.assertIn("SIGKILL", err)
+
+    def test_shutdown_timeout_from_environment(self):
+        env = clean_env(TORCH_ELASTIC_SHUTDOWN_TIMEOUT="1")
+        rc, t = self._time_teardown(["--nproc-per-node", "3", worker("fail_one.py"), self.tmp, "0", "exit:4",
+                                     "ignore-term"], env=env)
+        self.assertEqual(rc, 4)
+        self.assertGreater(t, 0.7)
+        self.assertLess(t, 3.0)
+
+
+class RestartTest(DdprunTestCase):
+    def attempts(self, rank):
+        with open(self.path(f"attempts_{rank}")) as f:
+            return f.read().split("\n")[:-1]
+
+    def test_succeeds_on_third_attempt(self):
+        res = self.run_ddprun(["--nproc-per-node", "2", "--max-restarts", "2", worker("restart.py"), self.tmp,
+                               "2", "5"])
+        self.assertEqual(res.rc, 0, res)
+        self.assertEqual(self.attempts(0), ["0 2", "1 2", "2 2"])
+        self.assertEqual(self.attempts(1), ["0 2", "1 2", "2 2"])
+        self.assertRegex(res.stderr, re.compile(r"restart", re.I))
+        self.assertEqual(len(re.findall(r"restarting", res.stderr)), 2, res)
+        self.assertNotIn(" FAILED\n", res.stderr)
+        self.assertLess(res.elapsed, 10, res)
+
+    def test_always_failing_exits_with_code_after_three_attempts(self):
+        res = self.run_ddprun(["--nproc-per-node", "2", "--max-restarts", "2", worker("restart.py"), self.tmp,
+                               "-1", "5"])
+        self.assertEqual(res.rc, 5, res)
+        self.assertEqual(self.attempts(0), ["0 2", "1 2", "2 2"])
+        self.summary_block(res.stderr)
+
+    def test_no_restarts_by_default(self):
+        res = self.run_ddprun(["--nproc-per-node", "2", worker("restart.py"), self.tmp, "1", "6"])
+        self.assertEqual(res.rc, 6, res)
+        self.assertEqual(self.attempts(0), ["0 0"])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,59 @@
+"""Static multi-node rendezvous on one machine: two ddprun processes (--nnodes 2,
+--node-rank 0/1) agree on ranks and world size, and a failure on one node stops both."""
+import json
+import os
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ddprun_testlib import DdprunTestCase, clean_env, free_port, read_text, worker
+
+
+class MultiNodeTest(DdprunTestCase):
+    def start_node(self, rank, port, args):
+        out = open(self.path(f"node{rank}.stdout"), "wb")
+        err = open(self.path(f"node{rank}.stderr"), "wb")
+        self._files += [out, err]
+        return self.start(["--nnodes", "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1",
+                           "--master-port", str(port), "--nproc-per-node", "2", "--rdzv-conf", "join_timeout=20",
+                           *args], stdout=out, stderr=err)
+
+    def test_two_nodes_ranks_and_world(self):
+        port = free_port()
+        nodes = [self.start_node(r, port, [worker("env_dump.py"), self.tmp]) for r in (1, 0)]
+        for n in nodes:
+            self.assertEqual(n.wait(timeout=30), 0, read_text(self.path("node0.stderr")) +
+                             read_text(self.path("node1.stderr")))
+        seen = {}
+        for r in range(4):
+            with open(self.path(f"env_{r}.json")) as f:
+                v = json.load(f)["env"]
+            seen[r] = v
+            self.assertEqual(v["RANK"], str(r))
+            self.assertEqual(v["WORLD_SIZE"], "4")
+            self.assertEqual(v["GROUP_WORLD_SIZE"], "2")
+            self.assertEqual(v["GROUP_RANK"], str(r // 2))
+            self.assertEqual(v["LOCAL_RANK"], str(r % 2))
+            self.assertEqual(v["LOCAL_WORLD_SIZE"], "2")
+            self.assertEqual(v["MASTER_PORT"], str(port))
+        self.assertEqual(len({v["TORCHELASTIC_RUN_ID"] for v in seen.values()}), 1)
+
+    def test_failure_on_one_node_stops_the_other(self):
+        port = free_port()
+        # Global rank 3 (node 1) exits 3; every other rank sleeps 60 s.
+        args = [worker("fail_one.py"), self.tmp, "3", "exit:3"]
+        t0 = time.monotonic()
+        n0 = self.start_node(0, port, args)
+        n1 = self.start_node(1, port, args)
+        rc1 = n1.wait(timeout=30)
+        rc0 = n0.wait(timeout=30)
+        elapsed = time.monotonic() - t0
+        self.assertEqual(rc1, 3, read_text(self.path("node1.stderr")))
+        self.assertNotEqual(rc0, 0, read_text(self.path("node0.stderr")))
+        self.assertLess(elapsed, 10, "the healthy node must stop its workers promptly")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

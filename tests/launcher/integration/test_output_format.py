@@ -1,0 +1,227 @@
+"""Issue 3: what the console shows: idle-flushed progress bars, 1 MiB lines split with
+continuation marks, UTF-8 written byte by byte, --tee/--redirects with --log-dir,
+--local-ranks-filter, prefix templates, --log-timestamps."""
+import glob
+import os
+import re
+import select
+import socket
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ddprun_testlib import DdprunTestCase, clean_env, read_text, worker
+
+CONT = b"\\\n"  # StreamForwarder::kContinuation
+MAX_LINE = 64 * 1024
+
+
+def lines_of(tag, ranks, kind="out", n=3):
+    return [f"{kind} {tag} r{r} {i}" for r in ranks for i in range(n)]
+
+
+class ProgressAndLinesTest(DdprunTestCase):
+    def test_progress_bar_flushed_while_worker_runs(self):
+        p = self.start(["--standalone", worker("progress.py"), self.tmp], stdout=subprocess.PIPE)
+        fd = p.stdout.fileno()
+        got = b""
+        deadline = time.monotonic() + 15
+        bar_done_at = None
+        seen_at = None
+        while time.monotonic() < deadline and seen_at is None:
+            r, _, _ = select.select([fd], [], [], 0.05)
+            if r:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                got += chunk
+            if bar_done_at is None and os.path.exists(self.path("bar_done")):
+                bar_done_at = time.monotonic()
+            if b"progress 100%" in got:
+                seen_at = time.monotonic()
+        self.assertIsNotNone(seen_at, f"the progress bar never reached the console before EOF: {got!r}")
+        self.assertIsNone(p.poll(), "seen only after ddprun exited: no idle flush")
+        self.assertTrue(os.path.exists(self.path("bar_done")))
+        if bar_done_at is not None:
+            self.assertLess(seen_at - bar_done_at, 1.5, "idle flush took too long")
+        self.assertIn(b"[rank0]:progress 10%\r", got)
+        self.assertIn(b"[rank0]:progress 50%\r", got)
+        rest = p.stdout.read()
+        p.wait(timeout=15)
+        self.assertEqual(p.returncode, 0)
+        out = got + rest
+        self.assertEqual(out.count(b"progress 100%"), 1, out)
+
+    def test_unfinished_last_line_is_ended_after_idle_flush(self):
+        # A bar flushed while idle, then the worker exits: the console line must be ended
+        # with '\n' (as it would be without the idle flush).
+        res = self.run_ddprun(["--standalone", "--no-python", "sh", "-c", "printf 'progress 100%%'; sleep 0.5"])
+        self.assertEqual(res.rc, 0, res)
+        self.assertEqual(res.out, b"[rank0]:progress 100%\n")
+
+    def test_unfinished_last_line_ended_without_idle_flush(self):
+        res = self.run_ddprun(["--standalone", "--no-python", "sh", "-c", "printf 'no newline'"])
+        self.assertEqual(res.rc, 0, res)
+        self.assertEqual(res.out, b"[rank0]:no newline\n")
+
+    def test_megabyte_line_split_and_reassembled(self):
+        res = self.run_ddprun(["--standalone", worker("bigline.py"), self.tmp])
+        self.assertEqual(res.rc, 0, res)
+        with open(self.path("line.bin"), "rb") as f:
+            original = f.read()
+        prefix = b"[rank0]:"
+        pieces = res.out.split(b"\n")
+        self.assertEqual(pieces[-1], b"", "stdout must end with a newline")
+        pieces = [p + b"\n" for p in pieces[:-1]]
+        self.assertEqual(pieces[-1], prefix + b"after\n")
+        body = b""
+        torn = []
+        n_pieces = 0
+        for i, piece in enumerate(pieces[:-1]):
+            n_pieces += 1
+            self.assertTrue(piece.startswith(prefix), f"piece {i} lacks the prefix")
+            b = piece[len(prefix):]
+            last = i == len(pieces) - 2
+            if not last:
+                self.assertTrue(b.endswith(CONT), f"piece {i} lacks the continuation mark")
+                b = b[:-len(CONT)]
+                self.assertLessEqual(len(b), MAX_LINE)
+            else:
+                self.assertFalse(b.endswith(CONT), "the last piece ends the line")
+                b = b[:-1]
+            try:
+                b.decode("utf-8")
+            except UnicodeDecodeError:
+                torn.append(i)
+            body += b
+        self.assertGreaterEqual(n_pieces, len(original) // MAX_LINE)
+        self.assertEqual(len(body), len(original))
+        self.assertTrue(body == original, "the pieces do not reassemble to the line")
+        self.assertEqual(torn, [], f"{len(torn)} of {n_pieces} pieces split a UTF-8 character")
+
+    def test_utf8_written_byte_by_byte_arrives_whole(self):
+        res = self.run_ddprun(["--standalone", worker("utf8_slow.py")])
+        self.assertEqual(res.rc, 0, res)
+        self.assertEqual(res.out, "[rank0]:xé€😀\n".encode())
+        res.out.decode("utf-8")
+
+
+class LogFilesTest(DdprunTestCase):
+    def attempt_dir(self, log_dir, run_id, attempt=0):
+        dirs = glob.glob(os.path.join(log_dir, f"{run_id}_*"))
+        self.assertEqual(len(dirs), 1, f"expected one <log_dir>/{run_id}_<suffix>: {os.listdir(log_dir)}")
+        d = os.path.join(dirs[0], f"attempt_{attempt}")
+        self.assertTrue(os.path.isdir(d), d)
+        return d
+
+    def test_tee_both_streams(self):
+        log_dir = self.path("logs")
+        res = self.run_ddprun(["--nproc-per-node", "2", "--rdzv-id", "myjob", "--log-dir", log_dir, "--tee", "3",
+                               worker("lines.py"), "t"])
+        self.assertEqual(res.rc, 0, res)
+        d = self.attempt_dir(log_dir, "myjob")
+        for r in range(2):
+            self.assertEqual(read_text(os.path.join(d, str(r), "stdout.log")).splitlines(), lines_of("t", [r]))
+            self.assertEqual(read_text(os.path.join(d, str(r), "stderr.log")).splitlines(),
+                             lines_of("t", [r], "err"))
+            for i in range(3):
+                self.assertIn(f"[rank{r}]:out t r{r} {i}\n", res.stdout)
+                self.assertIn(f"[rank{r}]:err t r{r} {i}\n", res.stderr)
+
+    def test_redirects_map(self):
+        log_dir = self.path("logs")
+        res = self.run_ddprun(["--nproc-per-node", "2", "--log-dir", log_dir, "-r", "0:1,1:2",
+                               worker("lines.py"), "m"])
+        self.assertEqual(res.rc, 0, res)
+        d = self.attempt_dir(log_dir, "none")
+        # rank 0: stdout to its file only; stderr on the console.
+        self.assertEqual(read_text(os.path.join(d, "0", "stdout.log")).splitlines(), lines_of("m", [0]))
+        self.assertNotIn("out m r0", res.stdout)
+        self.assertIn("[rank0]:err m r0 0\n", res.stderr)
+        # rank 1: stderr to its file only; stdout on the console.
+        self.assertEqual(read_text(os.path.join(d, "1", "stderr.log")).splitlines(), lines_of("m", [1], "err"))
+        self.assertNotIn("err m r1", res.stderr)
+        self.assertIn("[rank1]:out m r1 2\n", res.stdout)
+
+    def test_redirect_both_leaves_console_empty(self):
+        log_dir = self.path("logs")
+        res = self.run_ddprun(["--nproc-per-node", "2", "--log-dir", log_dir, "--redirects", "3",
+                               worker("lines.py"), "q"])
+        self.assertEqual(res.rc, 0, res)
+        self.assertNotIn("out q", res.stdout)
+        self.assertNotIn("err q", res.stderr)
+        d = self.attempt_dir(log_dir, "none")
+        self.assertEqual(read_text(os.path.join(d, "1", "stdout.log")).splitlines(), lines_of("q", [1]))
+
+    def test_attempt_dirs_per_restart(self):
+        log_dir = self.path("logs")
+        res = self.run_ddprun(["--nproc-per-node", "1", "--log-dir", log_dir, "--tee", "2", "--max-restarts", "1",
+                               worker("restart.py"), self.tmp, "1", "3"])
+        self.assertEqual(res.rc, 0, res)
+        self.assertIn("rank 0 failing attempt 0", read_text(os.path.join(self.attempt_dir(log_dir, "none", 0),
+                                                                          "0", "stderr.log")))
+        self.assertEqual(read_text(os.path.join(self.attempt_dir(log_dir, "none", 1), "0", "stderr.log")), "")
+
+
+class ConsoleFormatTest(DdprunTestCase):
+    def test_local_ranks_filter(self):
+        res = self.run_ddprun(["--nproc-per-node", "4", "--local-ranks-filter", "0,2", worker("lines.py"), "f"])
+        self.assertEqual(res.rc, 0, res)
+        out = [l for l in res.stdout.splitlines()]
+        err = [l for l in res.stderr.splitlines() if not l.startswith("[ddprun")]
+        self.assertEqual(sorted(out), sorted(f"[rank{r}]:{l}" for r in (0, 2) for l in lines_of("f", [r])))
+        self.assertEqual(sorted(err), sorted(f"[rank{r}]:{l}" for r in (0, 2) for l in lines_of("f", [r], "err")))
+
+    def test_prefix_template_flag(self):
+        host = socket.gethostname()
+        res = self.run_ddprun(["--nproc-per-node", "2", "--role", "trainer", "--log-line-prefix-template",
+                               "[${role_name}${local_rank}@${hostname}]", worker("lines.py"), "p"])
+        self.assertEqual(res.rc, 0, res)
+        for r in range(2):
+            self.assertIn(f"[trainer{r}@{host}]out p r{r} 0\n", res.stdout)
+            self.assertIn(f"[trainer{r}@{host}]err p r{r} 1\n", res.stderr)
+        self.assertNotIn("[rank0]", res.stdout)
+
+    def test_prefix_template_environment(self):
+        env = clean_env(TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="<${rank}|${local_rank}> ")
+        res = self.run_ddprun(["--nproc-per-node", "2", worker("lines.py"), "e"], env=env)
+        self.assertEqual(res.rc, 0, res)
+        self.assertIn("<1|1> out e r1 0\n", res.stdout)
+        # The command line beats the environment.
+        res = self.run_ddprun(["--nproc-per-node", "2", "--log-line-prefix-template", "#${rank}#",
+                               worker("lines.py"), "e"], env=env)
+        self.assertIn("#1#out e r1 0\n", res.stdout)
+        self.assertNotIn("<1|1>", res.stdout)
+
+    def test_empty_template_forwards_raw(self):
+        res = self.run_ddprun(["--nproc-per-node", "2", "--log-line-prefix-template", "", worker("lines.py"), "r"])
+        self.assertEqual(res.rc, 0, res)
+        self.assertEqual(sorted(res.stdout.splitlines()), sorted(lines_of("r", [0, 1])))
+
+    def test_own_messages_start_on_their_own_line(self):
+        # rank 0 leaves an unfinished line on stderr (flushed while idle); then rank 1 fails and
+        # ddprun logs about it: its message must not be glued onto rank 0's line.
+        script = 'if [ "$RANK" = 0 ]; then printf "loading..." >&2; sleep 30; else sleep 0.6; exit 3; fi'
+        res = self.run_ddprun(["--nproc-per-node", "2", "--no-python", "sh", "-c", script])
+        self.assertEqual(res.rc, 3, res)
+        self.assertIn("[rank0]:loading...", res.stderr)
+        for line in res.stderr.splitlines():
+            if "[ddprun" in line:
+                self.assertTrue(line.startswith("[ddprun"), f"ddprun's message glued onto a worker's line: {line!r}")
+        summary_start = res.stderr.index("=" * 60)
+        self.assertEqual(res.stderr[summary_start - 1], "\n", "the failure summary must start on its own line")
+
+    def test_log_timestamps(self):
+        res = self.run_ddprun(["--standalone", "--log-timestamps", worker("lines.py"), "ts", "2"])
+        self.assertEqual(res.rc, 0, res)
+        lines = res.stdout.splitlines()
+        self.assertEqual(len(lines), 2, res)
+        stamp = r"\d{4}-\d\d-\d\d[ T_]\d\d:\d\d:\d\d(\.\d+)?"
+        for i, line in enumerate(lines):
+            self.assertRegex(line, rf"^({stamp} ?\[rank0\]:|\[rank0\]:{stamp} ?)out ts r0 {i}$")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

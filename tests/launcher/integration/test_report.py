@@ -1,0 +1,126 @@
+"""Issue 3: the failure summary (stderr tail, signal), ddprun's own TORCHELASTIC_ERROR_FILE,
+and --summary-json."""
+import json
+import os
+import signal
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ddprun_testlib import DdprunTestCase, clean_env, read_text, worker
+
+
+class SummaryTest(DdprunTestCase):
+    def test_shell_worker_segv_summary_has_stderr_tail_and_signal(self):
+        res = self.run_ddprun(["--standalone", worker("segv.sh")])
+        self.assertEqual(res.rc, 139, res)
+        summary = self.summary_block(res.stderr)
+        self.assertIn(f"{worker('segv.sh')} FAILED", summary)
+        self.assertIn("about to crash in rank 0", summary)
+        self.assertIn("loading shard 3", summary)
+        self.assertIn("SIGSEGV", summary)
+        self.assertIn("exitcode  : -11", summary)
+        self.assertIn("<NO_OTHER_FAILURES>", summary)
+        # The worker's own stderr lines were forwarded too, before the summary.
+        self.assertLess(res.stderr.index("[rank0]:about to crash in rank 0"), res.stderr.index(summary))
+
+    def test_root_cause_error_file_for_ddprun(self):
+        err_file = self.path("root_cause.json")
+        env = clean_env(TORCHELASTIC_ERROR_FILE=err_file)
+        res = self.run_ddprun(["--nproc-per-node", "2", worker("exit_code.sh"), "3"], env=env)
+        self.assertEqual(res.rc, 3, res)
+        self.assertTrue(os.path.exists(err_file), "ddprun wrote no TORCHELASTIC_ERROR_FILE")
+        j = self.load_json(err_file)
+        self.assertEqual(j["message"]["errorCode"], 3)
+        self.assertIn("message", j["message"])
+        self.assertIn("rank 1 giving up", j["message"]["extraInfo"]["py_callstack"])
+        # The workers got their own error files, not ddprun's.
+        self.assertNotIn(err_file, res.stdout)
+
+    def test_no_error_file_on_success(self):
+        err_file = self.path("root_cause.json")
+        env = clean_env(TORCHELASTIC_ERROR_FILE=err_file)
+        res = self.run_ddprun(["--nproc-per-node", "2", worker("exit_code.sh"), "0"], env=env)
+        self.assertEqual(res.rc, 0, res)
+        self.assertFalse(os.path.exists(err_file))
+
+
+class SummaryJsonTest(DdprunTestCase):
+    def check_worker_fields(self, w):
+        for k in ("attempt", "rank", "local_rank", "pid", "state", "exit_code", "signal", "start", "end"):
+            self.assertIn(k, w)
+        self.assertGreater(w["pid"], 0)
+        self.assertLessEqual(w["start"], w["end"])
+
+    def test_failure_with_restarts(self):
+        path = self.path("summary.json")
+        res = self.run_ddprun(["--nproc-per-node", "2", "--max-restarts", "1", "--summary-json", path,
+                               worker("exit_code.sh"), "3"])
+        self.assertEqual(res.rc, 3, res)
+        j = self.load_json(path)
+        self.assertEqual(j["status"], "failed")
+        self.assertEqual(j["exit_code"], 3)
+        self.assertEqual(j["restarts"], 1)
+        self.assertLessEqual(j["start"], j["end"])
+        ws = j["workers"]
+        self.assertEqual(sorted((w["attempt"], w["rank"]) for w in ws), [(0, 0), (0, 1), (1, 0), (1, 1)])
+        for w in ws:
+            self.check_worker_fields(w)
+            if w["rank"] == 1:
+                self.assertEqual(w["state"], "failed")
+                self.assertEqual(w["exit_code"], 3)
+                self.assertIsNone(w["signal"])
+            else:
+                # rank 0 exits 0 at once; under heavy load rank 1 may fail first and ddprun stops it.
+                self.assertIn(w["state"], ("succeeded", "stopped"), w)
+                if w["state"] == "succeeded":
+                    self.assertEqual(w["exit_code"], 0)
+                else:
+                    self.assertTrue(w["stopped_by_ddprun"])
+        self.assertEqual(j["root_cause"]["rank"], 1)
+        self.assertEqual(j["root_cause"]["attempt"], 1)
+        self.assertIn("rank 1 giving up", j["root_cause"]["traceback"])
+
+    def test_signal_death_and_stopped_siblings(self):
+        path = self.path("summary.json")
+        res = self.run_ddprun(["--nproc-per-node", "3", "--summary-json", path, worker("fail_one.py"), self.tmp,
+                               "2", "signal:9"])
+        self.assertEqual(res.rc, 137, res)
+        j = self.load_json(path)
+        by_rank = {w["rank"]: w for w in j["workers"]}
+        self.assertEqual(by_rank[2]["signal"], "SIGKILL")
+        self.assertEqual(by_rank[2]["state"], "failed")
+        for r in (0, 1):
+            self.assertEqual(by_rank[r]["state"], "stopped")
+            self.assertTrue(by_rank[r]["stopped_by_ddprun"])
+            self.assertEqual(by_rank[r]["signal"], "SIGTERM")
+        self.assertEqual(j["root_cause"]["rank"], 2)
+
+    def test_success(self):
+        path = self.path("summary.json")
+        res = self.run_ddprun(["--nproc-per-node", "2", "--summary-json", path, worker("lines.py"), "s"])
+        self.assertEqual(res.rc, 0, res)
+        j = self.load_json(path)
+        self.assertEqual(j["status"], "succeeded")
+        self.assertEqual(j["exit_code"], 0)
+        self.assertEqual(j["restarts"], 0)
+        self.assertIsNone(j["root_cause"])
+        self.assertEqual(len(j["workers"]), 2)
+        for w in j["workers"]:
+            self.check_worker_fields(w)
+            self.assertEqual(w["state"], "succeeded")
+
+    def test_ddprun_signalled(self):
+        path = self.path("summary.json")
+        p = self.start(["--nproc-per-node", "2", "--summary-json", path, worker("signals.py"), self.tmp, "term"])
+        self.wait_for_files([self.path(f"ready_{r}") for r in range(2)])
+        os.kill(p.pid, signal.SIGTERM)
+        self.assertEqual(p.wait(timeout=10), 143)
+        j = self.load_json(path)
+        self.assertEqual(j["status"], "signaled")
+        self.assertEqual(j["signal"], "SIGTERM")
+        self.assertEqual(j["exit_code"], 143)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,20 @@
+"""Writes one ~1 MiB line of mixed 1-4 byte UTF-8 characters in one write, then 'after'.
+A copy of the line goes to DIR/line.bin."""
+import os
+import sys
+
+d = sys.argv[1]
+line = "a" * 65535  # byte 65535 starts a 2-byte character: it straddles the 64 KiB boundary
+pattern = "é" + "x" + "€" + "😀" + "yz"
+s = line.encode()
+pat = pattern.encode()
+buf = bytearray(s)
+while len(buf) < (1 << 20):
+    buf += pat
+with open(os.path.join(d, "line.bin"), "wb") as f:
+    f.write(buf)
+data = bytes(buf) + b"\n" + b"after\n"
+view = memoryview(data)
+while view:
+    n = os.write(1, view)
+    view = view[n:]

@@ -1,0 +1,42 @@
+"""Signal behaviours. usage: signals.py DIR MODE
+term:       on SIGTERM write DIR/term_<rank> and exit 0.
+usr1:       on SIGUSR1 write DIR/usr1_<rank>, keep running, exit 0 soon after (7 if none in 20 s).
+ignore-int: ignore SIGINT and SIGTERM, sleep 60.
+Every rank writes DIR/ready_<rank> once its handlers are in place, and DIR/pid_<rank>.
+"""
+import os
+import signal
+import sys
+import time
+
+d, mode = sys.argv[1], sys.argv[2]
+rank = int(os.environ["RANK"])
+got = []
+
+
+def mark(name):
+    open(os.path.join(d, f"{name}_{rank}"), "w").close()
+
+
+if mode == "term":
+    def on_term(signum, frame):
+        mark("term")
+        os._exit(0)
+    signal.signal(signal.SIGTERM, on_term)
+elif mode == "usr1":
+    signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+elif mode == "ignore-int":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+with open(os.path.join(d, f"pid_{rank}"), "w") as f:
+    f.write(str(os.getpid()))
+mark("ready")
+deadline = time.time() + (20 if mode == "usr1" else 60)
+while time.time() < deadline:
+    if got:
+        mark("usr1")
+        time.sleep(0.3)  # still running after the signal
+        mark("after_usr1")
+        sys.exit(0)
+    time.sleep(0.02)
+sys.exit(7)

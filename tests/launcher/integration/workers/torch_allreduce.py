@@ -1,0 +1,17 @@
+"""A real PyTorch job: init_process_group(gloo, env://) and an all_reduce of the ranks."""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+world = dist.get_world_size()
+expect = world * (world + 1) / 2
+with open(os.path.join(sys.argv[1], f"sum_{dist.get_rank()}"), "w") as f:
+    f.write(f"{t.item()} {expect}\n")
+dist.barrier()
+dist.destroy_process_group()
+sys.exit(0 if t.item() == expect else 5)

@@ -1,0 +1,325 @@
+// ddprun's command line: torchrun 2.x's flag table (both spellings, --flag=value and
+// --flag value, PET_ fallbacks, prefixes, short forms), defaults, the script/argument split,
+// and every bad input refused with a ddp::UsageError naming the flag.
+#include <csignal>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "ddp/error.hpp"
+#include "launcher/options.hpp"
+#include "test_util.hpp"
+
+namespace {
+
+using ddprun::Options;
+using ddprun::parse_options;
+using Env = std::map<std::string, std::string>;
+using Args = std::vector<std::string>;
+
+class LauncherOptions : public ::testing::Test {
+ protected:
+  void SetUp() override { script_ = dir_.write("train.py", "print('hi')\n"); }
+
+  // Parses args with the script appended (plus script args).
+  Options parse(Args args, const Env& env = {}) { return parse_options(args, env); }
+  Options parse_with_script(Args before, const Env& env = {}, const Args& after = {}) {
+    before.push_back(script_);
+    before.insert(before.end(), after.begin(), after.end());
+    return parse_options(before, env);
+  }
+
+  // The message of the UsageError parse_options must throw; "" (and a test failure) if
+  // it throws nothing or something else.
+  std::string usage_error(const Args& args, const Env& env = {}) {
+    try {
+      parse_options(args, env);
+    } catch (const ddp::UsageError& e) {
+      return e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "expected ddp::UsageError, got another exception: " << e.what();
+      return "";
+    }
+    ADD_FAILURE() << "expected ddp::UsageError, parse_options accepted the arguments";
+    return "";
+  }
+  std::string usage_error_with_script(Args before, const Env& env = {}) {
+    before.push_back(script_);
+    return usage_error(before, env);
+  }
+
+  ddprun_test::TempDir dir_;
+  std::string script_;
+};
+
+// ------------------------------------------------------------------ defaults
+
+TEST_F(LauncherOptions, Defaults) {
+  Options o = parse_with_script({});
+  EXPECT_EQ(o.min_nodes, 1);
+  EXPECT_EQ(o.max_nodes, 1);
+  EXPECT_EQ(o.nproc_per_node, 1);
+  EXPECT_EQ(o.node_rank, 0);
+  EXPECT_EQ(o.master_addr, "127.0.0.1");
+  EXPECT_EQ(o.master_port, 29500);
+  EXPECT_EQ(o.max_restarts, 0);
+  EXPECT_DOUBLE_EQ(o.shutdown_timeout, 30.0);
+  EXPECT_EQ(o.signals_to_handle, (std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT}));
+  EXPECT_EQ(o.role, "default");
+  EXPECT_EQ(o.rdzv_backend, "static");
+  EXPECT_FALSE(o.standalone);
+  EXPECT_FALSE(o.module);
+  EXPECT_FALSE(o.no_python);
+  EXPECT_FALSE(o.virtual_local_rank);
+  EXPECT_EQ(o.redirects.all, 0);
+  EXPECT_EQ(o.tee.all, 0);
+  EXPECT_FALSE(o.local_ranks_filter.has_value());
+  EXPECT_FALSE(o.log_line_prefix_template.has_value());
+  EXPECT_EQ(o.script, script_);
+  EXPECT_TRUE(o.script_args.empty());
+}
+
+// ------------------------------------------------------------------ spellings
+
+TEST_F(LauncherOptions, DashAndUnderscoreSpellings) {
+  EXPECT_EQ(parse_with_script({"--nproc-per-node", "4"}).nproc_per_node, 4);
+  EXPECT_EQ(parse_with_script({"--nproc_per_node", "5"}).nproc_per_node, 5);
+  EXPECT_EQ(parse_with_script({"--master_port", "1234"}).master_port, 1234);
+  EXPECT_EQ(parse_with_script({"--max_restarts", "3"}).max_restarts, 3);
+  EXPECT_TRUE(parse_with_script({"--no_python"}).no_python);
+}
+
+TEST_F(LauncherOptions, EqualsAndSpaceForms) {
+  EXPECT_EQ(parse_with_script({"--nproc-per-node=3"}).nproc_per_node, 3);
+  EXPECT_EQ(parse_with_script({"--nproc_per_node=6"}).nproc_per_node, 6);
+  Options o = parse_with_script({"--master-addr=10.0.0.1", "--master-port", "4321", "--role=trainer"});
+  EXPECT_EQ(o.master_addr, "10.0.0.1");
+  EXPECT_EQ(o.master_port, 4321);
+  EXPECT_EQ(o.role, "trainer");
+  // A value that starts with '-' is still the flag's value.
+  EXPECT_EQ(parse_with_script({"--role", "-x"}).role, "-x");
+}
+
+TEST_F(LauncherOptions, UnambiguousPrefixes) {
+  EXPECT_EQ(parse_with_script({"--nproc", "2"}).nproc_per_node, 2);
+  EXPECT_EQ(parse_with_script({"--master-p", "1234"}).master_port, 1234);
+  EXPECT_EQ(parse_with_script({"--master_p=2345"}).master_port, 2345);
+  EXPECT_EQ(parse_with_script({"--max-r", "4"}).max_restarts, 4);
+  EXPECT_TRUE(parse_with_script({"--stand"}).standalone);
+}
+
+TEST_F(LauncherOptions, AmbiguousPrefixNamesCandidates) {
+  std::string msg = usage_error_with_script({"--n", "2"});
+  EXPECT_NE(msg.find("--n"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("ambiguous"), std::string::npos) << msg;
+  for (const char* cand : {"--nnodes", "--nproc-per-node", "--node-rank", "--no-python"})
+    EXPECT_NE(msg.find(cand), std::string::npos) << cand << " missing from: " << msg;
+  std::string msg2 = usage_error_with_script({"--master", "x"});
+  EXPECT_NE(msg2.find("--master-addr"), std::string::npos) << msg2;
+  EXPECT_NE(msg2.find("--master-port"), std::string::npos) << msg2;
+}
+
+TEST_F(LauncherOptions, ShortForms) {
+  Options m = parse({"-m", "pkg.train", "--lr", "1"});
+  EXPECT_TRUE(m.module);
+  EXPECT_EQ(m.script, "pkg.train");
+  EXPECT_EQ(m.script_args, (Args{"--lr", "1"}));
+
+  Options r = parse_with_script({"-r3"});
+  EXPECT_EQ(r.redirects.all, 3);
+  EXPECT_EQ(parse_with_script({"-r", "2"}).redirects.all, 2);
+
+  Options t = parse_with_script({"-t", "0:1,1:2"});
+  EXPECT_EQ(t.tee.all, 0);
+  EXPECT_EQ(t.tee.of(0), 1);
+  EXPECT_EQ(t.tee.of(1), 2);
+  EXPECT_EQ(t.tee.of(2), 0);
+  EXPECT_EQ(parse_with_script({"--tee=3"}).tee.of(7), 3);
+  EXPECT_EQ(parse_with_script({"--redirects", "0:3"}).redirects.of(0), 3);
+}
+
+// ------------------------------------------------------------------ environment
+
+TEST_F(LauncherOptions, PetFallbacks) {
+  Options o = parse_with_script({}, {{"PET_NPROC_PER_NODE", "3"}, {"PET_STANDALONE", "1"}, {"PET_MASTER_PORT", "4567"}});
+  EXPECT_EQ(o.nproc_per_node, 3);
+  EXPECT_TRUE(o.standalone);
+  EXPECT_EQ(o.master_port, 4567);
+  EXPECT_FALSE(parse_with_script({}, {{"PET_STANDALONE", "0"}}).standalone);
+  EXPECT_EQ(parse_with_script({}, {{"PET_MAX_RESTARTS", "2"}}).max_restarts, 2);
+  EXPECT_EQ(parse_with_script({}, {{"PET_MASTER_ADDR", "node0"}}).master_addr, "node0");
+  EXPECT_EQ(parse_with_script({}, {{"PET_ROLE", "trainer"}}).role, "trainer");
+}
+
+TEST_F(LauncherOptions, CommandLineBeatsPet) {
+  Env env{{"PET_NPROC_PER_NODE", "3"}, {"PET_MASTER_PORT", "4567"}};
+  Options o = parse_with_script({"--nproc-per-node", "2", "--master_port=1111"}, env);
+  EXPECT_EQ(o.nproc_per_node, 2);
+  EXPECT_EQ(o.master_port, 1111);
+  // Even when the command line uses a prefix.
+  EXPECT_EQ(parse_with_script({"--nproc", "5"}, env).nproc_per_node, 5);
+}
+
+TEST_F(LauncherOptions, BadPetValueNamesTheVariable) {
+  std::string msg = usage_error_with_script({}, {{"PET_NPROC_PER_NODE", "abc"}});
+  EXPECT_NE(msg.find("PET_NPROC_PER_NODE"), std::string::npos) << msg;
+}
+
+TEST_F(LauncherOptions, ShutdownTimeoutEnvironment) {
+  EXPECT_DOUBLE_EQ(parse_with_script({}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "5"}}).shutdown_timeout, 5.0);
+  EXPECT_DOUBLE_EQ(
+      parse_with_script({"--shutdown-timeout", "7"}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "5"}}).shutdown_timeout, 7.0);
+  EXPECT_DOUBLE_EQ(parse_with_script({"--shutdown-timeout=0.5"}).shutdown_timeout, 0.5);
+}
+
+TEST_F(LauncherOptions, LogLinePrefixTemplateEnvironment) {
+  Options o = parse_with_script({}, {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[${rank}]"}});
+  ASSERT_TRUE(o.log_line_prefix_template.has_value());
+  EXPECT_EQ(*o.log_line_prefix_template, "[${rank}]");
+  Options c = parse_with_script({"--log-line-prefix-template", ""},
+                                {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[${rank}]"}});
+  ASSERT_TRUE(c.log_line_prefix_template.has_value());
+  EXPECT_EQ(*c.log_line_prefix_template, "");
+}
+
+// ------------------------------------------------------------------ script and its args
+
+TEST_F(LauncherOptions, EverythingAfterScriptGoesToScript) {
+  Options o = parse_with_script({"--nproc-per-node", "2"}, {}, {"--nproc-per-node", "9", "-m", "--", "--bogus"});
+  EXPECT_EQ(o.nproc_per_node, 2);
+  EXPECT_FALSE(o.module);
+  EXPECT_EQ(o.script, script_);
+  EXPECT_EQ(o.script_args, (Args{"--nproc-per-node", "9", "-m", "--", "--bogus"}));
+}
+
+TEST_F(LauncherOptions, DoubleDashSeparator) {
+  Options o = parse({"--nproc-per-node", "2", "--", script_, "--lr", "0.1"});
+  EXPECT_EQ(o.nproc_per_node, 2);
+  EXPECT_EQ(o.script, script_);
+  EXPECT_EQ(o.script_args, (Args{"--lr", "0.1"}));
+}
+
+TEST_F(LauncherOptions, NoPythonResolvesFromPath) {
+  Options o = parse({"--no-python", "sh", "-c", "true"}, {{"PATH", "/usr/bin:/bin"}});
+  EXPECT_TRUE(o.no_python);
+  EXPECT_EQ(o.script, "sh");
+  EXPECT_EQ(o.script_args, (Args{"-c", "true"}));
+}
+
+TEST_F(LauncherOptions, SignalsToHandle) {
+  Options o = parse_with_script({"--signals-to-handle", "SIGTERM,USR1,15,sigint"});
+  EXPECT_EQ(o.signals_to_handle, (std::vector<int>{SIGTERM, SIGUSR1, SIGTERM, SIGINT}));
+  EXPECT_EQ(ddprun::parse_signal("--x", "SIGHUP"), SIGHUP);
+  EXPECT_EQ(ddprun::parse_signal("--x", "quit"), SIGQUIT);
+  EXPECT_EQ(ddprun::signal_name(SIGTERM), "SIGTERM");
+  EXPECT_EQ(ddprun::signal_name(SIGKILL), "SIGKILL");
+}
+
+TEST_F(LauncherOptions, NnodesForms) {
+  Options a = parse_with_script({"--nnodes", "1"});
+  EXPECT_EQ(a.min_nodes, 1);
+  EXPECT_EQ(a.max_nodes, 1);
+  Options b = parse_with_script({"--nnodes", "1:1"});
+  EXPECT_EQ(b.min_nodes, 1);
+  EXPECT_EQ(b.max_nodes, 1);
+}
+
+TEST_F(LauncherOptions, RdzvEndpointGivesStaticMasterAddress) {
+  Options a = parse_with_script({"--rdzv-endpoint", "node0:1234"});
+  EXPECT_EQ(a.master_addr, "node0");
+  EXPECT_EQ(a.master_port, 1234);
+  Options b = parse_with_script({"--rdzv-endpoint=[::1]:2345"});
+  EXPECT_EQ(b.master_addr, "::1");
+  EXPECT_EQ(b.master_port, 2345);
+  Options c = parse_with_script({"--rdzv-endpoint", "node1"});
+  EXPECT_EQ(c.master_addr, "node1");
+  EXPECT_EQ(c.master_port, 29500);
+  std::string msg = usage_error_with_script({"--rdzv-endpoint", "node0:99999"});
+  EXPECT_NE(msg.find("--rdzv-endpoint"), std::string::npos) << msg;
+  std::string msg2 = usage_error_with_script({"--rdzv-endpoint", ":80"});
+  EXPECT_NE(msg2.find("--rdzv-endpoint"), std::string::npos) << msg2;
+}
+
+TEST_F(LauncherOptions, LocalRanksFilter) {
+  Options o = parse_with_script({"--local-ranks-filter", "0,2"});
+  ASSERT_TRUE(o.local_ranks_filter.has_value());
+  EXPECT_EQ(*o.local_ranks_filter, (std::set<int>{0, 2}));
+}
+
+TEST_F(LauncherOptions, NprocCpu) {
+  EXPECT_GE(parse_with_script({"--nproc-per-node", "cpu"}).nproc_per_node, 1);
+}
+
+TEST_F(LauncherOptions, Help) {
+  Options o = parse({"--help"});
+  EXPECT_TRUE(o.help);
+  EXPECT_NE(o.help_text.find("--nproc-per-node"), std::string::npos);
+  EXPECT_TRUE(parse({"-h"}).help);
+}
+
+// ------------------------------------------------------------------ bad input
+
+struct BadCase {
+  const char* name;
+  Args args;           // the script is appended unless no_script
+  const char* expect;  // a substring the message must contain (the flag)
+  bool no_script = false;
+};
+
+class LauncherOptionsBad : public LauncherOptions, public ::testing::WithParamInterface<BadCase> {};
+
+TEST_P(LauncherOptionsBad, ThrowsUsageErrorNamingTheFlag) {
+  const BadCase& c = GetParam();
+  std::string msg = c.no_script ? usage_error(c.args) : usage_error_with_script(c.args);
+  EXPECT_NE(msg.find(c.expect), std::string::npos) << "message: '" << msg << "' lacks '" << c.expect << "'";
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << "one line expected: " << msg;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, LauncherOptionsBad,
+    ::testing::Values(
+        BadCase{"UnknownFlag", {"--bogus-flag", "1"}, "--bogus-flag"},
+        BadCase{"UnknownShortFlag", {"-x"}, "-x"},
+        BadCase{"NprocZero", {"--nproc-per-node", "0"}, "--nproc-per-node"},
+        BadCase{"NprocAbc", {"--nproc-per-node", "abc"}, "--nproc-per-node"},
+        BadCase{"NprocNegative", {"--nproc-per-node=-2"}, "--nproc-per-node"},
+        BadCase{"NnodesReversed", {"--nnodes", "3:1"}, "--nnodes"},
+        BadCase{"NnodesZero", {"--nnodes", "0"}, "--nnodes"},
+        BadCase{"MasterPortTooBig", {"--master-port", "70000"}, "--master-port"},
+        BadCase{"MasterPortNotNumber", {"--master-port", "http"}, "--master-port"},
+        BadCase{"MaxRestartsNegative", {"--max-restarts", "-1"}, "--max-restarts"},
+        BadCase{"ShutdownTimeoutNegative", {"--shutdown-timeout", "-3"}, "--shutdown-timeout"},
+        BadCase{"MissingValue", {"--role"}, "--role", true},
+        BadCase{"MissingScript", {"--nproc-per-node", "2"}, "training_script", true},
+        BadCase{"NonexistentScript", {"/nonexistent/dir/train.py"}, "/nonexistent/dir/train.py", true},
+        BadCase{"NoPythonWithModule", {"--no-python", "-m"}, "--no-python"},
+        BadCase{"ModuleWithNoPython", {"-m", "--no-python"}, "--module"},
+        BadCase{"StandaloneWithNnodes", {"--standalone", "--nnodes", "2"}, "--nnodes"},
+        BadCase{"RdzvC10d", {"--rdzv-backend", "c10d"}, "not supported yet"},
+        BadCase{"RdzvC10dNamesFlag", {"--rdzv-backend", "c10d"}, "--rdzv-backend"},
+        BadCase{"RdzvUnknown", {"--rdzv-backend", "zookeeper"}, "--rdzv-backend"},
+        BadCase{"LogsSpecs", {"--logs-specs", "x"}, "--logs-specs"},
+        BadCase{"RedirectsFive", {"--redirects", "5"}, "--redirects"},
+        BadCase{"RedirectsShortFive", {"-r5"}, "-r"},
+        BadCase{"TeeBadMap", {"--tee", "0:9"}, "--tee"},
+        BadCase{"LocalRanksFilterLetters", {"--local-ranks-filter", "a,b"}, "--local-ranks-filter"},
+        BadCase{"SignalsUnknown", {"--signals-to-handle", "SIGFOO"}, "--signals-to-handle"},
+        BadCase{"SignalsKill", {"--signals-to-handle", "SIGKILL"}, "--signals-to-handle"},
+        BadCase{"StartMethod", {"--start-method", "thread"}, "--start-method"},
+        BadCase{"NumaBinding", {"--numa-binding", "node"}, "--numa-binding"}),
+    [](const ::testing::TestParamInfo<BadCase>& i) { return std::string(i.param.name); });
+
+TEST_F(LauncherOptions, NoPythonNonexistentCommand) {
+  std::string msg = usage_error({"--no-python", "definitely-not-a-command-xyz"}, {{"PATH", "/usr/bin:/bin"}});
+  EXPECT_NE(msg.find("definitely-not-a-command-xyz"), std::string::npos) << msg;
+}
+
+TEST_F(LauncherOptions, ArgsAfterBadScriptNotParsed) {
+  // A flag-looking argument after the script belongs to the script, even a bad one.
+  Options o = parse_with_script({}, {}, {"--redirects", "5", "--nnodes", "3:1"});
+  EXPECT_EQ(o.script_args.size(), 4u);
+}
+
+}  // namespace

@@ -1,0 +1,466 @@
+// Line forwarding: StreamForwarder feeding a ConsoleWriter whose fd is a pipe this test
+// reads back. Prefixes, split lines, '\r', idle flushes, dangling lines, overlong lines
+// split at UTF-8 boundaries, binary bytes, the stderr tail, back-pressure.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "launcher/output.hpp"
+#include "test_util.hpp"
+
+namespace {
+
+using ddprun::Console;
+using ddprun::ConsoleWriter;
+using ddprun::ForwarderConfig;
+using ddprun::StreamForwarder;
+using namespace std::chrono_literals;
+
+const std::string kCont = StreamForwarder::kContinuation;
+
+// A ConsoleWriter writing into a pipe that a thread drains into a string.
+class Capture {
+ public:
+  explicit Capture(size_t bound = 1 << 20) {
+    if (pipe2(fds_, O_CLOEXEC) != 0) std::abort();
+    wake_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    reader_ = std::thread([this] {
+      char buf[65536];
+      for (;;) {
+        ssize_t n = ::read(fds_[0], buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        std::lock_guard lk(mu_);
+        data_.append(buf, static_cast<size_t>(n));
+        total_ += static_cast<size_t>(n);
+      }
+    });
+    writer_ = std::make_unique<ConsoleWriter>(fds_[1], bound, wake_);
+    console_.writer = writer_.get();
+  }
+  ~Capture() { finish(); }
+
+  Console* console() { return &console_; }
+  ConsoleWriter* writer() { return writer_.get(); }
+  int wake_fd() const { return wake_; }
+  int read_fd() const { return fds_[0]; }
+
+  // Everything written so far (the writer flushed and the pipe drained).
+  std::string snapshot() {
+    writer_->flush();
+    size_t last = SIZE_MAX;
+    for (;;) {
+      int avail = 0;
+      ioctl(fds_[0], FIONREAD, &avail);
+      std::this_thread::sleep_for(20ms);
+      std::lock_guard lk(mu_);
+      if (avail == 0 && total_ == last) return data_;
+      last = total_;
+    }
+  }
+
+  // Stops the writer, closes the pipe and returns everything.
+  std::string finish() {
+    if (writer_) {
+      writer_->flush();
+      writer_.reset();
+      ::close(fds_[1]);
+      reader_.join();
+      ::close(fds_[0]);
+      ::close(wake_);
+    }
+    return data_;
+  }
+
+ private:
+  int fds_[2]{-1, -1};
+  int wake_ = -1;
+  std::unique_ptr<ConsoleWriter> writer_;
+  Console console_;
+  std::thread reader_;
+  std::mutex mu_;
+  std::string data_;
+  size_t total_ = 0;
+};
+
+auto now() { return std::chrono::system_clock::now(); }
+
+StreamForwarder make_fwd(Console* c, const std::string& prefix, size_t tail = 0, int file_fd = -1) {
+  ForwarderConfig cfg;
+  cfg.prefix = prefix;
+  cfg.console = c;
+  cfg.tail_lines = tail;
+  cfg.file_fd = file_fd;
+  return StreamForwarder(cfg);
+}
+
+void feed(StreamForwarder& f, const std::string& s) { f.feed(s.data(), s.size(), now()); }
+
+bool valid_utf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    auto c = static_cast<unsigned char>(s[i]);
+    size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    if (len == 0 || i + len > s.size()) return false;
+    for (size_t k = 1; k < len; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+    i += len;
+  }
+  return true;
+}
+
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start < s.size()) {
+    size_t nl = s.find('\n', start);
+    if (nl == std::string::npos) {
+      out.push_back(s.substr(start));
+      break;
+    }
+    out.push_back(s.substr(start, nl - start + 1));
+    start = nl + 1;
+  }
+  return out;
+}
+
+// A ~1 MiB line of mixed 1-, 2-, 3- and 4-byte characters; a multi-byte character
+// straddles byte 65536 and several other 64 KiB boundaries.
+std::string big_utf8_line() {
+  std::string s(65535, 'a');  // byte 65535 is the lead byte of a 2-byte character
+  const std::string pattern = "\xC3\xA9"              // é
+                              "x"
+                              "\xE2\x82\xAC"          // €
+                              "\xF0\x9F\x98\x80"      // 😀
+                              "yz";
+  while (s.size() < (1u << 20)) s += pattern;
+  return s;
+}
+
+// Checks pieces of a split line and returns the reassembled body.
+std::string reassemble(const std::string& out, const std::string& prefix, size_t* pieces) {
+  std::string body;
+  *pieces = 0;
+  std::vector<size_t> torn;  // pieces that are not valid UTF-8 on their own
+  for (const std::string& line : split_lines(out)) {
+    ++*pieces;
+    EXPECT_TRUE(line.starts_with(prefix)) << "piece " << *pieces << " lacks the prefix";
+    std::string b = line.substr(prefix.size());
+    if (b.ends_with(kCont)) {
+      b.resize(b.size() - kCont.size());
+      EXPECT_LE(b.size(), StreamForwarder::kMaxLine) << "piece " << *pieces;
+    } else {
+      EXPECT_TRUE(b.ends_with("\n")) << "last piece must end the line";
+      b.pop_back();
+    }
+    if (!valid_utf8(b)) torn.push_back(*pieces);
+    body += b;
+  }
+  EXPECT_TRUE(torn.empty()) << torn.size() << " of " << *pieces
+                            << " pieces split a UTF-8 character, the first is piece " << (torn.empty() ? 0 : torn[0]);
+  return body;
+}
+
+// ------------------------------------------------------------------ basics
+
+TEST(LauncherOutput, PrefixesEveryLine) {
+  Capture cap;
+  auto f = make_fwd(cap.console(), "[rank0]:");
+  feed(f, "hello\nworld\n");
+  EXPECT_EQ(cap.finish(), "[rank0]:hello\n[rank0]:world\n");
+  EXPECT_EQ(f.lines(), 2u);
+}
+
+TEST(LauncherOutput, EmptyPrefixForwardsRaw) {
+  Capture cap;
+  auto f = make_fwd(cap.console(), "");
+  feed(f, "a\nb\n");
+  EXPECT_EQ(cap.finish(), "a\nb\n");
+}
+
+TEST(LauncherOutput, LinesSplitAcrossFeeds) {
+  Capture cap;
+  auto f = make_fwd(cap.console(), "[p]");
+  feed(f, "hel");
+  EXPECT_EQ(cap.snapshot(), "") << "an unfinished line must wait for its end (or an idle flush)";
+  feed(f, "lo\nwor");
+  feed(f, "ld\n");
+  EXPECT_EQ(cap.finish(), "[p]hello\n[p]world\n");
+}
+
+TEST(LauncherOutput, CarriageReturnProgressBarForwarded) {
+  Capture cap;
+  auto f = make_fwd(cap.console(), "[p]");
+  feed(f, "10%\r20%\r30%\r");
+  // Each '\r'-terminated update goes out at once, without waiting for a '\n'.
+  EXPECT_EQ(cap.snapshot(), "[p]10%\r[p]20%\r[p]30%\r");
+}
+
+TEST(LauncherOutput, CrLfNotDoubled) {
+  Capture cap;
+  auto f = make_fwd(cap.console(), "[p]");
+  feed(f, "one\r\ntwo\r\n");
+  EXPECT_EQ(cap.finish(), "[p]one\r\n[p]two\r\n");
+}
+
+TEST(LauncherOutput, CrLfSplitAcrossFeedsNotDoubled) {
+  Capture cap;
+  auto f = make_fwd(cap.console(), "[p]");
+  feed(f, "one\r");
+  feed(f, "\ntwo\n");
+  EXPECT_EQ(cap.finish(), "[p]one\r\n[p]two\n");
+}
+
+TEST(LauncherOutput, IdleFlushThenContinuationWithoutSecondPrefix) {
+  Capture cap;
+  auto f = make_fwd(cap.console(), "[p]");
+  feed(f, "Password: ");
+  EXPECT_TRUE(f.has_partial());
+  f.flush_partial(now());
+  EXPECT_FALSE(f.has_partial());
+  EXPECT_EQ(cap.snapshot(), "[p]Password: ");
+  feed(f, "ok\n");
+  EXPECT_EQ(cap.finish(), "[p]Password: ok\n");
+}
+
+TEST(LauncherOutput, AnotherStreamClosesDanglingLine) {
+  Capture cap;
+  auto a = make_fwd(cap.console(), "[a]");
+  auto b = make_fwd(cap.console(), "[b]");
+  feed(a, "progress");
+  a.flush_partial(now());
+  feed(b, "line from b\n");
+  feed(a, " done\n");
+  EXPECT_EQ(cap.finish(), "[a]progress\n[b]line from b\n[a] done\n");
+}
+
+TEST(LauncherOutput, SameStreamTwoIdleFlushesOnePrefix) {
+  Capture cap;
+  auto f = make_fwd(cap.console(), "[p]");
+  feed(f, "a");
+  f.flush_partial(now());
+  feed(f, "b");
+  f.flush_partial(now());
+  feed(f, "c\n");
+  EXPECT_EQ(cap.finish(), "[p]abc\n");
+}
+
+// ------------------------------------------------------------------ long lines, UTF-8
+
+TEST(LauncherOutput, MegabyteLineSplitAtUtf8BoundariesFedWhole) {
+  Capture cap;
+  auto f = make_fwd(cap.console(), "[r0]:");
+  const std::string line = big_utf8_line();
+  feed(f, line + "\n");
+  const std::string out = cap.finish();
+  size_t pieces = 0;
+  EXPECT_EQ(reassemble(out, "[r0]:", &pieces), line);
+  EXPECT_GE(pieces, line.size() / StreamForwarder::kMaxLine);
+  EXPECT_LE(pieces, line.size() / StreamForwarder::kMaxLine + 2);
+}
+
+TEST(LauncherOutput, MegabyteLineSplitAtUtf8BoundariesFedInPipeSizedReads) {
+  // ddprun reads worker pipes 64 KiB at a time: the line arrives in 64 KiB feeds, and a
+  // feed can end in the middle of a character.
+  Capture cap;
+  auto f = make_fwd(cap.console(), "[r0]:");
+  const std::string line = big_utf8_line() + "\n";
+  for (size_t off = 0; off < line.size(); off += 65536)
+    f.feed(line.data() + off, std::min<size_t>(65536, line.size() - off), now());
+  const std::string out = cap.finish();
+  size_t pieces = 0;
+  EXPECT_EQ(reassemble(out, "[r0]:", &pieces), line.substr(0, line.size() - 1));
+}
+
+TEST(LauncherOutput, MegabyteLineFedInOddSizedReads) {
+  Capture cap;
+  auto f = make_fwd(cap.console(), "");
+  const std::string line = big_utf8_line() + "\n";
+  for (size_t off = 0; off < line.size(); off += 7777)
+    f.feed(line.data() + off, std::min<size_t>(7777, line.size() - off), now());
+  const std::string out = cap.finish();
+  size_t pieces = 0;
+  EXPECT_EQ(reassemble(out, "", &pieces), line.substr(0, line.size() - 1));
+}
+
+TEST(LauncherOutput, FlushPartialKeepsIncompleteUtf8) {
+  Capture cap;
+  auto f = make_fwd(cap.console(), "[p]");
+  feed(f, "ab\xE2\x82");  // "ab" and the first two bytes of €
+  f.flush_partial(now());
+  EXPECT_EQ(cap.snapshot(), "[p]ab");
+  feed(f, "\xAC\n");
+  EXPECT_EQ(cap.finish(), "[p]ab\xE2\x82\xAC\n");
+}
+
+TEST(LauncherOutput, Utf8ByteByByteWithIdleFlushes) {
+  Capture cap;
+  auto f = make_fwd(cap.console(), "[p]");
+  const std::string text = "x\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80";  // xé€😀
+  for (char c : text) {
+    f.feed(&c, 1, now());
+    f.flush_partial(now());
+  }
+  feed(f, "\n");
+  const std::string out = cap.finish();
+  EXPECT_EQ(out, "[p]" + text + "\n");
+}
+
+TEST(LauncherOutput, BinaryBytesPassThrough) {
+  Capture cap;
+  auto f = make_fwd(cap.console(), "[p]");
+  std::string bin;
+  for (int c = 0; c < 256; ++c)
+    if (c != '\n' && c != '\r') bin += static_cast<char>(c);
+  feed(f, bin + "\n");
+  EXPECT_EQ(cap.finish(), "[p]" + bin + "\n");
+}
+
+// ------------------------------------------------------------------ end of stream, tail
+
+TEST(LauncherOutput, FinishAddsNewline) {
+  Capture cap;
+  auto f = make_fwd(cap.console(), "[p]");
+  feed(f, "no newline at the end");
+  f.finish(now());
+  EXPECT_EQ(cap.finish(), "[p]no newline at the end\n");
+}
+
+TEST(LauncherOutput, FinishAfterIdleFlushEndsTheLine) {
+  // A progress bar without a final newline, flushed while idle, then the worker exits:
+  // the console line must still be ended so the next output does not glue onto it.
+  Capture cap;
+  auto f = make_fwd(cap.console(), "[p]");
+  feed(f, "100%");
+  f.flush_partial(now());
+  f.finish(now());
+  EXPECT_EQ(cap.finish(), "[p]100%\n");
+}
+
+TEST(LauncherOutput, FinishWithNothingPendingAddsNothing) {
+  Capture cap;
+  auto f = make_fwd(cap.console(), "[p]");
+  feed(f, "done\n");
+  f.finish(now());
+  EXPECT_EQ(cap.finish(), "[p]done\n");
+}
+
+TEST(LauncherOutput, TailKeepsLastLines) {
+  Capture cap;
+  auto f = make_fwd(cap.console(), "[p]", 3);
+  feed(f, "l1\nl2\r\nl3\nl4\nl5");
+  f.finish(now());
+  ASSERT_EQ(f.tail().size(), 3u);
+  EXPECT_EQ(f.tail()[0], "l3");
+  EXPECT_EQ(f.tail()[1], "l4");
+  EXPECT_EQ(f.tail()[2], "l5");
+}
+
+TEST(LauncherOutput, TailWithoutConsole) {
+  auto f = make_fwd(nullptr, "[p]", 2);
+  feed(f, "a\nb\nc\n");
+  ASSERT_EQ(f.tail().size(), 2u);
+  EXPECT_EQ(f.tail()[0], "b");
+  EXPECT_EQ(f.tail()[1], "c");
+  EXPECT_EQ(f.lines(), 3u);
+}
+
+TEST(LauncherOutput, LogFileGetsRawBytes) {
+  ddprun_test::TempDir dir;
+  int fd = ::open(dir.file("stdout.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  Capture cap;
+  auto f = make_fwd(cap.console(), "[p]", 0, fd);
+  feed(f, "one\ntw");
+  feed(f, "o\r\nthree");
+  f.finish(now());
+  ::close(fd);
+  EXPECT_EQ(ddprun_test::read_file(dir.file("stdout.log")), "one\ntwo\r\nthree");
+  EXPECT_EQ(cap.finish(), "[p]one\n[p]two\r\n[p]three\n");
+}
+
+TEST(LauncherOutput, Timestamps) {
+  Capture cap;
+  ForwarderConfig cfg;
+  cfg.prefix = "[p]";
+  cfg.console = cap.console();
+  cfg.timestamps = true;
+  StreamForwarder f(cfg);
+  feed(f, "hello\n");
+  const std::string out = cap.finish();
+  EXPECT_TRUE(std::regex_match(out, std::regex(R"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6} \[p\]hello\n)"))) << out;
+}
+
+// ------------------------------------------------------------------ prefix macros
+
+TEST(LauncherOutput, ExpandPrefix) {
+  EXPECT_EQ(ddprun::expand_prefix("[${role_name}${local_rank}@${hostname}]", 5, 1, "trainer", "nodeA"),
+            "[trainer1@nodeA]");
+  EXPECT_EQ(ddprun::expand_prefix("[rank${rank}]:", 12, 0, "default", "h"), "[rank12]:");
+  EXPECT_EQ(ddprun::expand_prefix("${rank}/${rank}", 3, 0, "r", "h"), "3/3");
+  EXPECT_EQ(ddprun::expand_prefix("${unknown} $ ${rank", 3, 0, "r", "h"), "${unknown} $ ${rank");
+  EXPECT_EQ(ddprun::expand_prefix("", 3, 0, "r", "h"), "");
+}
+
+// ------------------------------------------------------------------ ConsoleWriter
+
+TEST(LauncherOutput, ConsoleWriterKeepsOrderAcrossManyChunks) {
+  Capture cap;
+  std::string expect;
+  for (int i = 0; i < 20000; ++i) {
+    std::string s = "chunk " + std::to_string(i) + "\n";
+    expect += s;
+    cap.writer()->push(std::move(s));
+  }
+  EXPECT_EQ(cap.finish(), expect);
+}
+
+TEST(LauncherOutput, ConsoleWriterBackPressureAndWake) {
+  // A console nobody reads: once the bound is queued, full() says so; when it drains
+  // below half, the eventfd wakes the supervisor.
+  int fds[2];
+  ASSERT_EQ(pipe2(fds, O_CLOEXEC), 0);
+  int wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  const size_t pipe_cap = static_cast<size_t>(fcntl(fds[1], F_GETPIPE_SZ));
+  {
+    ConsoleWriter w(fds[1], 64 * 1024, wake);
+    // Fill the pipe, then queue the bound on top.
+    for (size_t queued = 0; queued < pipe_cap + 128 * 1024; queued += 4096) w.push(std::string(4096, 'x'));
+    std::this_thread::sleep_for(100ms);
+    EXPECT_TRUE(w.full());
+    uint64_t v = 0;
+    EXPECT_LT(::read(wake, &v, sizeof v), 0) << "no wake-up while still full";
+    // Drain the pipe.
+    std::thread drain([&] {
+      char buf[65536];
+      size_t got = 0;
+      while (got < pipe_cap + 128 * 1024) {
+        ssize_t n = ::read(fds[0], buf, sizeof buf);
+        if (n <= 0) break;
+        got += static_cast<size_t>(n);
+      }
+    });
+    w.flush();
+    drain.join();
+    EXPECT_FALSE(w.full());
+    pollfd p{wake, POLLIN, 0};
+    EXPECT_EQ(poll(&p, 1, 1000), 1) << "the eventfd must be written when the queue drains";
+  }
+  ::close(fds[0]);
+  ::close(fds[1]);
+  ::close(wake);
+}
+
+}  // namespace
