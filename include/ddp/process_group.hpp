@@ -60,6 +60,9 @@ struct ProcessGroupOptions {
   size_t chunk_bytes = 128 << 10;
   // Capacity of each shared-memory link (rounded up to 64 bytes).
   size_t shm_ring_bytes = 2 << 20;
+  // Overrides the host identity (hostname, boot id, namespaces) that decides which ranks
+  // share memory; ranks with different ids talk TCP. For tests and unusual containers.
+  std::string host_id;
 
   // NCCL backend.
   int device = -1;              // CUDA device; -1: local_rank (or rank) modulo device count

@@ -1,0 +1,4 @@
+# ddp-bench: all_reduce bandwidth/latency like nccl-tests' all_reduce_perf (build/bin/ddp-bench).
+add_executable(ddp-bench ${CMAKE_CURRENT_LIST_DIR}/ddp-bench/main.cpp)
+target_link_libraries(ddp-bench PRIVATE ddp ddp_warnings)
+target_include_directories(ddp-bench PRIVATE ${CMAKE_CURRENT_LIST_DIR}/ddp-bench)

@@ -1,0 +1,671 @@
+// CPU backend: ring algorithms over per-neighbour links (shared memory on one host, TCP
+// between hosts) and a flat shared-memory algorithm for small messages on one host.
+//
+// Ring all-reduce = reduce-scatter (n-1 steps) + all-gather (n-1 steps); each step streams a
+// segment to the right neighbour while reducing the one arriving from the left, in
+// chunk_bytes pieces, so sending and reducing overlap. Every segment is reduced along the
+// same chain on all ranks, so results are bitwise identical everywhere.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../backends.hpp"
+#include "../reduce.hpp"
+#include "ddp/error.hpp"
+#include "shm.hpp"
+#include "tcp.hpp"
+
+namespace ddp::detail {
+namespace {
+
+using TimePoint = Clock::time_point;
+using std::chrono::milliseconds;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+std::string read_line(const char* path) {
+  std::ifstream f(path);
+  std::string s;
+  std::getline(f, s);
+  return s;
+}
+
+std::string read_link(const char* path) {
+  char buf[256];
+  ssize_t n = readlink(path, buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+// Ranks with equal identities can share memory and see each other's pids.
+std::string host_identity() {
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  return fmt::format("{}|{}|{}|{}|{}", name, read_line("/proc/sys/kernel/random/boot_id"),
+                     read_link("/proc/self/ns/mnt"), read_link("/proc/self/ns/pid"),
+                     read_link("/proc/self/ns/ipc"));
+}
+
+int open_pidfd(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+#else
+  (void)pid;
+  return -1;
+#endif
+}
+
+milliseconds remaining(TimePoint deadline) {
+  auto r = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+  return std::max(r, milliseconds(0));
+}
+
+// Waiting for a peer: pause-spin, then sched_yield (lets an oversubscribed core run the
+// peer), then sleep on the doorbell/sockets in slices, checking deadline and peers between.
+constexpr auto kSpinFor = std::chrono::microseconds(20);
+constexpr auto kYieldFor = std::chrono::microseconds(200);
+constexpr long kMaxSleepUs = 5000;
+
+struct StepDesc {
+  const char* phase;
+  int step;
+  int steps;
+};
+
+class CpuGroup final : public GroupBase {
+ public:
+  explicit CpuGroup(const ProcessGroupOptions& o)
+      : GroupBase(o.rank, o.world_size, Backend::kCpu, o.timeout), opts_(o), store_(o.store),
+        name_(o.name), chunk_(std::max<size_t>(o.chunk_bytes, 64)), small_(o.small_message_bytes) {
+    chunk_ = (chunk_ + 63) / 64 * 64;
+    if (size() == 1) return;
+    auto deadline = Clock::now() + o.timeout;
+    try {
+      bootstrap(deadline);
+      do_barrier(deadline);
+    } catch (const TimeoutError& e) {
+      on_failure(e.what());
+      throw TimeoutError(fmt::format("ddp init_process_group (cpu) on rank {} of {}: {}", rank(),
+                                     size(), e.what()));
+    } catch (const Error& e) {
+      on_failure(e.what());
+      throw CollectiveError(fmt::format("ddp init_process_group (cpu) on rank {} of {}: {}",
+                                        rank(), size(), e.what()));
+    }
+  }
+
+  ~CpuGroup() override {
+    for (auto& p : peers_)
+      if (p.pidfd >= 0) close(p.pidfd);
+  }
+
+ protected:
+  void do_all_reduce(void* data, size_t count, DType dt, ReduceOp op, TimePoint dl) override {
+    if (size() == 1 || count == 0) return;
+    guarded([&] {
+      if (all_local_ && count * dtype_size(dt) <= small_)
+        flat_all_reduce(static_cast<uint8_t*>(data), count, dt, op, dl);
+      else
+        ring_all_reduce(static_cast<uint8_t*>(data), count, dt, op, dl);
+    });
+  }
+
+  void do_broadcast(void* data, size_t count, DType dt, int root, TimePoint dl) override {
+    size_t bytes = count * dtype_size(dt);
+    if (size() == 1 || bytes == 0) return;
+    guarded([&] {
+      auto* d = static_cast<uint8_t*>(data);
+      if (all_local_ && bytes <= small_) {
+        uint32_t k = flat_post(rank() == root ? d : nullptr, rank() == root ? bytes : 0);
+        flat_wait_all(k, dl);
+        if (rank() != root) std::memcpy(d, seg_->flat_slot(k, root), bytes);
+        return;
+      }
+      ring_broadcast(d, bytes, root, dl);
+    });
+  }
+
+  void do_all_gather(const void* input, void* output, size_t count, DType dt, TimePoint dl) override {
+    size_t bytes = count * dtype_size(dt);
+    auto* out = static_cast<uint8_t*>(output);
+    auto* in = static_cast<const uint8_t*>(input);
+    if (bytes == 0) return;
+    if (out + rank() * bytes != in) std::memmove(out + rank() * bytes, in, bytes);
+    if (size() == 1) return;
+    guarded([&] {
+      const int n = size(), r = rank();
+      if (all_local_ && bytes <= small_) {
+        uint32_t k = flat_post(out + r * bytes, bytes);
+        flat_wait_all(k, dl);
+        for (int p = 0; p < n; ++p)
+          if (p != r) std::memcpy(out + p * bytes, seg_->flat_slot(k, p), bytes);
+        return;
+      }
+      for (int s = 0; s < n - 1; ++s) {
+        int sj = mod(r - s), rj = mod(r - s - 1);
+        uint8_t* dst = out + rj * bytes;
+        exchange(out + sj * bytes, bytes, bytes, 1,
+                 [&](size_t o, const uint8_t* p, size_t len) { std::memcpy(dst + o, p, len); }, dl,
+                 {"all-gather", s, n - 1});
+      }
+      end_messages();
+    });
+  }
+
+  void do_reduce_scatter(const void* input, void* output, size_t count, DType dt, ReduceOp op,
+                         TimePoint dl) override {
+    const size_t es = dtype_size(dt), bytes = count * es;
+    auto* in = static_cast<const uint8_t*>(input);
+    auto* out = static_cast<uint8_t*>(output);
+    if (size() == 1) {
+      if (bytes && in != out) std::memmove(out, in, bytes);
+      return;
+    }
+    if (bytes == 0) return;
+    guarded([&] {
+      const int n = size(), r = rank();
+      if (all_local_ && bytes * n <= small_) {
+        uint32_t k = flat_post(in, bytes * n);
+        flat_wait_all(k, dl);
+        reduce_into(dt, op, out, seg_->flat_slot(k, 0) + r * bytes, seg_->flat_slot(k, 1) + r * bytes, count);
+        for (int p = 2; p < n; ++p) reduce_inplace(dt, op, out, seg_->flat_slot(k, p) + r * bytes, count);
+      } else {
+        for (auto& t : tmp_) t.resize(bytes);
+        for (int s = 0; s < n - 1; ++s) {
+          int sj = mod(r - s - 1), rj = mod(r - s - 2);
+          const uint8_t* src = s == 0 ? in + sj * bytes : tmp_[(s - 1) % 2].data();
+          uint8_t* dst = s == n - 2 ? out : tmp_[s % 2].data();
+          const uint8_t* mine = in + rj * bytes;
+          exchange(src, bytes, bytes, es,
+                   [&](size_t o, const uint8_t* p, size_t len) {
+                     reduce_into(dt, op, dst + o, mine + o, p, len / es);
+                   },
+                   dl, {"reduce-scatter", s, n - 1});
+        }
+        end_messages();
+      }
+      if (op == ReduceOp::kAvg) avg_finish(dt, out, count, n);
+    });
+  }
+
+  void do_barrier(TimePoint dl) override {
+    if (size() == 1) return;
+    guarded([&] {
+      if (all_local_) {
+        flat_wait_all(flat_post(nullptr, 0), dl);
+      } else {
+        uint8_t one = 1;
+        ring_all_reduce(&one, 1, DType::kUInt8, ReduceOp::kMax, dl);
+      }
+    });
+  }
+
+  void on_failure(const std::string& reason) noexcept override {
+    if (store_) {
+      try {
+        store_->set(key(fmt::format("abort/{}", rank())), reason);
+      } catch (...) {
+      }
+    }
+    if (seg_ && my_local_ >= 0) {
+      seg_->rank(my_local_).aborted.store(1);
+      for (int i = 0; i < seg_->nlocal(); ++i) ring_bell(seg_->rank(i).bell);
+    }
+    if (right_) right_->shutdown();
+    if (left_) left_->shutdown();
+  }
+
+ private:
+  struct LocalPeer {
+    int rank;
+    int local;
+    pid_t pid = 0;
+    int pidfd = -1;
+  };
+  struct Waiter {
+    int idle = 0;  // attempts without progress
+    TimePoint idle_since{};
+    TimePoint next_check{};
+  };
+
+  int mod(int x) const { return ((x % size()) + size()) % size(); }
+  std::string key(const std::string& k) const { return name_ + "/" + k; }
+
+  std::string store_get(const std::string& k, TimePoint deadline) {
+    store_->wait({key(k)}, std::max(remaining(deadline), milliseconds(1)));
+    return store_->get(key(k));
+  }
+
+  // ---- bootstrap ----------------------------------------------------------------------
+  void bootstrap(TimePoint deadline) {
+    const int n = size(), r = rank();
+    if (!store_) throw UsageError("a store is required for world_size > 1");
+    if (r == 0) {
+      std::random_device rd;
+      tag_ = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
+      store_->set(key("tag"), std::to_string(tag_));
+    }
+    const std::string me = opts_.host_id.empty() ? host_identity() : opts_.host_id;
+    store_->set(key(fmt::format("host/{}", r)), me);
+    if (r != 0) tag_ = std::stoull(store_get("tag", deadline));
+    std::vector<bool> same(n), shm(n);
+    bool all_same = true;
+    for (int i = 0; i < n; ++i) {
+      same[i] = i == r || store_get(fmt::format("host/{}", i), deadline) == me;
+      shm[i] = same[i] && opts_.transport == Transport::kAuto;
+      all_same = all_same && same[i];
+      if (shm[i]) {
+        if (i == r) my_local_ = static_cast<int>(local_.size());
+        local_.push_back(i);
+      }
+    }
+    const int right = mod(r + 1), left = mod(r - 1);
+    const bool use_shm = local_.size() > 1;
+    all_local_ = use_shm && static_cast<int>(local_.size()) == n;
+
+    // TCP: accept from the left, connect to the right (n == 2: rank 0 connects, 1 accepts).
+    bool accept_left = !shm[left] && (n > 2 || r == 1);
+    bool connect_right = !shm[right] && (n > 2 || r == 0);
+    Fd listener;
+    if (accept_left) {
+      uint16_t port = 0;
+      listener = tcp_listen(port);
+      std::string host = advertised_host(all_same);
+      store_->set(key(fmt::format("addr/{}", r)), fmt::format("{} {}", host, port));
+    }
+
+    if (use_shm) setup_shm(deadline);
+
+    std::shared_ptr<Link> to_right, from_left;
+    if (connect_right) {
+      std::string addr = store_get(fmt::format("addr/{}", right), deadline);
+      auto sp = addr.rfind(' ');
+      std::string host = addr.substr(0, sp);
+      auto port = static_cast<uint16_t>(std::stoi(addr.substr(sp + 1)));
+      Fd fd = tcp_connect_peer(host, port, tag_, r, right, deadline);
+      to_right = std::make_shared<TcpLink>(right, std::move(fd), fmt::format("{}:{}", host, port),
+                                           4 * chunk_);
+    }
+    if (accept_left) {
+      Fd fd = tcp_accept_peer(listener.get(), tag_, left, deadline);
+      from_left = std::make_shared<TcpLink>(left, std::move(fd), "accepted connection", 4 * chunk_);
+    }
+    if (n == 2) {
+      if (shm[right]) {
+        to_right = std::make_shared<ShmLink>(right, *seg_, my_local_, local_index(right),
+                                             &seg_->rank(local_index(right)).bell, my_bell_);
+      }
+      if (!to_right) to_right = from_left;
+      from_left = to_right;
+    } else {
+      if (shm[right])
+        to_right = std::make_shared<ShmLink>(right, *seg_, my_local_, -1,
+                                             &seg_->rank(local_index(right)).bell, my_bell_);
+      if (shm[left])
+        from_left = std::make_shared<ShmLink>(left, *seg_, -1, local_index(left),
+                                              &seg_->rank(local_index(left)).bell, my_bell_);
+    }
+    right_ = to_right;
+    left_ = from_left;
+  }
+
+  int local_index(int global) const {
+    auto it = std::find(local_.begin(), local_.end(), global);
+    return it == local_.end() ? -1 : static_cast<int>(it - local_.begin());
+  }
+
+  std::string advertised_host(bool all_same) const {
+    if (!opts_.host.empty()) return opts_.host;
+    if (const char* h = std::getenv("DDP_HOST"); h && *h) return h;
+    if (all_same) return "127.0.0.1";
+    if (const char* m = std::getenv("MASTER_ADDR"); m && *m) {
+      std::string a = local_address_towards(m);
+      if (!a.empty() && a != "0.0.0.0") return a;
+    }
+    std::string a = hostname_address();
+    return a.empty() ? "127.0.0.1" : a;
+  }
+
+  void setup_shm(TimePoint deadline) {
+    const int nlocal = static_cast<int>(local_.size());
+    const int leader = local_[0];
+    if (rank() == leader) {
+      seg_ = ShmSegment::create(nlocal, opts_.shm_ring_bytes, std::max<size_t>(small_, 64));
+      store_->set(key(fmt::format("shm/{}", leader)), seg_->name());
+    } else {
+      seg_ = ShmSegment::open(store_get(fmt::format("shm/{}", leader), deadline), nlocal);
+    }
+    seg_->rank(my_local_).pid.store(static_cast<int32_t>(getpid()));
+    my_bell_ = &seg_->rank(my_local_).bell;
+    for (int i = 0; i < nlocal; ++i)
+      if (i != my_local_) peers_.push_back(LocalPeer{local_[i], i});
+    store_->set(key(fmt::format("shm_mapped/{}", rank())), "1");
+    if (rank() == leader) {
+      // Remove the name as soon as everyone has it mapped: nothing leaks if ranks die.
+      std::vector<std::string> keys;
+      for (int g : local_) keys.push_back(key(fmt::format("shm_mapped/{}", g)));
+      try {
+        store_->wait(keys, std::max(remaining(deadline), milliseconds(1)));
+      } catch (...) {
+        seg_->unlink();
+        throw;
+      }
+      seg_->unlink();
+    }
+  }
+
+  // ---- failure detection ----------------------------------------------------------------
+  std::string peer_reports() noexcept {
+    std::string out;
+    if (!store_) return out;
+    try {
+      int found = 0;
+      for (int i = 0; i < size() && found < 2; ++i) {
+        if (i == rank()) continue;
+        std::string k = key(fmt::format("abort/{}", i));
+        if (!store_->check({k})) continue;
+        std::string v = store_->get(k);
+        if (v.size() > 400) v = v.substr(0, 400) + "...";
+        out += fmt::format("; rank {} reported: {}", i, v);
+        ++found;
+      }
+    } catch (...) {
+    }
+    return out;
+  }
+
+  template <class F>
+  void guarded(F&& f) {
+    started_ = Clock::now();
+    try {
+      f();
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(e.what() + peer_reports());
+    } catch (const CollectiveError& e) {
+      throw CollectiveError(e.what() + peer_reports());
+    }
+  }
+
+  // Dead peers first (the root cause), then peers that gave up because of something else.
+  void check_peers() {
+    const pid_t self = getpid();
+    for (auto& p : peers_) {
+      RankCtl& c = seg_->rank(p.local);
+      if (p.pid == 0) {
+        p.pid = c.pid.load(std::memory_order_acquire);
+        if (p.pid != 0 && p.pid != self) p.pidfd = open_pidfd(p.pid);
+      }
+      if (p.pid == 0 || p.pid == self) continue;
+      bool dead = false;
+      if (p.pidfd >= 0) {
+        pollfd pfd{p.pidfd, POLLIN, 0};
+        dead = poll(&pfd, 1, 0) > 0;
+      } else {
+        dead = kill(p.pid, 0) != 0 && errno == ESRCH;
+      }
+      if (dead)
+        throw CollectiveError(fmt::format("peer rank {} (pid {}, this host) exited", p.rank, p.pid));
+    }
+    for (auto& p : peers_)
+      if (seg_->rank(p.local).aborted.load(std::memory_order_acquire))
+        throw CollectiveError(fmt::format("peer rank {} (this host) failed", p.rank));
+  }
+
+  uint32_t bell_ticket() const {
+    return my_bell_ ? my_bell_->seq.load(std::memory_order_seq_cst) : 0;
+  }
+
+  // Called when an attempt made no progress: spin, yield, then sleep on the doorbell or
+  // poll the sockets; checks the deadline and the peers between sleeps.
+  template <class Describe>
+  void wait(Waiter& w, uint32_t ticket, TimePoint deadline, Link* send, Link* recv,
+            Describe&& describe) {
+    if (w.idle++ == 0) w.idle_since = Clock::now();
+    if ((w.idle & 15) != 0) {  // read the clock every 16 attempts
+      cpu_relax();
+      return;
+    }
+    auto now = Clock::now();
+    if (now - w.idle_since < kSpinFor) {
+      cpu_relax();
+      return;
+    }
+    if (now - w.idle_since < kYieldFor && now < deadline) {
+      std::this_thread::yield();
+      return;
+    }
+    if (now >= deadline)
+      throw TimeoutError(fmt::format(
+          "timed out after {} {}",
+          format_duration(std::chrono::ceil<milliseconds>(deadline - started_)), describe()));
+    if (now >= w.next_check) {
+      if (seg_) check_peers();
+      if (recv && recv->at_eof()) recv->peek();  // throws once nothing is buffered
+      w.next_check = now + milliseconds(5);
+    }
+    long budget_us = std::min<long>(
+        kMaxSleepUs, std::chrono::duration_cast<std::chrono::microseconds>(deadline - now).count() + 1);
+    pollfd fds[2];
+    int nf = 0;
+    bool any_shm = false;
+    auto add = [&](Link* l, short ev) {
+      if (!l) return;
+      if (l->fd() < 0) {
+        any_shm = true;
+        return;
+      }
+      for (int i = 0; i < nf; ++i)
+        if (fds[i].fd == l->fd()) {
+          fds[i].events |= ev;
+          return;
+        }
+      fds[nf++] = pollfd{l->fd(), ev, 0};
+    };
+    add(send, POLLOUT);
+    add(recv, POLLIN);
+    if (nf > 0)
+      poll(fds, nf, any_shm ? 1 : static_cast<int>(std::max<long>(1, budget_us / 1000)));
+    else if (my_bell_)
+      wait_bell(*my_bell_, ticket, budget_us);
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(std::min<long>(budget_us, 1000)));
+  }
+
+  // ---- ring machinery ------------------------------------------------------------------
+  template <class OnRecv>
+  void exchange(const uint8_t* src, size_t slen, size_t rlen, size_t es, OnRecv&& on_recv,
+                TimePoint dl, StepDesc d) {
+    size_t sent = 0, recvd = 0;
+    Waiter w;
+    while (sent < slen || recvd < rlen) {
+      uint32_t ticket = bell_ticket();
+      bool progress = false;
+      if (sent < slen) {
+        size_t k = right_->try_send(src + sent, std::min(chunk_, slen - sent));
+        sent += k;
+        progress = k > 0;
+      }
+      if (recvd < rlen) {
+        auto v = left_->peek();
+        size_t take = std::min({v.size(), rlen - recvd, chunk_});
+        take -= take % es;
+        if (take > 0) {
+          on_recv(recvd, v.data(), take);
+          left_->consume(take);
+          recvd += take;
+          progress = true;
+        }
+      }
+      if (progress) {
+        w.idle = 0;
+        continue;
+      }
+      wait(w, ticket, dl, sent < slen ? right_.get() : nullptr, recvd < rlen ? left_.get() : nullptr,
+           [&] {
+             if (recvd < rlen)
+               return fmt::format(
+                   "waiting for data from peer rank {} over {} ({} step {}/{}: {} of {} bytes "
+                   "received, {} of {} sent)",
+                   left_->peer(), left_->kind(), d.phase, d.step + 1, d.steps, recvd, rlen, sent, slen);
+             return fmt::format(
+                 "waiting for peer rank {} to take data over {} ({} step {}/{}: {} of {} bytes sent)",
+                 right_->peer(), right_->kind(), d.phase, d.step + 1, d.steps, sent, slen);
+           });
+    }
+  }
+
+  void end_messages() {
+    right_->end_message();
+    if (left_ != right_) left_->end_message();
+  }
+
+  void ring_all_reduce(uint8_t* data, size_t count, DType dt, ReduceOp op, TimePoint dl) {
+    const int n = size(), r = rank();
+    const size_t es = dtype_size(dt);
+    auto off = [&](int j) { return count * static_cast<size_t>(j) / static_cast<size_t>(n) * es; };
+    auto len = [&](int j) { return off(j + 1) - off(j); };
+    for (int s = 0; s < n - 1; ++s) {
+      int sj = mod(r - s - 1), rj = mod(r - s - 2);
+      uint8_t* dst = data + off(rj);
+      exchange(data + off(sj), len(sj), len(rj), es,
+               [&](size_t o, const uint8_t* p, size_t l) { reduce_inplace(dt, op, dst + o, p, l / es); },
+               dl, {"reduce-scatter", s, n - 1});
+    }
+    if (op == ReduceOp::kAvg) avg_finish(dt, data + off(r), len(r) / es, n);
+    for (int s = 0; s < n - 1; ++s) {
+      int sj = mod(r - s), rj = mod(r - s - 1);
+      uint8_t* dst = data + off(rj);
+      exchange(data + off(sj), len(sj), len(rj), es,
+               [&](size_t o, const uint8_t* p, size_t l) { std::memcpy(dst + o, p, l); }, dl,
+               {"all-gather", s, n - 1});
+    }
+    end_messages();
+  }
+
+  void ring_broadcast(uint8_t* data, size_t bytes, int root, TimePoint dl) {
+    const bool forward = mod(rank() + 1) != root;
+    size_t recvd = rank() == root ? bytes : 0, sent = 0;
+    const size_t to_send = forward ? bytes : 0;
+    Waiter w;
+    while (sent < to_send || recvd < bytes) {
+      uint32_t ticket = bell_ticket();
+      bool progress = false;
+      if (sent < recvd && sent < to_send) {
+        size_t k = right_->try_send(data + sent, std::min(chunk_, recvd - sent));
+        sent += k;
+        progress = k > 0;
+      }
+      if (recvd < bytes) {
+        auto v = left_->peek();
+        size_t take = std::min({v.size(), bytes - recvd, chunk_});
+        if (take > 0) {
+          std::memcpy(data + recvd, v.data(), take);
+          left_->consume(take);
+          recvd += take;
+          progress = true;
+        }
+      }
+      if (progress) {
+        w.idle = 0;
+        continue;
+      }
+      wait(w, ticket, dl, sent < to_send && sent < recvd ? right_.get() : nullptr,
+           recvd < bytes ? left_.get() : nullptr, [&] {
+             if (recvd < bytes)
+               return fmt::format("waiting for data from peer rank {} over {} (broadcast from root "
+                                  "{}: {} of {} bytes received)",
+                                  left_->peer(), left_->kind(), root, recvd, bytes);
+             return fmt::format("waiting for peer rank {} to take data over {} (broadcast from "
+                                "root {}: {} of {} bytes sent)",
+                                right_->peer(), right_->kind(), root, sent, bytes);
+           });
+    }
+    end_messages();
+  }
+
+  // ---- flat shared-memory algorithm (every rank on this host) --------------------------
+  uint32_t flat_post(const void* data, size_t bytes) {
+    uint32_t k = ++flat_seq_;
+    if (bytes) std::memcpy(seg_->flat_slot(k, my_local_), data, bytes);
+    seg_->rank(my_local_).flat_posted.store(k, std::memory_order_release);
+    for (auto& p : peers_) ring_bell(seg_->rank(p.local).bell);
+    return k;
+  }
+
+  // Every rank posts its whole buffer; each reduces all slots in rank order (identical
+  // results everywhere).
+  void flat_all_reduce(uint8_t* data, size_t count, DType dt, ReduceOp op, TimePoint dl) {
+    const int n = size();
+    uint32_t k = flat_post(data, count * dtype_size(dt));
+    flat_wait_all(k, dl);
+    reduce_into(dt, op, data, seg_->flat_slot(k, 0), seg_->flat_slot(k, 1), count);
+    for (int p = 2; p < n; ++p) reduce_inplace(dt, op, data, seg_->flat_slot(k, p), count);
+    if (op == ReduceOp::kAvg) avg_finish(dt, data, count, n);
+  }
+
+  void flat_wait_all(uint32_t k, TimePoint dl) {
+    Waiter w;
+    size_t next = 0;  // peers_[0..next) have posted
+    for (;;) {
+      uint32_t ticket = bell_ticket();
+      while (next < peers_.size() &&
+             static_cast<int32_t>(seg_->rank(peers_[next].local).flat_posted.load(
+                                      std::memory_order_acquire) - k) >= 0)
+        ++next;
+      if (next == peers_.size()) {
+        // A peer may have posted and then given up (e.g. timed out): do not use its data.
+        for (auto& p : peers_)
+          if (seg_->rank(p.local).aborted.load(std::memory_order_acquire))
+            throw CollectiveError(fmt::format("peer rank {} (this host) failed", p.rank));
+        return;
+      }
+      wait(w, ticket, dl, nullptr, nullptr, [&] {
+        return fmt::format("waiting for peer rank {} to join (flat shared-memory algorithm, "
+                           "operation #{})",
+                           peers_[next].rank, k);
+      });
+    }
+  }
+
+  ProcessGroupOptions opts_;
+  std::shared_ptr<Store> store_;
+  std::string name_;
+  size_t chunk_;
+  size_t small_;
+  uint64_t tag_ = 0;
+  std::vector<int> local_;  // global ranks sharing memory with this one (sorted)
+  int my_local_ = -1;
+  bool all_local_ = false;
+  std::unique_ptr<ShmSegment> seg_;
+  Bell* my_bell_ = nullptr;
+  std::vector<LocalPeer> peers_;
+  std::shared_ptr<Link> right_, left_;
+  uint32_t flat_seq_ = 0;
+  std::vector<uint8_t> tmp_[2];
+  TimePoint started_{};  // start of the current collective (timeout messages)
+};
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> make_cpu_group(const ProcessGroupOptions& o) {
+  return std::make_unique<CpuGroup>(o);
+}
+
+}  // namespace ddp::detail

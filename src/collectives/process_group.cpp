@@ -1,0 +1,205 @@
+// ProcessGroup front end: argument checks, deadlines, error context, the factories and
+// the bootstrap from ddprun's environment.
+#include "ddp/process_group.hpp"
+
+#include <charconv>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "backends.hpp"
+#include "ddp/error.hpp"
+#include "ddp/tcp_store.hpp"
+
+namespace ddp {
+
+std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::kFloat32: return "float32";
+    case DType::kFloat64: return "float64";
+    case DType::kFloat16: return "float16";
+    case DType::kBFloat16: return "bfloat16";
+    case DType::kInt32: return "int32";
+    case DType::kInt64: return "int64";
+    case DType::kUInt8: return "uint8";
+  }
+  return "unknown";
+}
+
+std::string_view reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kProd: return "prod";
+    case ReduceOp::kMin: return "min";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kAvg: return "avg";
+  }
+  return "unknown";
+}
+
+ProcessGroup::ProcessGroup(int rank, int size, Backend backend, std::chrono::milliseconds timeout)
+    : rank_(rank), size_(size), backend_(backend), timeout_(timeout) {}
+
+ProcessGroup::~ProcessGroup() = default;
+
+const char* ProcessGroup::op_name(Op op) {
+  switch (op) {
+    case Op::kAllReduce: return "all_reduce";
+    case Op::kBroadcast: return "broadcast";
+    case Op::kAllGather: return "all_gather";
+    case Op::kReduceScatter: return "reduce_scatter";
+    case Op::kBarrier: return "barrier";
+  }
+  return "collective";
+}
+
+void ProcessGroup::check_span_sizes(const char* op, size_t expected, size_t got) const {
+  if (expected != got)
+    throw CollectiveError(fmt::format("ddp {} on rank {}: buffer sizes disagree (expected {} "
+                                      "elements, got {})",
+                                      op, rank_, expected, got));
+}
+
+template <class F>
+void ProcessGroup::run(Op op, std::chrono::milliseconds timeout, F&& body) {
+  const char* name = op_name(op);
+  if (!failure_.empty())
+    throw CollectiveError(fmt::format("ddp {} on rank {}: the process group is unusable after an "
+                                      "earlier failure: {}",
+                                      name, rank_, failure_));
+  auto t = timeout.count() > 0 ? timeout : timeout_;
+  auto deadline = std::chrono::steady_clock::now() + t;
+  auto prefix = [&] { return fmt::format("ddp {} failed on rank {} of {}: ", name, rank_, size_); };
+  try {
+    body(deadline);
+    return;
+  } catch (const TimeoutError& e) {
+    failure_ = prefix() + e.what();
+  } catch (const std::exception& e) {
+    failure_ = prefix() + e.what();
+    on_failure(failure_);
+    throw CollectiveError(failure_);
+  }
+  on_failure(failure_);
+  throw TimeoutError(failure_);
+}
+
+namespace {
+void need(bool ok, int rank, const char* op, const std::string& what) {
+  if (!ok) throw CollectiveError(fmt::format("ddp {} on rank {}: {}", op, rank, what));
+}
+}  // namespace
+
+void ProcessGroup::all_reduce(void* data, size_t count, DType dtype, const AllReduceOptions& o) {
+  need(data || count == 0, rank_, "all_reduce", "null buffer");
+  run(Op::kAllReduce, o.timeout,
+      [&](auto dl) { do_all_reduce(data, count, dtype, o.op, dl); });
+}
+
+void ProcessGroup::broadcast(void* data, size_t count, DType dtype, const BroadcastOptions& o) {
+  need(data || count == 0, rank_, "broadcast", "null buffer");
+  need(o.root >= 0 && o.root < size_, rank_, "broadcast",
+       fmt::format("root {} is not a rank of this group of {}", o.root, size_));
+  run(Op::kBroadcast, o.timeout, [&](auto dl) { do_broadcast(data, count, dtype, o.root, dl); });
+}
+
+void ProcessGroup::all_gather(const void* input, void* output, size_t count, DType dtype,
+                              const AllGatherOptions& o) {
+  need((input && output) || count == 0, rank_, "all_gather", "null buffer");
+  run(Op::kAllGather, o.timeout,
+      [&](auto dl) { do_all_gather(input, output, count, dtype, dl); });
+}
+
+void ProcessGroup::reduce_scatter(const void* input, void* output, size_t count, DType dtype,
+                                  const ReduceScatterOptions& o) {
+  need((input && output) || count == 0, rank_, "reduce_scatter", "null buffer");
+  run(Op::kReduceScatter, o.timeout,
+      [&](auto dl) { do_reduce_scatter(input, output, count, dtype, o.op, dl); });
+}
+
+void ProcessGroup::barrier(const BarrierOptions& o) {
+  run(Op::kBarrier, o.timeout, [&](auto dl) { do_barrier(dl); });
+}
+
+std::unique_ptr<ProcessGroup> init_process_group(ProcessGroupOptions o) {
+  if (o.world_size < 1)
+    throw UsageError(fmt::format("ddp::init_process_group: world_size must be >= 1 (got {})",
+                                 o.world_size));
+  if (o.rank < 0 || o.rank >= o.world_size)
+    throw UsageError(fmt::format("ddp::init_process_group: rank {} is outside [0, {})", o.rank,
+                                 o.world_size));
+  if (o.world_size > 1 && !o.store)
+    throw UsageError("ddp::init_process_group: a store is required when world_size > 1");
+  if (o.timeout.count() <= 0)
+    throw UsageError("ddp::init_process_group: timeout must be positive");
+  if (o.backend == Backend::kNccl) return detail::make_nccl_group(o);
+  return detail::make_cpu_group(o);
+}
+
+namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+int env_int(const char* name, int fallback, bool required) {
+  const char* v = env(name);
+  if (!v) {
+    if (required)
+      throw UsageError(fmt::format(
+          "{} is not set: run this worker under ddprun (or torchrun), or build the process group "
+          "from explicit options with ddp::init_process_group",
+          name));
+    return fallback;
+  }
+  int x = 0;
+  auto [p, ec] = std::from_chars(v, v + std::char_traits<char>::length(v), x);
+  if (ec != std::errc() || *p != '\0')
+    throw UsageError(fmt::format("{}='{}' is not an integer", name, v));
+  return x;
+}
+
+}  // namespace
+
+LaunchEnv read_launch_env() {
+  LaunchEnv e;
+  e.rank = env_int("RANK", 0, true);
+  e.world_size = env_int("WORLD_SIZE", 1, true);
+  e.local_rank = env_int("LOCAL_RANK", e.rank, false);
+  e.local_world_size = env_int("LOCAL_WORLD_SIZE", e.world_size, false);
+  e.master_addr = env("MASTER_ADDR") ? env("MASTER_ADDR") : "";
+  e.master_port = env_int("MASTER_PORT", 0, false);
+  const char* agent = env("TORCHELASTIC_USE_AGENT_STORE");
+  e.use_agent_store = agent && std::string_view(agent) == "True";
+  e.restart_count = env_int("TORCHELASTIC_RESTART_COUNT", 0, false);
+  if (e.world_size < 1 || e.rank < 0 || e.rank >= e.world_size)
+    throw UsageError(fmt::format("RANK={} / WORLD_SIZE={} are inconsistent", e.rank, e.world_size));
+  return e;
+}
+
+std::unique_ptr<ProcessGroup> init_process_group_from_env(ProcessGroupOptions o) {
+  LaunchEnv e = read_launch_env();
+  o.rank = e.rank;
+  o.world_size = e.world_size;
+  o.local_rank = e.local_rank;
+  o.store.reset();
+  if (e.world_size > 1) {
+    if (!e.use_agent_store)
+      throw UsageError(
+          "TORCHELASTIC_USE_AGENT_STORE is not True: libddp never hosts a store (rank 0 would "
+          "have to run the TCPStore server). Run this worker under ddprun, which hosts it, or "
+          "pass a store explicitly with ddp::init_process_group(options)");
+    if (e.master_addr.empty() || e.master_port <= 0 || e.master_port > 65535)
+      throw UsageError(fmt::format("MASTER_ADDR/MASTER_PORT not set or invalid ('{}', {}): run "
+                                   "under ddprun or pass a store explicitly",
+                                   e.master_addr, e.master_port));
+    auto connect_timeout = std::min<std::chrono::milliseconds>(o.timeout, std::chrono::seconds(60));
+    auto tcp = std::make_shared<TcpStore>(TcpStoreOptions{
+        e.master_addr, static_cast<uint16_t>(e.master_port), o.timeout, connect_timeout});
+    o.store = std::make_shared<PrefixStore>(fmt::format("ddp/attempt_{}", e.restart_count), tcp);
+  }
+  return init_process_group(std::move(o));
+}
+
+}  // namespace ddp

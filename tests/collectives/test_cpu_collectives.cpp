@@ -1,0 +1,252 @@
+// Correctness of every CPU collective x dtype x reduce op for world sizes 1-4, over shared
+// memory and TCP, through the ring (tiny chunks/rings so sizes span many chunks and wrap)
+// and the flat small-message algorithm.
+#include <atomic>
+#include <mutex>
+
+#include "harness.hpp"
+
+using namespace ddp_test;
+using ddp::DType;
+using ddp::ReduceOp;
+
+namespace {
+
+struct Case {
+  const char* label;
+  GroupConfig cfg;
+  std::vector<size_t> sizes;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.label; }
+
+std::string describe(DType t, ReduceOp op, size_t count) {
+  return std::string(ddp::dtype_name(t)) + "/" + std::string(ddp::reduce_op_name(op)) + "/n=" +
+         std::to_string(count);
+}
+
+// Every rank checks its own result; failures are collected (EXPECT from threads is fine in
+// gtest on POSIX, but a bounded list keeps the output short).
+struct Failures {
+  std::mutex mu;
+  std::vector<std::string> list;
+  void add(std::string s) {
+    std::lock_guard l(mu);
+    if (list.size() < 20) list.push_back(std::move(s));
+  }
+};
+
+void check_all(const Case& c) {
+  Failures f;
+  auto errors = run_ranks(c.cfg, [&](ddp::ProcessGroup& pg) {
+    const int n = pg.size(), r = pg.rank();
+    for (DType t : kAllDTypes) {
+      const size_t es = ddp::dtype_size(t);
+      for (size_t count : c.sizes) {
+        for (ReduceOp op : kAllOps) {
+          // all_reduce
+          std::vector<uint8_t> buf(count * es + 1);
+          for (size_t i = 0; i < count; ++i) put(t, buf.data(), i, input_value(op, t, r, i));
+          pg.all_reduce(buf.data(), count, t, {.op = op});
+          for (size_t i = 0; i < count; ++i) {
+            double want = expected_value(op, t, n, i), got = get(t, buf.data(), i);
+            if (!close_enough(op, t, got, want)) {
+              f.add("rank " + std::to_string(r) + " all_reduce " + describe(t, op, count) + " [" +
+                    std::to_string(i) + "] = " + std::to_string(got) + ", want " + std::to_string(want));
+              break;
+            }
+          }
+          // reduce_scatter: block b of rank r's input uses index b*count + i
+          std::vector<uint8_t> in(count * n * es + 1), out(count * es + 1);
+          for (size_t i = 0; i < count * n; ++i) put(t, in.data(), i, input_value(op, t, r, i));
+          pg.reduce_scatter(in.data(), out.data(), count, t, {.op = op});
+          for (size_t i = 0; i < count; ++i) {
+            double want = expected_value(op, t, n, r * count + i), got = get(t, out.data(), i);
+            if (!close_enough(op, t, got, want)) {
+              f.add("rank " + std::to_string(r) + " reduce_scatter " + describe(t, op, count) +
+                    " [" + std::to_string(i) + "] = " + std::to_string(got) + ", want " +
+                    std::to_string(want));
+              break;
+            }
+          }
+        }
+        // broadcast from every root
+        for (int root = 0; root < n; ++root) {
+          std::vector<uint8_t> buf(count * es + 1);
+          for (size_t i = 0; i < count; ++i) put(t, buf.data(), i, r == root ? static_cast<double>((i + root) % 50) : 99.0);
+          pg.broadcast(buf.data(), count, t, {.root = root});
+          for (size_t i = 0; i < count; ++i)
+            if (get(t, buf.data(), i) != static_cast<double>((i + root) % 50)) {
+              f.add("rank " + std::to_string(r) + " broadcast root " + std::to_string(root) + " " +
+                    describe(t, ReduceOp::kSum, count) + " [" + std::to_string(i) + "]");
+              break;
+            }
+        }
+        // all_gather
+        std::vector<uint8_t> in(count * es + 1), out(count * n * es + 1);
+        for (size_t i = 0; i < count; ++i) put(t, in.data(), i, static_cast<double>((r * 7 + i) % 60));
+        pg.all_gather(in.data(), out.data(), count, t);
+        for (int p = 0; p < n; ++p)
+          for (size_t i = 0; i < count; ++i)
+            if (get(t, out.data(), p * count + i) != static_cast<double>((p * 7 + i) % 60)) {
+              f.add("rank " + std::to_string(r) + " all_gather " + describe(t, ReduceOp::kSum, count) +
+                    " block " + std::to_string(p) + " [" + std::to_string(i) + "]");
+              p = n;
+              break;
+            }
+      }
+    }
+    pg.barrier();
+  });
+  expect_no_errors(errors);
+  for (auto& s : f.list) ADD_FAILURE() << s;
+}
+
+class Collectives : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Collectives, EveryOpDtypeAndReduceOp) { check_all(GetParam()); }
+
+GroupConfig ring_cfg(int n, ddp::Transport t) {
+  GroupConfig c;
+  c.n = n;
+  c.transport = t;
+  c.small = 0;      // always the ring
+  c.chunk = 256;    // many chunks per segment
+  c.ring = 1024;    // shared-memory rings wrap constantly
+  return c;
+}
+GroupConfig mixed_cfg(std::vector<std::string> hosts) {
+  GroupConfig c = ring_cfg(static_cast<int>(hosts.size()), ddp::Transport::kAuto);
+  c.host_ids = std::move(hosts);
+  return c;
+}
+GroupConfig flat_cfg(int n) {
+  GroupConfig c;
+  c.n = n;
+  return c;
+}
+
+const std::vector<size_t> kSizes = {0, 1, 7, 1001};
+
+INSTANTIATE_TEST_SUITE_P(
+    Cpu, Collectives,
+    ::testing::Values(Case{"n1", ring_cfg(1, ddp::Transport::kAuto), kSizes},
+                      Case{"ring_shm_n2", ring_cfg(2, ddp::Transport::kAuto), kSizes},
+                      Case{"ring_shm_n3", ring_cfg(3, ddp::Transport::kAuto), kSizes},
+                      Case{"ring_shm_n4", ring_cfg(4, ddp::Transport::kAuto), kSizes},
+                      Case{"ring_tcp_n2", ring_cfg(2, ddp::Transport::kTcp), kSizes},
+                      Case{"ring_tcp_n3", ring_cfg(3, ddp::Transport::kTcp), kSizes},
+                      Case{"ring_tcp_n4", ring_cfg(4, ddp::Transport::kTcp), kSizes},
+                      Case{"mixed_2hosts_n4", mixed_cfg({"A", "A", "B", "B"}), kSizes},
+                      Case{"mixed_2hosts_n3", mixed_cfg({"A", "B", "A"}), kSizes},
+                      Case{"flat_shm_n2", flat_cfg(2), {1, 7, 1001}},
+                      Case{"flat_shm_n3", flat_cfg(3), {1, 7, 1001}},
+                      Case{"flat_shm_n4", flat_cfg(4), {1, 7, 1001}}),
+    [](const auto& info) { return std::string(info.param.label); });
+
+// Default chunking, sizes far above a chunk and the small-message threshold.
+void large(int n, ddp::Transport t) {
+  GroupConfig c;
+  c.n = n;
+  c.transport = t;
+  const size_t count = 300001;  // odd, 1.2 MB of float32
+  auto errors = run_ranks(c, [&](ddp::ProcessGroup& pg) {
+    std::vector<float> v(count);
+    for (size_t i = 0; i < count; ++i) v[i] = static_cast<float>(pg.rank() + 1) + static_cast<float>(i % 13);
+    pg.all_reduce(std::span<float>(v));
+    float base = static_cast<float>(n * (n + 1) / 2);
+    for (size_t i = 0; i < count; ++i)
+      if (v[i] != base + static_cast<float>(n) * static_cast<float>(i % 13))
+        throw std::runtime_error("all_reduce large: wrong value at " + std::to_string(i));
+    std::vector<uint8_t> b(count * 3 + 5);
+    if (pg.rank() == n - 1)
+      for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint8_t>(i * 31);
+    pg.broadcast(std::span<uint8_t>(b), {.root = n - 1});
+    for (size_t i = 0; i < b.size(); ++i)
+      if (b[i] != static_cast<uint8_t>(i * 31)) throw std::runtime_error("broadcast large: wrong byte");
+    std::vector<double> in(count), out(count * n);
+    for (size_t i = 0; i < count; ++i) in[i] = pg.rank() * 1e6 + static_cast<double>(i);
+    pg.all_gather(std::span<const double>(in), std::span<double>(out));
+    for (int p = 0; p < n; ++p)
+      for (size_t i = 0; i < count; i += 997)
+        if (out[p * count + i] != p * 1e6 + static_cast<double>(i))
+          throw std::runtime_error("all_gather large: wrong value");
+  });
+  expect_no_errors(errors);
+}
+
+TEST(CollectivesLarge, ShmTwoRanks) { large(2, ddp::Transport::kAuto); }
+TEST(CollectivesLarge, ShmThreeRanks) { large(3, ddp::Transport::kAuto); }
+TEST(CollectivesLarge, TcpFourRanks) { large(4, ddp::Transport::kTcp); }
+
+// Results are bitwise identical on every rank (inexact float sums included).
+TEST(Collectives, BitwiseIdenticalAcrossRanks) {
+  for (size_t small : {size_t{0}, size_t{64 << 10}}) {
+    GroupConfig c;
+    c.n = 3;
+    c.small = small;
+    std::vector<std::vector<float>> results(3);
+    auto errors = run_ranks(c, [&](ddp::ProcessGroup& pg) {
+      std::vector<float> v(5000);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = 1.0f / static_cast<float>(i + 1 + pg.rank() * 3);
+      pg.all_reduce(std::span<float>(v), {.op = ReduceOp::kAvg});
+      results[pg.rank()] = v;
+    });
+    expect_no_errors(errors);
+    EXPECT_EQ(std::memcmp(results[0].data(), results[1].data(), results[0].size() * 4), 0);
+    EXPECT_EQ(std::memcmp(results[0].data(), results[2].data(), results[0].size() * 4), 0);
+  }
+}
+
+TEST(Collectives, ManyGroupsAndInterleavedAlgorithms) {
+  GroupConfig c;
+  c.n = 4;
+  auto errors = run_ranks(c, [&](ddp::ProcessGroup& pg) {
+    for (int it = 0; it < 200; ++it) {
+      std::vector<int64_t> v(it % 3 == 0 ? 20000 : 3, pg.rank());
+      pg.all_reduce(std::span<int64_t>(v), {.op = ReduceOp::kMax});
+      for (auto x : v)
+        if (x != 3) throw std::runtime_error("wrong max at iteration " + std::to_string(it));
+      if (it % 10 == 0) pg.barrier();
+    }
+  });
+  expect_no_errors(errors);
+}
+
+TEST(Collectives, SingleRankNeedsNoStore) {
+  ddp::ProcessGroupOptions o;
+  o.rank = 0;
+  o.world_size = 1;
+  auto pg = ddp::init_process_group(o);
+  std::vector<float> v{1, 2, 3};
+  pg->all_reduce(std::span<float>(v), {.op = ReduceOp::kAvg});
+  EXPECT_EQ(v, (std::vector<float>{1, 2, 3}));
+  std::vector<float> out(3);
+  pg->reduce_scatter(std::span<const float>(v), std::span<float>(out));
+  EXPECT_EQ(out, v);
+  pg->barrier();
+}
+
+TEST(Collectives, BadArgumentsAreReported) {
+  ddp::ProcessGroupOptions bad;
+  bad.rank = 2;
+  bad.world_size = 2;
+  EXPECT_THROW(ddp::init_process_group(bad), ddp::UsageError);
+  bad.rank = 0;
+  EXPECT_THROW(ddp::init_process_group(bad), ddp::UsageError);  // no store
+  ddp::ProcessGroupOptions o;
+  o.rank = 0;
+  o.world_size = 1;
+  auto pg = ddp::init_process_group(o);
+  float x = 0;
+  try {
+    pg->broadcast(&x, 1, DType::kFloat32, {.root = 3});
+    FAIL() << "no exception";
+  } catch (const ddp::CollectiveError& e) {
+    EXPECT_NE(std::string(e.what()).find("root 3"), std::string::npos) << e.what();
+  }
+  std::vector<float> in(4), out(3);
+  EXPECT_THROW(pg->reduce_scatter(std::span<const float>(in), std::span<float>(out)), ddp::CollectiveError);
+}
+
+}  // namespace

@@ -1,0 +1,195 @@
+// Failure behaviour of the CPU backend: timeouts name the operation, rank and peer; a peer
+// killed mid-collective makes every other rank fail well within the timeout, naming it.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "file_store.hpp"
+#include "harness.hpp"
+
+using namespace ddp_test;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
+void timeout_names_peer(ddp::Transport t, size_t count) {
+  GroupConfig c;
+  c.n = 2;
+  c.transport = t;
+  std::string err0, err1, type0;
+  double waited = 0;
+  std::atomic<bool> rank0_done{false};
+  auto errors = run_ranks(c, [&](ddp::ProcessGroup& pg) {
+    std::vector<float> v(count, 1.0f);
+    if (pg.rank() == 0) {
+      auto t0 = Clock::now();
+      try {
+        pg.all_reduce(std::span<float>(v), {.timeout = 300ms});
+      } catch (const ddp::TimeoutError& e) {
+        type0 = "TimeoutError";
+        err0 = e.what();
+      } catch (const std::exception& e) {
+        type0 = "other";
+        err0 = e.what();
+      }
+      waited = std::chrono::duration<double>(Clock::now() - t0).count();
+      // The group is now unusable.
+      try {
+        pg.barrier();
+        err0 += " | barrier after failure did not throw";
+      } catch (const ddp::CollectiveError& e) {
+        if (!contains(e.what(), "unusable")) err0 += std::string(" | ") + e.what();
+      }
+      rank0_done = true;
+    } else {
+      while (!rank0_done) std::this_thread::sleep_for(5ms);  // never joins in time
+      auto t0 = Clock::now();
+      try {
+        pg.all_reduce(std::span<float>(v), {.timeout = 10s});
+        err1 = "no error";
+      } catch (const std::exception& e) {
+        err1 = e.what();
+      }
+      if (Clock::now() - t0 > 5s) err1 += " | took longer than 5 s";
+    }
+  });
+  expect_no_errors(errors);
+  EXPECT_EQ(type0, "TimeoutError") << err0;
+  EXPECT_TRUE(contains(err0, "all_reduce")) << err0;
+  EXPECT_TRUE(contains(err0, "rank 0")) << err0;
+  EXPECT_TRUE(contains(err0, "peer rank 1")) << err0;
+  EXPECT_TRUE(contains(err0, "300 ms")) << err0;
+  EXPECT_FALSE(contains(err0, " | ")) << err0;
+  EXPECT_GE(waited, 0.29);
+  EXPECT_LT(waited, 3.0);
+  // Rank 1 learns that rank 0 gave up (shared-memory flag or closed socket), quickly.
+  EXPECT_TRUE(contains(err1, "peer rank 0")) << err1;
+  EXPECT_FALSE(contains(err1, " | ")) << err1;
+}
+
+TEST(CollectiveFailures, TimeoutShmFlat) { timeout_names_peer(ddp::Transport::kAuto, 16); }
+TEST(CollectiveFailures, TimeoutShmRing) { timeout_names_peer(ddp::Transport::kAuto, 1 << 20); }
+TEST(CollectiveFailures, TimeoutTcp) { timeout_names_peer(ddp::Transport::kTcp, 1 << 20); }
+
+TEST(CollectiveFailures, BootstrapTimesOutNamingMissingRank) {
+  auto store = std::make_shared<ddp::MemoryStore>();
+  ddp::ProcessGroupOptions o;
+  o.rank = 0;
+  o.world_size = 3;
+  o.store = store;
+  o.timeout = 200ms;
+  try {
+    ddp::init_process_group(o);
+    FAIL() << "no exception";
+  } catch (const ddp::TimeoutError& e) {
+    EXPECT_TRUE(contains(e.what(), "init_process_group")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "host/1")) << e.what();
+  }
+}
+
+// Forks n ranks (FileStore rendezvous); `victim` SIGKILLs itself 300 ms into a loop of
+// large all_reduces. Every other rank must fail, naming the victim, long before the timeout.
+void killed_peer(int n, int victim, ddp::Transport transport) {
+  namespace fs = std::filesystem;
+  std::string dir = fs::temp_directory_path() / ("ddp-kill-" + std::to_string(getpid()) + "-" +
+                                                 std::to_string(Clock::now().time_since_epoch().count()));
+  fs::create_directories(dir + "/store");
+  const auto op_timeout = 60s;
+  std::vector<pid_t> pids;
+  auto start = Clock::now();
+  for (int r = 0; r < n; ++r) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      std::string result;
+      try {
+        auto store = std::make_shared<ddp_testing::FileStore>(dir + "/store");
+        ddp::ProcessGroupOptions o;
+        o.rank = r;
+        o.world_size = n;
+        o.store = store;
+        o.transport = transport;
+        o.timeout = 20s;
+        auto pg = ddp::init_process_group(o);
+        if (r == victim)
+          std::thread([] {
+            std::this_thread::sleep_for(300ms);
+            kill(getpid(), SIGKILL);
+          }).detach();
+        std::vector<float> v(1 << 20, 1.0f);
+        for (int it = 0; it < 1000000; ++it) {
+          std::fill(v.begin(), v.end(), 1.0f);
+          pg->all_reduce(std::span<float>(v), {.timeout = op_timeout});
+        }
+        result = "OK no error";
+      } catch (const std::exception& e) {
+        result = ddp::exception_type_name(e) + ": " + e.what();
+      }
+      std::ofstream(dir + "/result." + std::to_string(r)) << result;
+      _exit(0);
+    }
+    pids.push_back(pid);
+  }
+  // Reap everything (a zombie victim would still look alive to kill(pid, 0)).
+  int status_victim = 0;
+  for (int left = n; left > 0;) {
+    int st = 0;
+    pid_t p = waitpid(-1, &st, WNOHANG);
+    if (p > 0) {
+      --left;
+      if (p == pids[victim]) status_victim = st;
+      continue;
+    }
+    if (Clock::now() - start > 40s) {
+      for (pid_t q : pids) kill(q, SIGKILL);
+      ADD_FAILURE() << "ranks still running after 40 s";
+      while (waitpid(-1, nullptr, 0) > 0) {
+      }
+      break;
+    }
+    std::this_thread::sleep_for(2ms);
+  }
+  double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_TRUE(WIFSIGNALED(status_victim) && WTERMSIG(status_victim) == SIGKILL);
+  EXPECT_LT(elapsed, 15.0) << "others should fail by detection, not by the 60 s timeout";
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) continue;
+    std::ifstream f(dir + "/result." + std::to_string(r));
+    std::stringstream ss;
+    ss << f.rdbuf();
+    std::string res = ss.str();
+    EXPECT_TRUE(contains(res, "ddp::CollectiveError")) << "rank " << r << ": " << res;
+    EXPECT_TRUE(contains(res, "rank " + std::to_string(victim))) << "rank " << r << ": " << res;
+    EXPECT_TRUE(contains(res, "all_reduce")) << "rank " << r << ": " << res;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(CollectiveFailures, KilledPeerShmFourRanks) { killed_peer(4, 2, ddp::Transport::kAuto); }
+TEST(CollectiveFailures, KilledPeerTcpFourRanks) { killed_peer(4, 2, ddp::Transport::kTcp); }
+TEST(CollectiveFailures, KilledPeerShmTwoRanks) { killed_peer(2, 0, ddp::Transport::kAuto); }
+
+// The shared-memory segment's name is gone once everyone mapped it.
+TEST(CollectiveFailures, ShmSegmentNameIsUnlinked) {
+  GroupConfig c;
+  c.n = 3;
+  auto errors = run_ranks(c, [&](ddp::ProcessGroup& pg) {
+    pg.barrier();
+    if (pg.rank() == 0)
+      for (auto& e : std::filesystem::directory_iterator("/dev/shm"))
+        if (contains(e.path().filename().string(), "ddp-" + std::to_string(getpid()) + "-"))
+          throw std::runtime_error("segment still named: " + e.path().string());
+    pg.barrier();
+  });
+  expect_no_errors(errors);
+}
+
+}  // namespace

@@ -1,0 +1,155 @@
+// Error-file helper (torch's JSON format) and joining from ddprun's environment.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "ddp/ddp.hpp"
+
+namespace {
+
+std::string slurp(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string temp_path(const char* name) {
+  return (std::filesystem::temp_directory_path() /
+          (std::string(name) + "." + std::to_string(getpid())))
+      .string();
+}
+
+TEST(ErrorFile, RunMainWritesTorchFormat) {
+  std::string path = temp_path("ddp-error-file.json");
+  std::filesystem::remove(path);
+  setenv("TORCHELASTIC_ERROR_FILE", path.c_str(), 1);
+  int rc = ddp::run_main([]() -> int {
+    throw ddp::CollectiveError("all_reduce failed on rank 3: peer \"rank 1\" exited\nline 2");
+  });
+  unsetenv("TORCHELASTIC_ERROR_FILE");
+  EXPECT_EQ(rc, 1);
+  auto j = nlohmann::json::parse(slurp(path));
+  ASSERT_TRUE(j.contains("message"));
+  EXPECT_EQ(j["message"]["message"],
+            "ddp::CollectiveError: all_reduce failed on rank 3: peer \"rank 1\" exited\nline 2");
+  ASSERT_TRUE(j["message"]["extraInfo"]["py_callstack"].is_string());
+  EXPECT_NE(j["message"]["extraInfo"]["py_callstack"].get<std::string>().find("CollectiveError"),
+            std::string::npos);
+  auto ts = j["message"]["extraInfo"]["timestamp"];
+  ASSERT_TRUE(ts.is_string());
+  long long t = std::stoll(ts.get<std::string>());
+  EXPECT_NEAR(static_cast<double>(t), static_cast<double>(std::time(nullptr)), 5.0);
+  std::filesystem::remove(path);
+}
+
+TEST(ErrorFile, RunMainPassesThroughAndHandlesUnknownExceptions) {
+  EXPECT_EQ(ddp::run_main([] { return 7; }), 7);
+  std::string path = temp_path("ddp-error-file2.json");
+  setenv("TORCHELASTIC_ERROR_FILE", path.c_str(), 1);
+  EXPECT_EQ(ddp::run_main([]() -> int { throw 42; }), 1);
+  unsetenv("TORCHELASTIC_ERROR_FILE");
+  auto j = nlohmann::json::parse(slurp(path));
+  EXPECT_EQ(j["message"]["message"].get<std::string>().rfind("UnknownException: ", 0), 0u);
+  std::filesystem::remove(path);
+}
+
+TEST(ErrorFile, NoPathMeansNoFile) {
+  unsetenv("TORCHELASTIC_ERROR_FILE");
+  EXPECT_FALSE(ddp::write_error_file("ValueError", "x"));
+}
+
+TEST(ErrorFile, JsonEscapesControlCharacters) {
+  auto doc = ddp::error_file_json("T", std::string("a\tb\x01") + "\\", "cs", 12);
+  auto j = nlohmann::json::parse(doc);
+  EXPECT_EQ(j["message"]["message"], std::string("T: a\tb\x01") + "\\");
+  EXPECT_EQ(j["message"]["extraInfo"]["timestamp"], "12");
+}
+
+struct EnvGuard {
+  std::vector<std::string> names{"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                 "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
+                                 "TORCHELASTIC_RESTART_COUNT"};
+  EnvGuard() { clear(); }
+  ~EnvGuard() { clear(); }
+  void clear() {
+    for (auto& n : names) unsetenv(n.c_str());
+  }
+};
+
+TEST(LaunchEnv, MissingVariablesPointAtDdprun) {
+  EnvGuard g;
+  try {
+    ddp::init_process_group_from_env();
+    FAIL() << "no exception";
+  } catch (const ddp::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("RANK is not set"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("ddprun"), std::string::npos) << e.what();
+  }
+}
+
+TEST(LaunchEnv, WithoutAgentStoreRankZeroHostsNothing) {
+  EnvGuard g;
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "29500", 1);
+  try {
+    ddp::init_process_group_from_env();
+    FAIL() << "no exception";
+  } catch (const ddp::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("TORCHELASTIC_USE_AGENT_STORE"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("ddprun"), std::string::npos);
+  }
+}
+
+TEST(LaunchEnv, ReadsWhatDdprunSets) {
+  EnvGuard g;
+  setenv("RANK", "3", 1);
+  setenv("WORLD_SIZE", "4", 1);
+  setenv("LOCAL_RANK", "1", 1);
+  setenv("LOCAL_WORLD_SIZE", "2", 1);
+  setenv("MASTER_ADDR", "node0", 1);
+  setenv("MASTER_PORT", "29400", 1);
+  setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+  setenv("TORCHELASTIC_RESTART_COUNT", "2", 1);
+  auto e = ddp::read_launch_env();
+  EXPECT_EQ(e.rank, 3);
+  EXPECT_EQ(e.world_size, 4);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_world_size, 2);
+  EXPECT_EQ(e.master_addr, "node0");
+  EXPECT_EQ(e.master_port, 29400);
+  EXPECT_TRUE(e.use_agent_store);
+  EXPECT_EQ(e.restart_count, 2);
+  setenv("RANK", "x", 1);
+  EXPECT_THROW(ddp::read_launch_env(), ddp::UsageError);
+}
+
+TEST(LaunchEnv, WorldSizeOneNeedsNoStore) {
+  EnvGuard g;
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "1", 1);
+  auto pg = ddp::init_process_group_from_env();
+  EXPECT_EQ(pg->size(), 1);
+  std::vector<double> v{2.0};
+  pg->all_reduce(std::span<double>(v));
+  EXPECT_EQ(v[0], 2.0);
+}
+
+TEST(Types, HalfAndBFloat16RoundTrip) {
+  for (float f : {0.0f, 1.0f, -2.5f, 65504.0f, 6.1035156e-05f, 5.96e-08f, 1e-3f}) {
+    EXPECT_NEAR(ddp::Half::from_float(f).to_float(), f, std::abs(f) * 1e-3 + 6e-8) << f;
+    EXPECT_NEAR(ddp::BFloat16::from_float(f).to_float(), f, std::abs(f) * 1e-2) << f;
+  }
+  EXPECT_EQ(ddp::Half::from_float(1e6f).bits, 0x7c00);      // overflow -> inf
+  EXPECT_EQ(ddp::Half::from_float(1.0f).bits, 0x3c00);
+  EXPECT_EQ(ddp::BFloat16::from_float(1.0f).bits, 0x3f80);
+  EXPECT_EQ(ddp::Half::from_float(2049.0f).to_float(), 2048.0f);  // ties to even
+}
+
+}  // namespace
