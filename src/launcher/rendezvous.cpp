@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <fstream>
 #include <mutex>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -71,6 +72,11 @@ std::string who_listens(int port) {
   }
   closedir(proc);
   return found;
+}
+
+std::string random_nonce() {
+  std::random_device rd;
+  return fmt::format("{:08x}{:08x}", rd(), rd());
 }
 
 std::chrono::milliseconds conf_seconds(const Options& o, const std::string& key, double def) {
@@ -194,7 +200,10 @@ class StoreSync : public NodeSync {
   // A second connection blocks on the current attempt's failure key.
   void watch() {
     try {
-      ddp::TcpStore w(so_);
+      // Short connect deadline: a watcher must never hold ddprun's exit for long.
+      ddp::TcpStoreOptions wo = so_;
+      wo.connect_timeout = std::min<std::chrono::milliseconds>(so_.connect_timeout, 2s);
+      ddp::TcpStore w(wo);
       while (!stop_) {
         int attempt;
         {
@@ -319,36 +328,66 @@ JobPlan Rendezvous::join() {
   ddp::Store& store = impl_->sync->store();
   auto key = [&](const std::string& k) { return impl_->sync->key(k); };
   const std::string host = o.local_addr.empty() ? p.hostname : o.local_addr;
+  // The nonce tells two launches apart even on hosts with the same name.
   json me = {{"nproc", o.nproc_per_node}, {"nnodes", o.max_nodes}, {"max_restarts", o.max_restarts},
-             {"run_id", o.rdzv_id}, {"host", host}};
-  std::string mine = me.dump();
+             {"run_id", o.rdzv_id}, {"host", host}, {"nonce", fmt::format("{}-{}", getpid(), random_nonce())}};
+  const std::string mine = me.dump();
+  const std::string abort_key = key("abort");
+  auto abort_with = [&](const std::string& why) {
+    try {
+      store.compare_set(abort_key, "", why);
+    } catch (const std::exception&) {
+    }
+    throw ddp::Error(why);
+  };
+  auto check_agrees = [&](int i, const json& n) {
+    for (const char* field : {"nnodes", "max_restarts", "run_id"}) {
+      if (n[field] != me[field])
+        abort_with(fmt::format("rendezvous: nodes disagree on {}: node {} ({}) has {}, node {} ({}) has {}", field, i,
+                               n.value("host", "?"), n[field].dump(), o.node_rank, host, me[field].dump()));
+    }
+  };
   std::string got = store.compare_set(key(fmt::format("node/{}", o.node_rank)), "", mine);
   if (got != mine) {
     json other = json::parse(got, nullptr, false);
-    throw ddp::Error(fmt::format("--node-rank {} is already taken by host {}: give each node its own rank",
-                                 o.node_rank, other.is_object() ? other.value("host", "?") : "?"));
+    abort_with(fmt::format("rendezvous: --node-rank {} is taken by two nodes ({} and {}): give each node its own rank",
+                           o.node_rank, other.is_object() ? other.value("host", "?") : "?", host));
   }
   std::vector<std::string> keys;
   for (int i = 0; i < o.max_nodes; ++i) keys.push_back(key(fmt::format("node/{}", i)));
-  try {
-    store.wait(keys, join_timeout);
-  } catch (const ddp::TimeoutError&) {
-    std::vector<int> missing;
-    for (int i = 0; i < o.max_nodes; ++i)
-      if (!store.check({keys[static_cast<size_t>(i)]})) missing.push_back(i);
-    throw ddp::TimeoutError(fmt::format(
-        "rendezvous: node rank{} {} never joined within the join timeout ({}; --rdzv-conf join_timeout=SECONDS)",
-        missing.size() > 1 ? "s" : "", fmt::join(missing, ", "), ddp::format_duration(join_timeout)));
+  // Wait for every node in slices, so that an abort published by any node (a mismatch it
+  // found against node 0) ends everyone's wait at once. Node 0's record comes first: every
+  // node checks itself against it as soon as it exists.
+  const auto deadline = std::chrono::steady_clock::now() + join_timeout;
+  bool checked0 = false;
+  for (;;) {
+    if (store.check({abort_key})) throw ddp::Error(store.get(abort_key));
+    if (!checked0 && store.check({keys[0]})) {
+      check_agrees(0, json::parse(store.get(keys[0])));
+      checked0 = true;
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      std::vector<int> missing;
+      for (int i = 0; i < o.max_nodes; ++i)
+        if (!store.check({keys[static_cast<size_t>(i)]})) missing.push_back(i);
+      if (missing.empty()) break;
+      throw ddp::TimeoutError(fmt::format(
+          "rendezvous: node rank{} {} never joined within the join timeout ({}; --rdzv-conf join_timeout=SECONDS)",
+          missing.size() > 1 ? "s" : "", fmt::join(missing, ", "), ddp::format_duration(join_timeout)));
+    }
+    try {
+      store.wait(keys, std::min<std::chrono::milliseconds>(left, 250ms));
+      if (!checked0) continue;
+      break;
+    } catch (const ddp::TimeoutError&) {
+    }
   }
-  impl_->sync->joined = true;
+  for (int i = 0; i < o.max_nodes; ++i) check_agrees(i, json::parse(store.get(keys[static_cast<size_t>(i)])));
+  if (store.check({abort_key})) throw ddp::Error(store.get(abort_key));
   int world = 0;
   for (int i = 0; i < o.max_nodes; ++i) {
     json n = json::parse(store.get(keys[static_cast<size_t>(i)]));
-    for (const char* field : {"nnodes", "max_restarts", "run_id"}) {
-      if (n[field] != me[field])
-        throw ddp::Error(fmt::format("nodes disagree on {}: node {} ({}) has {}, node {} ({}) has {}", field, i,
-                                     n.value("host", "?"), n[field].dump(), o.node_rank, host, me[field].dump()));
-    }
     if (i < o.node_rank) p.rank_base += n["nproc"].get<int>();
     world += n["nproc"].get<int>();
   }

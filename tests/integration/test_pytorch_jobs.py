@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""ddprun runs real PyTorch (gloo) jobs on one node: examples/pytorch/allreduce.py and
+train.py under --standalone and under a static single-node rendezvous with torchrun's
+underscore flag spellings, and a worker that raises fails the job with a summary."""
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import unittest
+
+import ddprun_testlib as lib
+
+NPROC = 4
+RUN_TIMEOUT = 60  # seconds; a job here takes 2-5 s on 2 cores
+
+
+class PyTorchJobs(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        lib.check_prerequisites(cls)
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="ddprun_it_")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def run_ddprun(self, argv, cwd=None, timeout=RUN_TIMEOUT):
+        t0 = time.monotonic()
+        # TMPDIR: ddprun keeps its error-file folder after a failure; keep it in ours.
+        r = subprocess.run(argv, cwd=cwd or self.tmp, env=lib.job_env(TMPDIR=self.tmp), capture_output=True,
+                           text=True, timeout=timeout)
+        r.elapsed = time.monotonic() - t0
+        return r
+
+    def run_static(self, make_argv, cwd=None):
+        """Runs a static single-node job on 12355 (the seeds' port) when free, else on a free
+        port; retries once with another port if the chosen one was taken meanwhile."""
+        port = 12355 if lib.port_is_free(12355) else lib.free_port()
+        for _ in range(3):
+            r = self.run_ddprun(make_argv(port), cwd=cwd)
+            if r.returncode != 0 and "already in use" in r.stderr:
+                port = lib.free_port()
+                continue
+            return r
+        return r
+
+    def assert_ok(self, r):
+        self.assertEqual(r.returncode, 0, f"ddprun exited {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}")
+
+    def assert_agent_store(self, r):
+        seen = [l for l in r.stdout.splitlines() if "env:" in l]
+        self.assertEqual(len(seen), NPROC, r.stdout)
+        for line in seen:
+            self.assertIn("TORCHELASTIC_USE_AGENT_STORE=True", line)
+            self.assertIn(f"WORLD_SIZE={NPROC}", line)
+
+    def assert_trained(self, r, checkpoint):
+        loss = lib.losses(r.stdout)
+        self.assertGreaterEqual(len(loss), 3, r.stdout)
+        self.assertLess(loss[-1], loss[0] * 0.5, f"the loss did not fall: {loss}")
+        self.assertIn(f"parameters identical on all {NPROC} ranks", r.stdout)
+        self.assertTrue(os.path.isfile(checkpoint), f"no checkpoint at {checkpoint}\n{r.stdout}")
+        check = subprocess.run(
+            [lib.TORCH_PYTHON, "-c",
+             "import sys, torch; c = torch.load(sys.argv[1]); "
+             "assert set(c) == {'epoch', 'model', 'optimizer'}, c.keys(); print(sorted(c['model']))",
+             checkpoint], capture_output=True, text=True, timeout=60)
+        self.assertEqual(check.returncode, 0, check.stderr)
+        self.assertIn("0.weight", check.stdout)
+
+    # ------------------------------------------------------------------ --standalone
+
+    def test_allreduce_standalone(self):
+        r = self.run_ddprun([lib.DDPRUN, "--standalone", "--nproc-per-node", str(NPROC),
+                             os.path.join(lib.EXAMPLES, "allreduce.py"), "--debug"])
+        self.assert_ok(r)
+        self.assertIn(f"all_reduce over {NPROC} ranks: sum = 6 (expected 6)", r.stdout)
+        self.assert_agent_store(r)
+
+    def test_train_standalone(self):
+        ckpt = os.path.join(self.tmp, "out", "ckpt.pt")
+        r = self.run_ddprun([lib.DDPRUN, "--standalone", "--nproc-per-node", str(NPROC),
+                             os.path.join(lib.EXAMPLES, "train.py"), "--checkpoint", ckpt, "--debug"])
+        self.assert_ok(r)
+        self.assert_agent_store(r)
+        self.assert_trained(r, ckpt)
+
+    # ------------------------------------------------------------------ static, torchrun's spelling
+
+    def test_allreduce_static_torchrun_flags(self):
+        r = self.run_static(lambda port: [
+            lib.DDPRUN, f"--nproc_per_node={NPROC}", "--nnodes=1", "--node_rank=0", "--master_addr=localhost",
+            f"--master_port={port}", os.path.join(lib.EXAMPLES, "allreduce.py"), "--debug"])
+        self.assert_ok(r)
+        self.assertIn(f"all_reduce over {NPROC} ranks: sum = 6", r.stdout)
+        self.assert_agent_store(r)
+        self.assertIn("MASTER_ADDR=localhost", r.stdout)
+
+    def test_train_seed_launch_line(self):
+        """The seeds' line, verbatim but for the port, run from a folder laid out like the
+        source tree, so that the default ./checkpoint.pt lands in that folder."""
+        os.makedirs(os.path.join(self.tmp, "build", "bin"))
+        os.symlink(lib.DDPRUN, os.path.join(self.tmp, "build", "bin", "ddprun"))
+        os.symlink(os.path.join(lib.SOURCE_DIR, "examples"), os.path.join(self.tmp, "examples"))
+        r = self.run_static(lambda port: [
+            "build/bin/ddprun", "--nproc_per_node=4", "--nnodes=1", "--node_rank=0", "--master_addr=localhost",
+            f"--master_port={port}", "examples/pytorch/train.py"])
+        self.assert_ok(r)
+        self.assert_trained(r, os.path.join(self.tmp, "checkpoint.pt"))
+        self.assertLess(r.elapsed, 30)
+
+    # ------------------------------------------------------------------ failure
+
+    def test_worker_exception_fails_the_job(self):
+        r = self.run_ddprun([lib.DDPRUN, "--standalone", "--nproc-per-node", str(NPROC), "--shutdown-timeout", "5",
+                             os.path.join(lib.WORKERS, "raise_error.py"), "--fail-rank", "1"])
+        self.assertEqual(r.returncode, 1, f"stdout:\n{r.stdout}\nstderr:\n{r.stderr}")
+        self.assertIn("raise_error.py FAILED", r.stderr)
+        self.assertIn("Root Cause (first observed failure)", r.stderr)
+        self.assertRegex(r.stderr, r"rank\s*: 1 \(local_rank: 1\)")
+        self.assertIn("RuntimeError: deliberate failure on rank 1", r.stderr)
+        self.assertLess(r.elapsed, 30, "the other ranks were not stopped promptly")
+
+
+if __name__ == "__main__":
+    lib.main()
