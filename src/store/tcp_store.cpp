@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -366,7 +367,8 @@ struct TcpStore::Impl {
     cancel.op = proto::Op::kCancelWait;
     std::string buf;
     proto::encode_request(gen, cancel, buf);
-    auto grace = Clock::now() + std::max(opt.timeout, milliseconds(1000));
+    // A live server answers the cancel at once; don't let a dead one hold us for minutes.
+    auto grace = Clock::now() + std::clamp(opt.timeout, milliseconds(1000), milliseconds(10000));
     try {
       send_all(buf, grace, "CANCEL_WAIT");
       auto v = recv_value<uint8_t>(grace, "CANCEL_WAIT");

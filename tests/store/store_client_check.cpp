@@ -1,0 +1,81 @@
+// Drives ddp::TcpStore (wire generation 1 by default) through every Store operation and prints one line per
+// result. test_torch_client.py runs it against PyTorch's own TCPStore server and against
+// ddp-store-server and compares the outputs.
+//
+//   store_client_check HOST PORT [1|2]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <string>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "ddp/error.hpp"
+#include "ddp/tcp_store.hpp"
+
+using namespace std::chrono_literals;
+
+int main(int argc, char** argv) {
+  if (argc != 3 && argc != 4) {
+    std::fprintf(stderr, "usage: store_client_check HOST PORT [1|2]\n");
+    return 2;
+  }
+  ddp::TcpStoreOptions o;
+  o.host = argv[1];
+  o.port = static_cast<uint16_t>(std::atoi(argv[2]));
+  o.generation = argc == 4 && std::string(argv[3]) == "2" ? ddp::WireGeneration::kV2
+                                                          : ddp::WireGeneration::kV1;
+  o.timeout = 10s;
+  o.connect_timeout = 10s;
+  auto line = [](const std::string& s) { std::printf("%s\n", s.c_str()); };
+  try {
+    ddp::TcpStore a(o), b(o);
+    int64_t n0 = a.num_keys();
+    a.set("cpp/k", std::string("v\0al", 4));
+    line(fmt::format("get: {}", a.get("cpp/k") == std::string("v\0al", 4)));
+    // One statement per call: function arguments are evaluated in an unspecified order.
+    auto add1 = a.add("cpp/n", 5);
+    auto add2 = b.add("cpp/n", -2);
+    line(fmt::format("add: {} {} {}", add1, add2, a.get("cpp/n")));
+    auto cas1 = a.compare_set("cpp/c", "exp", "des");
+    auto cas2 = a.compare_set("cpp/c", "", "des");
+    auto cas3 = a.compare_set("cpp/c", "nope", "x");
+    auto cas4 = a.compare_set("cpp/c", "des", "x");
+    line(fmt::format("compare_set: {} {} {} {} {}", cas1, cas2, cas3, cas4, b.get("cpp/c")));
+    auto check1 = a.check({"cpp/k", "cpp/n"});
+    line(fmt::format("check: {} {}", check1, a.check({"cpp/k", "cpp/zz"})));
+    auto fut = std::async(std::launch::async, [&] {
+      std::this_thread::sleep_for(200ms);
+      b.set("cpp/w", "1");
+    });
+    auto t0 = std::chrono::steady_clock::now();
+    a.wait({"cpp/w"}, 10s);
+    auto dt = std::chrono::steady_clock::now() - t0;
+    fut.get();
+    line(fmt::format("wait-woken: {}", dt > 100ms && dt < 5s));
+    try {
+      a.wait({"cpp/w", "cpp/never"}, 300ms);
+      line("wait-timeout: no exception");
+    } catch (const ddp::TimeoutError& e) {
+      line(fmt::format("wait-timeout: TimeoutError names key: {}",
+                       std::string(e.what()).find("'cpp/never'") != std::string::npos));
+    }
+    // The timed-out client keeps working, with no stray byte in its stream.
+    b.set("cpp/never", "now");
+    std::this_thread::sleep_for(50ms);
+    auto size_k = a.get("cpp/k").size();
+    line(fmt::format("after-timeout: {} {}", size_k, a.add("cpp/n", 1)));
+    auto del1 = a.delete_key("cpp/c");
+    line(fmt::format("delete: {} {}", del1, a.delete_key("cpp/c")));
+    line(fmt::format("num_keys: {}", a.num_keys() - n0));
+    std::string big(1 << 20, 'B');
+    a.set("cpp/big", big);
+    line(fmt::format("big: {}", b.get("cpp/big") == big));
+  } catch (const std::exception& e) {
+    line(fmt::format("error: {}", e.what()));
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,275 @@
+// Unit tests of the incremental request parser and the encoders (src/store/protocol.*).
+#include <chrono>
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+#include "store/protocol.hpp"
+
+namespace proto = ddp::detail::proto;
+using proto::Generation;
+using proto::Op;
+using Status = proto::RequestParser::Status;
+
+namespace {
+
+proto::Request make(Op op, std::vector<std::string> keys = {}, std::vector<std::string> values = {},
+                    int64_t i64 = 0, uint32_t u32 = 0) {
+  proto::Request r;
+  r.op = op;
+  r.keys = std::move(keys);
+  r.values = std::move(values);
+  r.i64 = i64;
+  r.u32 = u32;
+  return r;
+}
+
+std::string encode(Generation g, const proto::Request& r) {
+  std::string s;
+  proto::encode_request(g, r, s);
+  return s;
+}
+
+const uint8_t* bytes(const std::string& s) { return reinterpret_cast<const uint8_t*>(s.data()); }
+
+// Feeds `stream` in pieces of `chunk` bytes; returns the requests parsed and the final status.
+struct Parsed {
+  std::vector<proto::Request> requests;
+  Status last = Status::kNeedMore;
+  std::string error;
+  Generation gen = Generation::kUnknown;
+};
+Parsed parse(const std::string& stream, size_t chunk, Generation g = Generation::kUnknown,
+             proto::Limits limits = {}) {
+  proto::RequestParser p(limits, g);
+  Parsed out;
+  for (size_t off = 0; off < stream.size();) {
+    size_t n = std::min(chunk, stream.size() - off);
+    size_t pos = 0;
+    while (pos < n) {
+      size_t used = 0;
+      out.last = p.feed(bytes(stream) + off + pos, n - pos, used);
+      pos += used;
+      if (out.last == Status::kReady) {
+        out.requests.push_back(p.take());
+      } else if (out.last == Status::kError) {
+        out.error = p.error();
+        out.gen = p.generation();
+        return out;
+      } else {
+        EXPECT_EQ(pos, n) << "kNeedMore must consume everything";
+        break;
+      }
+    }
+    off += n;
+  }
+  out.gen = p.generation();
+  return out;
+}
+
+void expect_same(const proto::Request& a, const proto::Request& b) {
+  EXPECT_EQ(a.op, b.op) << proto::op_name(a.op) << " vs " << proto::op_name(b.op);
+  EXPECT_EQ(a.keys, b.keys);
+  EXPECT_EQ(a.values, b.values);
+  EXPECT_EQ(a.i64, b.i64);
+  EXPECT_EQ(a.u32, b.u32);
+}
+
+std::vector<proto::Request> all_requests(Generation g) {
+  std::vector<proto::Request> v = {
+      make(Op::kSet, {"key"}, {std::string("v\0al", 4)}),
+      make(Op::kCompareSet, {"k"}, {"", "desired"}),
+      make(Op::kGet, {"k"}),
+      make(Op::kAdd, {"counter"}, {}, -42),
+      make(Op::kCheck, {"a", "bb", ""}),
+      make(Op::kWait, {"x"}),
+      make(Op::kWait, {}),
+      make(Op::kGetNumKeys),
+      make(Op::kDeleteKey, {"k"}),
+      make(Op::kAppend, {"k"}, {"tail"}),
+      make(Op::kMultiGet, {"a", "b"}),
+      make(Op::kMultiSet, {"a", "b"}, {"1", ""}),
+      make(Op::kCancelWait),
+  };
+  if (g == Generation::kV1) v.push_back(make(Op::kWatchKey, {"w"}));
+  if (g == Generation::kV2) {
+    v.push_back(make(Op::kPing, {}, {}, 0, 1234));
+    v.push_back(make(Op::kQueuePush, {"q"}, {"item"}));
+    v.push_back(make(Op::kQueuePop, {"q"}));
+    v.push_back(make(Op::kQueueLen, {"q"}));
+    v.push_back(make(Op::kList));
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST(StoreProtocol, OpcodeTablesMatchTheWireReference) {
+  EXPECT_EQ(proto::encode_opcode(Generation::kV1, Op::kSet), 0);
+  EXPECT_EQ(proto::encode_opcode(Generation::kV1, Op::kWatchKey), 7);
+  EXPECT_EQ(proto::encode_opcode(Generation::kV1, Op::kDeleteKey), 8);
+  EXPECT_EQ(proto::encode_opcode(Generation::kV1, Op::kCancelWait), 12);
+  EXPECT_FALSE(proto::encode_opcode(Generation::kV1, Op::kPing));
+  EXPECT_FALSE(proto::encode_opcode(Generation::kV1, Op::kValidate));
+  EXPECT_EQ(proto::encode_opcode(Generation::kV2, Op::kValidate), 0);
+  EXPECT_EQ(proto::encode_opcode(Generation::kV2, Op::kSet), 1);
+  EXPECT_EQ(proto::encode_opcode(Generation::kV2, Op::kGetNumKeys), 7);
+  EXPECT_EQ(proto::encode_opcode(Generation::kV2, Op::kPing), 13);
+  EXPECT_EQ(proto::encode_opcode(Generation::kV2, Op::kList), 17);
+  EXPECT_FALSE(proto::encode_opcode(Generation::kV2, Op::kWatchKey));
+  EXPECT_FALSE(proto::decode_opcode(Generation::kV1, 13));
+  EXPECT_FALSE(proto::decode_opcode(Generation::kV2, 18));
+}
+
+TEST(StoreProtocol, EncodingIsLittleEndianWithU64Lengths) {
+  // The ADD "init/" 1 that a torch 1.13 worker sends first (tcpstore-wire.md).
+  std::string expect("\x03\x05\x00\x00\x00\x00\x00\x00\x00init/\x01\x00\x00\x00\x00\x00\x00\x00", 22);
+  EXPECT_EQ(encode(Generation::kV1, make(Op::kAdd, {"init/"}, {}, 1)), expect);
+  std::string validate("\x00\xCE\xF7\x85\x3C", 5);
+  EXPECT_EQ(encode(Generation::kV2, make(Op::kValidate, {}, {}, 0, proto::kValidationMagic)),
+            validate);
+}
+
+TEST(StoreProtocol, EveryRequestRoundTripsInOnePieceAndByteByByte) {
+  for (auto g : {Generation::kV1, Generation::kV2}) {
+    auto reqs = all_requests(g);
+    std::string stream;
+    if (g == Generation::kV2)
+      stream = encode(g, make(Op::kValidate, {}, {}, 0, proto::kValidationMagic));
+    for (auto& r : reqs) stream += encode(g, r);
+    for (size_t chunk : {stream.size(), size_t{1}, size_t{3}, size_t{7}}) {
+      SCOPED_TRACE("generation " + std::to_string(int(g)) + " chunk " + std::to_string(chunk));
+      auto p = parse(stream, chunk);
+      ASSERT_NE(p.last, Status::kError) << p.error;
+      EXPECT_EQ(p.gen, g);
+      size_t first = g == Generation::kV2 ? 1 : 0;
+      ASSERT_EQ(p.requests.size(), reqs.size() + first);
+      if (first) {
+        EXPECT_EQ(p.requests[0].op, Op::kValidate);
+      }
+      for (size_t i = 0; i < reqs.size(); ++i) expect_same(p.requests[i + first], reqs[i]);
+    }
+  }
+}
+
+TEST(StoreProtocol, GenerationIsDecidedLazilyFromTheFirstBytes) {
+  proto::RequestParser p;
+  size_t used = 0;
+  EXPECT_EQ(p.feed(nullptr, 0, used), Status::kNeedMore);
+  EXPECT_EQ(p.generation(), Generation::kUnknown);  // a silent connection stays undecided
+  // 0x00 CE F7 85: still undecided.
+  const uint8_t partial[] = {0x00, 0xCE, 0xF7, 0x85};
+  EXPECT_EQ(p.feed(partial, 4, used), Status::kNeedMore);
+  EXPECT_EQ(used, 4u);
+  EXPECT_EQ(p.generation(), Generation::kUnknown);
+  const uint8_t last[] = {0x3C};
+  EXPECT_EQ(p.feed(last, 1, used), Status::kReady);
+  EXPECT_EQ(p.generation(), Generation::kV2);
+  EXPECT_EQ(p.take().op, Op::kValidate);
+}
+
+TEST(StoreProtocol, Gen1SetWhoseKeyLengthStartsLikeTheMagicIsGen1) {
+  // A gen-1 SET (opcode 0x00) with a 0xCE-byte key: first bytes 00 CE 00 ...
+  std::string key(0xCE, 'k');
+  auto stream = encode(Generation::kV1, make(Op::kSet, {key}, {"v"})) +
+                encode(Generation::kV1, make(Op::kGetNumKeys));
+  for (size_t chunk : {size_t{1}, size_t{2}, stream.size()}) {
+    auto p = parse(stream, chunk);
+    ASSERT_EQ(p.last, Status::kReady) << p.error;
+    EXPECT_EQ(p.gen, Generation::kV1);
+    ASSERT_EQ(p.requests.size(), 2u);
+    expect_same(p.requests[0], make(Op::kSet, {key}, {"v"}));
+    EXPECT_EQ(p.requests[1].op, Op::kGetNumKeys);
+  }
+  // Key length 0xF7CE: matches two magic bytes, then differs; over the 8 KiB key limit.
+  std::string big(0xF7CE, 'k');
+  auto p = parse(encode(Generation::kV1, make(Op::kSet, {big}, {"v"})), 1);
+  EXPECT_EQ(p.last, Status::kError);
+  EXPECT_EQ(p.gen, Generation::kV1);
+  EXPECT_NE(p.error.find("exceeds the limit"), std::string::npos) << p.error;
+}
+
+TEST(StoreProtocol, GetNumKeysAloneIsOneByteGen1Request) {
+  const uint8_t b[] = {0x06};
+  proto::RequestParser p;
+  size_t used = 0;
+  EXPECT_EQ(p.feed(b, 1, used), Status::kReady);
+  EXPECT_EQ(p.generation(), Generation::kV1);
+  EXPECT_EQ(p.take().op, Op::kGetNumKeys);
+  EXPECT_TRUE(p.idle());
+}
+
+TEST(StoreProtocol, ReadyStopsAtTheEndOfARequest) {
+  auto g = Generation::kV1;
+  auto stream = encode(g, make(Op::kGet, {"a"})) + encode(g, make(Op::kGet, {"b"}));
+  proto::RequestParser p({}, g);
+  size_t used = 0;
+  ASSERT_EQ(p.feed(bytes(stream), stream.size(), used), Status::kReady);
+  EXPECT_EQ(used, stream.size() / 2);
+  EXPECT_EQ(p.take().keys[0], "a");
+  ASSERT_EQ(p.feed(bytes(stream) + used, stream.size() - used, used), Status::kReady);
+  EXPECT_EQ(p.take().keys[0], "b");
+}
+
+TEST(StoreProtocol, LimitsAndGarbageAreErrors) {
+  proto::Limits small;
+  small.max_key_bytes = 4;
+  small.max_payload_bytes = 8;
+  small.max_keys_per_request = 2;
+  small.max_request_bytes = 16;
+  auto g = Generation::kV2;
+  auto bad = [&](const std::string& stream, const char* needle) {
+    auto p = parse(stream, 1, g, small);
+    EXPECT_EQ(p.last, Status::kError);
+    EXPECT_NE(p.error.find(needle), std::string::npos) << p.error;
+  };
+  bad(encode(g, make(Op::kGet, {"12345"})), "key of 5 bytes exceeds the limit of 4");
+  bad(encode(g, make(Op::kSet, {"k"}, {"123456789"})), "value of 9 bytes exceeds the limit of 8");
+  bad(encode(g, make(Op::kWait, {"a", "b", "c"})), "WAIT of 3 keys exceeds the limit of 2");
+  bad(encode(g, make(Op::kMultiSet, {"a", "b"}, {"12345678", "12345678"})), "request of more");
+  bad(std::string("\x63", 1), "unknown opcode 0x63");
+  // A second VALIDATE with a wrong magic.
+  bad(encode(g, make(Op::kValidate, {}, {}, 0, 0xdeadbeef)), "bad VALIDATE magic");
+  // The default limits are the libuv server's.
+  proto::Limits d;
+  EXPECT_EQ(d.max_key_bytes, 8u << 10);
+  EXPECT_EQ(d.max_payload_bytes, 8u << 20);
+  EXPECT_EQ(d.max_keys_per_request, 128u << 10);
+  // An error is sticky.
+  proto::RequestParser p({}, g);
+  size_t used;
+  const uint8_t junk[] = {0xff, 0x01};
+  EXPECT_EQ(p.feed(junk, 2, used), Status::kError);
+  EXPECT_EQ(p.feed(junk + 1, 1, used), Status::kError);
+}
+
+TEST(StoreProtocol, ByteByByteIsLinear) {
+  // 128 Ki keys fed one byte at a time: a parser that rescans from the request start on
+  // every byte would take ~10^11 steps; an incremental one takes ~10^6.
+  std::vector<std::string> keys;
+  for (int i = 0; i < (128 << 10); ++i) keys.push_back(std::to_string(i).insert(0, "k"));
+  auto stream = encode(Generation::kV1, make(Op::kWait, keys));
+  auto t0 = std::chrono::steady_clock::now();
+  auto p = parse(stream, 1, Generation::kV1);
+  auto dt = std::chrono::steady_clock::now() - t0;
+  ASSERT_EQ(p.requests.size(), 1u);
+  EXPECT_EQ(p.requests[0].keys, keys);
+  EXPECT_LT(dt, std::chrono::seconds(5));
+  // A 8 MiB value in 1 KiB pieces.
+  std::string big(8 << 20, 'x');
+  auto p2 = parse(encode(Generation::kV1, make(Op::kSet, {"big"}, {big})), 1024, Generation::kV1);
+  ASSERT_EQ(p2.requests.size(), 1u);
+  EXPECT_EQ(p2.requests[0].values[0].size(), big.size());
+}
+
+TEST(StoreProtocol, ParseCounterFollowsStoll) {
+  EXPECT_EQ(proto::parse_counter("42"), 42);
+  EXPECT_EQ(proto::parse_counter("  -7"), -7);
+  EXPECT_EQ(proto::parse_counter("+3abc"), 3);
+  EXPECT_EQ(proto::parse_counter("9223372036854775807"), INT64_MAX);
+  EXPECT_EQ(proto::parse_counter("-9223372036854775808"), INT64_MIN);
+  EXPECT_FALSE(proto::parse_counter("9223372036854775808"));
+  EXPECT_FALSE(proto::parse_counter(""));
+  EXPECT_FALSE(proto::parse_counter("abc"));
+  EXPECT_FALSE(proto::parse_counter("-"));
+}

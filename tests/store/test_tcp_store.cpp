@@ -1,0 +1,639 @@
+// ddp::TcpStore against ddp::detail::StoreServer, both wire generations, plus raw-socket
+// tests of the server's protocol handling.
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <functional>
+#include <future>
+#include <ostream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "ddp/error.hpp"
+#include "store_test_util.hpp"
+
+namespace ddp {
+// Readable parameter values in test names and ctest output.
+void PrintTo(WireGeneration g, std::ostream* os) { *os << (g == WireGeneration::kV1 ? "gen1" : "gen2"); }
+}  // namespace ddp
+
+using namespace store_test;
+using ddp::WireGeneration;
+using proto::Op;
+
+namespace {
+
+class StoreGen : public ::testing::TestWithParam<WireGeneration> {
+ protected:
+  void SetUp() override { server = start_server(); }
+  std::unique_ptr<ddp::TcpStore> client(std::chrono::milliseconds timeout = 5s) {
+    return std::make_unique<ddp::TcpStore>(client_options(server->port(), GetParam(), timeout));
+  }
+  proto::Generation gen() const { return to_proto(GetParam()); }
+  std::unique_ptr<ddp::detail::StoreServer> server;
+};
+
+std::string gen_name(const ::testing::TestParamInfo<WireGeneration>& i) {
+  return i.param == WireGeneration::kV1 ? "Gen1" : "Gen2";
+}
+
+std::string what_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no exception)";
+}
+
+}  // namespace
+
+TEST_P(StoreGen, AllBasicOperations) {
+  auto s = client();
+  const std::string bin("a\0b\xff", 4);
+  s->set("k", bin);
+  EXPECT_EQ(s->get("k"), bin);
+  s->set("k", "");
+  EXPECT_EQ(s->get("k"), "");
+  EXPECT_EQ(s->add("n", 5), 5);
+  EXPECT_EQ(s->add("n", -7), -2);
+  EXPECT_EQ(s->get("n"), "-2");
+  EXPECT_EQ(s->compare_set("c", "exp", "des"), "exp");  // missing, non-empty expected
+  EXPECT_FALSE(s->check({"c"}));
+  EXPECT_EQ(s->compare_set("c", "", "des"), "des");  // missing, empty expected: sets
+  EXPECT_EQ(s->compare_set("c", "nope", "x"), "des");
+  EXPECT_EQ(s->compare_set("c", "des", "x"), "x");
+  EXPECT_TRUE(s->check({"k", "n", "c"}));
+  EXPECT_FALSE(s->check({"k", "missing"}));
+  EXPECT_EQ(s->num_keys(), 3);
+  EXPECT_TRUE(s->delete_key("c"));
+  EXPECT_FALSE(s->delete_key("c"));
+  EXPECT_EQ(s->num_keys(), 2);
+  s->wait({"k", "n"});  // present: returns at once
+  // Another client sees the same data.
+  auto t = client();
+  EXPECT_EQ(t->get("n"), "-2");
+}
+
+TEST_P(StoreGen, AddOnANonIntegerDisconnectsOnlyThatClient) {
+  auto s = client();
+  s->set("text", "abc");
+  EXPECT_THROW(s->add("text", 1), ddp::NetworkError);
+  // The client reconnects on its next call.
+  EXPECT_EQ(s->add("num", 1), 1);
+}
+
+TEST_P(StoreGen, WaitIsWokenByEveryOpThatCreatesTheKey) {
+  auto s = client();
+  auto other = client();
+  RawConn raw(server->port(), gen());
+  const std::vector<std::string> ops = {"SET", "ADD", "COMPARE_SET", "APPEND", "MULTI_SET"};
+  for (auto& op : ops) {
+    SCOPED_TRACE(op);
+    const std::string key = "woken/" + op;
+    auto fut = std::async(std::launch::async, [&] {
+      std::this_thread::sleep_for(30ms);
+      if (op == "SET") other->set(key, "v");
+      if (op == "ADD") other->add(key, 1);
+      if (op == "COMPARE_SET") other->compare_set(key, "", "v");
+      // Raw requests: the C++ client offers these on generation 2 only, the server on both.
+      if (op == "APPEND") raw.send_request(req(Op::kAppend, {key}, {"v"}));
+      if (op == "MULTI_SET") raw.send_request(req(Op::kMultiSet, {"other", key}, {"1", "2"}));
+    });
+    auto t0 = std::chrono::steady_clock::now();
+    s->wait({key}, 10s);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+    fut.get();
+    EXPECT_TRUE(s->check({key}));
+  }
+}
+
+TEST_P(StoreGen, WaitTimesOutNamingAddressKeysAndTimeThenTheClientStillWorks) {
+  auto s = client();
+  auto other = client();
+  s->set("present", "p");
+  auto t0 = std::chrono::steady_clock::now();
+  std::string msg;
+  try {
+    s->wait({"present", "absent"}, 200ms);
+    FAIL() << "no timeout";
+  } catch (const ddp::TimeoutError& e) {
+    msg = e.what();
+  }
+  auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(waited, 200ms);
+  EXPECT_LT(waited, 3s);
+  EXPECT_NE(msg.find(fmt::format("127.0.0.1:{}", server->port())), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'absent'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("timed out after"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("200 ms"), std::string::npos) << msg;
+  if (GetParam() == WireGeneration::kV2) {
+    EXPECT_NE(msg.find("still missing: 'absent'"), std::string::npos) << msg;
+  }
+  // The key appears after the timeout: the server must not leave a stray byte in the
+  // stream this client reads (gen 1 reconnects, gen 2 cancelled the wait).
+  other->set("absent", "a");
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(s->get("present"), "p");
+  EXPECT_EQ(s->add("cnt", 2), 2);
+  EXPECT_EQ(s->get("absent"), "a");
+}
+
+TEST_P(StoreGen, GetWaitsForTheKeyAndTimesOut) {
+  auto s = client(300ms);
+  auto other = client();
+  auto fut = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(50ms);
+    other->set("late", "value");
+  });
+  EXPECT_EQ(s->get("late"), "value");
+  fut.get();
+  auto msg = what_of([&] { s->get("never"); });
+  EXPECT_NE(msg.find("'never'"), std::string::npos) << msg;
+  EXPECT_THROW(s->get("never"), ddp::TimeoutError);
+}
+
+TEST_P(StoreGen, OneClientObjectFromManyThreads) {
+  auto s = client();
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < 200; ++i) {
+        s->add("shared", 1);
+        s->set(fmt::format("t{}", t), std::to_string(i));
+      }
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(s->get("shared"), "800");
+  EXPECT_EQ(s->get("t3"), "199");
+}
+
+TEST_P(StoreGen, RequestsSplitIntoOneByteSegments) {
+  RawConn raw(server->port(), gen(), /*handshake=*/false);
+  std::string stream;
+  if (gen() == proto::Generation::kV2)
+    stream += raw.encode([] {
+      proto::Request r;
+      r.op = Op::kValidate;
+      r.u32 = proto::kValidationMagic;
+      return r;
+    }());
+  stream += raw.encode(req(Op::kSet, {"split"}, {std::string(300, 'z')}));
+  stream += raw.encode(req(Op::kGet, {"split"}));
+  proto::Request add = req(Op::kAdd, {"split-n"});
+  add.i64 = 41;
+  stream += raw.encode(add);
+  stream += raw.encode(req(Op::kWait, {"split", "split-n"}));
+  raw.send_bytewise(stream);
+  EXPECT_EQ(raw.recv_str(), std::string(300, 'z'));
+  EXPECT_EQ(raw.recv_i64(), 41);
+  EXPECT_EQ(raw.recv_u8(), proto::kWaitStopWaiting);
+  auto s = client();
+  EXPECT_EQ(s->get("split-n"), "41");
+}
+
+TEST_P(StoreGen, GarbageOrOversizedRequestsDisconnectOnlyThatClient) {
+  auto s = client();
+  RawConn waiter(server->port(), gen());
+  waiter.send_request(req(Op::kWait, {"after-garbage"}));
+  EXPECT_TRUE(waiter.silent_for(50ms));
+  {
+    RawConn bad(server->port(), gen());
+    bad.send(std::string("\x63junk", 5));  // unknown opcode in both generations
+    EXPECT_TRUE(bad.closed_by_peer());
+  }
+  {
+    RawConn big(server->port(), gen());
+    big.send_request(req(Op::kGet, {std::string((8 << 10) + 1, 'k')}));
+    EXPECT_TRUE(big.closed_by_peer());
+  }
+  {
+    RawConn many(server->port(), gen());
+    std::string hdr;
+    proto::put_u8(hdr, *proto::encode_opcode(gen(), Op::kWait));
+    proto::put_u64(hdr, (128 << 10) + 1);
+    many.send(hdr);
+    EXPECT_TRUE(many.closed_by_peer());
+  }
+  {
+    RawConn payload(server->port(), gen());
+    std::string hdr;
+    proto::put_u8(hdr, *proto::encode_opcode(gen(), Op::kSet));
+    proto::put_str(hdr, "k");
+    proto::put_u64(hdr, (8 << 20) + 1);  // announced, never sent
+    payload.send(hdr);
+    EXPECT_TRUE(payload.closed_by_peer());
+  }
+  if (gen() == proto::Generation::kV2) {
+    RawConn revalidate(server->port(), gen());
+    revalidate.send(std::string("\x00\xde\xad\xbe\xef", 5));  // a later VALIDATE, wrong magic
+    EXPECT_TRUE(revalidate.closed_by_peer());
+  }
+  // Everyone else is unaffected, including a pending wait.
+  EXPECT_EQ(s->add("still-works", 1), 1);
+  s->set("after-garbage", "x");
+  EXPECT_EQ(waiter.recv_u8(), proto::kWaitStopWaiting);
+}
+
+TEST_P(StoreGen, StalledClientThatNeverReadsDoesNotDelayOthers) {
+  auto s = client();
+  s->set("big", std::string(1 << 20, 'b'));
+  ASSERT_EQ(s->get("big").size(), size_t{1} << 20);  // processed before the other connection reads it
+  RawConn stalled(server->port(), gen());
+  std::string burst;
+  for (int i = 0; i < 32; ++i) burst += stalled.encode(req(Op::kGet, {"big"}));
+  stalled.send(burst);  // 32 MiB of replies requested, none read: the server stops reading
+  std::this_thread::sleep_for(100ms);
+  stalled.send(burst);  // 32 more, arriving while the server does not read this client
+  std::this_thread::sleep_for(50ms);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 200; ++i) {
+    s->set("fast", std::to_string(i));
+    ASSERT_EQ(s->get("fast"), std::to_string(i));
+  }
+  auto dt = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(dt, 3s) << "200 round trips took "
+                    << std::chrono::duration_cast<std::chrono::milliseconds>(dt).count() << " ms";
+  // The stalled client is still served in full once it reads (the server paused reading
+  // from it meanwhile, with its remaining requests already in the socket).
+  for (int i = 0; i < 64; ++i) ASSERT_EQ(stalled.recv_str().size(), size_t{1} << 20) << i;
+  stalled.send_request(req(Op::kGetNumKeys));
+  EXPECT_EQ(stalled.recv_i64(), 2);
+}
+
+TEST_P(StoreGen, SilentConnectionIsLeftAlone) {
+  auto before = server->num_connections();
+  RawConn silent(server->port(), gen(), /*handshake=*/false);  // a 1.13 callback connection
+  auto s = client();
+  s->set("x", "1");
+  EXPECT_EQ(s->get("x"), "1");
+  for (int i = 0; i < 100 && server->num_connections() < before + 2; ++i)
+    std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(server->num_connections(), before + 2);
+  EXPECT_TRUE(silent.silent_for(200ms));  // not closed, nothing sent
+}
+
+TEST_P(StoreGen, GetOfAMissingKeyFollowsPyTorch) {
+  RawConn raw(server->port(), gen());
+  raw.send_request(req(Op::kGet, {"nope"}));
+  if (gen() == proto::Generation::kV1) {
+    EXPECT_TRUE(raw.closed_by_peer());  // torch 1.13's server drops the connection
+  } else {
+    EXPECT_EQ(raw.recv_str(), "");  // the libuv server answers an empty value
+  }
+}
+
+TEST_P(StoreGen, CancelWaitRepliesAndForgetsTheWait) {
+  RawConn raw(server->port(), gen());
+  raw.send_request(req(Op::kWait, {"cw"}));
+  EXPECT_TRUE(raw.silent_for(50ms));
+  raw.send_request(req(Op::kCancelWait));
+  EXPECT_EQ(raw.recv_u8(), proto::kWaitCanceled);
+  auto s = client();
+  s->set("cw", "1");
+  EXPECT_TRUE(raw.silent_for(200ms));  // no STOP_WAITING for a cancelled wait
+  // A wake-up that beats the cancel: STOP_WAITING, then WAIT_CANCELED.
+  raw.send_request(req(Op::kWait, {"cw2"}));
+  s->set("cw2", "1");
+  std::this_thread::sleep_for(50ms);
+  raw.send_request(req(Op::kCancelWait));
+  EXPECT_EQ(raw.recv_u8(), proto::kWaitStopWaiting);
+  EXPECT_EQ(raw.recv_u8(), proto::kWaitCanceled);
+}
+
+TEST_P(StoreGen, MultiKeyWaitNeedsEveryKey) {
+  RawConn raw(server->port(), gen());
+  auto s = client();
+  s->set("mk1", "1");
+  raw.send_request(req(Op::kWait, {"mk1", "mk2", "mk3", "mk2"}));
+  s->set("mk2", "2");
+  EXPECT_TRUE(raw.silent_for(100ms));
+  s->add("mk3", 1);
+  EXPECT_EQ(raw.recv_u8(), proto::kWaitStopWaiting);
+  EXPECT_TRUE(raw.silent_for(50ms));  // exactly one reply
+}
+
+INSTANTIATE_TEST_SUITE_P(Both, StoreGen,
+                         ::testing::Values(WireGeneration::kV1, WireGeneration::kV2), gen_name);
+
+// ---------------------------------------------------------------------------------------
+// Generation 1 specifics
+
+TEST(StoreGen1, StrayStopWaitingAfterAClientGaveUp) {
+  // torch 1.13 sends no cancel; the pending wait is answered when the key appears.
+  auto server = start_server();
+  RawConn raw(server->port(), proto::Generation::kV1);
+  raw.send_request(req(Op::kWait, {"stray"}));
+  EXPECT_TRUE(raw.silent_for(100ms));  // the client "times out" here
+  ddp::TcpStore s(client_options(server->port(), WireGeneration::kV1));
+  s.set("stray", "1");
+  EXPECT_EQ(raw.recv_u8(), proto::kWaitStopWaiting);
+}
+
+TEST(StoreGen1, Torch20OpcodesAppendMultiGetMultiSet) {
+  auto server = start_server();
+  RawConn raw(server->port(), proto::Generation::kV1);
+  raw.send_request(req(Op::kAppend, {"ap"}, {"ab"}));
+  raw.send_request(req(Op::kAppend, {"ap"}, {"cd"}));
+  raw.send_request(req(Op::kMultiSet, {"m1", "m2"}, {"x", "y"}));
+  raw.send_request(req(Op::kMultiGet, {"ap", "m2", "m1"}));
+  EXPECT_EQ(raw.recv_str(), "abcd");
+  EXPECT_EQ(raw.recv_str(), "y");
+  EXPECT_EQ(raw.recv_str(), "x");
+}
+
+TEST(StoreGen1, WatchKeyReportsChanges) {
+  auto server = start_server();
+  RawConn watch(server->port(), proto::Generation::kV1);
+  watch.send_request(req(Op::kWatchKey, {"wk"}));
+  EXPECT_EQ(watch.recv_u8(), proto::kWatchRegistered);
+  ddp::TcpStore s(client_options(server->port(), WireGeneration::kV1));
+  auto expect_update = [&](uint8_t type, const std::string& old_v, const std::string& new_v) {
+    EXPECT_EQ(watch.recv_u8(), type);
+    EXPECT_EQ(watch.recv_str(), "wk");
+    EXPECT_EQ(watch.recv_str(), old_v);
+    EXPECT_EQ(watch.recv_str(), new_v);
+  };
+  s.set("wk", "a");
+  expect_update(proto::kWatchCreated, "", "a");
+  s.set("wk", "b");
+  expect_update(proto::kWatchUpdated, "a", "b");
+  s.compare_set("wk", "b", "7");
+  expect_update(proto::kWatchUpdated, "b", "7");
+  s.add("wk", 1);
+  expect_update(proto::kWatchUpdated, "7", "8");
+  s.delete_key("wk");
+  expect_update(proto::kWatchDeleted, "8", "");
+  s.set("other", "x");
+  EXPECT_TRUE(watch.silent_for(50ms));
+}
+
+TEST(StoreGen1, Generation2ExtrasThrowStoreErrorOnTheClient) {
+  auto server = start_server();
+  ddp::TcpStore s(client_options(server->port(), WireGeneration::kV1));
+  std::string v;
+  EXPECT_THROW(s.append("a", "b"), ddp::StoreError);
+  EXPECT_THROW(s.queue_pop("q", v), ddp::StoreError);
+  EXPECT_THROW(s.list_keys(), ddp::StoreError);
+  EXPECT_THROW(s.ping(), ddp::StoreError);
+  EXPECT_EQ(s.add("ok", 1), 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// Generation 2 specifics
+
+TEST(StoreGen2, ExtrasAppendMultiListPing) {
+  auto server = start_server();
+  ddp::TcpStore s(client_options(server->port(), WireGeneration::kV2));
+  s.ping();
+  s.append("ap", "ab");
+  s.append("ap", "cd");
+  EXPECT_EQ(s.get("ap"), "abcd");
+  s.multi_set({"m1", "m2"}, {"x", std::string("\0y", 2)});
+  EXPECT_EQ(s.multi_get({"m2", "m1", "missing"}),
+            (std::vector<std::string>{std::string("\0y", 2), "x", ""}));
+  auto keys = s.list_keys();
+  std::sort(keys.begin(), keys.end());
+  EXPECT_EQ(keys, (std::vector<std::string>{"ap", "m1", "m2"}));
+  EXPECT_EQ(s.num_keys(), 3);
+  EXPECT_THROW(s.multi_set({"a"}, {}), ddp::StoreError);
+}
+
+TEST(StoreGen2, Queues) {
+  auto server = start_server();
+  ddp::TcpStore s(client_options(server->port(), WireGeneration::kV2));
+  std::string v = "untouched";
+  EXPECT_EQ(s.queue_len("q"), 0);
+  EXPECT_FALSE(s.queue_pop("q", v));
+  EXPECT_EQ(v, "untouched");
+  EXPECT_FALSE(s.check({"q"}));
+  s.queue_push("q", "one");
+  s.queue_push("q", std::string("t\0o", 3));
+  EXPECT_EQ(s.queue_len("q"), 2);
+  EXPECT_TRUE(s.check({"q"}));  // a non-empty queue counts as set
+  s.wait({"q"}, 1s);
+  EXPECT_TRUE(s.queue_pop("q", v));
+  EXPECT_EQ(v, "one");
+  EXPECT_TRUE(s.queue_pop("q", v));
+  EXPECT_EQ(v, std::string("t\0o", 3));
+  EXPECT_FALSE(s.queue_pop("q", v));
+  EXPECT_FALSE(s.check({"q"}));
+  EXPECT_EQ(s.num_keys(), 0);  // queues are not keys
+  EXPECT_TRUE(s.list_keys().empty());
+}
+
+TEST(StoreGen2, BlockingPopQueuePushWakesOneWaiter) {
+  auto server = start_server();
+  ddp::TcpStore s(client_options(server->port(), WireGeneration::kV2));
+  RawConn a(server->port(), proto::Generation::kV2), b(server->port(), proto::Generation::kV2);
+  a.send_request(req(Op::kWait, {"jobs"}));
+  b.send_request(req(Op::kWait, {"jobs"}));
+  EXPECT_TRUE(a.silent_for(50ms));
+  s.queue_push("jobs", "j1");
+  // Exactly one waiter wakes.
+  RawConn* first = nullptr;
+  RawConn* second = nullptr;
+  if (auto r = a.recv(1, 2s)) {
+    first = &a;
+    second = &b;
+  } else if (auto r2 = b.recv(1, 2s)) {
+    first = &b;
+    second = &a;
+  }
+  ASSERT_NE(first, nullptr) << "no waiter woke";
+  EXPECT_TRUE(second->silent_for(150ms));
+  first->send_request(req(Op::kQueuePop, {"jobs"}));
+  EXPECT_EQ(first->recv_i64(), 1);
+  EXPECT_EQ(first->recv_str(), "j1");
+  s.queue_push("jobs", "j2");
+  EXPECT_EQ(second->recv_u8(), proto::kWaitStopWaiting);
+  second->send_request(req(Op::kQueueLen, {"jobs"}));
+  EXPECT_EQ(second->recv_i64(), 1);
+}
+
+namespace {
+
+// A fake generation-2 server for one client: answers the handshake, then waits for
+// CANCEL_WAIT and answers it with `cancel_reply`.
+class FakeServer {
+ public:
+  explicit FakeServer(std::string cancel_reply) : reply_(std::move(cancel_reply)) {
+    lfd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(lfd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    ::listen(lfd_, 4);
+    socklen_t len = sizeof a;
+    ::getsockname(lfd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~FakeServer() {
+    thread_.join();
+    ::close(lfd_);
+  }
+  uint16_t port() const { return port_; }
+  bool saw_cancel() const { return saw_cancel_; }
+
+ private:
+  bool read_n(int fd, void* buf, size_t n) {
+    auto* p = static_cast<char*>(buf);
+    while (n > 0) {
+      ssize_t r = ::recv(fd, p, n, 0);
+      if (r <= 0) return false;
+      p += r;
+      n -= static_cast<size_t>(r);
+    }
+    return true;
+  }
+  void serve() {
+    int fd = ::accept(lfd_, nullptr, nullptr);
+    if (fd < 0) return;
+    uint8_t validate[5];
+    uint8_t ping[5];
+    if (read_n(fd, validate, 5) && read_n(fd, ping, 5)) {
+      ::send(fd, ping + 1, 4, MSG_NOSIGNAL);
+      uint8_t op;
+      uint64_t n, len;
+      if (read_n(fd, &op, 1) && read_n(fd, &n, 8) && read_n(fd, &len, 8)) {
+        std::string key(len, '\0');
+        uint8_t cancel = 0xff;
+        if (read_n(fd, key.data(), len) && read_n(fd, &cancel, 1) && cancel == 12) {
+          saw_cancel_ = true;
+          ::send(fd, reply_.data(), reply_.size(), MSG_NOSIGNAL);
+        }
+      }
+    }
+    char drain;
+    while (::recv(fd, &drain, 1, 0) > 0) {
+    }
+    ::close(fd);
+  }
+  std::string reply_;
+  int lfd_ = -1;
+  uint16_t port_ = 0;
+  std::atomic<bool> saw_cancel_{false};
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST(StoreGen2, ClientToleratesAStopWaitingThatRacedItsCancel) {
+  {
+    FakeServer fake(std::string("\x00\x01", 2));  // the key appeared just before the cancel
+    ddp::TcpStore s(client_options(fake.port(), WireGeneration::kV2));
+    EXPECT_NO_THROW(s.wait({"k"}, 100ms));
+    EXPECT_TRUE(fake.saw_cancel());
+  }
+  {
+    FakeServer fake(std::string("\x01", 1));  // a plain cancel
+    ddp::TcpStore s(client_options(fake.port(), WireGeneration::kV2));
+    EXPECT_THROW(s.wait({"k"}, 100ms), ddp::TimeoutError);
+    EXPECT_TRUE(fake.saw_cancel());
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Server lifecycle and the client's connection handling
+
+TEST(StoreServer, PortZeroPicksAFreePort) {
+  auto a = start_server();
+  auto b = start_server();
+  EXPECT_NE(a->port(), 0);
+  EXPECT_NE(b->port(), 0);
+  EXPECT_NE(a->port(), b->port());
+}
+
+TEST(StoreServer, AddressInUseIsASystemErrorWithThatCode) {
+  ddp::detail::StoreServerOptions o;
+  o.host = "";  // wildcard, dual stack
+  ddp::detail::StoreServer a(o);
+  o.port = a.port();
+  for (std::string host : {"", "0.0.0.0", "127.0.0.1"}) {
+    o.host = host;
+    try {
+      ddp::detail::StoreServer b(o);
+      FAIL() << "second bind to port " << o.port << " on '" << host << "' succeeded";
+    } catch (const ddp::SystemError& e) {
+      EXPECT_EQ(e.code(), EADDRINUSE) << e.what();
+      EXPECT_NE(std::string(e.what()).find(fmt::format("bind {}:{}", host, o.port)),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+TEST(StoreServer, WildcardListensOnIPv4AndIPv6) {
+  ddp::detail::StoreServerOptions o;
+  o.host = "::";
+  ddp::detail::StoreServer server(o);
+  server.start();
+  ddp::TcpStore v4(client_options(server.port(), WireGeneration::kV2));
+  v4.set("a", "1");
+  int probe = ::socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 lo{};
+  lo.sin6_family = AF_INET6;
+  lo.sin6_addr = in6addr_loopback;
+  bool have_v6 = probe >= 0 && ::bind(probe, reinterpret_cast<sockaddr*>(&lo), sizeof lo) == 0;
+  if (probe >= 0) ::close(probe);
+  if (!have_v6) GTEST_SKIP() << "no IPv6 loopback on this machine";
+  auto opts = client_options(server.port(), WireGeneration::kV2);
+  opts.host = "::1";
+  ddp::TcpStore v6(opts);
+  EXPECT_EQ(v6.get("a"), "1");
+}
+
+TEST(StoreServer, StopIsIdempotentAndDropsClients) {
+  auto server = start_server();
+  ddp::TcpStore s(client_options(server->port(), WireGeneration::kV2, 1s));
+  s.set("a", "1");
+  server->stop();
+  server->stop();
+  EXPECT_EQ(server->num_connections(), 0u);
+  EXPECT_THROW(s.add("a", 1), ddp::NetworkError);
+}
+
+TEST(StoreServer, ConnectGivesUpNamingAddressTimeAndReason) {
+  uint16_t port;
+  {
+    auto s = start_server();
+    port = s->port();
+  }  // nothing listens there now
+  auto o = client_options(port, WireGeneration::kV2);
+  o.connect_timeout = 300ms;
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    ddp::TcpStore s(o);
+    FAIL() << "connected to a closed port";
+  } catch (const ddp::NetworkError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find(fmt::format("127.0.0.1:{}", port)), std::string::npos) << m;
+    EXPECT_NE(m.find("gave up after"), std::string::npos) << m;
+    EXPECT_NE(m.find("Connection refused"), std::string::npos) << m;
+  }
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 300ms);
+}
+
+TEST(StoreServer, ClientRetriesUntilTheServerAppears) {
+  uint16_t port;
+  {
+    auto s = start_server();
+    port = s->port();
+  }
+  auto fut = std::async(std::launch::async, [port] {
+    std::this_thread::sleep_for(200ms);
+    ddp::detail::StoreServerOptions o;
+    o.host = "127.0.0.1";
+    o.port = port;
+    auto s = std::make_unique<ddp::detail::StoreServer>(o);
+    s->start();
+    return s;
+  });
+  ddp::TcpStore c(client_options(port, WireGeneration::kV2));
+  c.set("late-server", "ok");
+  auto server = fut.get();
+  EXPECT_EQ(c.get("late-server"), "ok");
+}
