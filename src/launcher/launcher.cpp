@@ -11,6 +11,7 @@
 #include "ddp/error.hpp"
 #include "launcher/log.hpp"
 #include "launcher/options.hpp"
+#include "launcher/process.hpp"
 #include "launcher/rendezvous.hpp"
 #include "launcher/supervisor.hpp"
 #include "launcher/version.hpp"
@@ -56,6 +57,10 @@ int run_main(const std::vector<std::string>& args) {
     }
     setup_logging(o.log_level);
     block_supervised_signals(o);
+    // Forked first, while ddprun is small and has no other thread: cheap, and the only
+    // moment a fork of a multithreaded process is avoided entirely.
+    Guardian guardian;
+    guardian.start();
     if (o.standalone) o.rdzv_id = random_run_id();
     RendezvousConfig rc{o, host_name()};
     Rendezvous rdzv(rc);
@@ -65,7 +70,7 @@ int run_main(const std::vector<std::string>& args) {
           "OMP_NUM_THREADS is not set: setting it to 1 for each worker so that {} workers do not overload the "
           "machine; tune it for your application",
           o.nproc_per_node);
-    Supervisor sup(o, plan, env, rdzv.sync());
+    Supervisor sup(o, plan, env, guardian, rdzv.sync());
     JobOutcome outcome = sup.run();
     return outcome.exit_code;
   } catch (const ddp::UsageError& e) {

@@ -47,8 +47,7 @@ size_t utf8_cut(const char* p, size_t max) {
 
 // ---------------------------------------------------------------- ConsoleWriter
 
-ConsoleWriter::ConsoleWriter(int fd, size_t bound, int wake_fd)
-    : fd_(fd), bound_(bound), wake_fd_(wake_fd), thread_([this] { run(); }) {}
+ConsoleWriter::ConsoleWriter(int fd, size_t bound, int wake_fd) : fd_(fd), bound_(bound), wake_fd_(wake_fd) {}
 
 ConsoleWriter::~ConsoleWriter() {
   {
@@ -56,7 +55,13 @@ ConsoleWriter::~ConsoleWriter() {
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
+}
+
+// The thread starts with the first output: a job whose workers print nothing never pays
+// for it. Called with mu_ held.
+void ConsoleWriter::start_locked() {
+  if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
 }
 
 void ConsoleWriter::push(std::string&& chunk) {
@@ -66,6 +71,7 @@ void ConsoleWriter::push(std::string&& chunk) {
     std::lock_guard lk(mu_);
     at_line_start_ = chunk.back() == '\n';
     queue_.push_back(std::move(chunk));
+    start_locked();
   }
   size_t total = pending_.fetch_add(n, std::memory_order_relaxed) + n;
   if (total >= bound_) waiting_for_room_.store(true, std::memory_order_relaxed);
@@ -84,6 +90,7 @@ void ConsoleWriter::push_line(std::string&& line) {
     at_line_start_ = line.back() == '\n';
     n = line.size();
     queue_.push_back(std::move(line));
+    start_locked();
   }
   pending_.fetch_add(n, std::memory_order_relaxed);
   cv_.notify_one();

@@ -36,6 +36,7 @@ class ConsoleWriter {
 
  private:
   void run();
+  void start_locked();
   int fd_;
   size_t bound_;
   int wake_fd_;

@@ -162,8 +162,16 @@ void write_summary_json(const std::string& path, const JobOutcome& o, const std:
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   auto secs = [](const timeval& tv) { return static_cast<double>(tv.tv_sec) + static_cast<double>(tv.tv_usec) / 1e6; };
+  // VmHWM, not ru_maxrss: after exec, ru_maxrss still counts the image that exec'd us
+  // (a forked Python parent, say), which is not ddprun's memory.
+  long hwm_kb = ru.ru_maxrss;
+  {
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);)
+      if (line.starts_with("VmHWM:")) hwm_kb = std::stol(line.substr(6));
+  }
   j["launcher"] = {{"pid", getpid()},
-                   {"max_rss_kb", ru.ru_maxrss},
+                   {"max_rss_kb", hwm_kb},
                    {"user_cpu_s", secs(ru.ru_utime)},
                    {"system_cpu_s", secs(ru.ru_stime)}};
   j["root_cause"] = o.root_cause ? worker_json(*o.root_cause) : json(nullptr);

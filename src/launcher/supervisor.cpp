@@ -81,7 +81,7 @@ struct Supervisor::Impl {
   int epfd = -1, sigfd = -1, wakefd = -1;
   std::unique_ptr<ConsoleWriter> out_writer, err_writer;
   Console out_console, err_console;
-  Guardian guardian;
+  Guardian& guardian;
 
   std::string log_root;       // <log_dir>/<run_id>_<suffix>
   std::string tmp_root;       // mkdtemp'd when no --log-dir: removed after success
@@ -98,8 +98,8 @@ struct Supervisor::Impl {
   size_t cycle_reads = 0, cycle_bytes = 0;  // stream reads in this loop iteration
   JobOutcome outcome;
 
-  Impl(const Options& opt, JobPlan p, std::map<std::string, std::string> env, NodeSync* s)
-      : o(opt), plan(std::move(p)), base_env(std::move(env)), sync(s) {}
+  Impl(const Options& opt, JobPlan p, std::map<std::string, std::string> env, Guardian& g, NodeSync* s)
+      : o(opt), plan(std::move(p)), base_env(std::move(env)), sync(s), guardian(g) {}
 
   ~Impl() {
     for (int fd : {epfd, sigfd, wakefd})
@@ -107,7 +107,6 @@ struct Supervisor::Impl {
   }
 
   void setup() {
-    guardian.start();  // before any thread exists
     become_subreaper();
     sigset_t set = supervised_set(o);
     sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
@@ -126,8 +125,11 @@ struct Supervisor::Impl {
 
     std::string base = o.log_dir;
     if (base.empty()) {
+      // TMPDIR if set; else tmpfs (/dev/shm), where these few folders cost next to nothing
+      // to make and remove (on a disk file system they were a third of a launch).
       const char* tmp = getenv("TMPDIR");
-      std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/torchelastic_XXXXXX";
+      std::string dir = tmp && *tmp ? tmp : access("/dev/shm", W_OK | X_OK) == 0 ? "/dev/shm" : "/tmp";
+      std::string tmpl = dir + "/torchelastic_XXXXXX";
       if (!mkdtemp(tmpl.data())) throw ddp::SystemError("create a temporary folder for error files", errno);
       tmp_root = base = tmpl;
     }
@@ -478,9 +480,8 @@ struct Supervisor::Impl {
   }
 
   void finish() {
-    // Nothing outlives the job: stray descendants die, and as PID 1 everything does.
-    for (pid_t p : descendants())
-      if (p != guardian.pid()) kill(p, SIGKILL);
+    // Nothing outlives the job (each attempt already killed what its workers left behind),
+    // and as PID 1 everything in the namespace goes.
     if (getpid() == 1) kill(-1, SIGKILL);
     guardian.disarm();
     while (waitpid(-1, nullptr, WNOHANG) > 0) {
@@ -522,8 +523,9 @@ struct Supervisor::Impl {
   }
 };
 
-Supervisor::Supervisor(const Options& o, JobPlan plan, std::map<std::string, std::string> base_env, NodeSync* sync)
-    : impl_(std::make_unique<Impl>(o, std::move(plan), std::move(base_env), sync)) {}
+Supervisor::Supervisor(const Options& o, JobPlan plan, std::map<std::string, std::string> base_env,
+                       Guardian& guardian, NodeSync* sync)
+    : impl_(std::make_unique<Impl>(o, std::move(plan), std::move(base_env), guardian, sync)) {}
 Supervisor::~Supervisor() = default;
 JobOutcome Supervisor::run() { return impl_->run(); }
 

@@ -37,9 +37,12 @@ class NodeSync {
 // Signals ddprun handles must be blocked before any thread starts; call first thing.
 void block_supervised_signals(const Options& o);
 
+class Guardian;
+
 class Supervisor {
  public:
-  Supervisor(const Options& o, JobPlan plan, std::map<std::string, std::string> base_env,
+  // guardian: started by the caller before any thread exists (see process.hpp).
+  Supervisor(const Options& o, JobPlan plan, std::map<std::string, std::string> base_env, Guardian& guardian,
              NodeSync* sync = nullptr);
   ~Supervisor();
   // Runs every attempt; returns the outcome (exit_code is what ddprun exits with).
