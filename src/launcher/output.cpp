@@ -1,5 +1,7 @@
 #include "launcher/output.hpp"
 
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -47,7 +49,12 @@ size_t utf8_cut(const char* p, size_t max) {
 
 // ---------------------------------------------------------------- ConsoleWriter
 
-ConsoleWriter::ConsoleWriter(int fd, size_t bound, int wake_fd) : fd_(fd), bound_(bound), wake_fd_(wake_fd) {}
+ConsoleWriter::ConsoleWriter(int fd, size_t bound, int wake_fd) : fd_(fd), bound_(bound), wake_fd_(wake_fd) {
+  // A regular file or /dev/null never blocks a writer: no thread, no hand-off.
+  struct stat st {};
+  if (fstat(fd, &st) == 0 && (S_ISREG(st.st_mode) || (S_ISCHR(st.st_mode) && st.st_rdev == makedev(1, 3))))
+    direct_ = true;
+}
 
 ConsoleWriter::~ConsoleWriter() {
   {
@@ -67,6 +74,12 @@ void ConsoleWriter::start_locked() {
 void ConsoleWriter::push(std::string&& chunk) {
   if (chunk.empty()) return;
   size_t n = chunk.size();
+  if (direct_) {
+    std::lock_guard lk(mu_);
+    at_line_start_ = chunk.back() == '\n';
+    write_all(fd_, chunk.data(), n);
+    return;
+  }
   {
     std::lock_guard lk(mu_);
     at_line_start_ = chunk.back() == '\n';
@@ -89,6 +102,10 @@ void ConsoleWriter::push_line(std::string&& line) {
     }
     at_line_start_ = line.back() == '\n';
     n = line.size();
+    if (direct_) {
+      write_all(fd_, line.data(), n);
+      return;
+    }
     queue_.push_back(std::move(line));
     start_locked();
   }
@@ -222,9 +239,14 @@ void StreamForwarder::feed(const char* data, size_t n, std::chrono::system_clock
     ++p;
   }
   after_cr_ = false;
+  // memchr (vectorised) for '\n'; '\r' is rare, so its next position is found once and
+  // reused until passed.
+  const char* next_cr = static_cast<const char*>(memchr(p, '\r', static_cast<size_t>(end - p)));
   while (p < end) {
-    const char* q = p;
-    while (q < end && *q != '\n' && *q != '\r') ++q;
+    if (next_cr && next_cr < p) next_cr = static_cast<const char*>(memchr(p, '\r', static_cast<size_t>(end - p)));
+    const char* q = static_cast<const char*>(memchr(p, '\n', static_cast<size_t>(end - p)));
+    if (!q) q = end;
+    if (next_cr && next_cr < q) q = next_cr;
     if (q == end) {
       partial_.append(p, static_cast<size_t>(end - p));
       // Split only beyond kMaxLine: the byte at the cut must have arrived to tell whether

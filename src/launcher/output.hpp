@@ -3,7 +3,8 @@
 //
 //   ConsoleWriter   one per console stream; a thread that owns the blocking write(2)s, so
 //                   that a stalled console never stalls ddprun's event loop. When more than
-//                   its bound is queued, readers pause (workers block on their pipes).
+//                   its bound is queued, readers pause (workers block on their pipes). A
+//                   regular file or /dev/null cannot stall: written directly, no thread.
 //   Console         the writer plus which worker left a line unfinished on it.
 //   StreamForwarder one per worker stream: splits lines, adds the prefix, splits overlong
 //                   lines at a UTF-8 boundary with a visible mark, writes log files, keeps
@@ -43,7 +44,8 @@ class ConsoleWriter {
   std::atomic<size_t> pending_{0};
   std::atomic<bool> waiting_for_room_{false};
   std::atomic<uint64_t> interruptions_{0};
-  bool at_line_start_ = true;  // the last byte queued was '\n' (guarded by mu_)
+  bool at_line_start_ = true;
+  bool direct_ = false;  // a file or /dev/null: written by the caller, no thread  // the last byte queued was '\n' (guarded by mu_)
   std::mutex mu_;
   std::condition_variable cv_, drained_;
   std::deque<std::string> queue_;

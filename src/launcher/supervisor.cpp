@@ -42,7 +42,8 @@ sigset_t supervised_set(const Options& o) {
 }
 
 constexpr size_t kConsoleBound = 4 << 20;  // bytes queued per console before readers pause
-constexpr size_t kReadChunk = 64 << 10;
+constexpr size_t kReadChunk = 256 << 10;
+constexpr int kPipeBytes = 1 << 20;
 constexpr int kTailLines = 20;
 constexpr size_t kTrickleBytes = 16 << 10;
 constexpr long kTricklePauseNs = 1'000'000;
@@ -163,6 +164,8 @@ struct Supervisor::Impl {
     int p[2];
     if (pipe2(p, O_CLOEXEC) != 0) throw ddp::SystemError("pipe", errno);
     fcntl(p[0], F_SETFL, O_NONBLOCK);
+    // A deeper pipe: a chatty worker blocks less often and ddprun reads bigger batches.
+    fcntl(p[0], F_SETPIPE_SZ, kPipeBytes);
     const int lr = workers[static_cast<size_t>(idx)].local_rank;
     const int bit = is_stderr ? 2 : 1;
     const bool redirect = o.redirects.of(lr) & bit, tee = o.tee.of(lr) & bit;
