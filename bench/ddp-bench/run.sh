@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
 REPEATS=${1:-3}
-ANCHORS=${ANCHORS:-/work/shared/anchors}
+ANCHORS=${ANCHORS:-$(pwd)/../shared/anchors}
 BENCH=$BUILD/bin/ddp-bench
 [ -x "$BENCH" ] || { echo "run.sh: $BENCH not built (cmake --build $BUILD)" >&2; exit 1; }
 
