@@ -15,6 +15,7 @@
 
 #include "ddp/error.hpp"
 #include "launcher/gpu.hpp"
+#include "launcher/process.hpp"
 #include "launcher/version.hpp"
 
 extern char** environ;
@@ -177,22 +178,6 @@ std::string help_text() {
 bool is_executable_file(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
-}
-
-std::string lookup_path(const std::string& name, const std::map<std::string, std::string>& env) {
-  if (name.find('/') != std::string::npos) return name;
-  auto it = env.find("PATH");
-  std::string path = it == env.end() ? "/usr/local/bin:/usr/bin:/bin" : it->second;
-  size_t start = 0;
-  while (start <= path.size()) {
-    size_t end = path.find(':', start);
-    if (end == std::string::npos) end = path.size();
-    std::string dir = path.substr(start, end - start);
-    std::string cand = (dir.empty() ? "." : dir) + "/" + name;
-    if (is_executable_file(cand)) return cand;
-    start = end + 1;
-  }
-  return "";
 }
 
 }  // namespace
@@ -501,7 +486,9 @@ Options parse_options(const std::vector<std::string>& args, const std::map<std::
   // 5. The target must exist before any worker starts.
   bool direct = o.no_python || (!o.module && !o.script.ends_with(".py") && is_executable_file(o.script));
   if (o.no_python) {
-    std::string resolved = lookup_path(o.script, env);
+    auto path = env.find("PATH");
+    std::string resolved =
+        find_executable(o.script, path == env.end() ? "/usr/local/bin:/usr/bin:/bin" : path->second);
     if (resolved.empty() || (o.script.find('/') != std::string::npos && ::access(o.script.c_str(), F_OK) != 0))
       throw UsageError(fmt::format("training script '{}' not found{}", o.script,
                                    o.script.find('/') == std::string::npos ? " in PATH" : ""));

@@ -249,14 +249,7 @@ void StreamForwarder::feed(const char* data, size_t n, std::chrono::system_clock
     if (next_cr && next_cr < q) q = next_cr;
     if (q == end) {
       partial_.append(p, static_cast<size_t>(end - p));
-      // Split only beyond kMaxLine: the byte at the cut must have arrived to tell whether
-      // the cut falls inside a UTF-8 character.
-      while (partial_.size() > kMaxLine) {
-        size_t cut = utf8_cut(partial_.data(), kMaxLine);
-        std::string piece = partial_.substr(0, cut) + kContinuation;
-        emit_piece(out, piece.data(), piece.size(), true, st);
-        partial_.erase(0, cut);
-      }
+      split_overlong(out, st);
       break;
     }
     size_t term = (*q == '\r' && q + 1 < end && q[1] == '\n') ? 2 : 1;
@@ -266,18 +259,25 @@ void StreamForwarder::feed(const char* data, size_t n, std::chrono::system_clock
       emit_piece(out, p, static_cast<size_t>(line_end - p), true, st);
     } else {
       partial_.append(p, static_cast<size_t>(line_end - p));
-      while (partial_.size() > kMaxLine) {
-        size_t cut = utf8_cut(partial_.data(), kMaxLine);
-        std::string piece = partial_.substr(0, cut) + kContinuation;
-        emit_piece(out, piece.data(), piece.size(), true, st);
-        partial_.erase(0, cut);
-      }
+      split_overlong(out, st);
       emit_piece(out, partial_.data(), partial_.size(), true, st);
       partial_.clear();
     }
     p = line_end;
   }
   send(out);
+}
+
+// Sends kMaxLine pieces of an overlong line, each ending with the continuation mark. Only
+// cuts beyond kMaxLine: the byte at the cut must have arrived to tell whether the cut falls
+// inside a UTF-8 character.
+void StreamForwarder::split_overlong(std::string& out, const std::string& stamp) {
+  while (partial_.size() > kMaxLine) {
+    size_t cut = utf8_cut(partial_.data(), kMaxLine);
+    std::string piece = partial_.substr(0, cut) + kContinuation;
+    emit_piece(out, piece.data(), piece.size(), true, stamp);
+    partial_.erase(0, cut);
+  }
 }
 
 void StreamForwarder::flush_partial(std::chrono::system_clock::time_point now) {

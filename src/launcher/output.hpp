@@ -93,6 +93,7 @@ class StreamForwarder {
  private:
   void emit_piece(std::string& out, const char* p, size_t n, bool terminated, const std::string& stamp);
   void remember(const char* p, size_t n);
+  void split_overlong(std::string& out, const std::string& stamp);
   std::string stamp(std::chrono::system_clock::time_point now) const;
   void send(std::string& out);
 
