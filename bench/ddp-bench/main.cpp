@@ -35,6 +35,7 @@ struct Args {
   int spawn = 0;
   bool check = true;
   size_t chunk = 0, ring = 0, small = SIZE_MAX;  // 0/SIZE_MAX: libddp defaults
+  size_t slice = SIZE_MAX, slice_stage = 0;       // SIZE_MAX/0: libddp defaults
 };
 
 size_t parse_size(const std::string& s) {
@@ -67,6 +68,8 @@ Args parse(int argc, char** argv) {
     else if (k == "--chunk") a.chunk = parse_size(value());
     else if (k == "--shm-ring") a.ring = parse_size(value());
     else if (k == "--small") a.small = parse_size(value());
+    else if (k == "--slice") a.slice = parse_size(value());
+    else if (k == "--slice-stage") a.slice_stage = parse_size(value());
     else if (k == "--backend") {
       std::string b = value();
       if (b == "cpu") a.backend = ddp::Backend::kCpu;
@@ -89,6 +92,7 @@ Args parse(int argc, char** argv) {
       std::puts("usage: ddp-bench [-b MIN] [-e MAX] [-f FACTOR] [-n|--iters N] [-w|--warmup N]\n"
                 "                 [--dtype float] [--backend cpu|nccl] [--transport auto|tcp]\n"
                 "                 [-c 0|1] [--spawn N] [--chunk B] [--shm-ring B] [--small B]\n"
+                "                 [--slice B (0: never)] [--slice-stage B]\n"
                 "sizes accept K/M/G suffixes; under ddprun the job comes from the environment");
       std::exit(0);
     } else {
@@ -205,6 +209,8 @@ int main(int argc, char** argv) {
     if (a.chunk) o.chunk_bytes = a.chunk;
     if (a.ring) o.shm_ring_bytes = a.ring;
     if (a.small != SIZE_MAX) o.small_message_bytes = a.small;
+    if (a.slice != SIZE_MAX) o.slice_min_bytes = a.slice;
+    if (a.slice_stage) o.slice_stage_bytes = a.slice_stage;
     if (a.spawn > 0)
       return ddp_testing::spawn_local(a.spawn, [&](int rank, std::shared_ptr<ddp::Store> store) {
         return ddp::run_main([&] {

@@ -11,7 +11,8 @@
 //
 // Backends:
 //   kCpu   host buffers; ring all-reduce over shared memory (ranks on one host) and TCP
-//          (between hosts), a flat shared-memory algorithm for small messages.
+//          (between hosts), a flat shared-memory algorithm for small messages and a
+//          shared-memory slice all-reduce for large ones when ranks outnumber the CPUs.
 //   kNccl  CUDA device buffers (void* device pointers), work enqueued on the group's CUDA
 //          stream and waited for (the call returns when the result is in place).
 #pragma once
@@ -60,6 +61,17 @@ struct ProcessGroupOptions {
   size_t chunk_bytes = 128 << 10;
   // Capacity of each shared-memory link (rounded up to 64 bytes).
   size_t shm_ring_bytes = 2 << 20;
+  // All-reduce messages of at least this many bytes per rank take the shared-memory slice
+  // algorithm when every rank is on one host (each rank stages its input in shared memory,
+  // reduces one 1/n slice for everyone, all copy the result out: two barriers per stage
+  // instead of 2(n-1) ring steps). 0 disables it. kAutoSlice: the first rank of the host
+  // picks (on when the group has more ranks than that rank may run on CPUs; then from
+  // 128 KiB, see docs/libddp.md), and every rank follows its choice.
+  static constexpr size_t kAutoSlice = ~size_t{0};
+  size_t slice_min_bytes = kAutoSlice;
+  // Bytes of each rank's input staged per barrier pair by the slice algorithm (rounded up
+  // to 64); the host's segment then holds (ranks + 1) such areas.
+  size_t slice_stage_bytes = 1 << 20;
   // Overrides the host identity (hostname, boot id, namespaces) that decides which ranks
   // share memory; ranks with different ids talk TCP. For tests and unusual containers.
   std::string host_id;

@@ -94,6 +94,8 @@ struct GroupConfig {
   size_t small = 64 << 10;
   size_t chunk = 128 << 10;
   size_t ring = 2 << 20;
+  size_t slice = ddp::ProcessGroupOptions::kAutoSlice;  // slice all-reduce threshold
+  size_t slice_stage = 1 << 20;
   std::chrono::milliseconds timeout{std::chrono::seconds(30)};
   std::vector<std::string> host_ids;  // per rank (simulated hosts); empty: the real one
 };
@@ -108,6 +110,8 @@ inline ddp::ProcessGroupOptions options_for(const GroupConfig& c, int rank,
   o.small_message_bytes = c.small;
   o.chunk_bytes = c.chunk;
   o.shm_ring_bytes = c.ring;
+  o.slice_min_bytes = c.slice;
+  o.slice_stage_bytes = c.slice_stage;
   o.timeout = c.timeout;
   if (!c.host_ids.empty()) o.host_id = c.host_ids.at(rank);
   return o;

@@ -1,6 +1,7 @@
 // Correctness of every CPU collective x dtype x reduce op for world sizes 1-4, over shared
 // memory and TCP, through the ring (tiny chunks/rings so sizes span many chunks and wrap)
-// and the flat small-message algorithm.
+// the flat small-message algorithm and the slice all-reduce (tiny stages so sizes span many
+// stages and slices are uneven or empty).
 #include <atomic>
 #include <mutex>
 
@@ -111,8 +112,16 @@ GroupConfig ring_cfg(int n, ddp::Transport t) {
   c.n = n;
   c.transport = t;
   c.small = 0;      // always the ring
+  c.slice = 0;
   c.chunk = 256;    // many chunks per segment
   c.ring = 1024;    // shared-memory rings wrap constantly
+  return c;
+}
+// Every all-reduce takes the slice algorithm (the other collectives the ring).
+GroupConfig slice_cfg(int n) {
+  GroupConfig c = ring_cfg(n, ddp::Transport::kAuto);
+  c.slice = 1;
+  c.slice_stage = 256;  // 4-256 elements per stage: many stages, a short last one
   return c;
 }
 GroupConfig mixed_cfg(std::vector<std::string> hosts) {
@@ -123,6 +132,7 @@ GroupConfig mixed_cfg(std::vector<std::string> hosts) {
 GroupConfig flat_cfg(int n) {
   GroupConfig c;
   c.n = n;
+  c.slice = 0;
   return c;
 }
 
@@ -141,14 +151,30 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"mixed_2hosts_n3", mixed_cfg({"A", "B", "A"}), kSizes},
                       Case{"flat_shm_n2", flat_cfg(2), {1, 7, 1001}},
                       Case{"flat_shm_n3", flat_cfg(3), {1, 7, 1001}},
-                      Case{"flat_shm_n4", flat_cfg(4), {1, 7, 1001}}),
+                      Case{"flat_shm_n4", flat_cfg(4), {1, 7, 1001}},
+                      Case{"slice_shm_n2", slice_cfg(2), {0, 1, 7, 63, 1001}},
+                      Case{"slice_shm_n3", slice_cfg(3), {0, 1, 7, 63, 1001}},
+                      Case{"slice_shm_n4", slice_cfg(4), {0, 1, 7, 63, 1001}},
+                      // slice for all-reduce above 64 bytes, flat below (the mixture must
+                      // keep the shared barrier sequence in step)
+                      Case{"slice_flat_mix_n3",
+                           [] {
+                             GroupConfig c = slice_cfg(3);
+                             c.small = 64;
+                             c.slice = 65;
+                             return c;
+                           }(),
+                           {1, 7, 16, 17, 1001}}),
     [](const auto& info) { return std::string(info.param.label); });
 
 // Default chunking, sizes far above a chunk and the small-message threshold.
-void large(int n, ddp::Transport t) {
+// slice: all-reduce threshold of the slice algorithm (0: ring only).
+void large(int n, ddp::Transport t, size_t slice = 0, size_t stage = 1 << 20) {
   GroupConfig c;
   c.n = n;
   c.transport = t;
+  c.slice = slice;
+  c.slice_stage = stage;
   const size_t count = 300001;  // odd, 1.2 MB of float32
   auto errors = run_ranks(c, [&](ddp::ProcessGroup& pg) {
     std::vector<float> v(count);
@@ -178,13 +204,35 @@ void large(int n, ddp::Transport t) {
 TEST(CollectivesLarge, ShmTwoRanks) { large(2, ddp::Transport::kAuto); }
 TEST(CollectivesLarge, ShmThreeRanks) { large(3, ddp::Transport::kAuto); }
 TEST(CollectivesLarge, TcpFourRanks) { large(4, ddp::Transport::kTcp); }
+TEST(CollectivesLarge, SliceFourRanks) { large(4, ddp::Transport::kAuto, 1); }
+TEST(CollectivesLarge, SliceThreeRanksOddStage) { large(3, ddp::Transport::kAuto, 1, 100000); }
+// Automatic choice (slice on this host when 4 ranks outnumber its CPUs, ring otherwise).
+TEST(CollectivesLarge, AutoFourRanks) {
+  large(4, ddp::Transport::kAuto, ddp::ProcessGroupOptions::kAutoSlice);
+}
+// Never the slice algorithm across hosts, whatever the threshold says.
+TEST(CollectivesLarge, SliceThresholdIgnoredAcrossHosts) {
+  GroupConfig c = mixed_cfg({"A", "A", "B", "B"});
+  c.slice = 1;
+  c.small = 0;
+  auto errors = run_ranks(c, [&](ddp::ProcessGroup& pg) {
+    std::vector<int32_t> v(10007);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = pg.rank() + static_cast<int32_t>(i % 7);
+    pg.all_reduce(std::span<int32_t>(v));
+    for (size_t i = 0; i < v.size(); ++i)
+      if (v[i] != 6 + 4 * static_cast<int32_t>(i % 7)) throw std::runtime_error("wrong value");
+  });
+  expect_no_errors(errors);
+}
 
 // Results are bitwise identical on every rank (inexact float sums included).
 TEST(Collectives, BitwiseIdenticalAcrossRanks) {
-  for (size_t small : {size_t{0}, size_t{64 << 10}}) {
+  for (size_t small : {size_t{0}, size_t{64 << 10}, size_t{1}}) {
     GroupConfig c;
     c.n = 3;
     c.small = small;
+    c.slice = small == 1 ? 1 : 0;  // 1: the slice algorithm
+    c.slice_stage = 4096;
     std::vector<std::vector<float>> results(3);
     auto errors = run_ranks(c, [&](ddp::ProcessGroup& pg) {
       std::vector<float> v(5000);

@@ -20,10 +20,11 @@ namespace {
 
 bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
 
-void timeout_names_peer(ddp::Transport t, size_t count) {
+void timeout_names_peer(ddp::Transport t, size_t count, size_t slice = 0) {
   GroupConfig c;
   c.n = 2;
   c.transport = t;
+  c.slice = slice;
   std::string err0, err1, type0;
   double waited = 0;
   std::atomic<bool> rank0_done{false};
@@ -77,6 +78,7 @@ void timeout_names_peer(ddp::Transport t, size_t count) {
 
 TEST(CollectiveFailures, TimeoutShmFlat) { timeout_names_peer(ddp::Transport::kAuto, 16); }
 TEST(CollectiveFailures, TimeoutShmRing) { timeout_names_peer(ddp::Transport::kAuto, 1 << 20); }
+TEST(CollectiveFailures, TimeoutShmSlice) { timeout_names_peer(ddp::Transport::kAuto, 1 << 20, 1); }
 TEST(CollectiveFailures, TimeoutTcp) { timeout_names_peer(ddp::Transport::kTcp, 1 << 20); }
 
 TEST(CollectiveFailures, BootstrapTimesOutNamingMissingRank) {
@@ -97,7 +99,7 @@ TEST(CollectiveFailures, BootstrapTimesOutNamingMissingRank) {
 
 // Forks n ranks (FileStore rendezvous); `victim` SIGKILLs itself 300 ms into a loop of
 // large all_reduces. Every other rank must fail, naming the victim, long before the timeout.
-void killed_peer(int n, int victim, ddp::Transport transport) {
+void killed_peer(int n, int victim, ddp::Transport transport, size_t slice = 0) {
   namespace fs = std::filesystem;
   std::string dir = fs::temp_directory_path() / ("ddp-kill-" + std::to_string(getpid()) + "-" +
                                                  std::to_string(Clock::now().time_since_epoch().count()));
@@ -117,6 +119,7 @@ void killed_peer(int n, int victim, ddp::Transport transport) {
         o.world_size = n;
         o.store = store;
         o.transport = transport;
+        o.slice_min_bytes = slice;
         o.timeout = 20s;
         auto pg = ddp::init_process_group(o);
         if (r == victim)
@@ -175,6 +178,12 @@ void killed_peer(int n, int victim, ddp::Transport transport) {
 
 TEST(CollectiveFailures, KilledPeerShmFourRanks) { killed_peer(4, 2, ddp::Transport::kAuto); }
 TEST(CollectiveFailures, KilledPeerTcpFourRanks) { killed_peer(4, 2, ddp::Transport::kTcp); }
+TEST(CollectiveFailures, KilledPeerShmSliceFourRanks) {
+  killed_peer(4, 2, ddp::Transport::kAuto, 1);
+}
+TEST(CollectiveFailures, KilledPeerShmSliceThreeRanksFirst) {
+  killed_peer(3, 0, ddp::Transport::kAuto, 1);
+}
 TEST(CollectiveFailures, KilledPeerShmTwoRanks) { killed_peer(2, 0, ddp::Transport::kAuto); }
 
 // The shared-memory segment's name is gone once everyone mapped it.

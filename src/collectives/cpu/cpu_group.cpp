@@ -1,11 +1,20 @@
 // CPU backend: ring algorithms over per-neighbour links (shared memory on one host, TCP
-// between hosts) and a flat shared-memory algorithm for small messages on one host.
+// between hosts), a flat shared-memory algorithm for small messages on one host and a
+// shared-memory slice all-reduce for large messages on one host.
 //
 // Ring all-reduce = reduce-scatter (n-1 steps) + all-gather (n-1 steps); each step streams a
 // segment to the right neighbour while reducing the one arriving from the left, in
 // chunk_bytes pieces, so sending and reducing overlap. Every segment is reduced along the
 // same chain on all ranks, so results are bitwise identical everywhere.
+//
+// Slice all-reduce (every rank on one host; chosen when ranks outnumber the CPUs, where
+// each of the ring's 2(n-1) neighbour-synchronised steps costs context switches): per stage
+// of slice_stage_bytes, every rank copies its input into its staging area, barrier, rank r
+// reduces slice r of all n inputs (rank order) into the shared result area, barrier, every
+// rank copies the stage's result out. Each element is reduced once, by one rank, so results
+// are bitwise identical everywhere.
 #include <fcntl.h>
+#include <sched.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -83,6 +92,9 @@ constexpr auto kSpinFor = std::chrono::microseconds(20);
 constexpr auto kYieldFor = std::chrono::microseconds(200);
 constexpr long kMaxSleepUs = 5000;
 
+// Automatic slice threshold (bytes per rank) when ranks outnumber the CPUs.
+constexpr size_t kAutoSliceMin = 128 << 10;
+
 struct StepDesc {
   const char* phase;
   int step;
@@ -119,9 +131,12 @@ class CpuGroup final : public GroupBase {
  protected:
   void do_all_reduce(void* data, size_t count, DType dt, ReduceOp op, TimePoint dl) override {
     if (size() == 1 || count == 0) return;
+    const size_t bytes = count * dtype_size(dt);
     guarded([&] {
-      if (all_local_ && count * dtype_size(dt) <= small_)
+      if (all_local_ && bytes <= small_)
         flat_all_reduce(static_cast<uint8_t*>(data), count, dt, op, dl);
+      else if (all_local_ && seg_->slice_bytes() && seg_->slice_min() && bytes >= seg_->slice_min())
+        slice_all_reduce(static_cast<uint8_t*>(data), count, dt, op, dl);
       else
         ring_all_reduce(static_cast<uint8_t*>(data), count, dt, op, dl);
     });
@@ -331,6 +346,15 @@ class CpuGroup final : public GroupBase {
     return it == local_.end() ? -1 : static_cast<int>(it - local_.begin());
   }
 
+  // CPUs this process may run on (the affinity mask; containers often restrict it).
+  static int usable_cpus() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+    long c = sysconf(_SC_NPROCESSORS_ONLN);
+    return c > 0 ? static_cast<int>(c) : 1;
+  }
+
   std::string advertised_host(bool all_same) const {
     if (!opts_.host.empty()) return opts_.host;
     if (const char* h = std::getenv("DDP_HOST"); h && *h) return h;
@@ -347,7 +371,14 @@ class CpuGroup final : public GroupBase {
     const int nlocal = static_cast<int>(local_.size());
     const int leader = local_[0];
     if (rank() == leader) {
-      seg_ = ShmSegment::create(nlocal, opts_.shm_ring_bytes, std::max<size_t>(small_, 64));
+      // The slice threshold is decided here once (it may depend on this rank's CPU count)
+      // and published in the segment, so every rank picks the same algorithm.
+      size_t slice_min = all_local_ ? opts_.slice_min_bytes : 0;
+      if (slice_min == ProcessGroupOptions::kAutoSlice)
+        slice_min = size() > usable_cpus() ? kAutoSliceMin : 0;
+      size_t stage = slice_min ? std::max<size_t>(opts_.slice_stage_bytes, 64) : 0;
+      seg_ = ShmSegment::create(nlocal, opts_.shm_ring_bytes, std::max<size_t>(small_, 64), stage,
+                                slice_min);
       store_->set(key(fmt::format("shm/{}", leader)), seg_->name());
     } else {
       seg_ = ShmSegment::open(store_get(fmt::format("shm/{}", leader), deadline), nlocal);
@@ -621,6 +652,15 @@ class CpuGroup final : public GroupBase {
   }
 
   void flat_wait_all(uint32_t k, TimePoint dl) {
+    flat_wait_all(k, dl, [&](int peer) {
+      return fmt::format("waiting for peer rank {} to join (flat shared-memory algorithm, "
+                         "operation #{})",
+                         peer, k);
+    });
+  }
+
+  template <class Describe>
+  void flat_wait_all(uint32_t k, TimePoint dl, Describe&& describe) {
     Waiter w;
     size_t next = 0;  // peers_[0..next) have posted
     for (;;) {
@@ -636,11 +676,51 @@ class CpuGroup final : public GroupBase {
             throw CollectiveError(fmt::format("peer rank {} (this host) failed", p.rank));
         return;
       }
-      wait(w, ticket, dl, nullptr, nullptr, [&] {
-        return fmt::format("waiting for peer rank {} to join (flat shared-memory algorithm, "
-                           "operation #{})",
-                           peers_[next].rank, k);
-      });
+      wait(w, ticket, dl, nullptr, nullptr, [&] { return describe(peers_[next].rank); });
+    }
+  }
+
+  // ---- slice shared-memory all-reduce (every rank on this host) ------------------------
+  // Stage after stage: copy in (all but this rank's own slice, which is read in place),
+  // barrier, reduce own slice of every input into the result area, barrier, copy out.
+  // The next stage's copy-in follows the barrier after which nobody reads the staging areas
+  // any more, and its reduce follows the barrier after which nobody still copies out, so
+  // one staging area per rank and one result area suffice.
+  void slice_all_reduce(uint8_t* data, size_t count, DType dt, ReduceOp op, TimePoint dl) {
+    const int n = size(), r = my_local_;
+    const size_t es = dtype_size(dt);
+    const size_t per_stage = seg_->slice_bytes() / es;  // elements (slice_bytes % 64 == 0)
+    const size_t align = std::max<size_t>(1, 64 / es);  // slice starts on 64-byte lines
+    const size_t stages = (count + per_stage - 1) / per_stage;
+    uint8_t* const out_area = seg_->slice_out();
+    for (size_t st = 0; st < stages; ++st) {
+      const size_t base = st * per_stage, m = std::min(per_stage, count - base);
+      auto off = [&](int j) {
+        return j >= n ? m : m * static_cast<size_t>(j) / static_cast<size_t>(n) / align * align;
+      };
+      uint8_t* const src = data + base * es;
+      uint8_t* const mine = seg_->slice_in(r);
+      const size_t lo = off(r) * es, hi = off(r + 1) * es, all = m * es;
+      if (lo) std::memcpy(mine, src, lo);
+      if (hi < all) std::memcpy(mine + hi, src + hi, all - hi);
+      auto describe = [&](const char* phase) {
+        return [&, phase](int peer) {
+          return fmt::format("waiting for peer rank {} ({} of slice all-reduce stage {}/{}, "
+                             "shared memory)",
+                             peer, phase, st + 1, stages);
+        };
+      };
+      flat_wait_all(flat_post(nullptr, 0), dl, describe("copy-in"));
+      if (hi > lo) {
+        const size_t len = (hi - lo) / es;
+        auto in = [&](int p) -> const uint8_t* { return p == r ? src + lo : seg_->slice_in(p) + lo; };
+        uint8_t* res = out_area + lo;
+        reduce_into(dt, op, res, in(0), in(1), len);
+        for (int p = 2; p < n; ++p) reduce_inplace(dt, op, res, in(p), len);
+        if (op == ReduceOp::kAvg) avg_finish(dt, res, len, n);
+      }
+      flat_wait_all(flat_post(nullptr, 0), dl, describe("reduce"));
+      std::memcpy(src, out_area, all);
     }
   }
 

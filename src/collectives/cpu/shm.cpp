@@ -22,7 +22,7 @@
 namespace ddp::detail {
 namespace {
 
-constexpr uint64_t kMagic = 0x6464702d73686d31ull;  // "ddp-shm1"
+constexpr uint64_t kMagic = 0x6464702d73686d32ull;  // "ddp-shm2"
 
 struct Header {
   uint64_t magic;
@@ -30,6 +30,8 @@ struct Header {
   uint32_t reserved;
   uint64_t ring_bytes;
   uint64_t flat_bytes;
+  uint64_t slice_bytes;
+  uint64_t slice_min;
   uint64_t total;
 };
 
@@ -56,9 +58,12 @@ void wait_bell(Bell& b, uint32_t ticket, long timeout_us) noexcept {
   b.sleepers.fetch_sub(1, std::memory_order_seq_cst);
 }
 
-std::unique_ptr<ShmSegment> ShmSegment::create(int nlocal, size_t ring_bytes, size_t flat_bytes) {
+std::unique_ptr<ShmSegment> ShmSegment::create(int nlocal, size_t ring_bytes, size_t flat_bytes,
+                                               size_t slice_bytes, size_t slice_min) {
   std::unique_ptr<ShmSegment> s(new ShmSegment);
   s->nlocal_ = nlocal;
+  s->slice_bytes_ = slice_bytes ? round_up(slice_bytes, 64) : 0;
+  s->slice_min_ = s->slice_bytes_ ? slice_min : 0;
   s->ring_bytes_ = round_up(std::max<size_t>(ring_bytes, 4096), 64);
   s->flat_bytes_ = round_up(std::max<size_t>(flat_bytes, 64), 64);
   std::random_device rd;
@@ -87,6 +92,8 @@ std::unique_ptr<ShmSegment> ShmSegment::create(int nlocal, size_t ring_bytes, si
   h->nlocal = static_cast<uint32_t>(nlocal);
   h->ring_bytes = s->ring_bytes_;
   h->flat_bytes = s->flat_bytes_;
+  h->slice_bytes = s->slice_bytes_;
+  h->slice_min = s->slice_min_;
   h->total = s->size_;
   h->magic = kMagic;
   return s;
@@ -118,6 +125,8 @@ std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& name, int nlocal
   s->nlocal_ = nlocal;
   s->ring_bytes_ = h->ring_bytes;
   s->flat_bytes_ = h->flat_bytes;
+  s->slice_bytes_ = h->slice_bytes;
+  s->slice_min_ = h->slice_min;
   s->layout(false);
   return s;
 }
@@ -133,6 +142,9 @@ void ShmSegment::layout(bool init) {
   off += ring_bytes_ * nlocal_;
   size_t flat_off = off;
   off += 2 * flat_bytes_ * nlocal_;
+  off = round_up(off, 4096);
+  size_t slice_off = off;
+  off += slice_bytes_ * (nlocal_ + 1);
   if (!base_) {
     size_ = off;
     return;
@@ -146,6 +158,7 @@ void ShmSegment::layout(bool init) {
   rings_ = reinterpret_cast<RingCtl*>(b + rings_off);
   ring_data_ = b + ring_data_off;
   flat_data_ = b + flat_off;
+  slice_data_ = b + slice_off;
 }
 
 void ShmSegment::unlink() noexcept {

@@ -1,7 +1,9 @@
 // Shared-memory segment of the ranks on one host (internal to the CPU backend).
 //
 // Layout: header | RankCtl per local rank | RingCtl per local rank | ring data per local
-// rank (rank i's ring carries i -> its right neighbour) | flat slots [2][nlocal].
+// rank (rank i's ring carries i -> its right neighbour) | flat slots [2][nlocal] |
+// slice staging areas [nlocal] | slice result area (the last two only when the slice
+// all-reduce is enabled: slice_bytes > 0).
 // Signalling: each rank has a doorbell (eventcount on a futex word) that peers ring after
 // they make data or space available for it.
 #pragma once
@@ -41,7 +43,10 @@ void wait_bell(Bell& b, uint32_t ticket, long timeout_us) noexcept;
 class ShmSegment {
  public:
   // Creates a new segment (name chosen here, see name()).
-  static std::unique_ptr<ShmSegment> create(int nlocal, size_t ring_bytes, size_t flat_bytes);
+  // slice_bytes: stage size of the slice all-reduce (0: no slice areas); slice_min: the
+  // creator's choice of the slice threshold, published to the other ranks (slice_min()).
+  static std::unique_ptr<ShmSegment> create(int nlocal, size_t ring_bytes, size_t flat_bytes,
+                                            size_t slice_bytes = 0, size_t slice_min = 0);
   // Maps an existing segment by name and checks its header.
   static std::unique_ptr<ShmSegment> open(const std::string& name, int nlocal);
   ~ShmSegment();
@@ -53,6 +58,11 @@ class ShmSegment {
   int nlocal() const { return nlocal_; }
   size_t ring_bytes() const { return ring_bytes_; }
   size_t flat_bytes() const { return flat_bytes_; }
+  size_t slice_bytes() const { return slice_bytes_; }
+  size_t slice_min() const { return slice_min_; }
+  // Rank `local`'s staging area, and the shared result area, of the slice all-reduce.
+  uint8_t* slice_in(int local) { return slice_data_ + static_cast<size_t>(local) * slice_bytes_; }
+  uint8_t* slice_out() { return slice_data_ + static_cast<size_t>(nlocal_) * slice_bytes_; }
   RankCtl& rank(int local) { return ranks_[local]; }
   RingCtl& ring(int local) { return rings_[local]; }
   uint8_t* ring_data(int local) { return ring_data_ + static_cast<size_t>(local) * ring_bytes_; }
@@ -71,10 +81,13 @@ class ShmSegment {
   int nlocal_ = 0;
   size_t ring_bytes_ = 0;
   size_t flat_bytes_ = 0;
+  size_t slice_bytes_ = 0;
+  size_t slice_min_ = 0;
   RankCtl* ranks_ = nullptr;
   RingCtl* rings_ = nullptr;
   uint8_t* ring_data_ = nullptr;
   uint8_t* flat_data_ = nullptr;
+  uint8_t* slice_data_ = nullptr;
 };
 
 // Link over the segment: sends on ring `out_local` (this rank's ring), receives on ring
