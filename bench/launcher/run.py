@@ -9,8 +9,9 @@
 2. failure: from a worker's `exit 3` to ddprun's exit, three siblings in `sleep 60`
    honouring SIGTERM (torchrun: the same job, fewer runs: its monitor polls).
 3. output: four workers each writing 500k short lines (python -u, as torchrun runs them),
-   through ddprun to /dev/null, against the same workers writing to /dev/null directly and
-   against torchrun --tee 3. Also a C worker (stdio, full buffering) for the raw rate.
+   through ddprun to /dev/null, against the same workers writing to /dev/null directly, the
+   same workers each piped into `cat > /dev/null` (what a pipe alone costs them), and
+   torchrun --tee 3. Also a C worker (stdio, full buffering) for the raw rate.
 Prints a markdown table of medians and ratios.
 """
 import argparse, json, os, statistics, subprocess, sys, tempfile, time
@@ -115,6 +116,9 @@ def bench_output(runs, torch_runs, lines):
     bare_c = " & ".join(f"RANK={r} {LINES} {lines} > /dev/null" for r in range(4)) + " & wait"
     res = {"lines_total": 4 * lines}
     res["bare_py_s"], _ = median_of(runs, ["sh", "-c", bare_py])
+    # The floor any forwarder pays: the same workers, each into a pipe that cat drains.
+    piped_py = " & ".join(f"RANK={r} {PY} -u {worker} {lines} | cat > /dev/null" for r in range(4)) + " & wait"
+    res["pipe_cat_py_s"], _ = median_of(runs, ["sh", "-c", piped_py])
     res["ddprun_py_s"], rc = median_of(runs, [DDPRUN, "--standalone", "--nproc-per-node", "4", worker, str(lines)])
     assert rc == 0
     res["ddprun_py_rss_kb"] = ddprun_rss_kb(["--standalone", "--nproc-per-node", "4", worker, str(lines)])
@@ -164,6 +168,8 @@ def main():
           f" (exit {F.get('torchrun_rc', '-')}) | | <= 10 ms |")
     print(f"| output, 4 x 500k lines, python -u workers | {O['ddprun_py_s']:.3f} s = {n/O['ddprun_py_s']/1e6:.2f} M lines/s"
           f" | bare {O['bare_py_s']:.3f} s | {O['ddprun_py_s']/O['bare_py_s']:.2f}x bare | >= 2 M lines/s, <= 1.5x |")
+    print(f"| same python workers, each piped into `cat > /dev/null` | | {O['pipe_cat_py_s']:.3f} s"
+          f" | {O['pipe_cat_py_s']/O['bare_py_s']:.2f}x bare (ddprun {O['ddprun_py_s']/O['pipe_cat_py_s']:.2f}x of it) | |")
     if "torchrun_tee_py_s" in O:
         print(f"| output vs torchrun --tee 3 | {O['ddprun_py_s']:.3f} s | torchrun {O['torchrun_tee_py_s']:.2f} s"
               f" | torchrun {O['torchrun_tee_py_s']/O['ddprun_py_s']:.1f}x slower | |")
