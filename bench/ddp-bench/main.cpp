@@ -211,19 +211,6 @@ int main(int argc, char** argv) {
     if (a.small != SIZE_MAX) o.small_message_bytes = a.small;
     if (a.slice != SIZE_MAX) o.slice_min_bytes = a.slice;
     if (a.slice_stage) o.slice_stage_bytes = a.slice_stage;
-    if (a.spawn > 0)
-      return ddp_testing::spawn_local(a.spawn, [&](int rank, std::shared_ptr<ddp::Store> store) {
-        return ddp::run_main([&] {
-          ddp::ProcessGroupOptions so = o;
-          so.rank = rank;
-          so.world_size = a.spawn;
-          so.local_rank = rank;
-          so.store = std::move(store);
-          auto pg = ddp::init_process_group(so);
-          return bench(a, *pg);
-        });
-      });
-    auto pg = ddp::init_process_group_from_env(o);
-    return bench(a, *pg);
+    return ddp_testing::with_process_group(a.spawn, o, [&](ddp::ProcessGroup& pg) { return bench(a, pg); });
   });
 }

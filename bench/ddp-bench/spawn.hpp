@@ -16,6 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "ddp/error_file.hpp"
+#include "ddp/process_group.hpp"
+#include "ddp/ddp.hpp"
 #include "file_store.hpp"
 
 namespace ddp_testing {
@@ -56,6 +59,26 @@ inline int spawn_local(int n, const std::function<int(int, std::shared_ptr<ddp::
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   return result;
+}
+
+// Joins the job and runs body on the group: as `spawn` forked ranks meeting in a FileStore
+// when spawn > 0, else from ddprun's environment.
+inline int with_process_group(int spawn, const ddp::ProcessGroupOptions& options,
+                              const std::function<int(ddp::ProcessGroup&)>& body) {
+  if (spawn > 0)
+    return spawn_local(spawn, [&](int rank, std::shared_ptr<ddp::Store> store) {
+      return ddp::run_main([&] {
+        ddp::ProcessGroupOptions so = options;
+        so.rank = rank;
+        so.world_size = spawn;
+        so.local_rank = rank;
+        so.store = std::move(store);
+        auto pg = ddp::init_process_group(so);
+        return body(*pg);
+      });
+    });
+  auto pg = ddp::init_process_group_from_env(options);
+  return body(*pg);
 }
 
 }  // namespace ddp_testing

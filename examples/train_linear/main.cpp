@@ -155,19 +155,6 @@ int main(int argc, char** argv) {
     ddp::ProcessGroupOptions o;
     o.backend = a.backend;
     o.timeout = std::chrono::seconds(120);
-    if (a.spawn > 0)
-      return ddp_testing::spawn_local(a.spawn, [&](int rank, std::shared_ptr<ddp::Store> store) {
-        return ddp::run_main([&] {
-          ddp::ProcessGroupOptions so = o;
-          so.rank = rank;
-          so.world_size = a.spawn;
-          so.local_rank = rank;
-          so.store = std::move(store);
-          auto pg = ddp::init_process_group(so);
-          return train(a, *pg);
-        });
-      });
-    auto pg = ddp::init_process_group_from_env(o);
-    return train(a, *pg);
+    return ddp_testing::with_process_group(a.spawn, o, [&](ddp::ProcessGroup& pg) { return train(a, pg); });
   });
 }
