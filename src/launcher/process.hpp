@@ -14,6 +14,7 @@ struct SpawnSpec {
   std::string path;               // resolved executable
   std::vector<std::string> argv;  // argv[0] included
   std::vector<std::string> env;   // "KEY=VALUE"
+  int stdin_fd = -1;              // dup2'ed onto 0 in the child; -1 inherits
   int stdout_fd = -1;             // dup2'ed onto 1 in the child; -1 inherits
   int stderr_fd = -1;             // dup2'ed onto 2 in the child; -1 inherits
 };

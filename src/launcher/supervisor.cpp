@@ -79,7 +79,7 @@ struct Supervisor::Impl {
   std::map<std::string, std::string> base_env;
   NodeSync* sync;
 
-  int epfd = -1, sigfd = -1, wakefd = -1;
+  int epfd = -1, sigfd = -1, wakefd = -1, stdin_fd = -1;
   std::unique_ptr<ConsoleWriter> out_writer, err_writer;
   Console out_console, err_console;
   Guardian& guardian;
@@ -103,7 +103,7 @@ struct Supervisor::Impl {
       : o(opt), plan(std::move(p)), base_env(std::move(env)), sync(s), guardian(g) {}
 
   ~Impl() {
-    for (int fd : {epfd, sigfd, wakefd})
+    for (int fd : {epfd, sigfd, wakefd, stdin_fd})
       if (fd >= 0) close(fd);
   }
 
@@ -123,6 +123,7 @@ struct Supervisor::Impl {
     out_console.writer = out_writer.get();
     err_console.writer = err_writer.get();
     route_logging_through(err_writer.get());
+    setup_stdin();
 
     std::string base = o.log_dir;
     if (base.empty()) {
@@ -138,6 +139,14 @@ struct Supervisor::Impl {
     std::error_code ec;
     fs::create_directories(log_root, ec);
     if (ec) throw ddp::Error(fmt::format("--log-dir: cannot create {}: {}", log_root, ec.message()));
+  }
+
+  // Workers lead their own process groups, so on a terminal they are background jobs: a
+  // read from it (input(), pdb) would stop them with SIGTTIN and hang the job. There they
+  // read /dev/null instead (EOF at once); a piped or redirected stdin is inherited.
+  void setup_stdin() {
+    if (!isatty(0)) return;
+    stdin_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
 
   void add_fd(int fd, void* tag) {
@@ -220,8 +229,8 @@ struct Supervisor::Impl {
       int err_w = make_stream(static_cast<int>(i), true, dir);
       WorkerCommand cmd = worker_command(o, w.local_rank, base_env);
       SpawnSpec spec{cmd.path, cmd.argv,
-                     to_envp(worker_environment(o, plan, w.local_rank, attempt, w.error_file, base_env)), out_w,
-                     err_w};
+                     to_envp(worker_environment(o, plan, w.local_rank, attempt, w.error_file, base_env)),
+                     stdin_fd, out_w, err_w};
       w.start = SysClock::now();
       started.push_back(spawn(spec));
       paths.push_back(cmd.path);
