@@ -97,8 +97,10 @@ std::chrono::milliseconds conf_seconds(const Options& o, const std::string& key,
 // Multi-node: the nodes meet in node 0's store under "ddprun/<run_id>/".
 class StoreSync : public NodeSync {
  public:
-  StoreSync(ddp::TcpStoreOptions so, std::string prefix, int node_rank, int nnodes, std::chrono::milliseconds timeout)
-      : so_(so), prefix_(std::move(prefix)), node_(node_rank), nnodes_(nnodes), timeout_(timeout) {
+  StoreSync(ddp::TcpStoreOptions so, std::string prefix, int node_rank, int nnodes, std::chrono::milliseconds timeout,
+            std::chrono::milliseconds keep_alive, int keep_alive_max)
+      : so_(so), prefix_(std::move(prefix)), node_(node_rank), nnodes_(nnodes), timeout_(timeout),
+        keep_alive_(keep_alive), keep_alive_max_(keep_alive_max) {
     store_ = std::make_unique<ddp::TcpStore>(so_);
     efd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   }
@@ -145,6 +147,7 @@ class StoreSync : public NodeSync {
 
   std::string exit_barrier_reason(int attempt) {
     barrier(fmt::format("exit/{}", attempt), "exit barrier");
+    quiet_ = true;
     std::lock_guard lk(mu_);
     std::string fk = key(fmt::format("fail/{}", attempt));
     if (store_->check({fk})) {
@@ -159,6 +162,7 @@ class StoreSync : public NodeSync {
 
   // Node 0 keeps the store up until every node has left.
   void leave(bool is_host) {
+    quiet_ = true;
     if (!joined) return;  // the rendezvous never completed: nobody to wait for
     try {
       std::lock_guard lk(mu_);
@@ -198,54 +202,101 @@ class StoreSync : public NodeSync {
   }
 
   // A second connection blocks on the current attempt's failure key.
+  // The watcher, on a second connection: blocks on the current attempt's failure key, and
+  // beats: every keep_alive_interval it bumps "alive/<node>" and checks the others' beats;
+  // a node silent for keep_alive_max_attempt intervals (SIGKILLed, its host gone) fails the
+  // attempt on every node.
   void watch() {
     try {
       // Short connect deadline: a watcher must never hold ddprun's exit for long.
       ddp::TcpStoreOptions wo = so_;
       wo.connect_timeout = std::min<std::chrono::milliseconds>(so_.connect_timeout, 2s);
       ddp::TcpStore w(wo);
+      using Clock = std::chrono::steady_clock;
+      std::vector<std::string> beat(static_cast<size_t>(nnodes_));
+      std::vector<Clock::time_point> beat_changed(static_cast<size_t>(nnodes_), Clock::now());
+      long beats = 0;
+      auto next_beat = Clock::now();
+      int handled = -1;  // the attempt whose failure was already passed on
       while (!stop_) {
+        auto now = Clock::now();
+        if (now >= next_beat) {
+          w.set(key(fmt::format("alive/{}", node_)), std::to_string(++beats));
+          if (!quiet_) check_beats(w, beat, beat_changed, now);
+          next_beat = now + keep_alive_;
+        }
         int attempt;
         {
           std::lock_guard lk(mu_);
           attempt = current_;
         }
+        auto slice = std::min<std::chrono::milliseconds>(
+            500ms, std::chrono::duration_cast<std::chrono::milliseconds>(next_beat - Clock::now()) + 1ms);
+        if (handled == attempt) {
+          std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(slice, 20ms));
+          continue;
+        }
         std::string fk = key(fmt::format("fail/{}", attempt));
         try {
-          w.wait({fk}, 500ms);
+          w.wait({fk}, slice);
         } catch (const ddp::TimeoutError&) {
           continue;
         }
         std::string why = w.get(fk);
-        {
-          std::lock_guard lk(mu_);
-          if (attempt == current_ && seen_attempt_ != attempt && !why.starts_with(fmt::format("node {}:", node_))) {
-            seen_attempt_ = attempt;
-            seen_reason_ = why;
-            uint64_t one = 1;
-            ssize_t r = write(efd_, &one, sizeof one);
-            (void)r;
-          }
-        }
-        // Wait for the next attempt before watching again.
-        while (!stop_) {
-          {
-            std::lock_guard lk(mu_);
-            if (current_ != attempt) break;
-          }
-          std::this_thread::sleep_for(20ms);
-        }
+        if (!why.starts_with(fmt::format("node {}:", node_))) notify(attempt, why);
+        handled = attempt;
       }
     } catch (const std::exception& e) {
       if (!stop_) {
-        std::lock_guard lk(mu_);
-        seen_attempt_ = current_;
-        seen_reason_ = fmt::format("lost the connection to the store: {}", e.what());
-        uint64_t one = 1;
-        ssize_t r = write(efd_, &one, sizeof one);
-        (void)r;
+        int attempt;
+        {
+          std::lock_guard lk(mu_);
+          attempt = current_;
+        }
+        notify(attempt, fmt::format("lost the connection to the store: {}", e.what()));
       }
     }
+  }
+
+  void check_beats(ddp::TcpStore& w, std::vector<std::string>& beat,
+                   std::vector<std::chrono::steady_clock::time_point>& changed,
+                   std::chrono::steady_clock::time_point now) {
+    for (int i = 0; i < nnodes_; ++i) {
+      if (i == node_) continue;
+      auto idx = static_cast<size_t>(i);
+      std::string k = key(fmt::format("alive/{}", i));
+      std::string v = w.check({k}) ? w.get(k) : "";
+      if (v != beat[idx]) {
+        beat[idx] = v;
+        changed[idx] = now;
+        continue;
+      }
+      if (now - changed[idx] < keep_alive_ * keep_alive_max_) continue;
+      int attempt;
+      {
+        std::lock_guard lk(mu_);
+        attempt = current_;
+      }
+      std::string why = fmt::format(
+          "node {} stopped responding: no heartbeat for {} (--rdzv-conf keep_alive_interval={}, "
+          "keep_alive_max_attempt={})",
+          i, ddp::format_duration(std::chrono::duration_cast<std::chrono::milliseconds>(now - changed[idx])),
+          ddp::format_duration(keep_alive_), keep_alive_max_);
+      changed[idx] = now;  // once per silence
+      report_failure(attempt, why);
+      notify(attempt, why);
+    }
+  }
+
+  // Wakes this node's supervisor about a failure elsewhere (once per attempt).
+  void notify(int attempt, const std::string& why) {
+    std::lock_guard lk(mu_);
+    if (attempt != current_ || seen_attempt_ == attempt) return;
+    seen_attempt_ = attempt;
+    seen_reason_ = why;
+    uint64_t one = 1;
+    ssize_t r = write(efd_, &one, sizeof one);
+    (void)r;
   }
 
   ddp::TcpStoreOptions so_;
@@ -258,6 +309,9 @@ class StoreSync : public NodeSync {
   int current_ = 0, seen_attempt_ = -1;
   std::string seen_reason_, last_exit_reason_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> quiet_{false};  // past the exit barrier: nodes stop beating as they leave
+  std::chrono::milliseconds keep_alive_{5000};
+  int keep_alive_max_ = 3;
   std::thread watcher_;
 };
 
@@ -319,8 +373,12 @@ JobPlan Rendezvous::join() {
   so.timeout = join_timeout;
   so.connect_timeout = join_timeout;
   try {
+    auto keep_alive = conf_seconds(o, "keep_alive_interval", 5);
+    auto max_attempt = conf_seconds(o, "keep_alive_max_attempt", 3).count() / 1000;
+    if (keep_alive.count() <= 0 || max_attempt < 1)
+      throw ddp::UsageError("--rdzv-conf: keep_alive_interval must be > 0 and keep_alive_max_attempt >= 1");
     impl_->sync = std::make_unique<StoreSync>(so, fmt::format("ddprun/{}/", o.rdzv_id), o.node_rank, o.max_nodes,
-                                              join_timeout);
+                                              join_timeout, keep_alive, static_cast<int>(max_attempt));
   } catch (const ddp::TimeoutError& e) {
     throw ddp::Error(fmt::format("node {} could not reach node 0's store at {}:{} within {}: {}", o.node_rank,
                                  o.master_addr, o.master_port, ddp::format_duration(join_timeout), e.what()));

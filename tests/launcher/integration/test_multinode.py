@@ -8,7 +8,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddprun_testlib import DdprunTestCase, clean_env, free_port, read_text, worker
+from ddprun_testlib import DDPRUN, DdprunTestCase, clean_env, free_port, read_text, worker
 
 
 class MultiNodeTest(DdprunTestCase):
@@ -53,6 +53,26 @@ class MultiNodeTest(DdprunTestCase):
         self.assertEqual(rc1, 3, read_text(self.path("node1.stderr")))
         self.assertNotEqual(rc0, 0, read_text(self.path("node0.stderr")))
         self.assertLess(elapsed, 10, "the healthy node must stop its workers promptly")
+
+    def test_a_node_killed_outright_is_noticed_by_its_heartbeat(self):
+        port = free_port()
+        beat = ["--rdzv-conf", "join_timeout=20,keep_alive_interval=0.3,keep_alive_max_attempt=3"]
+        args = ["--no-python", "sleep", "60"]
+        n0 = self.start(["--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port",
+                         str(port), *beat, *args])
+        n1 = subprocess.Popen(
+            [DDPRUN, "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port",
+             str(port), *beat, *args], env=clean_env(TMPDIR=self.tmp), stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True)
+        self._procs.append(n1)
+        time.sleep(1.5)  # both nodes joined and beating
+        self.assertIsNone(n0.poll(), read_text(self.path("ddprun.stderr")))
+        n1.kill()  # SIGKILL: no failure report from node 1, only silence
+        t0 = time.monotonic()
+        rc0 = n0.wait(timeout=20)
+        self.assertNotEqual(rc0, 0)
+        self.assertLess(time.monotonic() - t0, 5, "node 0 must notice within a few keep-alive intervals")
+        self.assertIn("node 1 stopped responding", read_text(self.path("ddprun.stderr")))
 
 
 if __name__ == "__main__":
