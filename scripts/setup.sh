@@ -9,9 +9,9 @@ cd "$(dirname "$0")/.."
 packages=(
   build-essential cmake ninja-build pkg-config
   libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
-  libboost-dev libboost-filesystem-dev libgtest-dev
+  libboost-dev libgtest-dev
   python3-torch        # real PyTorch for the integration tests and the anchors
-  clang                # libFuzzer target of the store's request parser
+  clang libclang-rt-dev  # libFuzzer target of the store's request parser
   iproute2 util-linux procps time
 )
 missing=()
