@@ -51,7 +51,7 @@ const FlagSpec kFlags[] = {
     {"rdzv-backend", 0, Kind::kValue, "static", "Rendezvous", "static (c10d, etcd, etcd-v2: not supported yet)"},
     {"rdzv-endpoint", 0, Kind::kValue, "", "Rendezvous", "host[:port] of the rendezvous backend"},
     {"rdzv-id", 0, Kind::kValue, "none", "Rendezvous", "job id shared by all nodes"},
-    {"rdzv-conf", 0, Kind::kValue, "", "Rendezvous", "k=v,k=v (join_timeout=600, ...)"},
+    {"rdzv-conf", 0, Kind::kValue, "", "Rendezvous", "k=v,...: join_timeout=600, keep_alive_interval=5, keep_alive_max_attempt=3 (seconds)"},
     {"max-restarts", 0, Kind::kValue, "0", "Supervision", "restarts of the whole worker group before failing"},
     {"monitor-interval", 0, Kind::kValue, "0.1", "Supervision",
      "accepted for compatibility: ddprun notices exits at once"},
