@@ -158,6 +158,15 @@ class StoreSync : public NodeSync {
   }
   void exit_barrier(int attempt) override { last_exit_reason_ = exit_barrier_reason(attempt); }
   std::string last_exit_reason() const override { return last_exit_reason_; }
+  std::string node_lost() override {
+    try {
+      std::lock_guard lk(mu_);
+      if (store_->check({key("lost")})) return store_->get(key("lost"));
+    } catch (const std::exception& e) {
+      return fmt::format("lost the connection to the store: {}", e.what());
+    }
+    return "";
+  }
   bool joined = false;
 
   // Node 0 keeps the store up until every node has left.
@@ -283,6 +292,11 @@ class StoreSync : public NodeSync {
           i, ddp::format_duration(std::chrono::duration_cast<std::chrono::milliseconds>(now - changed[idx])),
           ddp::format_duration(keep_alive_), keep_alive_max_);
       changed[idx] = now;  // once per silence
+      try {
+        std::lock_guard lk(mu_);
+        store_->compare_set(key("lost"), "", why);
+      } catch (const std::exception&) {
+      }
       report_failure(attempt, why);
       notify(attempt, why);
     }

@@ -478,6 +478,10 @@ struct Supervisor::Impl {
       }
       if (!root && remote_reason.empty()) break;
       if (attempt >= o.max_restarts) break;
+      if (std::string lost = sync ? sync->node_lost() : ""; !lost.empty()) {
+        spdlog::error("not restarting: {}", lost);
+        break;
+      }
       std::string why = root ? fmt::format("rank {} {}", root->rank,
                                            root->signal ? "was killed by " + signal_name(root->signal)
                                                         : fmt::format("exited with code {}", root->exit_code))

@@ -32,6 +32,8 @@ class NodeSync {
   virtual void exit_barrier(int attempt) = 0;
   // After exit_barrier: the failure another node reported for that attempt, or "".
   virtual std::string last_exit_reason() const = 0;
+  // A node is gone for good (no heartbeat): restarting would only wait for it. "" if none.
+  virtual std::string node_lost() = 0;
 };
 
 // Signals ddprun handles must be blocked before any thread starts; call first thing.

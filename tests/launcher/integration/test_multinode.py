@@ -57,7 +57,8 @@ class MultiNodeTest(DdprunTestCase):
     def test_a_node_killed_outright_is_noticed_by_its_heartbeat(self):
         port = free_port()
         beat = ["--rdzv-conf", "join_timeout=20,keep_alive_interval=0.3,keep_alive_max_attempt=3"]
-        args = ["--no-python", "sleep", "60"]
+        # Restarts remain, but a node that is gone would only be waited for: no restart.
+        args = ["--max-restarts", "2", "--no-python", "sleep", "60"]
         n0 = self.start(["--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port",
                          str(port), *beat, *args])
         n1 = subprocess.Popen(
@@ -72,7 +73,9 @@ class MultiNodeTest(DdprunTestCase):
         rc0 = n0.wait(timeout=20)
         self.assertNotEqual(rc0, 0)
         self.assertLess(time.monotonic() - t0, 5, "node 0 must notice within a few keep-alive intervals")
-        self.assertIn("node 1 stopped responding", read_text(self.path("ddprun.stderr")))
+        err = read_text(self.path("ddprun.stderr"))
+        self.assertIn("node 1 stopped responding", err)
+        self.assertIn("not restarting", err)
 
 
 if __name__ == "__main__":
