@@ -107,14 +107,8 @@ int main(int argc, char** argv) {
 
   auto encode = [&](proto::Op op, std::vector<std::string> keys, std::vector<std::string> values,
                     int64_t i64 = 0, uint32_t u32 = 0) {
-    proto::Request r;
-    r.op = op;
-    r.keys = std::move(keys);
-    r.values = std::move(values);
-    r.i64 = i64;
-    r.u32 = u32;
     std::string b;
-    proto::encode_request(opt.gen, r, b);
+    proto::encode_request(opt.gen, proto::request(op, std::move(keys), std::move(values), i64, u32), b);
     return b;
   };
   const std::string handshake =

@@ -234,11 +234,7 @@ class StoreSync : public NodeSync {
           if (!quiet_) check_beats(w, beat, beat_changed, now);
           next_beat = now + keep_alive_;
         }
-        int attempt;
-        {
-          std::lock_guard lk(mu_);
-          attempt = current_;
-        }
+        const int attempt = current_attempt();
         auto slice = std::min<std::chrono::milliseconds>(
             500ms, std::chrono::duration_cast<std::chrono::milliseconds>(next_beat - Clock::now()) + 1ms);
         if (handled == attempt) {
@@ -257,11 +253,7 @@ class StoreSync : public NodeSync {
       }
     } catch (const std::exception& e) {
       if (!stop_) {
-        int attempt;
-        {
-          std::lock_guard lk(mu_);
-          attempt = current_;
-        }
+        const int attempt = current_attempt();
         notify(attempt, fmt::format("lost the connection to the store: {}", e.what()));
       }
     }
@@ -281,11 +273,7 @@ class StoreSync : public NodeSync {
         continue;
       }
       if (now - changed[idx] < keep_alive_ * keep_alive_max_) continue;
-      int attempt;
-      {
-        std::lock_guard lk(mu_);
-        attempt = current_;
-      }
+      const int attempt = current_attempt();
       std::string why = fmt::format(
           "node {} stopped responding: no heartbeat for {} (--rdzv-conf keep_alive_interval={}, "
           "keep_alive_max_attempt={})",
@@ -300,6 +288,11 @@ class StoreSync : public NodeSync {
       report_failure(attempt, why);
       notify(attempt, why);
     }
+  }
+
+  int current_attempt() {
+    std::lock_guard lk(mu_);
+    return current_;
   }
 
   // Wakes this node's supervisor about a failure elsewhere (once per attempt).

@@ -75,6 +75,12 @@ struct Request {
   uint32_t u32 = 0;
 };
 
+// A request with the fields its opcode uses (the client, tests and the load generator).
+inline Request request(Op op, std::vector<std::string> keys = {}, std::vector<std::string> values = {},
+                       int64_t i64 = 0, uint32_t u32 = 0) {
+  return Request{op, std::move(keys), std::move(values), i64, u32};
+}
+
 struct Limits {
   size_t max_key_bytes = 8 << 10;
   size_t max_payload_bytes = 8 << 20;

@@ -418,32 +418,21 @@ TcpStore::TcpStore(TcpStoreOptions options)
 
 TcpStore::~TcpStore() = default;
 
-namespace {
-proto::Request make(proto::Op op, std::vector<std::string> keys = {},
-                    std::vector<std::string> values = {}) {
-  proto::Request r;
-  r.op = op;
-  r.keys = std::move(keys);
-  r.values = std::move(values);
-  return r;
-}
-}  // namespace
-
 void TcpStore::set(const std::string& key, const std::string& value) {
   std::lock_guard lk(impl_->mu);
-  impl_->call_noreply(make(proto::Op::kSet, {key}, {value}), timeout());
+  impl_->call_noreply(proto::request(proto::Op::kSet, {key}, {value}), timeout());
 }
 
 std::string TcpStore::get(const std::string& key) {
   wait({key}, timeout());
   std::lock_guard lk(impl_->mu);
-  return impl_->call(make(proto::Op::kGet, {key}), timeout(),
+  return impl_->call(proto::request(proto::Op::kGet, {key}), timeout(),
                      [&](auto d, const std::string& w) { return impl_->recv_str(d, w); });
 }
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {
   std::lock_guard lk(impl_->mu);
-  auto r = make(proto::Op::kAdd, {key});
+  auto r = proto::request(proto::Op::kAdd, {key});
   r.i64 = delta;
   return impl_->call(r, timeout(),
                      [&](auto d, const std::string& w) { return impl_->recv_value<int64_t>(d, w); });
@@ -452,13 +441,13 @@ int64_t TcpStore::add(const std::string& key, int64_t delta) {
 std::string TcpStore::compare_set(const std::string& key, const std::string& expected,
                                   const std::string& desired) {
   std::lock_guard lk(impl_->mu);
-  return impl_->call(make(proto::Op::kCompareSet, {key}, {expected, desired}), timeout(),
+  return impl_->call(proto::request(proto::Op::kCompareSet, {key}, {expected, desired}), timeout(),
                      [&](auto d, const std::string& w) { return impl_->recv_str(d, w); });
 }
 
 bool TcpStore::check(const std::vector<std::string>& keys) {
   std::lock_guard lk(impl_->mu);
-  return impl_->call(make(proto::Op::kCheck, keys), timeout(), [&](auto d, const std::string& w) {
+  return impl_->call(proto::request(proto::Op::kCheck, keys), timeout(), [&](auto d, const std::string& w) {
            return impl_->recv_value<uint8_t>(d, w);
          }) == proto::kCheckReady;
 }
@@ -478,7 +467,7 @@ void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseco
 
 bool TcpStore::delete_key(const std::string& key) {
   std::lock_guard lk(impl_->mu);
-  return impl_->call(make(proto::Op::kDeleteKey, {key}), timeout(),
+  return impl_->call(proto::request(proto::Op::kDeleteKey, {key}), timeout(),
                      [&](auto d, const std::string& w) {
                        return impl_->recv_value<int64_t>(d, w);
                      }) > 0;
@@ -486,7 +475,7 @@ bool TcpStore::delete_key(const std::string& key) {
 
 int64_t TcpStore::num_keys() {
   std::lock_guard lk(impl_->mu);
-  return impl_->call(make(proto::Op::kGetNumKeys), timeout(), [&](auto d, const std::string& w) {
+  return impl_->call(proto::request(proto::Op::kGetNumKeys), timeout(), [&](auto d, const std::string& w) {
     return impl_->recv_value<int64_t>(d, w);
   });
 }
@@ -502,13 +491,13 @@ void require_v2(const TcpStoreOptions& o, const char* what) {
 void TcpStore::append(const std::string& key, const std::string& value) {
   require_v2(options_, "append");
   std::lock_guard lk(impl_->mu);
-  impl_->call_noreply(make(proto::Op::kAppend, {key}, {value}), timeout());
+  impl_->call_noreply(proto::request(proto::Op::kAppend, {key}, {value}), timeout());
 }
 
 std::vector<std::string> TcpStore::multi_get(const std::vector<std::string>& keys) {
   require_v2(options_, "multi_get");
   std::lock_guard lk(impl_->mu);
-  return impl_->call(make(proto::Op::kMultiGet, keys), timeout(),
+  return impl_->call(proto::request(proto::Op::kMultiGet, keys), timeout(),
                      [&](auto d, const std::string& w) {
                        std::vector<std::string> out;
                        out.reserve(keys.size());
@@ -523,13 +512,13 @@ void TcpStore::multi_set(const std::vector<std::string>& keys,
   if (keys.size() != values.size())
     throw StoreError(fmt::format("multi_set: {} keys but {} values", keys.size(), values.size()));
   std::lock_guard lk(impl_->mu);
-  impl_->call_noreply(make(proto::Op::kMultiSet, keys, values), timeout());
+  impl_->call_noreply(proto::request(proto::Op::kMultiSet, keys, values), timeout());
 }
 
 std::vector<std::string> TcpStore::list_keys() {
   require_v2(options_, "list_keys");
   std::lock_guard lk(impl_->mu);
-  return impl_->call(make(proto::Op::kList), timeout(), [&](auto d, const std::string& w) {
+  return impl_->call(proto::request(proto::Op::kList), timeout(), [&](auto d, const std::string& w) {
     auto n = impl_->recv_value<int64_t>(d, w);
     if (n < 0 || n > (int64_t{1} << 32))
       throw StoreError(fmt::format("store at {}: LIST announced {} keys", impl_->addr, n));
@@ -543,20 +532,20 @@ std::vector<std::string> TcpStore::list_keys() {
 void TcpStore::queue_push(const std::string& key, const std::string& value) {
   require_v2(options_, "queue_push");
   std::lock_guard lk(impl_->mu);
-  impl_->call_noreply(make(proto::Op::kQueuePush, {key}, {value}), timeout());
+  impl_->call_noreply(proto::request(proto::Op::kQueuePush, {key}, {value}), timeout());
 }
 
 int64_t TcpStore::queue_len(const std::string& key) {
   require_v2(options_, "queue_len");
   std::lock_guard lk(impl_->mu);
-  return impl_->call(make(proto::Op::kQueueLen, {key}), timeout(),
+  return impl_->call(proto::request(proto::Op::kQueueLen, {key}), timeout(),
                      [&](auto d, const std::string& w) { return impl_->recv_value<int64_t>(d, w); });
 }
 
 bool TcpStore::queue_pop(const std::string& key, std::string& value) {
   require_v2(options_, "queue_pop");
   std::lock_guard lk(impl_->mu);
-  return impl_->call(make(proto::Op::kQueuePop, {key}), timeout(),
+  return impl_->call(proto::request(proto::Op::kQueuePop, {key}), timeout(),
                      [&](auto d, const std::string& w) {
                        auto len = impl_->recv_value<int64_t>(d, w);
                        if (len <= 0) return false;
@@ -568,7 +557,7 @@ bool TcpStore::queue_pop(const std::string& key, std::string& value) {
 void TcpStore::ping() {
   require_v2(options_, "ping");
   std::lock_guard lk(impl_->mu);
-  auto r = make(proto::Op::kPing);
+  auto r = proto::request(proto::Op::kPing);
   r.u32 = static_cast<uint32_t>(::getpid());
   auto echo = impl_->call(r, timeout(), [&](auto d, const std::string& w) {
     return impl_->recv_value<uint32_t>(d, w);

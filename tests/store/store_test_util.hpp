@@ -176,13 +176,6 @@ class RawConn {
   proto::Generation gen_;
 };
 
-inline proto::Request req(proto::Op op, std::vector<std::string> keys = {},
-                          std::vector<std::string> values = {}) {
-  proto::Request r;
-  r.op = op;
-  r.keys = std::move(keys);
-  r.values = std::move(values);
-  return r;
-}
+using proto::request;
 
 }  // namespace store_test

@@ -13,16 +13,7 @@ using Status = proto::RequestParser::Status;
 
 namespace {
 
-proto::Request make(Op op, std::vector<std::string> keys = {}, std::vector<std::string> values = {},
-                    int64_t i64 = 0, uint32_t u32 = 0) {
-  proto::Request r;
-  r.op = op;
-  r.keys = std::move(keys);
-  r.values = std::move(values);
-  r.i64 = i64;
-  r.u32 = u32;
-  return r;
-}
+using proto::request;
 
 std::string encode(Generation g, const proto::Request& r) {
   std::string s;
@@ -77,27 +68,27 @@ void expect_same(const proto::Request& a, const proto::Request& b) {
 
 std::vector<proto::Request> all_requests(Generation g) {
   std::vector<proto::Request> v = {
-      make(Op::kSet, {"key"}, {std::string("v\0al", 4)}),
-      make(Op::kCompareSet, {"k"}, {"", "desired"}),
-      make(Op::kGet, {"k"}),
-      make(Op::kAdd, {"counter"}, {}, -42),
-      make(Op::kCheck, {"a", "bb", ""}),
-      make(Op::kWait, {"x"}),
-      make(Op::kWait, {}),
-      make(Op::kGetNumKeys),
-      make(Op::kDeleteKey, {"k"}),
-      make(Op::kAppend, {"k"}, {"tail"}),
-      make(Op::kMultiGet, {"a", "b"}),
-      make(Op::kMultiSet, {"a", "b"}, {"1", ""}),
-      make(Op::kCancelWait),
+      request(Op::kSet, {"key"}, {std::string("v\0al", 4)}),
+      request(Op::kCompareSet, {"k"}, {"", "desired"}),
+      request(Op::kGet, {"k"}),
+      request(Op::kAdd, {"counter"}, {}, -42),
+      request(Op::kCheck, {"a", "bb", ""}),
+      request(Op::kWait, {"x"}),
+      request(Op::kWait, {}),
+      request(Op::kGetNumKeys),
+      request(Op::kDeleteKey, {"k"}),
+      request(Op::kAppend, {"k"}, {"tail"}),
+      request(Op::kMultiGet, {"a", "b"}),
+      request(Op::kMultiSet, {"a", "b"}, {"1", ""}),
+      request(Op::kCancelWait),
   };
-  if (g == Generation::kV1) v.push_back(make(Op::kWatchKey, {"w"}));
+  if (g == Generation::kV1) v.push_back(request(Op::kWatchKey, {"w"}));
   if (g == Generation::kV2) {
-    v.push_back(make(Op::kPing, {}, {}, 0, 1234));
-    v.push_back(make(Op::kQueuePush, {"q"}, {"item"}));
-    v.push_back(make(Op::kQueuePop, {"q"}));
-    v.push_back(make(Op::kQueueLen, {"q"}));
-    v.push_back(make(Op::kList));
+    v.push_back(request(Op::kPing, {}, {}, 0, 1234));
+    v.push_back(request(Op::kQueuePush, {"q"}, {"item"}));
+    v.push_back(request(Op::kQueuePop, {"q"}));
+    v.push_back(request(Op::kQueueLen, {"q"}));
+    v.push_back(request(Op::kList));
   }
   return v;
 }
@@ -124,9 +115,9 @@ TEST(StoreProtocol, OpcodeTablesMatchTheWireReference) {
 TEST(StoreProtocol, EncodingIsLittleEndianWithU64Lengths) {
   // The ADD "init/" 1 that a torch 1.13 worker sends first (tcpstore-wire.md).
   std::string expect("\x03\x05\x00\x00\x00\x00\x00\x00\x00init/\x01\x00\x00\x00\x00\x00\x00\x00", 22);
-  EXPECT_EQ(encode(Generation::kV1, make(Op::kAdd, {"init/"}, {}, 1)), expect);
+  EXPECT_EQ(encode(Generation::kV1, request(Op::kAdd, {"init/"}, {}, 1)), expect);
   std::string validate("\x00\xCE\xF7\x85\x3C", 5);
-  EXPECT_EQ(encode(Generation::kV2, make(Op::kValidate, {}, {}, 0, proto::kValidationMagic)),
+  EXPECT_EQ(encode(Generation::kV2, request(Op::kValidate, {}, {}, 0, proto::kValidationMagic)),
             validate);
 }
 
@@ -135,7 +126,7 @@ TEST(StoreProtocol, EveryRequestRoundTripsInOnePieceAndByteByByte) {
     auto reqs = all_requests(g);
     std::string stream;
     if (g == Generation::kV2)
-      stream = encode(g, make(Op::kValidate, {}, {}, 0, proto::kValidationMagic));
+      stream = encode(g, request(Op::kValidate, {}, {}, 0, proto::kValidationMagic));
     for (auto& r : reqs) stream += encode(g, r);
     for (size_t chunk : {stream.size(), size_t{1}, size_t{3}, size_t{7}}) {
       SCOPED_TRACE("generation " + std::to_string(int(g)) + " chunk " + std::to_string(chunk));
@@ -171,19 +162,19 @@ TEST(StoreProtocol, GenerationIsDecidedLazilyFromTheFirstBytes) {
 TEST(StoreProtocol, Gen1SetWhoseKeyLengthStartsLikeTheMagicIsGen1) {
   // A gen-1 SET (opcode 0x00) with a 0xCE-byte key: first bytes 00 CE 00 ...
   std::string key(0xCE, 'k');
-  auto stream = encode(Generation::kV1, make(Op::kSet, {key}, {"v"})) +
-                encode(Generation::kV1, make(Op::kGetNumKeys));
+  auto stream = encode(Generation::kV1, request(Op::kSet, {key}, {"v"})) +
+                encode(Generation::kV1, request(Op::kGetNumKeys));
   for (size_t chunk : {size_t{1}, size_t{2}, stream.size()}) {
     auto p = parse(stream, chunk);
     ASSERT_EQ(p.last, Status::kReady) << p.error;
     EXPECT_EQ(p.gen, Generation::kV1);
     ASSERT_EQ(p.requests.size(), 2u);
-    expect_same(p.requests[0], make(Op::kSet, {key}, {"v"}));
+    expect_same(p.requests[0], request(Op::kSet, {key}, {"v"}));
     EXPECT_EQ(p.requests[1].op, Op::kGetNumKeys);
   }
   // Key length 0xF7CE: matches two magic bytes, then differs; over the 8 KiB key limit.
   std::string big(0xF7CE, 'k');
-  auto p = parse(encode(Generation::kV1, make(Op::kSet, {big}, {"v"})), 1);
+  auto p = parse(encode(Generation::kV1, request(Op::kSet, {big}, {"v"})), 1);
   EXPECT_EQ(p.last, Status::kError);
   EXPECT_EQ(p.gen, Generation::kV1);
   EXPECT_NE(p.error.find("exceeds the limit"), std::string::npos) << p.error;
@@ -201,7 +192,7 @@ TEST(StoreProtocol, GetNumKeysAloneIsOneByteGen1Request) {
 
 TEST(StoreProtocol, ReadyStopsAtTheEndOfARequest) {
   auto g = Generation::kV1;
-  auto stream = encode(g, make(Op::kGet, {"a"})) + encode(g, make(Op::kGet, {"b"}));
+  auto stream = encode(g, request(Op::kGet, {"a"})) + encode(g, request(Op::kGet, {"b"}));
   proto::RequestParser p({}, g);
   size_t used = 0;
   ASSERT_EQ(p.feed(bytes(stream), stream.size(), used), Status::kReady);
@@ -223,13 +214,13 @@ TEST(StoreProtocol, LimitsAndGarbageAreErrors) {
     EXPECT_EQ(p.last, Status::kError);
     EXPECT_NE(p.error.find(needle), std::string::npos) << p.error;
   };
-  bad(encode(g, make(Op::kGet, {"12345"})), "key of 5 bytes exceeds the limit of 4");
-  bad(encode(g, make(Op::kSet, {"k"}, {"123456789"})), "value of 9 bytes exceeds the limit of 8");
-  bad(encode(g, make(Op::kWait, {"a", "b", "c"})), "WAIT of 3 keys exceeds the limit of 2");
-  bad(encode(g, make(Op::kMultiSet, {"a", "b"}, {"12345678", "12345678"})), "request of more");
+  bad(encode(g, request(Op::kGet, {"12345"})), "key of 5 bytes exceeds the limit of 4");
+  bad(encode(g, request(Op::kSet, {"k"}, {"123456789"})), "value of 9 bytes exceeds the limit of 8");
+  bad(encode(g, request(Op::kWait, {"a", "b", "c"})), "WAIT of 3 keys exceeds the limit of 2");
+  bad(encode(g, request(Op::kMultiSet, {"a", "b"}, {"12345678", "12345678"})), "request of more");
   bad(std::string("\x63", 1), "unknown opcode 0x63");
   // A second VALIDATE with a wrong magic.
-  bad(encode(g, make(Op::kValidate, {}, {}, 0, 0xdeadbeef)), "bad VALIDATE magic");
+  bad(encode(g, request(Op::kValidate, {}, {}, 0, 0xdeadbeef)), "bad VALIDATE magic");
   // The default limits are the libuv server's.
   proto::Limits d;
   EXPECT_EQ(d.max_key_bytes, 8u << 10);
@@ -248,7 +239,7 @@ TEST(StoreProtocol, ByteByByteIsLinear) {
   // every byte would take ~10^11 steps; an incremental one takes ~10^6.
   std::vector<std::string> keys;
   for (int i = 0; i < (128 << 10); ++i) keys.push_back(std::to_string(i).insert(0, "k"));
-  auto stream = encode(Generation::kV1, make(Op::kWait, keys));
+  auto stream = encode(Generation::kV1, request(Op::kWait, keys));
   auto t0 = std::chrono::steady_clock::now();
   auto p = parse(stream, 1, Generation::kV1);
   auto dt = std::chrono::steady_clock::now() - t0;
@@ -257,7 +248,7 @@ TEST(StoreProtocol, ByteByByteIsLinear) {
   EXPECT_LT(dt, std::chrono::seconds(5));
   // A 8 MiB value in 1 KiB pieces.
   std::string big(8 << 20, 'x');
-  auto p2 = parse(encode(Generation::kV1, make(Op::kSet, {"big"}, {big})), 1024, Generation::kV1);
+  auto p2 = parse(encode(Generation::kV1, request(Op::kSet, {"big"}, {big})), 1024, Generation::kV1);
   ASSERT_EQ(p2.requests.size(), 1u);
   EXPECT_EQ(p2.requests[0].values[0].size(), big.size());
 }

@@ -31,7 +31,7 @@ TEST(StoreScale, FourThousandConcurrentClients) {
   for (int i = 0; i < kClients; ++i) {
     auto g = i % 2 ? proto::Generation::kV2 : proto::Generation::kV1;
     conns.push_back(std::make_unique<RawConn>(server->port(), g));
-    proto::Request add = req(Op::kAdd, {"scale/count"});
+    proto::Request add = request(Op::kAdd, {"scale/count"});
     add.i64 = 1;
     conns.back()->send_request(add);
   }
@@ -47,12 +47,12 @@ TEST(StoreScale, FourThousandConcurrentClients) {
     int64_t v = conns[i]->recv_i64();
     seen.push_back(v);
     if (v == kClients) releaser = i;
-    conns[i]->send_request(req(Op::kWait, {"scale/release"}));
+    conns[i]->send_request(request(Op::kWait, {"scale/release"}));
   }
   std::sort(seen.begin(), seen.end());
   for (int i = 0; i < kClients; ++i) ASSERT_EQ(seen[i], i + 1);
   ASSERT_GE(releaser, 0);
-  conns[releaser]->send_request(req(Op::kSet, {"scale/release"}, {"go"}));
+  conns[releaser]->send_request(request(Op::kSet, {"scale/release"}, {"go"}));
 
   std::vector<pollfd> fds;
   for (auto& c : conns) fds.push_back({c->fd(), POLLIN, 0});

@@ -99,8 +99,8 @@ TEST_P(StoreGen, WaitIsWokenByEveryOpThatCreatesTheKey) {
       if (op == "ADD") other->add(key, 1);
       if (op == "COMPARE_SET") other->compare_set(key, "", "v");
       // Raw requests: the C++ client offers these on generation 2 only, the server on both.
-      if (op == "APPEND") raw.send_request(req(Op::kAppend, {key}, {"v"}));
-      if (op == "MULTI_SET") raw.send_request(req(Op::kMultiSet, {"other", key}, {"1", "2"}));
+      if (op == "APPEND") raw.send_request(request(Op::kAppend, {key}, {"v"}));
+      if (op == "MULTI_SET") raw.send_request(request(Op::kMultiSet, {"other", key}, {"1", "2"}));
     });
     auto t0 = std::chrono::steady_clock::now();
     s->wait({key}, 10s);
@@ -180,12 +180,12 @@ TEST_P(StoreGen, RequestsSplitIntoOneByteSegments) {
       r.u32 = proto::kValidationMagic;
       return r;
     }());
-  stream += raw.encode(req(Op::kSet, {"split"}, {std::string(300, 'z')}));
-  stream += raw.encode(req(Op::kGet, {"split"}));
-  proto::Request add = req(Op::kAdd, {"split-n"});
+  stream += raw.encode(request(Op::kSet, {"split"}, {std::string(300, 'z')}));
+  stream += raw.encode(request(Op::kGet, {"split"}));
+  proto::Request add = request(Op::kAdd, {"split-n"});
   add.i64 = 41;
   stream += raw.encode(add);
-  stream += raw.encode(req(Op::kWait, {"split", "split-n"}));
+  stream += raw.encode(request(Op::kWait, {"split", "split-n"}));
   raw.send_bytewise(stream);
   EXPECT_EQ(raw.recv_str(), std::string(300, 'z'));
   EXPECT_EQ(raw.recv_i64(), 41);
@@ -197,7 +197,7 @@ TEST_P(StoreGen, RequestsSplitIntoOneByteSegments) {
 TEST_P(StoreGen, GarbageOrOversizedRequestsDisconnectOnlyThatClient) {
   auto s = client();
   RawConn waiter(server->port(), gen());
-  waiter.send_request(req(Op::kWait, {"after-garbage"}));
+  waiter.send_request(request(Op::kWait, {"after-garbage"}));
   EXPECT_TRUE(waiter.silent_for(50ms));
   {
     RawConn bad(server->port(), gen());
@@ -206,7 +206,7 @@ TEST_P(StoreGen, GarbageOrOversizedRequestsDisconnectOnlyThatClient) {
   }
   {
     RawConn big(server->port(), gen());
-    big.send_request(req(Op::kGet, {std::string((8 << 10) + 1, 'k')}));
+    big.send_request(request(Op::kGet, {std::string((8 << 10) + 1, 'k')}));
     EXPECT_TRUE(big.closed_by_peer());
   }
   {
@@ -243,7 +243,7 @@ TEST_P(StoreGen, StalledClientThatNeverReadsDoesNotDelayOthers) {
   ASSERT_EQ(s->get("big").size(), size_t{1} << 20);  // processed before the other connection reads it
   RawConn stalled(server->port(), gen());
   std::string burst;
-  for (int i = 0; i < 32; ++i) burst += stalled.encode(req(Op::kGet, {"big"}));
+  for (int i = 0; i < 32; ++i) burst += stalled.encode(request(Op::kGet, {"big"}));
   stalled.send(burst);  // 32 MiB of replies requested, none read: the server stops reading
   std::this_thread::sleep_for(100ms);
   stalled.send(burst);  // 32 more, arriving while the server does not read this client
@@ -259,7 +259,7 @@ TEST_P(StoreGen, StalledClientThatNeverReadsDoesNotDelayOthers) {
   // The stalled client is still served in full once it reads (the server paused reading
   // from it meanwhile, with its remaining requests already in the socket).
   for (int i = 0; i < 64; ++i) ASSERT_EQ(stalled.recv_str().size(), size_t{1} << 20) << i;
-  stalled.send_request(req(Op::kGetNumKeys));
+  stalled.send_request(request(Op::kGetNumKeys));
   EXPECT_EQ(stalled.recv_i64(), 2);
 }
 
@@ -277,7 +277,7 @@ TEST_P(StoreGen, SilentConnectionIsLeftAlone) {
 
 TEST_P(StoreGen, GetOfAMissingKeyFollowsPyTorch) {
   RawConn raw(server->port(), gen());
-  raw.send_request(req(Op::kGet, {"nope"}));
+  raw.send_request(request(Op::kGet, {"nope"}));
   if (gen() == proto::Generation::kV1) {
     EXPECT_TRUE(raw.closed_by_peer());  // torch 1.13's server drops the connection
   } else {
@@ -287,18 +287,18 @@ TEST_P(StoreGen, GetOfAMissingKeyFollowsPyTorch) {
 
 TEST_P(StoreGen, CancelWaitRepliesAndForgetsTheWait) {
   RawConn raw(server->port(), gen());
-  raw.send_request(req(Op::kWait, {"cw"}));
+  raw.send_request(request(Op::kWait, {"cw"}));
   EXPECT_TRUE(raw.silent_for(50ms));
-  raw.send_request(req(Op::kCancelWait));
+  raw.send_request(request(Op::kCancelWait));
   EXPECT_EQ(raw.recv_u8(), proto::kWaitCanceled);
   auto s = client();
   s->set("cw", "1");
   EXPECT_TRUE(raw.silent_for(200ms));  // no STOP_WAITING for a cancelled wait
   // A wake-up that beats the cancel: STOP_WAITING, then WAIT_CANCELED.
-  raw.send_request(req(Op::kWait, {"cw2"}));
+  raw.send_request(request(Op::kWait, {"cw2"}));
   s->set("cw2", "1");
   std::this_thread::sleep_for(50ms);
-  raw.send_request(req(Op::kCancelWait));
+  raw.send_request(request(Op::kCancelWait));
   EXPECT_EQ(raw.recv_u8(), proto::kWaitStopWaiting);
   EXPECT_EQ(raw.recv_u8(), proto::kWaitCanceled);
 }
@@ -307,7 +307,7 @@ TEST_P(StoreGen, MultiKeyWaitNeedsEveryKey) {
   RawConn raw(server->port(), gen());
   auto s = client();
   s->set("mk1", "1");
-  raw.send_request(req(Op::kWait, {"mk1", "mk2", "mk3", "mk2"}));
+  raw.send_request(request(Op::kWait, {"mk1", "mk2", "mk3", "mk2"}));
   s->set("mk2", "2");
   EXPECT_TRUE(raw.silent_for(100ms));
   s->add("mk3", 1);
@@ -325,7 +325,7 @@ TEST(StoreGen1, StrayStopWaitingAfterAClientGaveUp) {
   // torch 1.13 sends no cancel; the pending wait is answered when the key appears.
   auto server = start_server();
   RawConn raw(server->port(), proto::Generation::kV1);
-  raw.send_request(req(Op::kWait, {"stray"}));
+  raw.send_request(request(Op::kWait, {"stray"}));
   EXPECT_TRUE(raw.silent_for(100ms));  // the client "times out" here
   ddp::TcpStore s(client_options(server->port(), WireGeneration::kV1));
   s.set("stray", "1");
@@ -335,10 +335,10 @@ TEST(StoreGen1, StrayStopWaitingAfterAClientGaveUp) {
 TEST(StoreGen1, Torch20OpcodesAppendMultiGetMultiSet) {
   auto server = start_server();
   RawConn raw(server->port(), proto::Generation::kV1);
-  raw.send_request(req(Op::kAppend, {"ap"}, {"ab"}));
-  raw.send_request(req(Op::kAppend, {"ap"}, {"cd"}));
-  raw.send_request(req(Op::kMultiSet, {"m1", "m2"}, {"x", "y"}));
-  raw.send_request(req(Op::kMultiGet, {"ap", "m2", "m1"}));
+  raw.send_request(request(Op::kAppend, {"ap"}, {"ab"}));
+  raw.send_request(request(Op::kAppend, {"ap"}, {"cd"}));
+  raw.send_request(request(Op::kMultiSet, {"m1", "m2"}, {"x", "y"}));
+  raw.send_request(request(Op::kMultiGet, {"ap", "m2", "m1"}));
   EXPECT_EQ(raw.recv_str(), "abcd");
   EXPECT_EQ(raw.recv_str(), "y");
   EXPECT_EQ(raw.recv_str(), "x");
@@ -347,7 +347,7 @@ TEST(StoreGen1, Torch20OpcodesAppendMultiGetMultiSet) {
 TEST(StoreGen1, WatchKeyReportsChanges) {
   auto server = start_server();
   RawConn watch(server->port(), proto::Generation::kV1);
-  watch.send_request(req(Op::kWatchKey, {"wk"}));
+  watch.send_request(request(Op::kWatchKey, {"wk"}));
   EXPECT_EQ(watch.recv_u8(), proto::kWatchRegistered);
   ddp::TcpStore s(client_options(server->port(), WireGeneration::kV1));
   auto expect_update = [&](uint8_t type, const std::string& old_v, const std::string& new_v) {
@@ -428,8 +428,8 @@ TEST(StoreGen2, BlockingPopQueuePushWakesOneWaiter) {
   auto server = start_server();
   ddp::TcpStore s(client_options(server->port(), WireGeneration::kV2));
   RawConn a(server->port(), proto::Generation::kV2), b(server->port(), proto::Generation::kV2);
-  a.send_request(req(Op::kWait, {"jobs"}));
-  b.send_request(req(Op::kWait, {"jobs"}));
+  a.send_request(request(Op::kWait, {"jobs"}));
+  b.send_request(request(Op::kWait, {"jobs"}));
   EXPECT_TRUE(a.silent_for(50ms));
   s.queue_push("jobs", "j1");
   // Exactly one waiter wakes.
@@ -444,12 +444,12 @@ TEST(StoreGen2, BlockingPopQueuePushWakesOneWaiter) {
   }
   ASSERT_NE(first, nullptr) << "no waiter woke";
   EXPECT_TRUE(second->silent_for(150ms));
-  first->send_request(req(Op::kQueuePop, {"jobs"}));
+  first->send_request(request(Op::kQueuePop, {"jobs"}));
   EXPECT_EQ(first->recv_i64(), 1);
   EXPECT_EQ(first->recv_str(), "j1");
   s.queue_push("jobs", "j2");
   EXPECT_EQ(second->recv_u8(), proto::kWaitStopWaiting);
-  second->send_request(req(Op::kQueueLen, {"jobs"}));
+  second->send_request(request(Op::kQueueLen, {"jobs"}));
   EXPECT_EQ(second->recv_i64(), 1);
 }
 
