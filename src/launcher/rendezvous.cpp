@@ -338,7 +338,6 @@ Rendezvous::~Rendezvous() {
 
 NodeSync* Rendezvous::sync() { return impl_->sync.get(); }
 
-std::string Rendezvous::exit_reason() const { return impl_->sync ? impl_->sync->last_exit_reason() : ""; }
 
 JobPlan Rendezvous::join() {
   const Options& o = impl_->c.o;

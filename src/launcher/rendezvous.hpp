@@ -24,8 +24,6 @@ class Rendezvous {
   JobPlan join();
   // nullptr for a single node.
   NodeSync* sync();
-  // After a successful attempt: why another node failed it ("" if none did).
-  std::string exit_reason() const;
 
  private:
   struct Impl;
