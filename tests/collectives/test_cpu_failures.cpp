@@ -1,10 +1,15 @@
 // Failure behaviour of the CPU backend: timeouts name the operation, rank and peer; a peer
-// killed mid-collective makes every other rank fail well within the timeout, naming it.
+// killed mid-collective makes every other rank fail well within the timeout, naming it; a
+// /dev/shm too small for the shared-memory segment means loopback TCP, not SIGBUS.
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -199,6 +204,126 @@ TEST(CollectiveFailures, ShmSegmentNameIsUnlinked) {
     pg.barrier();
   });
   expect_no_errors(errors);
+}
+
+// Exact results of all_reduce (flat-path, ring and slice sizes), broadcast and all_gather.
+void check_collectives(ddp::ProcessGroup& pg) {
+  const int n = pg.size(), r = pg.rank();
+  auto fail = [&](const std::string& what, size_t i, double got, double want) {
+    throw std::runtime_error(what + ": element " + std::to_string(i) + " is " +
+                             std::to_string(got) + ", expected " + std::to_string(want));
+  };
+  for (size_t bytes : {size_t{16}, size_t{1} << 20, size_t{5} << 20}) {
+    std::vector<float> v(bytes / sizeof(float));
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = static_cast<float>(input_value(ddp::ReduceOp::kSum, ddp::DType::kFloat32, r, i));
+    pg.all_reduce(std::span<float>(v));
+    for (size_t i = 0; i < v.size(); ++i) {
+      double want = expected_value(ddp::ReduceOp::kSum, ddp::DType::kFloat32, n, i);
+      if (v[i] != want) fail("all_reduce of " + std::to_string(bytes) + " bytes", i, v[i], want);
+    }
+  }
+  std::vector<float> b(1 << 18);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = r == 2 ? static_cast<float>(i % 1000) : -1.0f;
+  pg.broadcast(std::span<float>(b), {.root = 2});
+  for (size_t i = 0; i < b.size(); ++i)
+    if (b[i] != static_cast<float>(i % 1000)) fail("broadcast", i, b[i], double(i % 1000));
+  for (size_t count : {size_t{4}, size_t{1} << 17}) {
+    std::vector<float> in(count), out(count * n);
+    for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(r * 1000 + i % 7);
+    pg.all_gather(std::span<const float>(in), std::span<float>(out));
+    for (size_t i = 0; i < out.size(); ++i) {
+      double want = static_cast<double>(i / count * 1000 + i % count % 7);
+      if (out[i] != want) fail("all_gather of " + std::to_string(count), i, out[i], want);
+    }
+  }
+  pg.barrier();
+}
+
+// Runs c's ranks in a child with its own mount namespace and a tmpfs of `size` on /dev/shm
+// (Docker's default is 64 MiB; many ranks or a big shm_ring_bytes outgrow it the same way).
+// Every host whose segment does not fit must fall back to loopback TCP with one warning,
+// and every result must be exact.
+void small_dev_shm(const char* size, const GroupConfig& c, int hosts_without_shm) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {  // stdout and stderr (libddp's warning) go to the parent
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    close(fds[0]);
+    close(fds[1]);
+    alarm(30);
+    std::string opts = std::string("size=") + size;
+    if (unshare(CLONE_NEWNS) != 0 ||
+        mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts.c_str()) != 0) {
+      int e = errno;
+      dprintf(1, "cannot mount a small tmpfs on /dev/shm in a private mount namespace: %s\n",
+              strerror(e));
+      _exit(e == EPERM ? 77 : 1);
+    }
+    auto errors = run_ranks(c, check_collectives);
+    int rc = 0;
+    for (int r = 0; r < c.n; ++r)
+      if (!errors[r].empty()) {
+        dprintf(1, "FAILED rank %d: %s\n", r, errors[r].c_str());
+        rc = 1;
+      }
+    for (auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+      dprintf(1, "FAILED left in /dev/shm: %s\n", e.path().c_str());
+      rc = 1;
+    }
+    _exit(rc);
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (;;) {  // until the child exits (it has 30 s)
+    ssize_t k = read(fds[0], buf, sizeof buf);
+    if (k > 0)
+      out.append(buf, static_cast<size_t>(k));
+    else if (k == 0 || errno != EINTR)
+      break;
+  }
+  close(fds[0]);
+  int st = 0;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 77) GTEST_SKIP() << out;
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0)
+      << (WIFSIGNALED(st) ? "killed by " + std::string(strsignal(WTERMSIG(st)))
+                          : "exit status " + std::to_string(WEXITSTATUS(st)))
+      << "\n"
+      << out;
+  // One warning per such host (its first rank), naming the cause and what to do.
+  const std::string warning = "ddp: warning: shared memory unavailable (cannot reserve ";
+  int warnings = 0;
+  for (size_t at = out.find(warning); at != std::string::npos; at = out.find(warning, at + 1))
+    ++warnings;
+  EXPECT_EQ(warnings, hosts_without_shm) << out;
+  EXPECT_TRUE(contains(out, " MiB): No space left on device); ")) << out;
+  EXPECT_TRUE(contains(out, "loopback TCP")) << out;
+  EXPECT_TRUE(contains(out, "--shm-size")) << out;
+}
+
+// 4 ranks with the default 2 MiB rings need 8.5 MiB (13.5 MiB with the slice areas, when
+// ranks outnumber the CPUs): the flat, slice and ring paths all become the TCP ring.
+TEST(CollectiveFailures, SmallDevShmFallsBackToTcp) {
+  GroupConfig c;
+  c.n = 4;
+  c.timeout = 10s;
+  small_dev_shm("4m", c, 1);
+}
+
+// Two simulated hosts: the 3-rank one (6.4 MiB) falls back, the 2-rank one (4.3 MiB) still
+// uses shared memory; both ends of every link must agree on its kind.
+TEST(CollectiveFailures, SmallDevShmFallsBackOnOneHostOnly) {
+  GroupConfig c;
+  c.n = 5;
+  c.timeout = 10s;
+  c.host_ids = {"a", "a", "a", "b", "b"};
+  small_dev_shm("5m", c, 1);
 }
 
 }  // namespace

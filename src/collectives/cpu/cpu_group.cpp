@@ -292,8 +292,14 @@ class CpuGroup final : public GroupBase {
       }
     }
     const int right = mod(r + 1), left = mod(r - 1);
-    const bool use_shm = local_.size() > 1;
-    all_local_ = use_shm && static_cast<int>(local_.size()) == n;
+    all_local_ = local_.size() > 1 && static_cast<int>(local_.size()) == n;
+    // Shared memory first: whether this host got a segment decides which links are TCP.
+    if (local_.size() > 1 && !setup_shm(deadline)) {
+      for (int i = 0; i < n; ++i) shm[i] = i == r;
+      local_ = {r};
+      my_local_ = 0;
+      all_local_ = false;
+    }
 
     // TCP: accept from the left, connect to the right (n == 2: rank 0 connects, 1 accepts).
     bool accept_left = !shm[left] && (n > 2 || r == 1);
@@ -305,8 +311,6 @@ class CpuGroup final : public GroupBase {
       std::string host = advertised_host(all_same);
       store_->set(key(fmt::format("addr/{}", r)), fmt::format("{} {}", host, port));
     }
-
-    if (use_shm) setup_shm(deadline);
 
     std::shared_ptr<Link> to_right, from_left;
     if (connect_right) {
@@ -367,9 +371,14 @@ class CpuGroup final : public GroupBase {
     return a.empty() ? "127.0.0.1" : a;
   }
 
-  void setup_shm(TimePoint deadline) {
+  // Maps this host's segment. Returns false when the host's first rank could not create it
+  // (e.g. /dev/shm too small): it publishes that instead of a name, and every rank of this
+  // host then uses TCP to its local peers, so both ends of every link agree.
+  bool setup_shm(TimePoint deadline) {
     const int nlocal = static_cast<int>(local_.size());
     const int leader = local_[0];
+    const std::string shm_key = fmt::format("shm/{}", leader);
+    constexpr std::string_view kNoShm = "none: ";  // segment names start with '/'
     if (rank() == leader) {
       // The slice threshold is decided here once (it may depend on this rank's CPU count)
       // and published in the segment, so every rank picks the same algorithm.
@@ -377,11 +386,23 @@ class CpuGroup final : public GroupBase {
       if (slice_min == ProcessGroupOptions::kAutoSlice)
         slice_min = size() > usable_cpus() ? kAutoSliceMin : 0;
       size_t stage = slice_min ? std::max<size_t>(opts_.slice_stage_bytes, 64) : 0;
-      seg_ = ShmSegment::create(nlocal, opts_.shm_ring_bytes, std::max<size_t>(small_, 64), stage,
-                                slice_min);
-      store_->set(key(fmt::format("shm/{}", leader)), seg_->name());
+      try {
+        seg_ = ShmSegment::create(nlocal, opts_.shm_ring_bytes, std::max<size_t>(small_, 64),
+                                  stage, slice_min);
+      } catch (const SystemError& e) {
+        store_->set(key(shm_key), fmt::format("{}{}", kNoShm, e.what()));
+        bool space = e.code() == ENOSPC || e.code() == ENOMEM || e.code() == EFBIG;
+        fmt::print(stderr,
+                   "ddp: warning: shared memory unavailable ({}); ranks on this host use loopback "
+                   "TCP (slower).{}\n",
+                   e.what(), space ? " Enlarge /dev/shm (docker run --shm-size=...)." : "");
+        return false;
+      }
+      store_->set(key(shm_key), seg_->name());
     } else {
-      seg_ = ShmSegment::open(store_get(fmt::format("shm/{}", leader), deadline), nlocal);
+      std::string name = store_get(shm_key, deadline);
+      if (name.starts_with(kNoShm)) return false;
+      seg_ = ShmSegment::open(name, nlocal);
     }
     seg_->rank(my_local_).pid.store(static_cast<int32_t>(getpid()));
     my_bell_ = &seg_->rank(my_local_).bell;
@@ -400,6 +421,7 @@ class CpuGroup final : public GroupBase {
       }
       seg_->unlink();
     }
+    return true;
   }
 
   // ---- failure detection ----------------------------------------------------------------

@@ -4,6 +4,7 @@
 #include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -36,6 +37,16 @@ struct Header {
 };
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+std::string mib(double bytes) { return fmt::format("{:.1f} MiB", bytes / (1 << 20)); }
+
+// "/dev/shm: 3.9 MiB free of 4.0 MiB", for errors about a segment that does not fit.
+std::string dev_shm_space() {
+  struct statvfs v {};
+  if (statvfs("/dev/shm", &v) != 0) return "/dev/shm: free space unknown";
+  return fmt::format("/dev/shm: {} free of {}", mib(static_cast<double>(v.f_bavail) * v.f_frsize),
+                     mib(static_cast<double>(v.f_blocks) * v.f_frsize));
+}
 
 long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts) {
   static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
@@ -73,14 +84,22 @@ std::unique_ptr<ShmSegment> ShmSegment::create(int nlocal, size_t ring_bytes, si
   if (fd < 0) throw SystemError(fmt::format("shm_open({}) for the shared-memory transport", s->name_), errno);
   s->size_ = 0;
   s->layout(false);  // computes size_
-  if (ftruncate(fd, static_cast<off_t>(s->size_)) != 0) {
-    int e = errno;
+  // Reserve every page now (this also sets the size): tmpfs allocates on first touch, so a
+  // full /dev/shm would otherwise kill a rank with SIGBUS in the middle of a collective.
+  int e;
+  do {
+    e = posix_fallocate(fd, 0, static_cast<off_t>(s->size_));
+  } while (e == EINTR);
+  if (e != 0) {
     close(fd);
     shm_unlink(s->name_.c_str());
-    throw SystemError(fmt::format("ftruncate({}, {} bytes)", s->name_, s->size_), e);
+    throw SystemError(fmt::format("cannot reserve {} ({} bytes) for shared-memory segment {} ({})",
+                                  mib(static_cast<double>(s->size_)), s->size_, s->name_,
+                                  dev_shm_space()),
+                      e);
   }
   s->base_ = mmap(nullptr, s->size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  int e = errno;
+  e = errno;
   close(fd);
   if (s->base_ == MAP_FAILED) {
     s->base_ = nullptr;
