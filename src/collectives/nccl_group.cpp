@@ -144,12 +144,10 @@ class NcclGroup final : public GroupBase {
       wait_comm_ready(deadline, "communicator initialisation (ncclCommInitRankConfig)");
     } catch (const TimeoutError& e) {
       release(true);
-      throw TimeoutError(fmt::format("ddp init_process_group (nccl) on rank {} of {} (device {}): {}",
-                                     rank(), size(), device_, e.what()));
+      throw TimeoutError(init_failure(e));
     } catch (const Error& e) {
       release(true);
-      throw CollectiveError(fmt::format("ddp init_process_group (nccl) on rank {} of {} (device {}): {}",
-                                        rank(), size(), device_, e.what()));
+      throw CollectiveError(init_failure(e));
     }
   }
 
@@ -195,6 +193,11 @@ class NcclGroup final : public GroupBase {
   }
 
  private:
+  std::string init_failure(const Error& e) const {
+    return fmt::format("ddp init_process_group (nccl) on rank {} of {}{}: {}", rank(), size(),
+                       device_ >= 0 ? fmt::format(" (device {})", device_) : "", e.what());
+  }
+
   // Polls the communicator until it leaves ncclInProgress (non-blocking mode).
   void wait_comm_ready(TimePoint dl, const char* what) {
     for (;;) {
