@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <random>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -12,6 +11,7 @@
 #include "launcher/log.hpp"
 #include "launcher/options.hpp"
 #include "launcher/process.hpp"
+#include "launcher/random.hpp"
 #include "launcher/rendezvous.hpp"
 #include "launcher/supervisor.hpp"
 #include "launcher/version.hpp"
@@ -21,9 +21,7 @@ namespace ddprun {
 namespace {
 
 std::string random_run_id() {
-  std::random_device rd;
-  std::mt19937_64 g((static_cast<uint64_t>(rd()) << 32) ^ rd());
-  uint64_t a = g(), b = g();
+  uint64_t a = random_u64(), b = random_u64();
   return fmt::format("{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}", a >> 32, (a >> 16) & 0xffff, a & 0xfff,
                      0x8000 | (b >> 48 & 0x3fff), b & 0xffffffffffffULL);
 }

@@ -9,7 +9,6 @@
 #include <cerrno>
 #include <fstream>
 #include <mutex>
-#include <random>
 #include <sstream>
 #include <thread>
 
@@ -20,6 +19,7 @@
 
 #include "ddp/error.hpp"
 #include "ddp/tcp_store.hpp"
+#include "launcher/random.hpp"
 #include "store/server.hpp"
 
 namespace ddprun {
@@ -75,8 +75,7 @@ std::string who_listens(int port) {
 }
 
 std::string random_nonce() {
-  std::random_device rd;
-  return fmt::format("{:08x}{:08x}", rd(), rd());
+  return fmt::format("{:016x}", random_u64());
 }
 
 std::chrono::milliseconds conf_seconds(const Options& o, const std::string& key, double def) {

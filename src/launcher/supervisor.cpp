@@ -15,7 +15,6 @@
 #include <filesystem>
 #include <optional>
 #include <ctime>
-#include <random>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -24,6 +23,7 @@
 #include "launcher/log.hpp"
 #include "launcher/output.hpp"
 #include "launcher/process.hpp"
+#include "launcher/random.hpp"
 
 namespace ddprun {
 
@@ -49,10 +49,10 @@ constexpr size_t kTrickleBytes = 16 << 10;
 constexpr long kTricklePauseNs = 1'000'000;
 
 std::string random_suffix() {
-  std::random_device rd;
   static const char* alphabet = "abcdefghijklmnopqrstuvwxyz0123456789_";
+  uint64_t r = random_u64();
   std::string s;
-  for (int i = 0; i < 8; ++i) s += alphabet[rd() % 37];
+  for (int i = 0; i < 8; ++i, r /= 37) s += alphabet[r % 37];
   return s;
 }
 
@@ -351,19 +351,20 @@ struct Supervisor::Impl {
   }
 
   void on_stream(Stream& s) {
-    static thread_local std::vector<char> buf(kReadChunk);
+    // Not value-initialised: its pages are touched only as output arrives.
+    static thread_local std::unique_ptr<char[]> buf(new char[kReadChunk]);
     for (int i = 0; i < 4; ++i) {
       if (s.fwd->console_full()) {
         epoll_ctl(epfd, EPOLL_CTL_DEL, s.fd, nullptr);
         s.paused = true;  // the console is behind: the worker blocks on its pipe
         return;
       }
-      ssize_t n = read(s.fd, buf.data(), buf.size());
+      ssize_t n = read(s.fd, buf.get(), kReadChunk);
       if (n > 0) {
         ++cycle_reads;
         cycle_bytes += static_cast<size_t>(n);
-        s.fwd->feed(buf.data(), static_cast<size_t>(n), SysClock::now());
-        if (static_cast<size_t>(n) < buf.size()) return;
+        s.fwd->feed(buf.get(), static_cast<size_t>(n), SysClock::now());
+        if (static_cast<size_t>(n) < kReadChunk) return;
         continue;
       }
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
