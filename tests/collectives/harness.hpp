@@ -117,16 +117,18 @@ inline ddp::ProcessGroupOptions options_for(const GroupConfig& c, int rank,
   return o;
 }
 
-// Runs fn(group) on c.n threads (one rank each); returns each rank's exception text ("" if none).
-inline std::vector<std::string> run_ranks(const GroupConfig& c,
-                                          const std::function<void(ddp::ProcessGroup&)>& fn) {
-  auto store = std::make_shared<ddp::MemoryStore>();
-  std::vector<std::string> errors(c.n);
+// Runs fn(group) on n threads (one rank each), each group made from options(rank, store)
+// over one shared store; returns each rank's exception text ("" if none).
+inline std::vector<std::string> run_ranks_with(
+    int n, const std::function<ddp::ProcessGroupOptions(int, std::shared_ptr<ddp::Store>)>& options,
+    const std::function<void(ddp::ProcessGroup&)>& fn,
+    std::shared_ptr<ddp::Store> store = std::make_shared<ddp::MemoryStore>()) {
+  std::vector<std::string> errors(n);
   std::vector<std::thread> threads;
-  for (int r = 0; r < c.n; ++r)
+  for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       try {
-        auto pg = ddp::init_process_group(options_for(c, r, store));
+        auto pg = ddp::init_process_group(options(r, store));
         fn(*pg);
       } catch (const std::exception& e) {
         errors[r] = e.what();
@@ -135,6 +137,14 @@ inline std::vector<std::string> run_ranks(const GroupConfig& c,
     });
   for (auto& t : threads) t.join();
   return errors;
+}
+
+// The same for a GroupConfig (CPU backend).
+inline std::vector<std::string> run_ranks(const GroupConfig& c,
+                                          const std::function<void(ddp::ProcessGroup&)>& fn) {
+  return run_ranks_with(
+      c.n, [&](int r, std::shared_ptr<ddp::Store> store) { return options_for(c, r, std::move(store)); },
+      fn);
 }
 
 inline void expect_no_errors(const std::vector<std::string>& errors) {

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "ddp/ddp.hpp"
+#include "harness.hpp"
 
 using namespace std::chrono_literals;
 
@@ -21,27 +22,20 @@ int gpus() { return ddp::cuda_device_count(); }
 
 // Runs fn on one thread per rank (world = min(devices, 4)), each with its own group.
 void run_nccl(int world, const std::function<void(ddp::ProcessGroup&)>& fn) {
-  auto store = std::make_shared<ddp::MemoryStore>();
-  std::vector<std::string> errors(world);
-  std::vector<std::thread> ts;
-  for (int r = 0; r < world; ++r)
-    ts.emplace_back([&, r] {
-      try {
+  auto errors = ddp_test::run_ranks_with(
+      world,
+      [&](int r, std::shared_ptr<ddp::Store> store) {
         ddp::ProcessGroupOptions o;
         o.rank = r;
         o.world_size = world;
-        o.store = store;
+        o.store = std::move(store);
         o.backend = ddp::Backend::kNccl;
         o.device = r;
         o.timeout = 60s;
-        auto pg = ddp::init_process_group(o);
-        fn(*pg);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (auto& t : ts) t.join();
-  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+        return o;
+      },
+      fn);
+  ddp_test::expect_no_errors(errors);
 }
 
 int world() { return std::min(gpus(), 4); }

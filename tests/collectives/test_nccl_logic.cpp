@@ -40,19 +40,9 @@ ddp::ProcessGroupOptions nccl_options(int rank, int world, std::shared_ptr<ddp::
 std::vector<std::string> run_ranks(int world, const std::function<void(ddp::ProcessGroup&)>& fn,
                                    std::shared_ptr<ddp::MemoryStore> store = nullptr) {
   if (!store) store = std::make_shared<ddp::MemoryStore>();
-  std::vector<std::string> errors(world);
-  std::vector<std::thread> ts;
-  for (int r = 0; r < world; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        auto pg = ddp::init_process_group(nccl_options(r, world, store));
-        fn(*pg);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (auto& t : ts) t.join();
-  return errors;
+  return ddp_test::run_ranks_with(
+      world, [&](int r, std::shared_ptr<ddp::Store> s) { return nccl_options(r, world, std::move(s)); },
+      fn, store);
 }
 
 // Every communicator, stream and allocation was released, and nothing was misused.
