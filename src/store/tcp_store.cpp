@@ -34,6 +34,7 @@ namespace {
 // Thrown by the I/O helpers when a deadline passes; callers turn it into a TimeoutError
 // with their context.
 struct IoTimeout {};
+struct PingRefused {};
 
 std::string quoted_keys(const std::vector<std::string>& keys, size_t max = 16) {
   std::string s;
@@ -97,6 +98,7 @@ struct TcpStore::Impl {
 
   TcpStoreOptions opt;
   proto::Generation gen;
+  bool ping = true;  // false once a server closed the connection on PING (torch 2.2, 2.3)
   std::string addr;
   std::mutex mu;
   Fd fd;
@@ -162,18 +164,25 @@ struct TcpStore::Impl {
         last_error = fmt::format("cannot resolve {}: {}", opt.host,
                                  rc == EAI_SYSTEM ? errno_text(errno) : ::gai_strerror(rc));
       } else {
+        std::unique_ptr<addrinfo, void (*)(addrinfo*)> owner(res, ::freeaddrinfo);
         for (addrinfo* ai = res; ai; ai = ai->ai_next) {
           int err = 0;
           Fd s = try_connect(ai, deadline, err);
           if (s) {
-            ::freeaddrinfo(res);
             fd = std::move(s);
-            handshake(deadline, t0);
+            try {
+              handshake(deadline, t0);
+            } catch (const PingRefused&) {
+              // A generation-2 server older than PING (torch 2.2/2.3) closes the connection
+              // on it: connect again at once and send VALIDATE alone.
+              ping = false;
+              last_error = "the server closed the connection on PING";
+              continue;
+            }
             return;
           }
           last_error = errno_text(err);
         }
-        ::freeaddrinfo(res);
       }
       auto now = Clock::now();
       if (now >= deadline)
@@ -189,7 +198,9 @@ struct TcpStore::Impl {
     }
   }
 
-  // Generation 2: VALIDATE, then PING with our pid, expecting it echoed.
+  // Generation 2: VALIDATE, then PING with our pid, expecting it echoed (as torch's client
+  // does). Throws PingRefused when the server closes the connection instead of answering:
+  // torch's servers before PING existed (2.2, 2.3) treat it as an invalid command.
   void handshake(Clock::time_point deadline, Clock::time_point t0) {
     if (gen != proto::Generation::kV2) return;
     const uint32_t nonce = static_cast<uint32_t>(::getpid());
@@ -198,6 +209,10 @@ struct TcpStore::Impl {
     r.op = proto::Op::kValidate;
     r.u32 = proto::kValidationMagic;
     proto::encode_request(gen, r, req);
+    if (!ping) {
+      send_all(req, std::max(deadline, Clock::now() + std::chrono::seconds(5)), "VALIDATE");
+      return;
+    }
     r.op = proto::Op::kPing;
     r.u32 = nonce;
     proto::encode_request(gen, r, req);
@@ -207,6 +222,9 @@ struct TcpStore::Impl {
     try {
       send_all(req, deadline, "handshake");
       recv_exact(&echo, sizeof echo, deadline, "handshake");
+    } catch (const NetworkError&) {
+      if (fd) throw;
+      throw PingRefused{};  // closed (EOF or reset) before the echo
     } catch (const IoTimeout&) {
       fd.reset();
       throw NetworkError(fmt::format(

@@ -536,6 +536,64 @@ TEST(StoreGen2, ClientToleratesAStopWaitingThatRacedItsCancel) {
   }
 }
 
+// A generation-2 server from before PING existed (torch 2.2/2.3): it closes the connection
+// on PING. The client must connect again with VALIDATE alone and then work.
+TEST(StoreGen2, ServerWithoutPingGetsValidateAlone) {
+  int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(lfd, 4), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  std::vector<int> opcodes_after_validate;
+  std::thread server([&] {
+    auto read_n = [](int fd, void* buf, size_t n) {
+      auto* p = static_cast<char*>(buf);
+      while (n > 0) {
+        ssize_t r = ::recv(fd, p, n, 0);
+        if (r <= 0) return false;
+        p += r;
+        n -= static_cast<size_t>(r);
+      }
+      return true;
+    };
+    for (int conn = 0; conn < 2; ++conn) {
+      int fd = ::accept(lfd, nullptr, nullptr);
+      uint8_t validate[5], op = 0xff;
+      if (!read_n(fd, validate, 5) || validate[0] != 0 || !read_n(fd, &op, 1)) {
+        ::close(fd);
+        return;
+      }
+      opcodes_after_validate.push_back(op);
+      if (op == 13) {  // "Client sent invalid command": close
+        ::close(fd);
+        continue;
+      }
+      uint64_t n = 0, klen = 0;  // CHECK: u64 count, then the key
+      std::string key;
+      if (op == 5 && read_n(fd, &n, 8) && read_n(fd, &klen, 8)) {
+        key.resize(klen);
+        read_n(fd, key.data(), klen);
+        uint8_t not_ready = 1;
+        ::send(fd, &not_ready, 1, MSG_NOSIGNAL);
+      }
+      char drain;
+      while (::recv(fd, &drain, 1, 0) > 0) {
+      }
+      ::close(fd);
+    }
+  });
+  {
+    ddp::TcpStore s(client_options(ntohs(a.sin_port), WireGeneration::kV2));
+    EXPECT_FALSE(s.check({"k"}));
+  }
+  server.join();
+  ::close(lfd);
+  EXPECT_EQ(opcodes_after_validate, (std::vector<int>{13, 5}));
+}
+
 // ---------------------------------------------------------------------------------------
 // Server lifecycle and the client's connection handling
 
