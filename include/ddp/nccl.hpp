@@ -28,7 +28,8 @@ class DeviceBuffer {
   void* data() const { return ptr_; }
   size_t size() const { return bytes_; }
   int device() const { return device_; }
-  // Synchronous copies of n bytes at byte offset `offset`.
+  // Copies of n bytes at byte offset `offset`, complete when they return (so a collective on
+  // the group's stream sees the data), and zero-filling, also complete when it returns.
   void copy_from_host(const void* src, size_t n, size_t offset = 0);
   void copy_to_host(void* dst, size_t n, size_t offset = 0) const;
   void fill_zero();

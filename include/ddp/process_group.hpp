@@ -14,7 +14,10 @@
 //          (between hosts), a flat shared-memory algorithm for small messages and a
 //          shared-memory slice all-reduce for large ones when ranks outnumber the CPUs.
 //   kNccl  CUDA device buffers (void* device pointers), work enqueued on the group's CUDA
-//          stream and waited for (the call returns when the result is in place).
+//          stream and waited for (the call returns when the result is in place). That stream
+//          is non-blocking and does not wait for work the caller queued elsewhere: finish
+//          kernels and async copies that write the input first, or pass your own stream as
+//          ProcessGroupOptions::cuda_stream. DeviceBuffer's copies are complete on return.
 #pragma once
 
 #include <chrono>

@@ -58,6 +58,9 @@ void DeviceBuffer::copy_from_host(const void* src, size_t n, size_t offset) {
   if (offset + n > bytes_) throw CollectiveError("DeviceBuffer::copy_from_host: out of range");
   DDP_CUDA_CHECK(cudaSetDevice(device_));
   DDP_CUDA_CHECK(cudaMemcpy(static_cast<char*>(ptr_) + offset, src, n, cudaMemcpyHostToDevice));
+  // From pageable memory cudaMemcpy may return before the DMA lands, and the groups' streams
+  // are non-blocking (they do not wait for the legacy stream): finish it here.
+  DDP_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 }
 void DeviceBuffer::copy_to_host(void* dst, size_t n, size_t offset) const {
   if (offset + n > bytes_) throw CollectiveError("DeviceBuffer::copy_to_host: out of range");
@@ -67,6 +70,7 @@ void DeviceBuffer::copy_to_host(void* dst, size_t n, size_t offset) const {
 void DeviceBuffer::fill_zero() {
   DDP_CUDA_CHECK(cudaSetDevice(device_));
   if (bytes_) DDP_CUDA_CHECK(cudaMemset(ptr_, 0, bytes_));
+  DDP_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // cudaMemset is asynchronous
 }
 
 namespace detail {

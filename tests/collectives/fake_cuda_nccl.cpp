@@ -68,6 +68,7 @@ struct State {
   std::deque<std::unique_ptr<ncclComm>> comms;             // never freed before reset
   std::deque<std::unique_ptr<CUstream_st>> streams;
   std::map<void*, int> allocations;  // pointer -> device
+  std::set<int> legacy_busy;          // devices whose legacy stream may still be copying
   uint64_t next_id = 1;
 };
 
@@ -228,6 +229,9 @@ ncclResult_t enqueue(Post post, ncclComm* comm, cudaStream_t stream, const char*
     misuse(std::string(fn) + ": stream, current device and communicator device differ");
   for (const void* p : {post.send, static_cast<const void*>(post.recv)})
     if (post.count && !s.allocations.count(const_cast<void*>(p))) misuse(std::string(fn) + ": buffer is not device memory");
+  if (s.legacy_busy.count(comm->device))
+    misuse(std::string(fn) + " enqueued while a host-to-device copy or memset may still be "
+           "running on the legacy stream, which a non-blocking stream does not wait for");
   s.counters.types.push_back(post.type);
   if (post.kind == 'a' || post.kind == 's') s.counters.ops.push_back(post.op);
   if (s.script.fail_enqueue != ncclSuccess) {
@@ -258,6 +262,7 @@ void reset(const Script& script) {
   s.streams.clear();
   for (auto& [p, device] : s.allocations) std::free(p);
   s.allocations.clear();
+  s.legacy_busy.clear();
   s.next_id = 1;
 }
 
@@ -335,14 +340,31 @@ cudaError_t cudaFree(void* ptr) {
   return cudaSuccess;
 }
 
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
+// From pageable memory, host-to-device copies and memsets may finish after they return,
+// on the legacy default stream.
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  std::lock_guard lk(mu);
   std::memcpy(dst, src, n);
+  if (kind == cudaMemcpyHostToDevice) state().legacy_busy.insert(fake::current_device);
   return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void* p, int v, size_t n) {
+  std::lock_guard lk(mu);
   std::memset(p, v, n);
+  state().legacy_busy.insert(fake::current_device);
   return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  std::lock_guard lk(mu);
+  if (stream == nullptr || stream == cudaStreamLegacy) {
+    state().legacy_busy.erase(fake::current_device);
+    return cudaSuccess;
+  }
+  // The backend must poll its stream against a deadline, never block on it.
+  fake::misuse("cudaStreamSynchronize on a collective stream (blocks without a deadline)");
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {

@@ -9,8 +9,12 @@
 //   - a collective completes when every rank of the clique has enqueued it (checked for
 //     matching count/type/op/root), and its stream reports cudaErrorNotReady until then;
 //   - failures are injected through Script;
+//   - host-to-device cudaMemcpy and cudaMemset leave the device's legacy stream busy until
+//     cudaStreamSynchronize(cudaStreamLegacy), as with pageable memory on a real GPU;
 //   - misuse (a call on a destroyed or aborted communicator, a stream or device mismatch, a
-//     freed pointer, two ranks on one device) is recorded in Counters::misuse.
+//     freed pointer, two ranks on one device, a collective enqueued while the legacy stream
+//     may still be writing its input, a blocking cudaStreamSynchronize on a collective
+//     stream) is recorded in Counters::misuse.
 // The real library is exercised by test_nccl (ctest label "gpu").
 #pragma once
 
