@@ -9,16 +9,25 @@ namespace ddp::detail::proto {
 
 namespace {
 
-// Wire opcode -> operation, per generation.
+// Wire opcode -> operation, per generation (protocol.hpp lists them).
 constexpr Op kV1Ops[] = {Op::kSet,       Op::kCompareSet, Op::kGet,      Op::kAdd,
                          Op::kCheck,     Op::kWait,       Op::kGetNumKeys, Op::kWatchKey,
                          Op::kDeleteKey, Op::kAppend,     Op::kMultiGet, Op::kMultiSet,
                          Op::kCancelWait};
+constexpr Op kV1Torch21Ops[] = {Op::kSet,        Op::kCompareSet, Op::kGet,
+                                Op::kAdd,        Op::kCheck,      Op::kWait,
+                                Op::kGetNumKeys, Op::kDeleteKey,  Op::kAppend,
+                                Op::kMultiGet,   Op::kMultiSet,   Op::kCancelWait};
 constexpr Op kV2Ops[] = {Op::kValidate,  Op::kSet,       Op::kCompareSet, Op::kGet,
                          Op::kAdd,       Op::kCheck,     Op::kWait,       Op::kGetNumKeys,
                          Op::kDeleteKey, Op::kAppend,    Op::kMultiGet,   Op::kMultiSet,
                          Op::kCancelWait, Op::kPing,     Op::kQueuePush,  Op::kQueuePop,
-                         Op::kQueueLen,  Op::kList};
+                         Op::kQueueLen,  Op::kList,      Op::kBarrier};
+
+// Generation-1 opcodes whose meaning differs between torch <= 2.0 and torch 2.1.
+constexpr uint8_t kV1WatchOrDelete = 7;  // 1.13 WATCH_KEY, 2.1 DELETE_KEY
+constexpr uint8_t kV1DeleteOrAppend = 8;  // 1.13 DELETE_KEY, 2.1 APPEND
+constexpr uint8_t kV1CancelWait20 = 12;  // CANCEL_WAIT of a 2.0-era main; not in 2.1
 
 std::string hex_byte(uint8_t b) {
   static const char* digits = "0123456789abcdef";
@@ -32,6 +41,7 @@ const char* gen_name(Generation g) {
   switch (g) {
     case Generation::kV1: return "1";
     case Generation::kV2: return "2";
+    case Generation::kV1Torch21: return "1, torch 2.1 numbering";
     default: return "?";
   }
 }
@@ -58,13 +68,16 @@ const char* op_name(Op op) {
     case Op::kQueuePush: return "QUEUE_PUSH";
     case Op::kQueuePop: return "QUEUE_POP";
     case Op::kQueueLen: return "QUEUE_LEN";
-    case Op::kList: return "LIST";
+    case Op::kList: return "LIST";  // LIST_KEYS in torch
+    case Op::kBarrier: return "BARRIER";
   }
   return "?";
 }
 
 std::optional<Op> decode_opcode(Generation g, uint8_t opcode) {
   if (g == Generation::kV1 && opcode < std::size(kV1Ops)) return kV1Ops[opcode];
+  if (g == Generation::kV1Torch21 && opcode < std::size(kV1Torch21Ops))
+    return kV1Torch21Ops[opcode];
   if (g == Generation::kV2 && opcode < std::size(kV2Ops)) return kV2Ops[opcode];
   return std::nullopt;
 }
@@ -76,6 +89,7 @@ std::optional<uint8_t> encode_opcode(Generation g, Op op) {
     return std::nullopt;
   };
   if (g == Generation::kV1) return find(kV1Ops, std::size(kV1Ops));
+  if (g == Generation::kV1Torch21) return find(kV1Torch21Ops, std::size(kV1Torch21Ops));
   if (g == Generation::kV2) return find(kV2Ops, std::size(kV2Ops));
   return std::nullopt;
 }
@@ -94,6 +108,25 @@ RequestParser::Status RequestParser::fail(std::string why) {
   return Status::kError;
 }
 
+std::optional<Op> RequestParser::decode(uint8_t opcode) {
+  if (gen_ != Generation::kV1) return decode_opcode(gen_, opcode);
+  const bool first = !v1_started_;
+  v1_started_ = true;
+  if (v1_callback_) {  // torch 1.13's callback connection: 1.13's opcodes only
+    if (opcode <= kV1DeleteOrAppend || opcode == kV1CancelWait20) return kV1Ops[opcode];
+    return std::nullopt;
+  }
+  if (opcode == kV1WatchOrDelete && first) {
+    v1_callback_ = true;
+    return Op::kWatchKey;
+  }
+  if (opcode == kV1WatchOrDelete || (opcode > kV1DeleteOrAppend && opcode < kV1CancelWait20)) {
+    gen_ = Generation::kV1Torch21;  // evidence of torch 2.1's numbering
+    return kV1Torch21Ops[opcode];
+  }
+  return decode_opcode(gen_, opcode);  // the same in both, or 8 (DELETE_KEY) and 12
+}
+
 bool RequestParser::begin_op(uint8_t opcode) {
   static constexpr Field kU32[] = {Field::kU32};
   static constexpr Field kKey[] = {Field::kKey};
@@ -102,7 +135,7 @@ bool RequestParser::begin_op(uint8_t opcode) {
   static constexpr Field kKeyI64[] = {Field::kKey, Field::kI64};
   static constexpr Field kCount[] = {Field::kCount};
 
-  auto op = decode_opcode(gen_, opcode);
+  auto op = decode(opcode);
   if (!op) {
     fail("unknown opcode " + hex_byte(opcode) + " (wire generation " + gen_name(gen_) + ")");
     return false;
@@ -135,7 +168,8 @@ bool RequestParser::begin_op(uint8_t opcode) {
     case Op::kWatchKey:
     case Op::kQueuePop:
     case Op::kQueueLen: schema(kKey, 1); break;
-    case Op::kAdd: schema(kKeyI64, 2); break;
+    case Op::kAdd:
+    case Op::kBarrier: schema(kKeyI64, 2); break;
     case Op::kCheck:
     case Op::kWait:
     case Op::kMultiGet: schema(kCount, 1, kKey, 1); break;
@@ -379,6 +413,7 @@ void encode_request(Generation g, const Request& r, std::string& out) {
       put_str(out, r.keys[0]);
       break;
     case Op::kAdd:
+    case Op::kBarrier:
       need(1, 0);
       put_str(out, r.keys[0]);
       put_i64(out, r.i64);

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -19,10 +20,14 @@ namespace ddp::detail::proto {
 inline constexpr uint32_t kValidationMagic = 0x3C85F7CE;
 
 enum class Generation : uint8_t {
-  kUnknown,  // not decided yet: the parser decides from the first bytes
-  kV1,       // torch 1.13 .. 2.1
-  kV2,       // torch 2.2+
+  kUnknown,    // not decided yet: the parser decides from the first bytes
+  kV1,         // no handshake; torch 1.13 .. 2.0 numbering (WATCH_KEY=7 DELETE_KEY=8)
+  kV2,         // torch 2.2+ (VALIDATE first)
+  kV1Torch21,  // no handshake; torch 2.1's numbering (no WATCH_KEY; DELETE_KEY=7 .. CANCEL_WAIT=11)
 };
+
+// Generation 1 in either numbering (no handshake, GET of a missing key is an error).
+inline bool is_gen1(Generation g) { return g == Generation::kV1 || g == Generation::kV1Torch21; }
 
 // Operations, independent of their opcode in either generation.
 enum class Op : uint8_t {
@@ -44,13 +49,23 @@ enum class Op : uint8_t {
   kQueuePush,
   kQueuePop,
   kQueueLen,
-  kList,
+  kList,     // torch calls it LIST_KEYS
+  kBarrier,  // generation 2 only; torch main since PyTorch PR #174920 (2026-02)
 };
 
 const char* op_name(Op op);
 
-// The operation behind a wire opcode; nullopt if the generation has no such opcode.
-// Generation must be kV1 or kV2.
+// Opcode tables (docs/store.md):
+//   kV1         SET0 COMPARE_SET1 GET2 ADD3 CHECK4 WAIT5 GETNUMKEYS6 WATCH_KEY7 DELETE_KEY8, and
+//               an unreleased 2.0-era main's APPEND9 MULTI_GET10 MULTI_SET11 CANCEL_WAIT12
+//   kV1Torch21  SET0 ... GETNUMKEYS6 DELETE_KEY7 APPEND8 MULTI_GET9 MULTI_SET10 CANCEL_WAIT11
+//   kV2         VALIDATE0 SET1 ... CANCEL_WAIT12 PING13 QUEUE_PUSH14 QUEUE_POP15 QUEUE_LEN16
+//               LIST_KEYS17 BARRIER18
+// The parser does not use the kV1 table as is: it tells torch 2.1 apart per connection (see
+// RequestParser).
+//
+// The operation behind a wire opcode in that table; nullopt if it has no such opcode.
+// Generation must not be kUnknown.
 std::optional<Op> decode_opcode(Generation g, uint8_t opcode);
 // The wire opcode of an operation; nullopt if the generation lacks it (PING in gen 1...).
 std::optional<uint8_t> encode_opcode(Generation g, Op op);
@@ -65,7 +80,7 @@ inline constexpr uint8_t kWatchUpdated = 0, kWatchCreated = 1, kWatchDeleted = 2
 //   keys    the key fields in wire order (SET/GET/... one; CHECK/WAIT/MULTI_GET/MULTI_SET n)
 //   values  the payload fields in wire order (SET/APPEND/QUEUE_PUSH one value; COMPARE_SET
 //           expected then desired; MULTI_SET one per key)
-//   i64     ADD's delta
+//   i64     ADD's delta, BARRIER's world size
 //   u32     VALIDATE's magic, PING's nonce
 struct Request {
   Op op = Op::kGetNumKeys;
@@ -81,12 +96,16 @@ inline Request request(Op op, std::vector<std::string> keys = {}, std::vector<st
   return Request{op, std::move(keys), std::move(values), i64, u32};
 }
 
+// Per-field limits are the libuv server's. PyTorch has no per-request total, so by default
+// neither do we: the parser never allocates on a declared length, so a request only ever
+// holds the bytes that actually arrived, and a legal MULTI_SET (up to 128 Ki x 8 MiB) must
+// not be refused.
 struct Limits {
   size_t max_key_bytes = 8 << 10;
   size_t max_payload_bytes = 8 << 20;
   size_t max_keys_per_request = 128 << 10;
-  // Sum of the declared string lengths of one request (MULTI_SET of big values).
-  size_t max_request_bytes = size_t{256} << 20;
+  // Sum of the declared string lengths of one request; no limit by default.
+  size_t max_request_bytes = std::numeric_limits<size_t>::max();
 };
 
 // Incremental (push) parser of a client's request stream. Bytes can be fed in pieces of
@@ -97,6 +116,18 @@ struct Limits {
 // With Generation::kUnknown the generation is decided from the first bytes: 0x00 followed
 // by CE F7 85 3C is generation 2 (and yields a VALIDATE request), anything else is
 // generation 1. Nothing is decided before the first byte arrives.
+//
+// Generation 1 (kV1, given or detected) then tells torch 2.1's numbering apart per
+// connection, from the opcodes it sees:
+//  - opcode 9, 10 or 11 (MULTI_GET, MULTI_SET, CANCEL_WAIT in 2.1; torch <= 2.0 never sends
+//    them) switches the connection to kV1Torch21 for good, as does opcode 7 on a connection
+//    whose first request was not opcode 7 (2.1's DELETE_KEY);
+//  - a first request with opcode 7 is torch 1.13's WATCH_KEY on its "callback" connection:
+//    the connection stays kV1 for good and speaks opcodes 0-8 and 12 only;
+//  - before any evidence, opcode 8 is DELETE_KEY (1.13) and 12 CANCEL_WAIT (2.0-era).
+// Residual ambiguities: a 2.1 client's APPEND (8) before any 2.1-only request is read as
+// DELETE_KEY, and a 2.1 client whose very first request is DELETE_KEY (7) is taken for a
+// callback connection. Requests parsed before the switch keep their meaning.
 class RequestParser {
  public:
   enum class Status {
@@ -122,6 +153,7 @@ class RequestParser {
   enum class Field : uint8_t { kU32, kI64, kCount, kKey, kValue };
 
   Status fail(std::string why);
+  std::optional<Op> decode(uint8_t opcode);  // decode_opcode plus the torch 2.1 detection
   bool begin_op(uint8_t opcode);   // false: error set
   bool next_field();               // starts the next field, or sets kReady; false: error
   bool on_fixed_complete();        // false: error set
@@ -156,6 +188,9 @@ class RequestParser {
   // Generation detection: bytes seen so far of a possible VALIDATE.
   uint8_t detect_[5] = {};
   uint8_t detect_len_ = 0;
+  // Generation-1 numbering detection.
+  bool v1_started_ = false;   // a request has begun on this connection
+  bool v1_callback_ = false;  // the first request was WATCH_KEY: torch 1.13 for good
 };
 
 // Encoders: raw little-endian (host order on x86-64) integers and u64-length strings.

@@ -7,7 +7,11 @@
 // Writes: replies are appended to a per-connection output buffer; after each event the
 // buffers touched are flushed with non-blocking writes, and whatever the kernel does not
 // take waits for writability (async_wait) without holding anyone else up. A connection
-// with more than kPauseReadingAbove bytes unsent is not read from until it drains.
+// with more than kPauseReadingAbove bytes unsent has no further request handled (what was
+// read stays buffered) and is not read from until its output drains, so its own replies
+// exceed that by one reply at most. max_pending_output_bytes caps only the output queued
+// behind the batch being written (see Conn::batch_end): a client that keeps reading is never
+// cut off, however large a single reply is (PyTorch has no cap at all).
 #include "store/server.hpp"
 
 #include <sys/resource.h>
@@ -81,13 +85,25 @@ struct Conn : std::enable_shared_from_this<Conn> {
       : sock(std::move(s)), parser(limits), id(id_) {}
 
   size_t pending() const { return out.size() - out_off; }
+  // Output queued behind the batch being written. A batch is everything that was queued
+  // when the previous one had been written: a client that reads keeps starting new batches;
+  // one that does not stays on its first while everything else piles up behind it.
+  uint64_t queued_behind() {
+    uint64_t written = out_pos + out_off, end = out_pos + out.size();
+    if (batch_end <= written) batch_end = end;
+    return end - batch_end;
+  }
 
   tcp::socket sock;
   proto::RequestParser parser;
   std::vector<uint8_t> rbuf = std::vector<uint8_t>(kSmallReadBuffer);
+  size_t rpos = 0, rlen = 0;  // rbuf[rpos, rlen): read but not yet handled
   uint64_t id;
   std::string out;  // unsent replies from out_off on
   size_t out_off = 0;
+  // Output positions count every byte ever queued on the connection.
+  uint64_t out_pos = 0;    // position of out[0]
+  uint64_t batch_end = 0;  // end of the batch being written
   bool closed = false, reading = false, writing = false, dirty = false;
   bool paused = false;  // not reading until unsent replies drain
   std::vector<std::unique_ptr<Wait>> waits;
@@ -114,7 +130,8 @@ class StoreServer::Impl {
   void on_accept(tcp::socket s);
   void arm_read(const ConnPtr& c);
   void on_read(const ConnPtr& c, size_t n);
-  void process(Conn& c, const uint8_t* data, size_t n);
+  void pump(const ConnPtr& c);
+  void process(Conn& c);
   void handle(Conn& c, proto::Request& r);
   std::string& out(Conn& c);
   void flush_dirty();
@@ -124,7 +141,8 @@ class StoreServer::Impl {
 
   // The key-value data and the waits on it (all touched on the io thread only).
   bool present(const std::string& key) const;
-  void store_value(const std::string& key, std::string value);
+  void store_value(const std::string& key, std::string value, bool wake = true);
+  void barrier(Conn& c, const std::string& key, int64_t world_size);
   void wake_all(const std::string& key);
   void wake_one(const std::string& key);
   void complete(Wait* w);
@@ -305,6 +323,7 @@ void StoreServer::Impl::close(Conn& c, std::string_view why) {
   c.out.clear();
   c.out.shrink_to_fit();
   c.out_off = 0;
+  c.rpos = c.rlen = 0;
   auto keep = c.shared_from_this();  // conns_ may hold the last reference
   conns_.erase(c.id);
   nconn_.store(conns_.size(), std::memory_order_relaxed);
@@ -315,10 +334,7 @@ void StoreServer::Impl::close(Conn& c, std::string_view why) {
 
 void StoreServer::Impl::arm_read(const ConnPtr& c) {
   if (c->closed || c->reading) return;
-  if (c->pending() > kPauseReadingAbove) {
-    c->paused = true;  // flush() resumes once the replies drained
-    return;
-  }
+  c->rpos = c->rlen = 0;
   c->reading = true;
   c->sock.async_read_some(asio::buffer(c->rbuf), [this, c](error_code ec, size_t n) {
     c->reading = false;
@@ -333,19 +349,36 @@ void StoreServer::Impl::arm_read(const ConnPtr& c) {
 }
 
 void StoreServer::Impl::on_read(const ConnPtr& c, size_t n) {
-  process(*c, c->rbuf.data(), n);
+  c->rpos = 0;
+  c->rlen = n;
   // A client that fills the small buffer sends bulk data: give it a large one.
   if (n == c->rbuf.size() && c->rbuf.size() < kLargeReadBuffer) c->rbuf.resize(kLargeReadBuffer);
-  flush_dirty();
-  arm_read(c);
+  pump(c);
 }
 
-void StoreServer::Impl::process(Conn& c, const uint8_t* data, size_t n) {
-  size_t off = 0;
-  while (off < n && !c.closed) {
+// Handles what was read and then reads more, unless unsent replies pile up: then the
+// connection is paused, and flush() resumes it once they drained.
+void StoreServer::Impl::pump(const ConnPtr& c) {
+  c->paused = false;
+  while (!c->closed) {
+    if (c->pending() > kPauseReadingAbove) {
+      c->paused = true;  // a write is in progress (flush_dirty ran after the last output)
+      return;
+    }
+    if (c->rpos == c->rlen) {
+      arm_read(c);
+      return;
+    }
+    process(*c);
+    flush_dirty();
+  }
+}
+
+void StoreServer::Impl::process(Conn& c) {
+  while (c.rpos < c.rlen && !c.closed && c.pending() <= kPauseReadingAbove) {
     size_t used = 0;
-    auto st = c.parser.feed(data + off, n - off, used);
-    off += used;
+    auto st = c.parser.feed(c.rbuf.data() + c.rpos, c.rlen - c.rpos, used);
+    c.rpos += used;
     if (st == proto::RequestParser::Status::kNeedMore) break;
     if (st == proto::RequestParser::Status::kError) {
       close(c, fmt::format("protocol error: {}", c.parser.error()));
@@ -377,8 +410,10 @@ void StoreServer::Impl::flush_dirty() {
     for (auto& c : list) {
       c->dirty = false;
       if (c->closed) continue;
-      if (c->pending() > opt_.max_pending_output_bytes) {
-        close(*c, fmt::format("client does not read its replies ({} bytes unsent)", c->pending()));
+      if (uint64_t behind = c->queued_behind(); behind > opt_.max_pending_output_bytes) {
+        close(*c, fmt::format("client does not read its replies ({} bytes unsent, {} of them "
+                              "queued behind the {} bytes being written)",
+                              c->pending(), behind, c->pending() - behind));
         continue;
       }
       flush(c);
@@ -394,6 +429,7 @@ void StoreServer::Impl::flush(const ConnPtr& c) {
     if (would_block(ec)) {
       if (c->out_off > 0 && c->out_off >= c->out.size() / 2) {
         c->out.erase(0, c->out_off);
+        c->out_pos += c->out_off;
         c->out_off = 0;
       }
       c->writing = true;
@@ -414,14 +450,17 @@ void StoreServer::Impl::flush(const ConnPtr& c) {
     }
     c->out_off += n;
   }
+  c->out_pos += c->out.size();
   c->out.clear();
   c->out_off = 0;
   if (c->out.capacity() > (1u << 20)) c->out.shrink_to_fit();
   if (c->paused) {
-    // Reading was paused while replies piled up. The read starts with an attempt, so
-    // requests that arrived meanwhile (and raised their readiness edge then) are seen.
+    // Requests were left unhandled and reading stopped while replies piled up: go on,
+    // outside this flush (which may run inside another connection's handling). The read
+    // starts with an attempt, so requests that arrived meanwhile (and raised their
+    // readiness edge then) are seen.
     c->paused = false;
-    arm_read(c);
+    asio::post(io_, [this, c] { pump(c); });
   }
 }
 
@@ -434,7 +473,10 @@ bool StoreServer::Impl::present(const std::string& key) const {
   return q != queues_.end() && !q->second.empty();
 }
 
-void StoreServer::Impl::store_value(const std::string& key, std::string value) {
+// Every write wakes the key's waiters, as in PyTorch. Waiters normally sit on missing keys
+// only; BARRIER's are on an existing key, as are WAITs registered before a barrier created
+// its key, and a SET/ADD/... of that key releases them as torch's would.
+void StoreServer::Impl::store_value(const std::string& key, std::string value, bool wake) {
   auto w = watchers_.find(key);
   auto [it, inserted] = kv_.try_emplace(key);
   if (w != watchers_.end()) {
@@ -444,7 +486,34 @@ void StoreServer::Impl::store_value(const std::string& key, std::string value) {
   } else {
     it->second = std::move(value);
   }
-  if (inserted) wake_all(key);
+  if (wake) wake_all(key);
+}
+
+// PyTorch's LibUVStoreDaemon::barrier: the counter is the key's own value (decimal text,
+// parsed like std::stoll, never reset). Only the arrival that reaches world_size wakes the
+// key's waiters: earlier ones write the counter without waking anyone, even the first,
+// which creates the key (a plain WAIT on the key returns at the last arrival, as in torch).
+void StoreServer::Impl::barrier(Conn& c, const std::string& key, int64_t world_size) {
+  int64_t count = 1;
+  if (auto it = kv_.find(key); it != kv_.end()) {
+    auto cur = proto::parse_counter(it->second);
+    if (!cur)
+      throw Violation(fmt::format("BARRIER on key '{}' whose value is not an integer", key));
+    count = static_cast<int64_t>(static_cast<uint64_t>(*cur) + 1);
+  }
+  const bool last = count >= world_size;  // also every arrival when world_size <= 0
+  store_value(key, std::to_string(count), /*wake=*/last);
+  if (last) {
+    proto::put_u8(out(c), proto::kWaitStopWaiting);
+    return;
+  }
+  // Waits like a WAIT on this key, so CANCEL_WAIT and closing clean it up.
+  auto w = std::make_unique<Wait>();
+  w->conn = &c;
+  w->keys.push_back(key);
+  w->remaining = 1;
+  waiters_[key].push_back(w.get());
+  c.waits.push_back(std::move(w));
 }
 
 void StoreServer::Impl::wake_all(const std::string& key) {
@@ -517,7 +586,7 @@ void StoreServer::Impl::unwatch(Conn& c) {
 
 void StoreServer::Impl::handle(Conn& c, proto::Request& r) {
   using proto::Op;
-  const bool gen1 = c.parser.generation() == proto::Generation::kV1;
+  const bool gen1 = proto::is_gen1(c.parser.generation());
   switch (r.op) {
     case Op::kValidate:  // the parser checked the magic
       break;
@@ -537,10 +606,15 @@ void StoreServer::Impl::handle(Conn& c, proto::Request& r) {
           proto::put_str(out(c), desired);
           store_value(key, std::move(desired));
         } else {
-          proto::put_str(out(c), expected);  // PyTorch's reply: nothing was set
+          // PyTorch's reply: nothing was set. Its libuv server also wakes the key's waiters
+          // here; ours does not (a torch bug, docs/store.md).
+          proto::put_str(out(c), expected);
         }
       } else {
-        if (it->second == expected) store_value(key, std::move(desired));
+        if (it->second == expected)
+          store_value(key, std::move(desired));
+        else
+          wake_all(key);  // as PyTorch's libuv server (waits on a present key: BARRIER's)
         proto::put_str(out(c), kv_.find(key)->second);
       }
       break;
@@ -617,13 +691,16 @@ void StoreServer::Impl::handle(Conn& c, proto::Request& r) {
       auto it = kv_.find(r.keys[0]);
       if (it == kv_.end()) {
         store_value(r.keys[0], std::move(r.values[0]));
-      } else if (watchers_.count(r.keys[0])) {
+        break;
+      }
+      if (watchers_.count(r.keys[0])) {
         std::string old = it->second;
         it->second += r.values[0];
         notify(r.keys[0], proto::kWatchUpdated, old, it->second);
       } else {
         it->second += r.values[0];
       }
+      wake_all(r.keys[0]);
       break;
     }
     case Op::kMultiGet: {
@@ -670,6 +747,9 @@ void StoreServer::Impl::handle(Conn& c, proto::Request& r) {
       for (auto& [k, v] : kv_) proto::put_str(o, k);
       break;
     }
+    case Op::kBarrier:
+      barrier(c, r.keys[0], r.i64);
+      break;
   }
 }
 

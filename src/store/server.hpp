@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -20,9 +21,13 @@ struct StoreServerOptions {
   int backlog = 2048;  // the kernel caps it at net.core.somaxconn
   size_t max_key_bytes = 8 << 10, max_payload_bytes = 8 << 20,
          max_keys_per_request = 128 << 10;
-  // Sum of the declared string lengths of one request.
-  size_t max_request_bytes = size_t{256} << 20;
-  // A connection whose unsent replies exceed this is closed (a client that never reads).
+  // Sum of the declared string lengths of one request. No limit by default, as in PyTorch
+  // (a legal MULTI_SET carries up to 128 Ki x 8 MiB); the parser never allocates on a
+  // declared length, so memory follows the bytes that actually arrive.
+  size_t max_request_bytes = std::numeric_limits<size_t>::max();
+  // A connection with more than this queued behind the output it is being sent is closed
+  // (a client that never reads while wake-ups or watch events pile up). A reply being
+  // written is never counted, however large: a client that reads is never cut off.
   size_t max_pending_output_bytes = size_t{512} << 20;
 };
 

@@ -66,6 +66,9 @@ void expect_same(const proto::Request& a, const proto::Request& b) {
   EXPECT_EQ(a.u32, b.u32);
 }
 
+// Every request of a generation, in an order that a connection can send them in: torch
+// 1.13's main connection (kV1: no WATCH_KEY, no 2.0-era opcodes 9-11), torch 2.1's (its
+// DELETE_KEY comes before its APPEND, so the numbering is known by then), generation 2.
 std::vector<proto::Request> all_requests(Generation g) {
   std::vector<proto::Request> v = {
       request(Op::kSet, {"key"}, {std::string("v\0al", 4)}),
@@ -77,18 +80,20 @@ std::vector<proto::Request> all_requests(Generation g) {
       request(Op::kWait, {}),
       request(Op::kGetNumKeys),
       request(Op::kDeleteKey, {"k"}),
-      request(Op::kAppend, {"k"}, {"tail"}),
-      request(Op::kMultiGet, {"a", "b"}),
-      request(Op::kMultiSet, {"a", "b"}, {"1", ""}),
-      request(Op::kCancelWait),
   };
-  if (g == Generation::kV1) v.push_back(request(Op::kWatchKey, {"w"}));
+  if (g != Generation::kV1) {
+    v.push_back(request(Op::kAppend, {"k"}, {"tail"}));
+    v.push_back(request(Op::kMultiGet, {"a", "b"}));
+    v.push_back(request(Op::kMultiSet, {"a", "b"}, {"1", ""}));
+  }
+  v.push_back(request(Op::kCancelWait));  // generation 1: 12 (2.0-era) or 11 (2.1)
   if (g == Generation::kV2) {
     v.push_back(request(Op::kPing, {}, {}, 0, 1234));
     v.push_back(request(Op::kQueuePush, {"q"}, {"item"}));
     v.push_back(request(Op::kQueuePop, {"q"}));
     v.push_back(request(Op::kQueueLen, {"q"}));
     v.push_back(request(Op::kList));
+    v.push_back(request(Op::kBarrier, {"b"}, {}, -3));
   }
   return v;
 }
@@ -102,14 +107,31 @@ TEST(StoreProtocol, OpcodeTablesMatchTheWireReference) {
   EXPECT_EQ(proto::encode_opcode(Generation::kV1, Op::kCancelWait), 12);
   EXPECT_FALSE(proto::encode_opcode(Generation::kV1, Op::kPing));
   EXPECT_FALSE(proto::encode_opcode(Generation::kV1, Op::kValidate));
+  // torch 2.1: WATCH_KEY removed, everything after it one lower.
+  EXPECT_EQ(proto::encode_opcode(Generation::kV1Torch21, Op::kGetNumKeys), 6);
+  EXPECT_EQ(proto::encode_opcode(Generation::kV1Torch21, Op::kDeleteKey), 7);
+  EXPECT_EQ(proto::encode_opcode(Generation::kV1Torch21, Op::kAppend), 8);
+  EXPECT_EQ(proto::encode_opcode(Generation::kV1Torch21, Op::kMultiGet), 9);
+  EXPECT_EQ(proto::encode_opcode(Generation::kV1Torch21, Op::kMultiSet), 10);
+  EXPECT_EQ(proto::encode_opcode(Generation::kV1Torch21, Op::kCancelWait), 11);
+  EXPECT_FALSE(proto::encode_opcode(Generation::kV1Torch21, Op::kWatchKey));
+  EXPECT_FALSE(proto::encode_opcode(Generation::kV1Torch21, Op::kValidate));
+  EXPECT_FALSE(proto::decode_opcode(Generation::kV1Torch21, 12));
   EXPECT_EQ(proto::encode_opcode(Generation::kV2, Op::kValidate), 0);
   EXPECT_EQ(proto::encode_opcode(Generation::kV2, Op::kSet), 1);
   EXPECT_EQ(proto::encode_opcode(Generation::kV2, Op::kGetNumKeys), 7);
   EXPECT_EQ(proto::encode_opcode(Generation::kV2, Op::kPing), 13);
-  EXPECT_EQ(proto::encode_opcode(Generation::kV2, Op::kList), 17);
+  EXPECT_EQ(proto::encode_opcode(Generation::kV2, Op::kList), 17);  // LIST_KEYS
+  EXPECT_EQ(proto::encode_opcode(Generation::kV2, Op::kBarrier), 18);
   EXPECT_FALSE(proto::encode_opcode(Generation::kV2, Op::kWatchKey));
+  EXPECT_FALSE(proto::encode_opcode(Generation::kV1, Op::kBarrier));
   EXPECT_FALSE(proto::decode_opcode(Generation::kV1, 13));
-  EXPECT_FALSE(proto::decode_opcode(Generation::kV2, 18));
+  EXPECT_FALSE(proto::decode_opcode(Generation::kV2, 19));
+}
+
+TEST(StoreProtocol, BarrierIsKeyThenWorldSize) {
+  std::string expect("\x12\x02\x00\x00\x00\x00\x00\x00\x00/b\x03\x00\x00\x00\x00\x00\x00\x00", 19);
+  EXPECT_EQ(encode(Generation::kV2, request(Op::kBarrier, {"/b"}, {}, 3)), expect);
 }
 
 TEST(StoreProtocol, EncodingIsLittleEndianWithU64Lengths) {
@@ -122,7 +144,7 @@ TEST(StoreProtocol, EncodingIsLittleEndianWithU64Lengths) {
 }
 
 TEST(StoreProtocol, EveryRequestRoundTripsInOnePieceAndByteByByte) {
-  for (auto g : {Generation::kV1, Generation::kV2}) {
+  for (auto g : {Generation::kV1, Generation::kV1Torch21, Generation::kV2}) {
     auto reqs = all_requests(g);
     std::string stream;
     if (g == Generation::kV2)
@@ -141,6 +163,80 @@ TEST(StoreProtocol, EveryRequestRoundTripsInOnePieceAndByteByByte) {
       for (size_t i = 0; i < reqs.size(); ++i) expect_same(p.requests[i + first], reqs[i]);
     }
   }
+}
+
+// Requests parsed from a generation-1 stream, the stream given as (numbering, request) pairs.
+Parsed parse_v1(const std::vector<std::pair<Generation, proto::Request>>& reqs, size_t chunk) {
+  std::string stream;
+  for (auto& [g, r] : reqs) stream += encode(g, r);
+  return parse(stream, chunk);
+}
+
+TEST(StoreProtocol, Gen1TellsTorch21NumberingApartPerConnection) {
+  const auto v1 = Generation::kV1, v21 = Generation::kV1Torch21;
+  for (size_t chunk : {size_t{1}, size_t{4096}}) {
+    SCOPED_TRACE("chunk " + std::to_string(chunk));
+    // torch 1.13's callback connection: WATCH_KEY first, and again later; 1.13 for good.
+    auto p = parse_v1({{v1, request(Op::kWatchKey, {"a"})},
+                       {v1, request(Op::kWatchKey, {"b"})},
+                       {v1, request(Op::kDeleteKey, {"c"})}},
+                      chunk);
+    ASSERT_EQ(p.requests.size(), 3u) << p.error;
+    EXPECT_EQ(p.requests[1].op, Op::kWatchKey);
+    EXPECT_EQ(p.requests[2].op, Op::kDeleteKey);
+    EXPECT_EQ(p.gen, v1);
+    // ... where opcodes 9-11 do not exist.
+    p = parse(encode(v1, request(Op::kWatchKey, {"a"})) + encode(v21, request(Op::kMultiGet, {"x"})),
+              chunk);
+    EXPECT_EQ(p.last, Status::kError);
+    EXPECT_NE(p.error.find("unknown opcode 0x09 (wire generation 1)"), std::string::npos) << p.error;
+    // Opcode 7 after another request: 2.1's DELETE_KEY; then 8 is APPEND.
+    p = parse_v1({{v1, request(Op::kSet, {"k"}, {"v"})},
+                  {v21, request(Op::kDeleteKey, {"k"})},
+                  {v21, request(Op::kAppend, {"k"}, {"w"})}},
+                 chunk);
+    ASSERT_EQ(p.requests.size(), 3u) << p.error;
+    expect_same(p.requests[1], request(Op::kDeleteKey, {"k"}));
+    expect_same(p.requests[2], request(Op::kAppend, {"k"}, {"w"}));
+    EXPECT_EQ(p.gen, v21);
+    // 8 before any evidence is 1.13's DELETE_KEY; a later CANCEL_WAIT=11 switches to 2.1,
+    // where 12 does not exist.
+    p = parse_v1({{v1, request(Op::kDeleteKey, {"k"})},
+                  {v1, request(Op::kWait, {"w"})},
+                  {v21, request(Op::kCancelWait)},
+                  {v21, request(Op::kAppend, {"k"}, {"w"})},
+                  {v1, request(Op::kCancelWait)}},
+                 chunk);
+    ASSERT_EQ(p.requests.size(), 4u) << p.error;
+    expect_same(p.requests[0], request(Op::kDeleteKey, {"k"}));
+    EXPECT_EQ(p.requests[2].op, Op::kCancelWait);
+    EXPECT_EQ(p.requests[3].op, Op::kAppend);
+    EXPECT_EQ(p.last, Status::kError);
+    EXPECT_NE(p.error.find("unknown opcode 0x0c (wire generation 1, torch 2.1 numbering)"),
+              std::string::npos)
+        << p.error;
+    // 9, 10, 11 first: 2.1.
+    for (auto& r : {request(Op::kMultiGet, {"a"}), request(Op::kMultiSet, {"a"}, {"1"}),
+                    request(Op::kCancelWait)}) {
+      p = parse_v1({{v21, r}, {v21, request(Op::kDeleteKey, {"a"})}}, chunk);
+      ASSERT_EQ(p.requests.size(), 2u) << p.error;
+      expect_same(p.requests[0], r);
+      EXPECT_EQ(p.requests[1].op, Op::kDeleteKey);
+      EXPECT_EQ(p.gen, v21);
+    }
+    // 12 (2.0-era CANCEL_WAIT) decides nothing.
+    p = parse_v1({{v1, request(Op::kCancelWait)}, {v1, request(Op::kDeleteKey, {"a"})}}, chunk);
+    ASSERT_EQ(p.requests.size(), 2u) << p.error;
+    EXPECT_EQ(p.requests[0].op, Op::kCancelWait);
+    EXPECT_EQ(p.requests[1].op, Op::kDeleteKey);
+    EXPECT_EQ(p.gen, v1);
+  }
+  // A parser started as kV1Torch21 uses 2.1's table from the first request.
+  proto::RequestParser p({}, Generation::kV1Torch21);
+  const uint8_t del[] = {7, 1, 0, 0, 0, 0, 0, 0, 0, 'k'};
+  size_t used = 0;
+  ASSERT_EQ(p.feed(del, sizeof del, used), Status::kReady);
+  EXPECT_EQ(p.take().op, Op::kDeleteKey);
 }
 
 TEST(StoreProtocol, GenerationIsDecidedLazilyFromTheFirstBytes) {
@@ -226,6 +322,7 @@ TEST(StoreProtocol, LimitsAndGarbageAreErrors) {
   EXPECT_EQ(d.max_key_bytes, 8u << 10);
   EXPECT_EQ(d.max_payload_bytes, 8u << 20);
   EXPECT_EQ(d.max_keys_per_request, 128u << 10);
+  EXPECT_EQ(d.max_request_bytes, SIZE_MAX);  // no per-request total, as in PyTorch
   // An error is sticky.
   proto::RequestParser p({}, g);
   size_t used;
