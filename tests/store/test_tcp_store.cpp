@@ -461,20 +461,38 @@ TEST(StoreGen2, BlockingPopQueuePushWakesOneWaiter) {
 
 namespace {
 
+// A listening socket on 127.0.0.1 and a free port, for fake servers.
+int listen_loopback(uint16_t& port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  ::listen(fd, 4);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  port = ntohs(a.sin_port);
+  return fd;
+}
+
+// Reads exactly n bytes; false on EOF or error.
+bool read_n(int fd, void* buf, size_t n) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    ssize_t r = ::recv(fd, p, n, 0);
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
 // A fake generation-2 server for one client: answers the handshake, then waits for
 // CANCEL_WAIT and answers it with `cancel_reply`.
 class FakeServer {
  public:
   explicit FakeServer(std::string cancel_reply) : reply_(std::move(cancel_reply)) {
-    lfd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(lfd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    ::listen(lfd_, 4);
-    socklen_t len = sizeof a;
-    ::getsockname(lfd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
+    lfd_ = listen_loopback(port_);
     thread_ = std::thread([this] { serve(); });
   }
   ~FakeServer() {
@@ -485,16 +503,6 @@ class FakeServer {
   bool saw_cancel() const { return saw_cancel_; }
 
  private:
-  bool read_n(int fd, void* buf, size_t n) {
-    auto* p = static_cast<char*>(buf);
-    while (n > 0) {
-      ssize_t r = ::recv(fd, p, n, 0);
-      if (r <= 0) return false;
-      p += r;
-      n -= static_cast<size_t>(r);
-    }
-    return true;
-  }
   void serve() {
     int fd = ::accept(lfd_, nullptr, nullptr);
     if (fd < 0) return;
@@ -545,26 +553,10 @@ TEST(StoreGen2, ClientToleratesAStopWaitingThatRacedItsCancel) {
 // A generation-2 server from before PING existed (torch 2.2/2.3): it closes the connection
 // on PING. The client must connect again with VALIDATE alone and then work.
 TEST(StoreGen2, ServerWithoutPingGetsValidateAlone) {
-  int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(lfd, 4), 0);
-  socklen_t len = sizeof a;
-  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  uint16_t port = 0;
+  int lfd = listen_loopback(port);
   std::vector<int> opcodes_after_validate;
   std::thread server([&] {
-    auto read_n = [](int fd, void* buf, size_t n) {
-      auto* p = static_cast<char*>(buf);
-      while (n > 0) {
-        ssize_t r = ::recv(fd, p, n, 0);
-        if (r <= 0) return false;
-        p += r;
-        n -= static_cast<size_t>(r);
-      }
-      return true;
-    };
     for (int conn = 0; conn < 2; ++conn) {
       int fd = ::accept(lfd, nullptr, nullptr);
       uint8_t validate[5], op = 0xff;
@@ -592,7 +584,7 @@ TEST(StoreGen2, ServerWithoutPingGetsValidateAlone) {
     }
   });
   {
-    ddp::TcpStore s(client_options(ntohs(a.sin_port), WireGeneration::kV2));
+    ddp::TcpStore s(client_options(port, WireGeneration::kV2));
     EXPECT_FALSE(s.check({"k"}));
   }
   server.join();
