@@ -206,6 +206,67 @@ TEST(CollectiveFailures, ShmSegmentNameIsUnlinked) {
   expect_no_errors(errors);
 }
 
+// A store that refuses to set one key, so that the rank using it fails inside its bootstrap.
+class RefusingStore : public ddp::Store {
+ public:
+  RefusingStore(std::shared_ptr<ddp::Store> inner, std::string refused)
+      : inner_(std::move(inner)), refused_(std::move(refused)) {}
+  void set(const std::string& k, const std::string& v) override {
+    if (k == refused_) throw ddp::StoreError("injected failure: cannot set " + k);
+    inner_->set(k, v);
+  }
+  std::string get(const std::string& k) override { return inner_->get(k); }
+  int64_t add(const std::string& k, int64_t d) override { return inner_->add(k, d); }
+  std::string compare_set(const std::string& k, const std::string& e, const std::string& d) override {
+    return inner_->compare_set(k, e, d);
+  }
+  bool check(const std::vector<std::string>& k) override { return inner_->check(k); }
+  void wait(const std::vector<std::string>& k, std::chrono::milliseconds t) override { inner_->wait(k, t); }
+  bool delete_key(const std::string& k) override { return inner_->delete_key(k); }
+  int64_t num_keys() override { return inner_->num_keys(); }
+
+ private:
+  std::shared_ptr<ddp::Store> inner_;
+  std::string refused_;
+};
+
+// Rank 2 of 3 fails while the others wait for it in the bootstrap (for its shared-memory
+// mapping, its TCP address, its TCP connection): they must give up at once, naming it,
+// not after the 20 s init timeout.
+void bootstrap_failure_is_fast(ddp::Transport transport, const std::string& refused_key) {
+  GroupConfig c;
+  c.n = 3;
+  c.transport = transport;
+  c.timeout = 20s;
+  std::vector<Clock::duration> took(3);
+  auto t0 = Clock::now();
+  auto errors = run_ranks_with(
+      3,
+      [&](int r, std::shared_ptr<ddp::Store> store) {
+        if (r == 2) store = std::make_shared<RefusingStore>(store, refused_key);
+        return options_for(c, r, std::move(store));
+      },
+      [](ddp::ProcessGroup&) {});
+  auto all = Clock::now() - t0;
+  EXPECT_LT(all, 5s) << "the ranks waited for the init timeout";
+  EXPECT_TRUE(contains(errors[2], "injected failure: cannot set " + refused_key)) << errors[2];
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(contains(errors[r], "init_process_group")) << errors[r];
+    EXPECT_TRUE(contains(errors[r], "rank 2")) << errors[r];
+  }
+  // At least one of them names what rank 2 reported (the other may see rank 2's sockets or
+  // shared-memory flag first).
+  EXPECT_TRUE(contains(errors[0] + errors[1], "rank 2 reported: ")) << errors[0] << "\n" << errors[1];
+}
+
+TEST(CollectiveFailures, BootstrapFailureOfAShmPeerEndsEveryonesWait) {
+  bootstrap_failure_is_fast(ddp::Transport::kAuto, "pg/shm_mapped/2");
+}
+
+TEST(CollectiveFailures, BootstrapFailureOfATcpPeerEndsEveryonesWait) {
+  bootstrap_failure_is_fast(ddp::Transport::kTcp, "pg/addr/2");
+}
+
 // Exact results of all_reduce (flat-path, ring and slice sizes), broadcast and all_gather.
 void check_collectives(ddp::ProcessGroup& pg) {
   const int n = pg.size(), r = pg.rank();

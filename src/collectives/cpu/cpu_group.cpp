@@ -236,6 +236,7 @@ class CpuGroup final : public GroupBase {
     if (store_) {
       try {
         store_->set(key(fmt::format("abort/{}", rank())), reason);
+        store_->set(key("abort"), std::to_string(rank()));  // one key for waiters to check
       } catch (...) {
       }
     }
@@ -264,8 +265,39 @@ class CpuGroup final : public GroupBase {
   std::string key(const std::string& k) const { return name_ + "/" + k; }
 
   std::string store_get(const std::string& k, TimePoint deadline) {
-    store_->wait({key(k)}, std::max(remaining(deadline), milliseconds(1)));
+    wait_keys({key(k)}, deadline);
     return store_->get(key(k));
+  }
+
+  void wait_keys(const std::vector<std::string>& keys, TimePoint deadline) {
+    abortable(deadline, fmt::format("waiting for store key(s) {}", fmt::join(keys, ", ")),
+              [&](TimePoint until) { store_->wait(keys, std::max(remaining(until), milliseconds(1))); });
+  }
+
+  // Runs step(until) in growing slices (0.1 s to 2 s) until it returns or the deadline
+  // passes; step throws TimeoutError when its slice ends. Between slices, a failure another
+  // rank reported (on_failure sets "<name>/abort") ends the wait at once, naming that rank,
+  // instead of every rank waiting out the init timeout for a peer that is gone.
+  template <class Step>
+  void abortable(TimePoint deadline, const std::string& what, Step&& step) {
+    const auto t0 = Clock::now();
+    auto slice = milliseconds(100);
+    for (;;) {
+      const TimePoint until = std::min(deadline, Clock::now() + slice);
+      try {
+        step(until);
+        return;
+      } catch (const TimeoutError& e) {
+        if (store_->check({key("abort")}))
+          throw CollectiveError(fmt::format("gave up {}: another rank failed{}", what,
+                                            peer_reports()));
+        if (until >= deadline)
+          throw TimeoutError(fmt::format(
+              "{}: nothing after {} ms (last attempt: {})", what,
+              std::chrono::duration_cast<milliseconds>(Clock::now() - t0).count(), e.what()));
+      }
+      slice = std::min(slice * 2, milliseconds(2000));
+    }
   }
 
   // ---- bootstrap ----------------------------------------------------------------------
@@ -318,12 +350,18 @@ class CpuGroup final : public GroupBase {
       auto sp = addr.rfind(' ');
       std::string host = addr.substr(0, sp);
       auto port = static_cast<uint16_t>(std::stoi(addr.substr(sp + 1)));
-      Fd fd = tcp_connect_peer(host, port, tag_, r, right, deadline);
+      Fd fd;
+      abortable(deadline, fmt::format("connecting to rank {}", right), [&](TimePoint until) {
+        fd = tcp_connect_peer(host, port, tag_, r, right, until);
+      });
       to_right = std::make_shared<TcpLink>(right, std::move(fd), fmt::format("{}:{}", host, port),
                                            4 * chunk_);
     }
     if (accept_left) {
-      Fd fd = tcp_accept_peer(listener.get(), tag_, left, deadline);
+      Fd fd;
+      abortable(deadline, fmt::format("waiting for rank {} to connect", left), [&](TimePoint until) {
+        fd = tcp_accept_peer(listener.get(), tag_, left, until);
+      });
       from_left = std::make_shared<TcpLink>(left, std::move(fd), "accepted connection", 4 * chunk_);
     }
     if (n == 2) {
@@ -414,7 +452,7 @@ class CpuGroup final : public GroupBase {
       std::vector<std::string> keys;
       for (int g : local_) keys.push_back(key(fmt::format("shm_mapped/{}", g)));
       try {
-        store_->wait(keys, std::max(remaining(deadline), milliseconds(1)));
+        wait_keys(keys, deadline);
       } catch (...) {
         seg_->unlink();
         throw;
@@ -436,6 +474,7 @@ class CpuGroup final : public GroupBase {
         if (!store_->check({k})) continue;
         std::string v = store_->get(k);
         if (v.size() > 400) v = v.substr(0, 400) + "...";
+        if (out.find(v) != std::string::npos) continue;  // already quoted by another report
         out += fmt::format("; rank {} reported: {}", i, v);
         ++found;
       }
