@@ -268,6 +268,27 @@ TEST(CollectiveFailures, BootstrapFailureOfATcpPeerEndsEveryonesWait) {
 }
 
 // Exact results of all_reduce (flat-path, ring and slice sizes), broadcast and all_gather.
+void check_collectives(ddp::ProcessGroup& pg);
+
+// One rank told to use TCP among ranks left on kAuto: every link must agree on its kind
+// (it used to be shared memory at one end and TCP at the other: a hang until the timeout).
+TEST(CollectiveFailures, MixedTransportOptionsAgreeOnEveryLink) {
+  GroupConfig c;
+  c.n = 4;
+  c.timeout = 10s;
+  auto t0 = Clock::now();
+  auto errors = run_ranks_with(
+      c.n,
+      [&](int r, std::shared_ptr<ddp::Store> store) {
+        auto o = options_for(c, r, std::move(store));
+        if (r == 1) o.transport = ddp::Transport::kTcp;
+        return o;
+      },
+      check_collectives);
+  expect_no_errors(errors);
+  EXPECT_LT(Clock::now() - t0, 5s);
+}
+
 void check_collectives(ddp::ProcessGroup& pg) {
   const int n = pg.size(), r = pg.rank();
   auto fail = [&](const std::string& what, size_t i, double got, double want) {
