@@ -309,17 +309,27 @@ class CpuGroup final : public GroupBase {
       tag_ = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
       store_->set(key("tag"), std::to_string(tag_));
     }
-    // A rank told to use TCP publishes an identity no one shares, so that both ends of each
-    // of its links choose TCP even if the other rank was left on kAuto.
-    std::string me = opts_.host_id.empty() ? host_identity() : opts_.host_id;
-    if (opts_.transport == Transport::kTcp) me += fmt::format("|tcp-only rank {}", r);
-    store_->set(key(fmt::format("host/{}", r)), me);
+    // The host identity, and whether this rank may share memory: a rank told to use TCP
+    // says so, and both ends of each of its links then choose TCP, even if the other rank
+    // was left on kAuto.
+    constexpr std::string_view kTcpOnly = "\x1ftcp-only";
+    const std::string me = opts_.host_id.empty() ? host_identity() : opts_.host_id;
+    const bool tcp_only = opts_.transport == Transport::kTcp;
+    store_->set(key(fmt::format("host/{}", r)), tcp_only ? me + std::string(kTcpOnly) : me);
     if (r != 0) tag_ = std::stoull(store_get("tag", deadline));
     std::vector<bool> same(n), shm(n);
     bool all_same = true;
     for (int i = 0; i < n; ++i) {
-      same[i] = i == r || store_get(fmt::format("host/{}", i), deadline) == me;
-      shm[i] = same[i];
+      bool peer_tcp_only = tcp_only;
+      if (i != r) {
+        std::string v = store_get(fmt::format("host/{}", i), deadline);
+        peer_tcp_only = v.ends_with(kTcpOnly);
+        if (peer_tcp_only) v.resize(v.size() - kTcpOnly.size());
+        same[i] = v == me;
+      } else {
+        same[i] = true;
+      }
+      shm[i] = same[i] && !tcp_only && !peer_tcp_only;
       all_same = all_same && same[i];
       if (shm[i]) {
         if (i == r) my_local_ = static_cast<int>(local_.size());
