@@ -5,12 +5,15 @@
 // when it passes, so a dead peer yields an error instead of a hang.
 #include <algorithm>
 #include <chrono>
+#include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "backends.hpp"
 #include "ddp/nccl.hpp"
 #include "nccl_check.hpp"
+#include "slices.hpp"
 
 namespace ddp {
 
@@ -106,7 +109,8 @@ ncclRedOp_t to_nccl(ReduceOp op) {
 class NcclGroup final : public GroupBase {
  public:
   explicit NcclGroup(const ProcessGroupOptions& o)
-      : GroupBase(o.rank, o.world_size, Backend::kNccl, o.timeout) {
+      : GroupBase(o.rank, o.world_size, Backend::kNccl, o.timeout),
+        store_(o.world_size > 1 ? o.store : nullptr), abort_key_(o.name + "/nccl/abort") {
     auto deadline = Clock::now() + o.timeout;
     try {
       int ndev = cuda_device_count();
@@ -130,8 +134,13 @@ class NcclGroup final : public GroupBase {
           DDP_NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
           o.store->set(key, std::string(reinterpret_cast<const char*>(&id), sizeof id));
         } else {
-          auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-          o.store->wait({key}, std::max(left, std::chrono::milliseconds(1)));
+          wait_in_slices(deadline, "waiting for rank 0's ncclUniqueId (store key " + key + ")",
+                         [&](TimePoint until) {
+                           auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               until - Clock::now());
+                           o.store->wait({key}, std::max(left, std::chrono::milliseconds(1)));
+                         },
+                         [&] { return peer_failure(); });
           std::string v = o.store->get(key);
           if (v.size() != sizeof id)
             throw CollectiveError(fmt::format("store key {} holds {} bytes, expected an "
@@ -145,12 +154,15 @@ class NcclGroup final : public GroupBase {
       ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
       config.blocking = 0;
       DDP_NCCL_CHECK(ncclCommInitRankConfig(&comm_, o.world_size, id, o.rank, &config), comm_);
-      wait_comm_ready(deadline, "communicator initialisation (ncclCommInitRankConfig)");
+      wait_comm_ready(deadline, "communicator initialisation (ncclCommInitRankConfig)",
+                      /*watch_peers=*/true);
     } catch (const TimeoutError& e) {
       release(true);
+      publish_failure(init_failure(e));
       throw TimeoutError(init_failure(e));
     } catch (const Error& e) {
       release(true);
+      publish_failure(init_failure(e));
       throw CollectiveError(init_failure(e));
     }
   }
@@ -202,8 +214,26 @@ class NcclGroup final : public GroupBase {
                        device_ >= 0 ? fmt::format(" (device {})", device_) : "", e.what());
   }
 
-  // Polls the communicator until it leaves ncclInProgress (non-blocking mode).
-  void wait_comm_ready(TimePoint dl, const char* what) {
+  // Tells the other ranks' initialisation to stop waiting for this one (best effort).
+  void publish_failure(const std::string& why) noexcept {
+    if (!store_) return;
+    try {
+      store_->compare_set(abort_key_, "", why);  // the first failure is the root cause
+    } catch (...) {
+    }
+  }
+
+  // What another rank published when its initialisation failed, if it did.
+  std::optional<std::string> peer_failure() {
+    if (!store_ || !store_->check({abort_key_})) return std::nullopt;
+    return "another rank failed: " + store_->get(abort_key_);
+  }
+
+  // Polls the communicator until it leaves ncclInProgress (non-blocking mode). With
+  // watch_peers (initialisation), a failure another rank published ends it early: NCCL would
+  // otherwise wait for that rank until the deadline.
+  void wait_comm_ready(TimePoint dl, const char* what, bool watch_peers = false) {
+    auto next_check = Clock::now() + std::chrono::milliseconds(100);
     for (;;) {
       ncclResult_t st = ncclInProgress;
       DDP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &st), comm_);
@@ -217,6 +247,14 @@ class NcclGroup final : public GroupBase {
         throw TimeoutError(fmt::format("{} did not complete before the deadline; communicator "
                                        "aborted (a peer may be dead or unreachable)",
                                        what));
+      }
+      if (watch_peers && Clock::now() >= next_check) {
+        next_check = Clock::now() + std::chrono::milliseconds(100);
+        if (auto why = peer_failure()) {
+          ncclCommAbort(comm_);
+          comm_ = nullptr;
+          throw CollectiveError(fmt::format("gave up {}; communicator aborted: {}", what, *why));
+        }
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
@@ -277,6 +315,8 @@ class NcclGroup final : public GroupBase {
     stream_ = nullptr;
   }
 
+  std::shared_ptr<Store> store_;  // world size > 1: where init failures are published
+  std::string abort_key_;
   int device_ = -1;
   cudaStream_t stream_ = nullptr;
   bool own_stream_ = false;

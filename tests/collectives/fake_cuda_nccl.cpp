@@ -318,7 +318,8 @@ cudaError_t cudaSetDevice(int device) {
 cudaError_t cudaMalloc(void** ptr, size_t size) {
   std::lock_guard lk(mu);
   fake::State& s = state();
-  if (s.script.fail_cuda_malloc) return cudaErrorMemoryAllocation;
+  if (s.script.fail_cuda_malloc || s.script.fail_cuda_malloc_device == fake::current_device)
+    return cudaErrorMemoryAllocation;
   *ptr = std::malloc(std::max<size_t>(size, 1));
   s.allocations[*ptr] = fake::current_device;
   s.counters.live_allocations++;

@@ -40,6 +40,7 @@ struct Script {
   int finalize_polls = 2;
   // Injected failures.
   bool fail_cuda_malloc = false;             // cudaMalloc -> cudaErrorMemoryAllocation
+  int fail_cuda_malloc_device = -1;          // ... only on this device
   ncclResult_t fail_enqueue = ncclSuccess;   // returned by every collective call
   ncclResult_t async_error = ncclSuccess;    // reported by GetAsyncError after a collective
   bool async_error_while_running = false;    // ... only once the work is on the stream (a

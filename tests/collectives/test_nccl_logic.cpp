@@ -280,6 +280,59 @@ TEST_F(NcclLogic, InitWithAMissingPeerAbortsAtTheDeadline) {
   expect_clean(c);
 }
 
+// A rank whose initialisation fails publishes why; the others stop waiting for it at once
+// (for its ncclUniqueId, or for it to join the communicator) instead of at the deadline.
+TEST_F(NcclLogic, RankZeroFailingBeforeTheIdEndsTheOthersWait) {
+  fake::Script s;
+  s.device_count = 2;
+  s.fail_cuda_malloc_device = 0;
+  fake::reset(s);
+  auto t0 = Clock::now();
+  auto errors = run_ranks(2, [](ddp::ProcessGroup&) {});
+  EXPECT_LT(Clock::now() - t0, 3s);
+  EXPECT_THAT(errors[0], HasSubstr("out of memory"));
+  EXPECT_THAT(errors[1], HasSubstr("rank 1 of 2 (device 1): gave up waiting for rank 0's "
+                                   "ncclUniqueId (store key pg/nccl/unique_id): another rank "
+                                   "failed: ddp init_process_group (nccl) on rank 0 of 2 (device "
+                                   "0): "));
+  EXPECT_THAT(errors[1], HasSubstr("cudaMalloc(&scratch_, 16) failed: out of memory"));
+  expect_clean(fake::counters());
+}
+
+TEST_F(NcclLogic, PeerFailingAtInitAbortsTheWaitingCommunicator) {
+  fake::Script s;
+  s.device_count = 2;
+  s.fail_cuda_malloc_device = 1;
+  fake::reset(s);
+  auto store = std::make_shared<ddp::MemoryStore>();
+  std::string err0, err1;
+  auto t0 = Clock::now();
+  std::thread rank0([&] {
+    try {
+      ddp::init_process_group(nccl_options(0, 2, store));
+    } catch (const std::exception& e) {
+      err0 = e.what();
+    }
+  });
+  // Rank 1 starts once rank 0 waits for it inside the communicator's initialisation.
+  for (auto until = Clock::now() + 5s; fake::counters().inits < 1 && Clock::now() < until;)
+    std::this_thread::sleep_for(1ms);
+  try {
+    ddp::init_process_group(nccl_options(1, 2, store));
+  } catch (const std::exception& e) {
+    err1 = e.what();
+  }
+  rank0.join();
+  EXPECT_LT(Clock::now() - t0, 3s);
+  EXPECT_THAT(err1, HasSubstr("out of memory"));
+  EXPECT_THAT(err0, HasSubstr("rank 0 of 2 (device 0): gave up communicator initialisation "
+                              "(ncclCommInitRankConfig); communicator aborted: another rank "
+                              "failed: ddp init_process_group (nccl) on rank 1 of 2 (device 1)"));
+  auto c = fake::counters();
+  EXPECT_EQ(c.aborts, 1);
+  expect_clean(c);
+}
+
 TEST_F(NcclLogic, PeerThatNeverJoinsACollectiveAbortsAtTheDeadline) {
   fake::Script s;
   s.device_count = 2;

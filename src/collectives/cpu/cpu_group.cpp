@@ -32,6 +32,7 @@
 
 #include "../backends.hpp"
 #include "../reduce.hpp"
+#include "../slices.hpp"
 #include "ddp/error.hpp"
 #include "shm.hpp"
 #include "tcp.hpp"
@@ -274,30 +275,14 @@ class CpuGroup final : public GroupBase {
               [&](TimePoint until) { store_->wait(keys, std::max(remaining(until), milliseconds(1))); });
   }
 
-  // Runs step(until) in growing slices (0.1 s to 2 s) until it returns or the deadline
-  // passes; step throws TimeoutError when its slice ends. Between slices, a failure another
-  // rank reported (on_failure sets "<name>/abort") ends the wait at once, naming that rank,
-  // instead of every rank waiting out the init timeout for a peer that is gone.
+  // A bootstrap wait that ends at once when another rank reported a failure (on_failure
+  // sets "<name>/abort"), quoting it.
   template <class Step>
   void abortable(TimePoint deadline, const std::string& what, Step&& step) {
-    const auto t0 = Clock::now();
-    auto slice = milliseconds(100);
-    for (;;) {
-      const TimePoint until = std::min(deadline, Clock::now() + slice);
-      try {
-        step(until);
-        return;
-      } catch (const TimeoutError& e) {
-        if (store_->check({key("abort")}))
-          throw CollectiveError(fmt::format("gave up {}: another rank failed{}", what,
-                                            peer_reports()));
-        if (until >= deadline)
-          throw TimeoutError(fmt::format(
-              "{}: nothing after {} ms (last attempt: {})", what,
-              std::chrono::duration_cast<milliseconds>(Clock::now() - t0).count(), e.what()));
-      }
-      slice = std::min(slice * 2, milliseconds(2000));
-    }
+    wait_in_slices(deadline, what, step, [&]() -> std::optional<std::string> {
+      if (!store_->check({key("abort")})) return std::nullopt;
+      return "another rank failed" + peer_reports();
+    });
   }
 
   // ---- bootstrap ----------------------------------------------------------------------
