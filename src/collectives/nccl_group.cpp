@@ -134,13 +134,9 @@ class NcclGroup final : public GroupBase {
           DDP_NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
           o.store->set(key, std::string(reinterpret_cast<const char*>(&id), sizeof id));
         } else {
-          wait_in_slices(deadline, "waiting for rank 0's ncclUniqueId (store key " + key + ")",
-                         [&](TimePoint until) {
-                           auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                               until - Clock::now());
-                           o.store->wait({key}, std::max(left, std::chrono::milliseconds(1)));
-                         },
-                         [&] { return peer_failure(); });
+          wait_for_keys(*o.store, {key}, deadline,
+                        "waiting for rank 0's ncclUniqueId (store key " + key + ")",
+                        [&] { return peer_failure(); });
           std::string v = o.store->get(key);
           if (v.size() != sizeof id)
             throw CollectiveError(fmt::format("store key {} holds {} bytes, expected an "

@@ -5,10 +5,12 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "ddp/error.hpp"
+#include "ddp/store.hpp"
 
 namespace ddp::detail {
 
@@ -38,6 +40,21 @@ void wait_in_slices(std::chrono::steady_clock::time_point deadline, const std::s
     }
     slice = std::min(slice * 2, milliseconds(2000));
   }
+}
+
+// Store::wait for keys, sliced as above.
+template <class Aborted>
+void wait_for_keys(Store& store, const std::vector<std::string>& keys,
+                   std::chrono::steady_clock::time_point deadline, const std::string& what,
+                   Aborted&& aborted) {
+  using namespace std::chrono;
+  wait_in_slices(
+      deadline, what,
+      [&](steady_clock::time_point until) {
+        auto left = duration_cast<milliseconds>(until - steady_clock::now());
+        store.wait(keys, std::max(left, milliseconds(1)));
+      },
+      aborted);
 }
 
 }  // namespace ddp::detail

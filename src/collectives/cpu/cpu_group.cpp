@@ -82,11 +82,6 @@ int open_pidfd(pid_t pid) {
 #endif
 }
 
-milliseconds remaining(TimePoint deadline) {
-  auto r = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-  return std::max(r, milliseconds(0));
-}
-
 // Waiting for a peer: pause-spin, then sched_yield (lets an oversubscribed core run the
 // peer), then sleep on the doorbell/sockets in slices, checking deadline and peers between.
 constexpr auto kSpinFor = std::chrono::microseconds(20);
@@ -270,19 +265,20 @@ class CpuGroup final : public GroupBase {
     return store_->get(key(k));
   }
 
-  void wait_keys(const std::vector<std::string>& keys, TimePoint deadline) {
-    abortable(deadline, fmt::format("waiting for store key(s) {}", fmt::join(keys, ", ")),
-              [&](TimePoint until) { store_->wait(keys, std::max(remaining(until), milliseconds(1))); });
+  // Bootstrap waits end at once when another rank reported a failure (on_failure sets
+  // "<name>/abort"), quoting it.
+  std::optional<std::string> peer_failed() {
+    if (!store_->check({key("abort")})) return std::nullopt;
+    return "another rank failed" + peer_reports();
   }
-
-  // A bootstrap wait that ends at once when another rank reported a failure (on_failure
-  // sets "<name>/abort"), quoting it.
+  void wait_keys(const std::vector<std::string>& keys, TimePoint deadline) {
+    wait_for_keys(*store_, keys, deadline,
+                  fmt::format("waiting for store key(s) {}", fmt::join(keys, ", ")),
+                  [&] { return peer_failed(); });
+  }
   template <class Step>
   void abortable(TimePoint deadline, const std::string& what, Step&& step) {
-    wait_in_slices(deadline, what, step, [&]() -> std::optional<std::string> {
-      if (!store_->check({key("abort")})) return std::nullopt;
-      return "another rank failed" + peer_reports();
-    });
+    wait_in_slices(deadline, what, step, [&] { return peer_failed(); });
   }
 
   // ---- bootstrap ----------------------------------------------------------------------
