@@ -9,11 +9,11 @@
 #include <cstring>
 #include <sys/stat.h>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "ddp/error.hpp"
+#include "launcher/flags.hpp"
 #include "launcher/gpu.hpp"
 #include "launcher/process.hpp"
 #include "launcher/version.hpp"
@@ -26,105 +26,33 @@ using ddp::UsageError;
 
 namespace {
 
-enum class Kind { kValue, kFlag };
-
-struct FlagSpec {
-  const char* name;   // canonical long name, dashes
-  char short_name;    // 0 if none
-  Kind kind;
-  const char* def;    // default shown in --help ("" = none)
-  const char* group;
-  const char* help;
-  const char* extra_env = nullptr;  // another environment fallback after PET_<NAME>
-};
-
-// torchrun 2.x's flags (reference: torchrun-compat.md) followed by ddprun's own.
-const FlagSpec kFlags[] = {
-    {"nnodes", 0, Kind::kValue, "1:1", "Nodes and workers", "number of nodes, N or MIN:MAX"},
-    {"nproc-per-node", 0, Kind::kValue, "1", "Nodes and workers",
-     "workers per node: N, auto (GPUs, else CPUs), cpu (CPU count), gpu (visible GPUs)"},
-    {"node-rank", 0, Kind::kValue, "0", "Nodes and workers", "this node's index, 0..nnodes-1 (static rendezvous)"},
-    {"standalone", 0, Kind::kFlag, "", "Rendezvous", "single node: a store on localhost at a free port, a random run id"},
-    {"master-addr", 0, Kind::kValue, "127.0.0.1", "Rendezvous", "address of node 0, which hosts the store"},
-    {"master-port", 0, Kind::kValue, "29500", "Rendezvous", "port of node 0's store"},
-    {"local-addr", 0, Kind::kValue, "", "Rendezvous", "this node's address as other nodes see it"},
-    {"rdzv-backend", 0, Kind::kValue, "static", "Rendezvous", "static (c10d, etcd, etcd-v2: not supported yet)"},
-    {"rdzv-endpoint", 0, Kind::kValue, "", "Rendezvous", "host[:port] of the rendezvous backend"},
-    {"rdzv-id", 0, Kind::kValue, "none", "Rendezvous", "job id shared by all nodes"},
-    {"rdzv-conf", 0, Kind::kValue, "", "Rendezvous", "k=v,...: join_timeout=600, keep_alive_interval=5, keep_alive_max_attempt=3 (seconds)"},
-    {"max-restarts", 0, Kind::kValue, "0", "Supervision", "restarts of the whole worker group before failing"},
-    {"monitor-interval", 0, Kind::kValue, "0.1", "Supervision",
-     "accepted for compatibility: ddprun notices exits at once"},
-    {"shutdown-timeout", 0, Kind::kValue, "30", "Supervision", "seconds between SIGTERM and SIGKILL at teardown",
-     "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"},
-    {"signals-to-handle", 0, Kind::kValue, "SIGTERM,SIGINT,SIGHUP,SIGQUIT", "Supervision",
-     "signals forwarded to workers before stopping (SIGUSR1/SIGUSR2 are always forwarded)"},
-    {"start-method", 0, Kind::kValue, "spawn", "Supervision", "spawn, fork or forkserver (accepted for compatibility)"},
-    {"role", 0, Kind::kValue, "default", "Worker command", "role name (ROLE_NAME)"},
-    {"module", 'm', Kind::kFlag, "", "Worker command", "run the script as 'python -m'"},
-    {"no-python", 0, Kind::kFlag, "", "Worker command", "run the script directly, not through python"},
-    {"run-path", 0, Kind::kFlag, "", "Worker command", "run the script through python (as runpy.run_path would)"},
-    {"virtual-local-rank", 0, Kind::kFlag, "", "Worker command",
-     "LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES=<its GPU> for every worker"},
-    {"numa-binding", 0, Kind::kValue, "", "Worker command", "not supported yet"},
-    {"log-dir", 0, Kind::kValue, "", "Output", "base folder for per-rank log files"},
-    {"redirects", 'r', Kind::kValue, "0", "Output",
-     "send output to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or a map 0:1,1:2"},
-    {"tee", 't', Kind::kValue, "0", "Output", "write output to log files and the console: values as --redirects"},
-    {"local-ranks-filter", 0, Kind::kValue, "", "Output", "only these local ranks reach the console, e.g. 0,2"},
-    {"log-line-prefix-template", 0, Kind::kValue, "[rank${rank}]:", "Output",
-     "prefix of every forwarded line; ${rank} ${local_rank} ${role_name} ${hostname}; empty = raw",
-     "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"},
-    {"log-timestamps", 0, Kind::kFlag, "", "Output", "prefix forwarded lines with the time they were read"},
-    {"logs-specs", 0, Kind::kValue, "", "Output", "not supported yet"},
-    {"log-level", 0, Kind::kValue, "warning", "Output", "ddprun's own messages: debug, info, warning, error",
-     "LOGLEVEL"},
-    {"summary-json", 0, Kind::kValue, "", "Output", "write the job's outcome (every rank) as JSON to this path"},
-    {"help", 'h', Kind::kFlag, "", "Other", "show this help and exit"},
-    {"version", 0, Kind::kFlag, "", "Other", "show the version and exit"},
-};
-
-const FlagSpec* find_exact(std::string_view name) {
-  for (auto& f : kFlags)
-    if (name == f.name) return &f;
-  return nullptr;
-}
-
-std::string pet_name(const FlagSpec& f) {
-  std::string n = "PET_";
-  for (const char* p = f.name; *p; ++p) n += *p == '-' ? '_' : static_cast<char>(std::toupper(*p));
-  return n;
-}
-
 // A value and where it came from ("--master-port" or "PET_MASTER_PORT").
 struct Given {
   std::string value;
   std::string source;
 };
 
-// Long option lookup with argparse's rules: underscores equal dashes, an unambiguous
-// prefix selects its flag.
-const FlagSpec& lookup_long(const std::string& raw) {
-  std::string name = raw;
-  std::replace(name.begin(), name.end(), '_', '-');
-  if (auto* f = find_exact(name)) return *f;
-  std::vector<const FlagSpec*> matches;
-  for (auto& f : kFlags)
-    if (std::string_view(f.name).starts_with(name)) matches.push_back(&f);
-  if (matches.size() == 1) return *matches[0];
-  if (matches.empty()) throw UsageError(fmt::format("unrecognized argument --{} (see ddprun --help)", raw));
-  std::vector<std::string> names;
-  for (auto* m : matches) names.push_back(std::string("--") + m->name);
-  throw UsageError(fmt::format("ambiguous option --{} could match {}", raw, fmt::join(names, ", ")));
-}
+// The flags given (canonical name -> value), read one at a time by the steps below.
+class Flags {
+ public:
+  std::map<std::string, Given> m;
+  bool has(const char* n) const { return m.count(n) > 0; }
+  const Given& at(const char* n) const { return m.at(n); }
+  const std::string& value(const char* n) const { return m.at(n).value; }
+  // The flag's source for messages: how it was given, else its canonical spelling.
+  std::string source(const char* n) const { return has(n) ? at(n).source : std::string("--") + n; }
+  bool flag(const char* n) const;
+};
 
 bool truthy(const std::string& source, const std::string& v) {
   std::string l = v;
   std::transform(l.begin(), l.end(), l.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (l == "1" || l == "true" || l == "yes" || l == "on") return true;
-  if (l == "0" || l == "false" || l == "no" || l == "off" || l.empty()) return false;
+  if (l == "1" || l == "true" || l == "yes" || l == "on" || l == "t" || l == "y") return true;
+  if (l == "0" || l == "false" || l == "no" || l == "off" || l == "f" || l == "n" || l.empty()) return false;
   throw UsageError(fmt::format("{}: expected 1 or 0, got '{}'", source, v));
 }
+
+bool Flags::flag(const char* n) const { return has(n) && truthy(at(n).source, at(n).value); }
 
 template <typename T>
 bool parse_number(const std::string& s, T& out) {
@@ -148,36 +76,336 @@ double parse_seconds(const Given& g, bool allow_zero) {
   return v;
 }
 
-std::string help_text() {
-  CLI::App app("ddprun: launches and supervises distributed training workers; a drop-in for torchrun.",
-               "ddprun");
-  app.set_help_flag();  // ddprun handles -h itself
-  app.footer(
-      "\nUnderscore spellings (--nproc_per_node) and unambiguous prefixes are accepted.\n"
-      "Every option falls back to the environment variable PET_<NAME> (PET_NPROC_PER_NODE=4).\n"
-      "Everything after the training script is passed to the script.");
-  std::string sink;
-  bool bsink = false;
-  for (auto& f : kFlags) {
-    std::string names;
-    if (f.short_name) names = fmt::format("-{},", f.short_name);
-    names += fmt::format("--{}", f.name);
-    std::string help = f.help;
-    if (f.extra_env) help += fmt::format(" (env {})", f.extra_env);
-    CLI::Option* o = f.kind == Kind::kFlag ? app.add_flag(names, bsink, help) : app.add_option(names, sink, help);
-    if (f.kind == Kind::kValue) o->type_name("VALUE");
-    if (*f.def) o->default_str(f.def);
-    o->group(f.group);
-  }
-  app.add_option("training_script", sink,
-                 "the worker program (a .py script, a module with -m, or an executable), then its arguments")
-      ->type_name("");
-  return app.help();
+std::string trim(std::string s) {
+  s.erase(0, s.find_first_not_of(" \t"));
+  s.erase(s.find_last_not_of(" \t") + 1);
+  return s;
 }
+
+// Calls f(item) for each comma-separated item of s.
+template <typename F>
+void for_each_item(const std::string& s, F f) {
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = s.find(',', start);
+    if (end == std::string::npos) end = s.size();
+    f(s.substr(start, end - start));
+    start = end + 1;
+  }
+}
+
+// ------------------------------------------------------------------ 1. the command line
+
+struct CommandLine {
+  Flags given;
+  std::string script;
+  std::vector<std::string> script_args;
+};
+
+// One option at args[i] (advancing i past its value); false at the training script.
+bool take_option(const std::vector<std::string>& args, size_t& i, Flags& given) {
+  const std::string& a = args[i];
+  const FlagSpec* spec = nullptr;
+  std::optional<std::string> inline_value;
+  std::string shown;
+  if (a.starts_with("--")) {
+    std::string body = a.substr(2);
+    auto eq = body.find('=');
+    if (eq != std::string::npos) inline_value = body.substr(eq + 1), body.resize(eq);
+    spec = &lookup_long_flag(body);
+    shown = std::string("--") + spec->name;
+  } else if (a.size() >= 2 && a[0] == '-' && !std::isdigit(static_cast<unsigned char>(a[1]))) {
+    for (auto& f : flag_table())
+      if (f.short_name == a[1]) spec = &f;
+    if (!spec) throw UsageError(fmt::format("unrecognized argument {} (see ddprun --help)", a));
+    if (a.size() > 2) inline_value = a.substr(a[2] == '=' ? 3 : 2);
+    shown = fmt::format("-{}", a[1]);
+  } else {
+    return false;
+  }
+  if (spec->kind == FlagKind::kFlag) {
+    if (inline_value && spec->short_name && !a.starts_with("--"))
+      throw UsageError(fmt::format("{}: takes no value, got '{}'", shown, *inline_value));
+    bool on = inline_value ? truthy(shown, *inline_value) : true;
+    given.m[spec->name] = {on ? "1" : "0", shown};
+    return true;
+  }
+  if (!inline_value) {
+    if (i + 1 >= args.size()) throw UsageError(fmt::format("{}: expected a value", shown));
+    inline_value = args[++i];
+  }
+  given.m[spec->name] = {*inline_value, shown};
+  return true;
+}
+
+// Splits torchrun's options from the script and its arguments, then fills in what the
+// command line did not give from PET_<NAME> (and a flag's extra variable).
+CommandLine read_command_line(const std::vector<std::string>& args, const std::map<std::string, std::string>& env) {
+  CommandLine c;
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    if (args[i] == "--") {
+      ++i;
+      break;
+    }
+    if (!take_option(args, i, c.given)) break;
+  }
+  if (i < args.size()) {
+    c.script = args[i];
+    c.script_args.assign(args.begin() + static_cast<long>(i) + 1, args.end());
+  }
+  for (auto& f : flag_table()) {
+    if (c.given.has(f.name)) continue;
+    for (std::string var : {pet_name(f), std::string(f.extra_env ? f.extra_env : "")}) {
+      if (var.empty()) continue;
+      auto it = env.find(var);
+      if (it == env.end()) continue;
+      c.given.m[f.name] = {it->second, var};
+      break;
+    }
+  }
+  return c;
+}
+
+// ------------------------------------------------------------------ 2. one group at a time
+
+void read_nodes(Options& o, const Flags& g) {
+  if (g.has("nnodes")) {
+    const auto& n = g.at("nnodes");
+    auto colon = n.value.find(':');
+    int lo = 0, hi = 0;
+    bool ok = colon == std::string::npos
+                  ? parse_number(n.value, lo) && (hi = lo, true)
+                  : parse_number(n.value.substr(0, colon), lo) && parse_number(n.value.substr(colon + 1), hi);
+    if (!ok || lo < 1 || hi < lo)
+      throw UsageError(fmt::format("{}: expected N or MIN:MAX with 1 <= MIN <= MAX, got '{}'", n.source, n.value));
+    o.min_nodes = lo;
+    o.max_nodes = hi;
+  }
+  if (g.has("nproc-per-node")) {
+    const auto& n = g.at("nproc-per-node");
+    o.nproc_per_node_spec = n.value;
+    int count = 0;
+    if (parse_number(n.value, count)) {
+      if (count < 1)
+        throw UsageError(
+            fmt::format("{}: expected a positive integer or auto, cpu, gpu; got '{}'", n.source, n.value));
+      o.nproc_per_node = count;
+    } else if (n.value == "cpu" || n.value == "auto" || n.value == "gpu") {
+      int gpus = n.value == "cpu" ? 0 : gpu_count();
+      if (n.value == "gpu" && gpus == 0)
+        throw UsageError(fmt::format("{}: 'gpu' but no GPU is visible (CUDA_VISIBLE_DEVICES, driver)", n.source));
+      o.nproc_per_node = gpus > 0 ? gpus : static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+    } else {
+      throw UsageError(fmt::format("{}: expected a positive integer or auto, cpu, gpu; got '{}'", n.source, n.value));
+    }
+  }
+  if (g.has("node-rank")) o.node_rank = parse_int(g.at("node-rank"), 0, 1 << 20, "a node index >= 0");
+}
+
+void read_rendezvous(Options& o, const Flags& g) {
+  o.standalone = g.flag("standalone");
+  if (g.has("master-addr")) o.master_addr = g.value("master-addr");
+  if (o.master_addr.empty()) throw UsageError(fmt::format("{}: expected a host name or address", g.source("master-addr")));
+  if (g.has("master-port")) o.master_port = parse_int(g.at("master-port"), 0, 65535, "a port number 0..65535");
+  if (g.has("local-addr")) o.local_addr = g.value("local-addr");
+  if (g.has("rdzv-backend")) o.rdzv_backend = g.value("rdzv-backend");
+  if (g.has("rdzv-endpoint")) o.rdzv_endpoint = g.value("rdzv-endpoint");
+  if (g.has("rdzv-id")) o.rdzv_id = g.value("rdzv-id");
+  if (g.has("rdzv-conf"))
+    o.rdzv_conf = parse_rdzv_conf(g.source("rdzv-conf"), g.value("rdzv-conf"), o.rdzv_backend, o.warnings);
+}
+
+std::vector<int> parse_signal_list(const std::string& source, const std::string& sigs) {
+  std::vector<int> out;
+  for_each_item(sigs, [&](std::string s) {
+    s = trim(s);
+    if (s.empty()) return;
+    int sig = parse_signal(source, s);
+    if (sig == SIGKILL || sig == SIGSTOP || sig == SIGCHLD)
+      throw UsageError(fmt::format("{}: {} cannot be handled", source, signal_name(sig)));
+    out.push_back(sig);
+  });
+  return out;
+}
+
+void read_supervision(Options& o, const Flags& g) {
+  if (g.has("max-restarts")) o.max_restarts = parse_int(g.at("max-restarts"), 0, 1 << 30, "an integer >= 0");
+  if (g.has("monitor-interval")) o.monitor_interval = parse_seconds(g.at("monitor-interval"), false);
+  if (g.has("shutdown-timeout")) o.shutdown_timeout = parse_seconds(g.at("shutdown-timeout"), true);
+  o.signals_to_handle = parse_signal_list(g.source("signals-to-handle"), g.has("signals-to-handle")
+                                                                             ? g.value("signals-to-handle")
+                                                                             : "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
+  if (g.has("start-method")) {
+    o.start_method = g.value("start-method");
+    if (o.start_method != "spawn" && o.start_method != "fork" && o.start_method != "forkserver")
+      throw UsageError(fmt::format("{}: expected spawn, fork or forkserver, got '{}'", g.source("start-method"),
+                                   o.start_method));
+  }
+}
+
+void read_worker_command(Options& o, const Flags& g) {
+  o.module = g.flag("module");
+  o.no_python = g.flag("no-python");
+  o.run_path = g.flag("run-path");
+  o.virtual_local_rank = g.flag("virtual-local-rank");
+  if (g.has("role")) o.role = g.value("role");
+  if (g.has("numa-binding")) o.numa_binding = g.value("numa-binding");
+}
+
+std::set<int> parse_rank_list(const Given& g) {
+  std::set<int> ranks;
+  for_each_item(g.value, [&](const std::string& item) {
+    int r = 0;
+    if (!parse_number(item, r) || r < 0)
+      throw UsageError(fmt::format("{}: expected local ranks like 0,2; got '{}'", g.source, g.value));
+    ranks.insert(r);
+  });
+  return ranks;
+}
+
+std::string parse_log_level(const Given& g) {
+  std::string l = g.value;
+  std::transform(l.begin(), l.end(), l.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (l == "warn") l = "warning";
+  if (l == "critical" || l == "fatal") l = "error";
+  static const std::set<std::string> levels{"trace", "debug", "info", "warning", "error", "off"};
+  if (!levels.count(l))
+    throw UsageError(fmt::format("{}: expected debug, info, warning or error, got '{}'", g.source, g.value));
+  return l;
+}
+
+void read_output(Options& o, const Flags& g) {
+  o.log_timestamps = g.flag("log-timestamps");
+  if (g.has("log-dir")) o.log_dir = g.value("log-dir");
+  if (g.has("redirects")) o.redirects = parse_std_map(g.source("redirects"), g.value("redirects"));
+  if (g.has("tee")) o.tee = parse_std_map(g.source("tee"), g.value("tee"));
+  if (g.has("local-ranks-filter") && !g.value("local-ranks-filter").empty())
+    o.local_ranks_filter = parse_rank_list(g.at("local-ranks-filter"));
+  if (g.has("log-line-prefix-template")) o.log_line_prefix_template = g.value("log-line-prefix-template");
+  if (g.has("log-level")) o.log_level = parse_log_level(g.at("log-level"));
+  if (g.has("summary-json")) o.summary_json = g.value("summary-json");
+  if (g.has("logs-specs")) o.logs_specs = g.value("logs-specs");
+}
+
+// ------------------------------------------------------------------ 3. combinations
+
+void check_worker_command(const Options& o, const Flags& g) {
+  if (o.script.empty()) throw UsageError("the following argument is required: training_script (see ddprun --help)");
+  if (o.module && o.no_python)
+    throw UsageError("--no-python and --module cannot be used together: a module needs python");
+  if (o.module && o.run_path) throw UsageError("--run-path and --module cannot be used together");
+  if (o.no_python && o.run_path) throw UsageError("--run-path and --no-python cannot be used together");
+  if (!o.logs_specs.empty())
+    throw UsageError(fmt::format("{}: log spec plug-ins are not supported yet; use --log-dir, --tee, --redirects",
+                                 g.source("logs-specs")));
+  if (!o.numa_binding.empty())
+    throw UsageError(fmt::format("{}: NUMA binding is not supported yet", g.source("numa-binding")));
+}
+
+// --standalone: one node, a store on localhost at a free port, a random run id (set later).
+void check_standalone(Options& o, const Flags& g) {
+  if (o.max_nodes > 1)
+    throw UsageError(fmt::format("--standalone runs one node, but {} asks for {}", g.source("nnodes"),
+                                 g.value("nnodes")));
+  if (o.node_rank != 0)
+    throw UsageError(fmt::format("--standalone runs one node, but {} is {}", g.source("node-rank"), o.node_rank));
+  o.rdzv_backend = "static";
+}
+
+void check_static(Options& o, const Flags& g) {
+  if (!o.rdzv_endpoint.empty() && !o.standalone) {
+    // torchrun's static rendezvous takes host[:port] from --rdzv-endpoint over
+    // --master-addr/--master-port.
+    parse_endpoint(g.source("rdzv-endpoint"), o.rdzv_endpoint, o.master_port, o.master_addr, o.master_port);
+    if (o.master_port == 0)
+      throw UsageError(fmt::format("{}: expected host[:port] with a port 1..65535, got '{}'",
+                                   g.source("rdzv-endpoint"), o.rdzv_endpoint));
+  }
+  if (o.min_nodes != o.max_nodes)
+    throw UsageError(fmt::format("{}: elastic node ranges ({}) need dynamic rendezvous: add --rdzv-backend c10d "
+                                 "--rdzv-endpoint HOST[:PORT]",
+                                 g.source("nnodes"), g.value("nnodes")));
+  if (o.node_rank >= o.max_nodes)
+    throw UsageError(fmt::format("{}: node rank {} is outside 0..{} (--nnodes {})", g.source("node-rank"),
+                                 o.node_rank, o.max_nodes - 1, o.max_nodes));
+  if (o.max_nodes > 1 && o.master_port == 0)
+    throw UsageError("--master-port 0 picks a free port, which other nodes cannot know: give a port for --nnodes > 1");
+}
+
+void check_dynamic(Options& o, const Flags& g) {
+  const std::string src = g.source("rdzv-backend");
+  if (o.rdzv_backend == "etcd" || o.rdzv_backend == "etcd-v2")
+    throw UsageError(fmt::format("{}: '{}' rendezvous is not supported yet; use c10d (--rdzv-backend c10d "
+                                 "--rdzv-endpoint HOST[:PORT]) or static rendezvous",
+                                 src, o.rdzv_backend));
+  if (o.rdzv_backend != "c10d")
+    throw UsageError(fmt::format("{}: expected static or c10d, got '{}'", src, o.rdzv_backend));
+  if (o.rdzv_endpoint.empty()) {
+    if (o.max_nodes > 1)
+      throw UsageError(fmt::format("{} with --nnodes {} needs --rdzv-endpoint HOST[:PORT] (the store every node "
+                                   "meets in); without it each node would host its own",
+                                   src, g.value("nnodes")));
+    o.rdzv_host = "localhost";  // one node: a store of its own at a free port
+    o.rdzv_port = 0;
+  } else {
+    parse_endpoint(g.source("rdzv-endpoint"), o.rdzv_endpoint, 29400, o.rdzv_host, o.rdzv_port);
+    if (o.rdzv_port == 0)
+      throw UsageError(fmt::format("{}: port 0 cannot be shared with other nodes; give a port 1..65535, got '{}'",
+                                   g.source("rdzv-endpoint"), o.rdzv_endpoint));
+  }
+  // Warned only when typed on the command line: PET_* variables are often set for every
+  // backend by a scheduler (Kubeflow's PyTorchJob), and saying so each time would be noise.
+  auto typed = [&](const char* f) { return g.has(f) && g.at(f).source.starts_with("-"); };
+  if (typed("node-rank"))
+    o.warnings.push_back(fmt::format("{} is ignored with {} rendezvous: node ranks come from the rendezvous "
+                                     "(sorted by address, then a random id)",
+                                     g.source("node-rank"), o.rdzv_backend));
+  for (const char* f : {"master-addr", "master-port"})
+    if (typed(f))
+      o.warnings.push_back(fmt::format("{} is only used by static rendezvous; {} rendezvous ignores it",
+                                       g.source(f), o.rdzv_backend));
+  const RdzvConf& c = o.rdzv_conf;
+  if (o.min_nodes < o.max_nodes && c.join_timeout <= c.last_call_timeout)
+    throw UsageError(fmt::format("--rdzv-conf: join_timeout ({} s) must exceed last_call_timeout ({} s) when "
+                                 "--nnodes is a range: a round with fewer than {} nodes waits for the last call",
+                                 c.join_timeout, c.last_call_timeout, o.max_nodes));
+  if (o.rdzv_id == "none" && o.max_nodes > 1)
+    o.warnings.push_back(
+        "--rdzv-id is not set (it is 'none'): two jobs that share this endpoint would merge; give each job its own "
+        "id");
+}
+
+void check_rendezvous(Options& o, const Flags& g) {
+  if (o.standalone) return check_standalone(o, g);
+  if (o.dynamic()) return check_dynamic(o, g);
+  check_static(o, g);
+}
+
+// ------------------------------------------------------------------ 4. the target
 
 bool is_executable_file(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+// The target must exist before any worker starts.
+void check_target(const Options& o, const std::map<std::string, std::string>& env) {
+  bool direct = o.no_python || (!o.module && !o.script.ends_with(".py") && is_executable_file(o.script));
+  if (o.no_python) {
+    auto path = env.find("PATH");
+    std::string resolved =
+        find_executable(o.script, path == env.end() ? "/usr/local/bin:/usr/bin:/bin" : path->second);
+    if (resolved.empty() || (o.script.find('/') != std::string::npos && ::access(o.script.c_str(), F_OK) != 0))
+      throw UsageError(fmt::format("training script '{}' not found{}", o.script,
+                                   o.script.find('/') == std::string::npos ? " in PATH" : ""));
+  } else if (!o.module && !direct) {
+    struct stat st {};
+    if (::stat(o.script.c_str(), &st) != 0)
+      throw UsageError(fmt::format("training script '{}' not found: {}", o.script, ddp::errno_text(errno)));
+    if (S_ISDIR(st.st_mode) && ::access((o.script + "/__main__.py").c_str(), F_OK) != 0)
+      throw UsageError(fmt::format("training script '{}' is a directory without __main__.py", o.script));
+  }
 }
 
 }  // namespace
@@ -189,6 +417,99 @@ std::map<std::string, std::string> current_environment() {
     if (eq) env.emplace(std::string(*e, static_cast<size_t>(eq - *e)), std::string(eq + 1));
   }
   return env;
+}
+
+void parse_endpoint(const std::string& source, const std::string& value, int default_port, std::string& host,
+                    int& port) {
+  const std::string v = trim(value);
+  auto bad = [&](const char* why) {
+    return UsageError(fmt::format("{}: {}; expected host[:port] or [ipv6]:port, got '{}'", source, why, value));
+  };
+  std::string h = v, p;
+  if (v.starts_with('[')) {
+    auto close = v.find(']');
+    if (close == std::string::npos) throw bad("an IPv6 address without its closing ']'");
+    h = v.substr(1, close - 1);
+    std::string rest = v.substr(close + 1);
+    if (!rest.empty()) {
+      if (rest[0] != ':') throw bad("text after ']' that is not ':port'");
+      p = rest.substr(1);
+      if (p.empty()) throw bad("an empty port");
+    }
+  } else if (auto colon = v.find(':'); colon != std::string::npos) {
+    if (v.find(':', colon + 1) != std::string::npos) throw bad("an IPv6 address must be written in brackets");
+    h = v.substr(0, colon);
+    p = v.substr(colon + 1);
+    if (p.empty()) throw bad("an empty port");
+  }
+  if (h.empty()) throw bad("no host");
+  for (char ch : h)
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '-' && ch != '_' && ch != ':')
+      throw bad("a host name or address has letters, digits, '.', '-', '_' (and ':' for IPv6) only");
+  port = default_port;
+  if (!p.empty()) {
+    long n = 0;
+    if (p.size() > 5 || !parse_number(p, n) || n < 1 || n > 65535) throw bad("the port is not a number 1..65535");
+    port = static_cast<int>(n);
+  }
+  host = h;
+}
+
+namespace {
+
+double conf_seconds(const std::string& source, const std::string& key, const std::string& v, bool allow_zero) {
+  double d = 0;
+  if (!parse_number(v, d) || d < 0 || (!allow_zero && d == 0) || d > 1e7)
+    throw UsageError(fmt::format("{}: {} expects a {} number of seconds, got '{}'", source, key,
+                                 allow_zero ? "non-negative" : "positive", v));
+  return d;
+}
+
+// The keys each backend reads (torchrun's, plus the etcd client's).
+bool known_conf_key(const std::string& backend, const std::string& key) {
+  static const std::set<std::string> common{"join_timeout",        "last_call_timeout", "close_timeout",
+                                            "read_timeout",        "heartbeat_timeout", "keep_alive_interval",
+                                            "keep_alive_max_attempt", "is_host",        "timeout",
+                                            "store_type"};
+  static const std::set<std::string> etcd{"protocol", "cacert", "cert", "key"};
+  return common.count(key) || ((backend == "etcd" || backend == "etcd-v2") && etcd.count(key));
+}
+
+void set_conf_key(RdzvConf& c, const std::string& source, const std::string& k, const std::string& v) {
+  if (k == "join_timeout") c.join_timeout = conf_seconds(source, k, v, false);
+  else if (k == "last_call_timeout") c.last_call_timeout = conf_seconds(source, k, v, true);
+  else if (k == "close_timeout") c.close_timeout = conf_seconds(source, k, v, false);
+  else if (k == "read_timeout") c.read_timeout = conf_seconds(source, k, v, false);
+  else if (k == "heartbeat_timeout") c.heartbeat_timeout = conf_seconds(source, k, v, false);
+  else if (k == "keep_alive_interval") c.keep_alive_interval = conf_seconds(source, k, v, false);
+  else if (k == "is_host") c.is_host = truthy(fmt::format("{}: is_host", source), v);
+  else if (k == "keep_alive_max_attempt") {
+    long n = 0;
+    if (!parse_number(v, n) || n < 1 || n > 1000)
+      throw UsageError(fmt::format("{}: keep_alive_max_attempt expects an integer >= 1, got '{}'", source, v));
+    c.keep_alive_max_attempt = static_cast<int>(n);
+  } else if (k == "store_type" && v != "tcp") {
+    throw UsageError(fmt::format("{}: store_type '{}' is not supported; ddprun's rendezvous store is tcp", source, v));
+  }
+}
+
+}  // namespace
+
+RdzvConf parse_rdzv_conf(const std::string& source, const std::string& value, const std::string& backend,
+                         std::vector<std::string>& warnings) {
+  RdzvConf c;
+  if (trim(value).empty()) return c;
+  for_each_item(value, [&](const std::string& item) {
+    auto eq = item.find('=');
+    std::string k = trim(item.substr(0, eq)), v = eq == std::string::npos ? "" : trim(item.substr(eq + 1));
+    if (eq == std::string::npos || k.empty() || v.empty())
+      throw UsageError(fmt::format("{}: expected key=value pairs separated by commas, got '{}'", source, item));
+    set_conf_key(c, source, k, v);
+    if (!known_conf_key(backend, k))
+      warnings.push_back(fmt::format("{}: unknown key '{}' (ignored)", source, k));
+    c.raw[k] = v;
+  });
+  return c;
 }
 
 StdMap parse_std_map(const std::string& flag, const std::string& value) {
@@ -239,266 +560,27 @@ std::string signal_name(int sig) {
 
 Options parse_options(const std::vector<std::string>& args, const std::map<std::string, std::string>& env) {
   Options o;
-  std::map<std::string, Given> given;  // canonical name -> value
-
-  // 1. Split torchrun's options from the script and its arguments.
-  size_t i = 0;
-  for (; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--") {
-      ++i;
-      break;
-    }
-    const FlagSpec* spec = nullptr;
-    std::optional<std::string> inline_value;
-    std::string shown;
-    if (a.starts_with("--")) {
-      std::string body = a.substr(2);
-      auto eq = body.find('=');
-      if (eq != std::string::npos) inline_value = body.substr(eq + 1), body.resize(eq);
-      spec = &lookup_long(body);
-      shown = std::string("--") + spec->name;
-    } else if (a.size() >= 2 && a[0] == '-' && !std::isdigit(static_cast<unsigned char>(a[1]))) {
-      for (auto& f : kFlags)
-        if (f.short_name == a[1]) spec = &f;
-      if (!spec) throw UsageError(fmt::format("unrecognized argument {} (see ddprun --help)", a));
-      if (a.size() > 2) inline_value = a.substr(a[2] == '=' ? 3 : 2);
-      shown = fmt::format("-{}", a[1]);
-    } else {
-      break;  // the training script
-    }
-    if (spec->kind == Kind::kFlag) {
-      if (inline_value && spec->short_name && !a.starts_with("--"))
-        throw UsageError(fmt::format("{}: takes no value, got '{}'", shown, *inline_value));
-      bool on = inline_value ? truthy(shown, *inline_value) : true;
-      given[spec->name] = {on ? "1" : "0", shown};
-      continue;
-    }
-    if (!inline_value) {
-      if (i + 1 >= args.size()) throw UsageError(fmt::format("{}: expected a value", shown));
-      inline_value = args[++i];
-    }
-    given[spec->name] = {*inline_value, shown};
-  }
-  if (i < args.size()) {
-    o.script = args[i];
-    o.script_args.assign(args.begin() + static_cast<long>(i) + 1, args.end());
-  }
-
-  // 2. Environment fallbacks for what the command line did not give.
-  for (auto& f : kFlags) {
-    if (given.count(f.name)) continue;
-    for (std::string var : {pet_name(f), std::string(f.extra_env ? f.extra_env : "")}) {
-      if (var.empty()) continue;
-      auto it = env.find(var);
-      if (it == env.end()) continue;
-      given[f.name] = {it->second, var};
-      break;
-    }
-  }
-  auto has = [&](const char* n) { return given.count(n) > 0; };
-  auto flag = [&](const char* n) { return has(n) && truthy(given[n].source, given[n].value); };
-  auto value = [&](const char* n) -> const std::string& { return given[n].value; };
-
-  if (flag("help")) {
+  CommandLine c = read_command_line(args, env);
+  const Flags& g = c.given;
+  if (g.flag("help")) {
     o.help = true;
     o.help_text = help_text();
     return o;
   }
-  if (flag("version")) {
+  if (g.flag("version")) {
     o.version = true;
     return o;
   }
-
-  // 3. Convert and validate, one flag at a time.
-  o.standalone = flag("standalone");
-  o.module = flag("module");
-  o.no_python = flag("no-python");
-  o.run_path = flag("run-path");
-  o.virtual_local_rank = flag("virtual-local-rank");
-  o.log_timestamps = flag("log-timestamps");
-
-  if (has("nnodes")) {
-    const auto& g = given["nnodes"];
-    auto colon = g.value.find(':');
-    int lo = 0, hi = 0;
-    bool ok = colon == std::string::npos
-                  ? parse_number(g.value, lo) && (hi = lo, true)
-                  : parse_number(g.value.substr(0, colon), lo) && parse_number(g.value.substr(colon + 1), hi);
-    if (!ok || lo < 1 || hi < lo)
-      throw UsageError(fmt::format("{}: expected N or MIN:MAX with 1 <= MIN <= MAX, got '{}'", g.source, g.value));
-    o.min_nodes = lo;
-    o.max_nodes = hi;
-  }
-  if (has("nproc-per-node")) {
-    const auto& g = given["nproc-per-node"];
-    o.nproc_per_node_spec = g.value;
-    int n = 0;
-    if (parse_number(g.value, n)) {
-      if (n < 1) throw UsageError(fmt::format("{}: expected a positive integer or auto, cpu, gpu; got '{}'", g.source, g.value));
-      o.nproc_per_node = n;
-    } else if (g.value == "cpu" || g.value == "auto" || g.value == "gpu") {
-      int gpus = g.value == "cpu" ? 0 : gpu_count();
-      if (g.value == "gpu" && gpus == 0)
-        throw UsageError(fmt::format("{}: 'gpu' but no GPU is visible (CUDA_VISIBLE_DEVICES, driver)", g.source));
-      o.nproc_per_node = gpus > 0 ? gpus : static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
-    } else {
-      throw UsageError(fmt::format("{}: expected a positive integer or auto, cpu, gpu; got '{}'", g.source, g.value));
-    }
-  }
-  if (has("node-rank")) o.node_rank = parse_int(given["node-rank"], 0, 1 << 20, "a node index >= 0");
-  if (has("master-addr")) o.master_addr = value("master-addr");
-  if (o.master_addr.empty()) throw UsageError(fmt::format("{}: expected a host name or address", given["master-addr"].source));
-  if (has("master-port")) o.master_port = parse_int(given["master-port"], 0, 65535, "a port number 0..65535");
-  if (has("local-addr")) o.local_addr = value("local-addr");
-  if (has("rdzv-backend")) o.rdzv_backend = value("rdzv-backend");
-  if (has("rdzv-endpoint")) o.rdzv_endpoint = value("rdzv-endpoint");
-  if (has("rdzv-id")) o.rdzv_id = value("rdzv-id");
-  if (has("rdzv-conf") && !value("rdzv-conf").empty()) {
-    const auto& g = given["rdzv-conf"];
-    size_t start = 0;
-    while (start < g.value.size()) {
-      size_t end = g.value.find(',', start);
-      if (end == std::string::npos) end = g.value.size();
-      std::string kv = g.value.substr(start, end - start);
-      auto eq = kv.find('=');
-      if (eq == std::string::npos || eq == 0)
-        throw UsageError(fmt::format("{}: expected key=value pairs separated by commas, got '{}'", g.source, kv));
-      o.rdzv_conf[kv.substr(0, eq)] = kv.substr(eq + 1);
-      start = end + 1;
-    }
-  }
-  if (has("max-restarts")) o.max_restarts = parse_int(given["max-restarts"], 0, 1 << 30, "an integer >= 0");
-  if (has("monitor-interval")) o.monitor_interval = parse_seconds(given["monitor-interval"], false);
-  if (has("shutdown-timeout")) o.shutdown_timeout = parse_seconds(given["shutdown-timeout"], true);
-  {
-    std::string sigs = has("signals-to-handle") ? value("signals-to-handle") : "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
-    std::string src = has("signals-to-handle") ? given["signals-to-handle"].source : "--signals-to-handle";
-    size_t start = 0;
-    while (start <= sigs.size() && !sigs.empty()) {
-      size_t end = sigs.find(',', start);
-      if (end == std::string::npos) end = sigs.size();
-      std::string s = sigs.substr(start, end - start);
-      s.erase(0, s.find_first_not_of(' '));
-      s.erase(s.find_last_not_of(' ') + 1);
-      if (!s.empty()) {
-        int sig = parse_signal(src, s);
-        if (sig == SIGKILL || sig == SIGSTOP || sig == SIGCHLD)
-          throw UsageError(fmt::format("{}: {} cannot be handled", src, signal_name(sig)));
-        o.signals_to_handle.push_back(sig);
-      }
-      start = end + 1;
-    }
-  }
-  if (has("start-method")) {
-    o.start_method = value("start-method");
-    if (o.start_method != "spawn" && o.start_method != "fork" && o.start_method != "forkserver")
-      throw UsageError(fmt::format("{}: expected spawn, fork or forkserver, got '{}'", given["start-method"].source,
-                                   o.start_method));
-  }
-  if (has("role")) o.role = value("role");
-  if (has("log-dir")) o.log_dir = value("log-dir");
-  if (has("redirects")) o.redirects = parse_std_map(given["redirects"].source, value("redirects"));
-  if (has("tee")) o.tee = parse_std_map(given["tee"].source, value("tee"));
-  if (has("local-ranks-filter") && !value("local-ranks-filter").empty()) {
-    const auto& g = given["local-ranks-filter"];
-    std::set<int> ranks;
-    size_t start = 0;
-    while (start <= g.value.size()) {
-      size_t end = g.value.find(',', start);
-      if (end == std::string::npos) end = g.value.size();
-      int r = 0;
-      if (!parse_number(g.value.substr(start, end - start), r) || r < 0)
-        throw UsageError(fmt::format("{}: expected local ranks like 0,2; got '{}'", g.source, g.value));
-      ranks.insert(r);
-      start = end + 1;
-    }
-    o.local_ranks_filter = ranks;
-  }
-  if (has("log-line-prefix-template")) o.log_line_prefix_template = value("log-line-prefix-template");
-  if (has("log-level")) {
-    std::string l = value("log-level");
-    std::transform(l.begin(), l.end(), l.begin(), [](unsigned char c) { return std::tolower(c); });
-    if (l == "warn") l = "warning";
-    if (l == "critical" || l == "fatal") l = "error";
-    static const std::set<std::string> levels{"trace", "debug", "info", "warning", "error", "off"};
-    if (!levels.count(l))
-      throw UsageError(fmt::format("{}: expected debug, info, warning or error, got '{}'", given["log-level"].source,
-                                   value("log-level")));
-    o.log_level = l;
-  }
-  if (has("summary-json")) o.summary_json = value("summary-json");
-  if (has("logs-specs")) o.logs_specs = value("logs-specs");
-  if (has("numa-binding")) o.numa_binding = value("numa-binding");
-
-  // 4. Combinations.
-  if (o.script.empty()) throw UsageError("the following argument is required: training_script (see ddprun --help)");
-  if (o.module && o.no_python)
-    throw UsageError("--no-python and --module cannot be used together: a module needs python");
-  if (o.module && o.run_path) throw UsageError("--run-path and --module cannot be used together");
-  if (o.no_python && o.run_path) throw UsageError("--run-path and --no-python cannot be used together");
-  if (o.standalone) {
-    if (o.max_nodes > 1)
-      throw UsageError(fmt::format("--standalone runs one node, but {} asks for {}", given["nnodes"].source,
-                                   value("nnodes")));
-    if (o.node_rank != 0)
-      throw UsageError(fmt::format("--standalone runs one node, but {} is {}", given["node-rank"].source, o.node_rank));
-    o.rdzv_backend = "static";
-  }
-  if (o.rdzv_backend != "static") {
-    if (o.rdzv_backend == "c10d" || o.rdzv_backend == "etcd" || o.rdzv_backend == "etcd-v2")
-      throw UsageError(fmt::format("{}: '{}' rendezvous is not supported yet; use static rendezvous (--nnodes N "
-                                   "--node-rank I --master-addr H --master-port P) or --standalone",
-                                   given["rdzv-backend"].source, o.rdzv_backend));
-    throw UsageError(fmt::format("{}: expected static or c10d, got '{}'", given["rdzv-backend"].source, o.rdzv_backend));
-  }
-  if (!o.rdzv_endpoint.empty() && !o.standalone) {
-    // torchrun's static rendezvous takes host[:port] from --rdzv-endpoint over
-    // --master-addr/--master-port.
-    const auto& g = given["rdzv-endpoint"];
-    std::string host = o.rdzv_endpoint;
-    auto colon = host.rfind(':');
-    if (colon != std::string::npos && host.find(']') == std::string::npos && host.find(':') != colon) colon = std::string::npos;
-    if (colon != std::string::npos) {
-      Given port{host.substr(colon + 1), g.source};
-      o.master_port = parse_int(port, 1, 65535, "host[:port] with a port 1..65535");
-      host.resize(colon);
-    }
-    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-    if (host.empty()) throw UsageError(fmt::format("{}: expected host[:port], got '{}'", g.source, o.rdzv_endpoint));
-    o.master_addr = host;
-  }
-  if (o.min_nodes != o.max_nodes)
-    throw UsageError(fmt::format("{}: elastic node ranges ({}) need c10d rendezvous, which is not supported yet; "
-                                 "give a fixed N",
-                                 given["nnodes"].source, value("nnodes")));
-  if (o.node_rank >= o.max_nodes)
-    throw UsageError(fmt::format("{}: node rank {} is outside 0..{} (--nnodes {})", given["node-rank"].source,
-                                 o.node_rank, o.max_nodes - 1, o.max_nodes));
-  if (o.max_nodes > 1 && o.master_port == 0)
-    throw UsageError("--master-port 0 picks a free port, which other nodes cannot know: give a port for --nnodes > 1");
-  if (!o.logs_specs.empty())
-    throw UsageError(fmt::format("{}: log spec plug-ins are not supported yet; use --log-dir, --tee, --redirects",
-                                 given["logs-specs"].source));
-  if (!o.numa_binding.empty())
-    throw UsageError(fmt::format("{}: NUMA binding is not supported yet", given["numa-binding"].source));
-
-  // 5. The target must exist before any worker starts.
-  bool direct = o.no_python || (!o.module && !o.script.ends_with(".py") && is_executable_file(o.script));
-  if (o.no_python) {
-    auto path = env.find("PATH");
-    std::string resolved =
-        find_executable(o.script, path == env.end() ? "/usr/local/bin:/usr/bin:/bin" : path->second);
-    if (resolved.empty() || (o.script.find('/') != std::string::npos && ::access(o.script.c_str(), F_OK) != 0))
-      throw UsageError(fmt::format("training script '{}' not found{}", o.script,
-                                   o.script.find('/') == std::string::npos ? " in PATH" : ""));
-  } else if (!o.module && !direct) {
-    struct stat st {};
-    if (::stat(o.script.c_str(), &st) != 0)
-      throw UsageError(fmt::format("training script '{}' not found: {}", o.script, ddp::errno_text(errno)));
-    if (S_ISDIR(st.st_mode) && ::access((o.script + "/__main__.py").c_str(), F_OK) != 0)
-      throw UsageError(fmt::format("training script '{}' is a directory without __main__.py", o.script));
-  }
+  o.script = c.script;
+  o.script_args = c.script_args;
+  read_nodes(o, g);
+  read_rendezvous(o, g);
+  read_supervision(o, g);
+  read_worker_command(o, g);
+  read_output(o, g);
+  check_worker_command(o, g);
+  check_rendezvous(o, g);
+  check_target(o, env);
   return o;
 }
 

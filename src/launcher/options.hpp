@@ -20,6 +20,19 @@ struct StdMap {
   }
 };
 
+// --rdzv-conf, typed (torchrun's keys and defaults; seconds unless said otherwise).
+struct RdzvConf {
+  double join_timeout = 600;       // a whole round join
+  double last_call_timeout = 30;   // extra wait once MIN nodes are in
+  double close_timeout = 30;       // closing the rendezvous at the end
+  double read_timeout = 60;        // reaching the endpoint's store, and each store call
+  double heartbeat_timeout = 5;    // one keep-alive call
+  double keep_alive_interval = 5;  // how often a node says it is alive
+  int keep_alive_max_attempt = 3;  // silent this many intervals: the node is lost
+  std::optional<bool> is_host;     // host the store at the endpoint (default: inferred)
+  std::map<std::string, std::string> raw;  // every key as given (backend-specific ones too)
+};
+
 struct Options {
   // Nodes and workers
   int min_nodes = 1, max_nodes = 1;
@@ -28,9 +41,11 @@ struct Options {
   int node_rank = 0;
   // Rendezvous
   std::string rdzv_backend = "static";
-  std::string rdzv_endpoint;
+  std::string rdzv_endpoint;        // as given
+  std::string rdzv_host;            // dynamic backends: the endpoint's host (no brackets)
+  int rdzv_port = 29400;            // dynamic backends: the endpoint's port
   std::string rdzv_id = "none";
-  std::map<std::string, std::string> rdzv_conf;
+  RdzvConf rdzv_conf;
   bool standalone = false;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
@@ -61,6 +76,9 @@ struct Options {
   // Derived
   bool help = false, version = false;
   std::string help_text;
+  std::vector<std::string> warnings;  // printed once logging is set up (e.g. an ignored flag)
+
+  bool dynamic() const { return rdzv_backend != "static"; }
 };
 
 // Parses argv (argv[0] excluded) with env as the PET_* source. Throws ddp::UsageError with
@@ -68,6 +86,17 @@ struct Options {
 // with gpu_count(), "cpu"/"auto" with the CPU count.
 Options parse_options(const std::vector<std::string>& args,
                       const std::map<std::string, std::string>& env);
+
+// Parses --rdzv-conf "k=v,k=v" (torchrun's rules: split on ',', then on the first '=',
+// keys and values stripped). A bad value throws UsageError naming the key; a key unknown to
+// `backend` is kept in raw and reported in warnings.
+RdzvConf parse_rdzv_conf(const std::string& source, const std::string& value, const std::string& backend,
+                         std::vector<std::string>& warnings);
+
+// Splits "host", "host:port", "[v6]" or "[v6]:port"; port is default_port when absent.
+// Throws UsageError naming source.
+void parse_endpoint(const std::string& source, const std::string& value, int default_port, std::string& host,
+                    int& port);
 
 // Parses --redirects/--tee values: "0".."3" or "0:1,1:2". Throws UsageError.
 StdMap parse_std_map(const std::string& flag, const std::string& value);

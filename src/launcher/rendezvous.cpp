@@ -78,18 +78,7 @@ std::string random_nonce() {
   return fmt::format("{:016x}", random_u64());
 }
 
-std::chrono::milliseconds conf_seconds(const Options& o, const std::string& key, double def) {
-  auto it = o.rdzv_conf.find(key);
-  double v = def;
-  if (it != o.rdzv_conf.end()) {
-    try {
-      v = std::stod(it->second);
-    } catch (const std::exception&) {
-      throw ddp::UsageError(fmt::format("--rdzv-conf: {} expects seconds, got '{}'", key, it->second));
-    }
-  }
-  return std::chrono::milliseconds(static_cast<long>(v * 1000));
-}
+std::chrono::milliseconds seconds(double s) { return std::chrono::milliseconds(static_cast<long>(s * 1000)); }
 
 }  // namespace
 
@@ -371,19 +360,16 @@ JobPlan Rendezvous::join() {
   if (o.max_nodes == 1) return p;
 
   // Multi-node static rendezvous.
-  const auto join_timeout = conf_seconds(o, "join_timeout", 600);
+  const auto join_timeout = seconds(o.rdzv_conf.join_timeout);
   ddp::TcpStoreOptions so;
   so.host = o.master_addr;
   so.port = static_cast<uint16_t>(o.master_port);
   so.timeout = join_timeout;
   so.connect_timeout = join_timeout;
   try {
-    auto keep_alive = conf_seconds(o, "keep_alive_interval", 5);
-    auto max_attempt = conf_seconds(o, "keep_alive_max_attempt", 3).count() / 1000;
-    if (keep_alive.count() <= 0 || max_attempt < 1)
-      throw ddp::UsageError("--rdzv-conf: keep_alive_interval must be > 0 and keep_alive_max_attempt >= 1");
     impl_->sync = std::make_unique<StoreSync>(so, fmt::format("ddprun/{}/", o.rdzv_id), o.node_rank, o.max_nodes,
-                                              join_timeout, keep_alive, static_cast<int>(max_attempt));
+                                              join_timeout, seconds(o.rdzv_conf.keep_alive_interval),
+                                              o.rdzv_conf.keep_alive_max_attempt);
   } catch (const ddp::TimeoutError& e) {
     throw ddp::Error(fmt::format("node {} could not reach node 0's store at {}:{} within {}: {}", o.node_rank,
                                  o.master_addr, o.master_port, ddp::format_duration(join_timeout), e.what()));

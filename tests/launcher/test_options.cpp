@@ -242,6 +242,85 @@ TEST_F(LauncherOptions, RdzvEndpointGivesStaticMasterAddress) {
   EXPECT_NE(msg2.find("--rdzv-endpoint"), std::string::npos) << msg2;
 }
 
+TEST_F(LauncherOptions, C10dEndpointForms) {
+  Options a = parse_with_script({"--rdzv-backend", "c10d", "--rdzv-endpoint", "head:1234", "--nnodes", "2"});
+  EXPECT_TRUE(a.dynamic());
+  EXPECT_EQ(a.rdzv_host, "head");
+  EXPECT_EQ(a.rdzv_port, 1234);
+  Options b = parse_with_script({"--rdzv_backend=c10d", "--rdzv_endpoint=head", "--nnodes=1:4"});
+  EXPECT_EQ(b.rdzv_port, 29400);  // torchrun's default for c10d
+  EXPECT_EQ(b.min_nodes, 1);
+  EXPECT_EQ(b.max_nodes, 4);
+  Options c = parse_with_script({"--rdzv-backend=c10d", "--rdzv-endpoint=[fe80::1]:5"});
+  EXPECT_EQ(c.rdzv_host, "fe80::1");
+  EXPECT_EQ(c.rdzv_port, 5);
+  Options d = parse_with_script({"--rdzv-backend=c10d", "--rdzv-endpoint=[::1]"});
+  EXPECT_EQ(d.rdzv_host, "::1");
+  EXPECT_EQ(d.rdzv_port, 29400);
+  Options e = parse_with_script({"--rdzv-backend=c10d"});  // one node: its own store, a free port
+  EXPECT_EQ(e.rdzv_host, "localhost");
+  EXPECT_EQ(e.rdzv_port, 0);
+  Options f = parse_with_script({}, {{"PET_RDZV_BACKEND", "c10d"}, {"PET_RDZV_ENDPOINT", "10.0.0.1:29401"},
+                                     {"PET_NNODES", "2:3"}, {"PET_RDZV_ID", "job7"}});
+  EXPECT_EQ(f.rdzv_host, "10.0.0.1");
+  EXPECT_EQ(f.rdzv_port, 29401);
+  EXPECT_EQ(f.max_nodes, 3);
+  EXPECT_EQ(f.rdzv_id, "job7");
+}
+
+TEST_F(LauncherOptions, RdzvConfTypedWithTorchrunDefaults) {
+  Options d = parse_with_script({});
+  EXPECT_EQ(d.rdzv_conf.join_timeout, 600);
+  EXPECT_EQ(d.rdzv_conf.last_call_timeout, 30);
+  EXPECT_EQ(d.rdzv_conf.close_timeout, 30);
+  EXPECT_EQ(d.rdzv_conf.read_timeout, 60);
+  EXPECT_EQ(d.rdzv_conf.keep_alive_interval, 5);
+  EXPECT_EQ(d.rdzv_conf.keep_alive_max_attempt, 3);
+  EXPECT_FALSE(d.rdzv_conf.is_host.has_value());
+  Options o = parse_with_script(
+      {"--rdzv-conf", " join_timeout = 20 ,last_call_timeout=0.5,is_host=yes,keep_alive_interval=1,"
+                      "keep_alive_max_attempt=2,read_timeout=7,close_timeout=3,timeout=900"});
+  EXPECT_EQ(o.rdzv_conf.join_timeout, 20);
+  EXPECT_EQ(o.rdzv_conf.last_call_timeout, 0.5);
+  EXPECT_EQ(o.rdzv_conf.is_host, true);
+  EXPECT_EQ(o.rdzv_conf.keep_alive_interval, 1);
+  EXPECT_EQ(o.rdzv_conf.keep_alive_max_attempt, 2);
+  EXPECT_EQ(o.rdzv_conf.read_timeout, 7);
+  EXPECT_EQ(o.rdzv_conf.close_timeout, 3);
+  EXPECT_TRUE(o.warnings.empty()) << o.warnings.front();  // 'timeout' is torchrun's own injected key
+  EXPECT_EQ(parse_with_script({"--rdzv-conf", "is_host=f"}).rdzv_conf.is_host, false);
+}
+
+TEST_F(LauncherOptions, UnknownRdzvConfKeyWarnsAndIsKept) {
+  Options o = parse_with_script({"--rdzv-conf", "bogus_key=1,join_timeout=5"});
+  ASSERT_EQ(o.warnings.size(), 1u);
+  EXPECT_NE(o.warnings[0].find("bogus_key"), std::string::npos) << o.warnings[0];
+  EXPECT_EQ(o.rdzv_conf.raw.at("bogus_key"), "1");
+  // etcd's client keys belong to etcd only.
+  Options c = parse_with_script({"--rdzv-backend=c10d", "--rdzv-conf", "cacert=/x.pem"});
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_NE(c.warnings[0].find("cacert"), std::string::npos);
+}
+
+TEST_F(LauncherOptions, C10dIgnoresNodeRankAndMasterWithOneWarningEach) {
+  Options o = parse_with_script({"--rdzv-backend=c10d", "--rdzv-endpoint=h", "--nnodes=2", "--rdzv-id=j",
+                                 "--node-rank=1", "--master-addr=x", "--master-port=1"});
+  ASSERT_EQ(o.warnings.size(), 3u);
+  EXPECT_NE(o.warnings[0].find("--node-rank is ignored"), std::string::npos) << o.warnings[0];
+  EXPECT_NE(o.warnings[1].find("--master-addr"), std::string::npos) << o.warnings[1];
+  EXPECT_NE(o.warnings[2].find("--master-port"), std::string::npos) << o.warnings[2];
+  // A multi-node job without a run id would merge with another job on the same endpoint.
+  Options n = parse_with_script({"--rdzv-backend=c10d", "--rdzv-endpoint=h", "--nnodes=2"});
+  ASSERT_EQ(n.warnings.size(), 1u);
+  EXPECT_NE(n.warnings[0].find("--rdzv-id"), std::string::npos);
+}
+
+TEST_F(LauncherOptions, StandaloneStaysStaticWithC10dBackend) {
+  Options o = parse_with_script({"--standalone", "--rdzv-backend", "c10d"});
+  EXPECT_TRUE(o.standalone);
+  EXPECT_FALSE(o.dynamic());
+}
+
 TEST_F(LauncherOptions, LocalRanksFilter) {
   Options o = parse_with_script({"--local-ranks-filter", "0,2"});
   ASSERT_TRUE(o.local_ranks_filter.has_value());
@@ -297,8 +376,28 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"NoPythonWithModule", {"--no-python", "-m"}, "--no-python"},
         BadCase{"ModuleWithNoPython", {"-m", "--no-python"}, "--module"},
         BadCase{"StandaloneWithNnodes", {"--standalone", "--nnodes", "2"}, "--nnodes"},
-        BadCase{"RdzvC10d", {"--rdzv-backend", "c10d"}, "not supported yet"},
-        BadCase{"RdzvC10dNamesFlag", {"--rdzv-backend", "c10d"}, "--rdzv-backend"},
+        BadCase{"RdzvEtcd", {"--rdzv-backend", "etcd"}, "not supported yet"},
+        BadCase{"RdzvC10dMultiNodeWithoutEndpoint", {"--rdzv-backend", "c10d", "--nnodes", "2"}, "--rdzv-endpoint"},
+        BadCase{"ElasticRangeNeedsC10d", {"--nnodes", "1:3"}, "--rdzv-backend c10d"},
+        BadCase{"C10dEndpointPortTooBig", {"--rdzv-backend=c10d", "--rdzv-endpoint", "h:65536"}, "--rdzv-endpoint"},
+        BadCase{"C10dEndpointPortZero", {"--rdzv-backend=c10d", "--rdzv-endpoint", "h:0"}, "--rdzv-endpoint"},
+        BadCase{"C10dEndpointEmptyPort", {"--rdzv-backend=c10d", "--rdzv-endpoint", "h:"}, "--rdzv-endpoint"},
+        BadCase{"C10dEndpointNoHost", {"--rdzv-backend=c10d", "--rdzv-endpoint", ":29400"}, "--rdzv-endpoint"},
+        BadCase{"C10dEndpointBareIpv6", {"--rdzv-backend=c10d", "--rdzv-endpoint", "fe80::1"}, "brackets"},
+        BadCase{"C10dEndpointUnclosedIpv6", {"--rdzv-backend=c10d", "--rdzv-endpoint", "[::1:29400"}, "']'"},
+        BadCase{"C10dEndpointBadChars", {"--rdzv-backend=c10d", "--rdzv-endpoint", "a b:1"}, "--rdzv-endpoint"},
+        BadCase{"RdzvConfNoValue", {"--rdzv-conf", "join_timeout"}, "--rdzv-conf"},
+        BadCase{"RdzvConfEmptyKey", {"--rdzv-conf", "=3"}, "--rdzv-conf"},
+        BadCase{"RdzvConfEmptyValue", {"--rdzv-conf", "join_timeout="}, "--rdzv-conf"},
+        BadCase{"RdzvConfNotSeconds", {"--rdzv-conf", "join_timeout=soon"}, "join_timeout"},
+        BadCase{"RdzvConfNegative", {"--rdzv-conf", "last_call_timeout=-1"}, "last_call_timeout"},
+        BadCase{"RdzvConfMaxAttemptZero", {"--rdzv-conf", "keep_alive_max_attempt=0"}, "keep_alive_max_attempt"},
+        BadCase{"RdzvConfMaxAttemptFraction", {"--rdzv-conf", "keep_alive_max_attempt=1.5"}, "keep_alive_max_attempt"},
+        BadCase{"RdzvConfIsHostWord", {"--rdzv-conf", "is_host=maybe"}, "is_host"},
+        BadCase{"RdzvConfStoreTypeFile", {"--rdzv-conf", "store_type=file"}, "store_type"},
+        BadCase{"JoinTimeoutBelowLastCall",
+                {"--rdzv-backend=c10d", "--rdzv-endpoint=h", "--nnodes=1:2", "--rdzv-conf=join_timeout=3"},
+                "join_timeout"},
         BadCase{"RdzvUnknown", {"--rdzv-backend", "zookeeper"}, "--rdzv-backend"},
         BadCase{"LogsSpecs", {"--logs-specs", "x"}, "--logs-specs"},
         BadCase{"RedirectsFive", {"--redirects", "5"}, "--redirects"},
