@@ -1,0 +1,100 @@
+// The dynamic rendezvous's storage, as a small interface (torch splits its
+// DynamicRendezvousHandler from its backends the same way). Backends:
+//   StoreBackend   ddprun's TCP store (--rdzv-backend c10d): store_backend.hpp
+//   MemoryBackend  in-process, with a fake clock for leases (unit tests): memory_backend.hpp
+//   EtcdBackend    etcd's v3 API (--rdzv-backend etcd)
+//
+// A backend serves ONE run id: every name below is relative to that run (the backend puts
+// it under its own per-run prefix) and nothing outside the prefix is ever written.
+//
+// What it offers, and nothing more:
+//   - the state: one opaque value, replaced only if unchanged since a token (compare-and-set);
+//   - logs: append-only lists of lines (round events, the list of lost nodes, ...);
+//   - counters;
+//   - a lease: this node's liveness. When this process dies, its connection closes, or it
+//     stops renewing the lease for the lease's ttl, the backend appends the lines registered
+//     with on_lease_end() to their logs. Every other node then reads them like any line.
+//
+// Every call is bounded: it returns or throws within the backend's operation timeout
+// (read_timeout), never blocks forever. Errors are ddp::Error subclasses naming the
+// backend (describe()) and what was being done; a backend that cannot be reached throws
+// ddp::NetworkError or ddp::TimeoutError.
+//
+// Thread safety: a backend object is used by one thread at a time. The rendezvous uses
+// one backend object per thread (clone()): the main thread's and the watcher's.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddprun::rdzv {
+
+using std::chrono::milliseconds;
+
+// An opaque version of the state as the backend hands it out (the whole value for a
+// store, a revision for etcd). Only the backend that made it interprets it.
+struct Token {
+  std::string value;
+  bool operator==(const Token&) const = default;
+};
+
+struct Snapshot {
+  std::optional<std::string> state;  // nullopt: no state written yet for this run
+  Token token;                       // pass to compare_and_set to replace exactly this
+};
+
+struct CasResult {
+  bool ok = false;    // true: our value was written
+  Snapshot current;   // the state now: ours (ok) or the one that won (not ok)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "c10d store at head:29400", "etcd at 10.0.0.1:2379,10.0.0.2:2379": for messages.
+  virtual std::string describe() const = 0;
+
+  // A second connection to the same backend and run, for another thread. The clone has
+  // no lease of its own (open_lease is called on one object only).
+  virtual std::unique_ptr<Backend> clone() const = 0;
+
+  // ---- the state ---------------------------------------------------------------------
+  virtual Snapshot load() = 0;
+  // Writes `value` if the state is still what `expected` names (an empty token names "no
+  // state yet"). On conflict nothing is written and current is the winner's.
+  virtual CasResult compare_and_set(const std::string& value, const Token& expected) = 0;
+
+  // ---- logs (append-only lists of lines; a line holds no '\n') -----------------------
+  virtual void append(const std::string& log, const std::string& line) = 0;
+  // Lines [from, end); empty if the log has no more (or does not exist).
+  virtual std::vector<std::string> read(const std::string& log, size_t from) = 0;
+  // Lines [from, end) once there is at least one, waiting up to `timeout`; empty at the
+  // timeout. Every node sees the same lines in the same order.
+  virtual std::vector<std::string> wait(const std::string& log, size_t from, milliseconds timeout) = 0;
+
+  // ---- counters ----------------------------------------------------------------------
+  // Adds delta to the counter (0 if it does not exist) and returns the new value.
+  virtual int64_t add(const std::string& counter, int64_t delta) = 0;
+
+  // ---- this node's lease -------------------------------------------------------------
+  // Starts the lease: it ends when this process dies, when close() is called, or when no
+  // keep_alive() arrives within ttl. Call once, before on_lease_end.
+  virtual void open_lease(milliseconds ttl) = 0;
+  // Renews the lease within `timeout`. Throws when the backend cannot be reached in time or
+  // the lease has already ended (then this node has been declared lost: it must stop).
+  virtual void keep_alive(milliseconds timeout) = 0;
+  // When the lease ends, `line` is appended to `log`, followed by " " and why (e.g.
+  // "connection closed", "no keep-alive for 15 s"). Lines registered earlier stay
+  // registered.
+  virtual void on_lease_end(const std::string& log, const std::string& line) = 0;
+
+  // Ends the lease now (its lines are appended, as for any end) and closes connections.
+  virtual void close() = 0;
+};
+
+}  // namespace ddprun::rdzv
