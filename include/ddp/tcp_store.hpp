@@ -57,6 +57,25 @@ class TcpStore : public Store {
   // Returns false (and leaves value untouched) if the queue is empty.
   bool queue_pop(const std::string& key, std::string& value);
   void ping();
+  void ping(std::chrono::milliseconds timeout);
+
+  // Shuts the connection down: a call blocked in another thread returns at once with a
+  // NetworkError, and every later call throws. Callable from any thread.
+  void interrupt();
+
+  // ddprun's extensions (docs/store.md), served by ddprun's store only: PyTorch's servers
+  // close the connection on them, which these report as a NetworkError saying so.
+  //
+  // Makes this connection a lease: when it closes, or sends no request for `ttl` (0: only
+  // when it closes), the server appends the lines given to on_lease_end(). A leased
+  // connection never reconnects: once it is lost, every call throws NetworkError.
+  void lease(std::chrono::milliseconds ttl);
+  // When this connection's lease ends, the server APPENDs value + why + "\n" to key (why:
+  // "connection closed", "no keep-alive for 15 s").
+  void on_lease_end(const std::string& key, const std::string& value);
+  // Waits until the key's value is longer than `size` bytes (a missing key has 0); false
+  // at the timeout.
+  bool wait_grows(const std::string& key, int64_t size, std::chrono::milliseconds timeout);
 
   const TcpStoreOptions& options() const { return options_; }
 

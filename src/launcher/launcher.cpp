@@ -61,15 +61,14 @@ int run_main(const std::vector<std::string>& args) {
     Guardian guardian;
     guardian.start();
     if (o.standalone) o.rdzv_id = random_run_id();
-    RendezvousConfig rc{o, host_name()};
-    Rendezvous rdzv(rc);
-    JobPlan plan = rdzv.join();
+    const std::string host = host_name();
+    std::unique_ptr<Rendezvous> rdzv = make_rendezvous(o, host);
     if (sets_omp_threads(o, env))
       spdlog::warn(
           "OMP_NUM_THREADS is not set: setting it to 1 for each worker so that {} workers do not overload the "
           "machine; tune it for your application",
           o.nproc_per_node);
-    Supervisor sup(o, plan, env, guardian, rdzv.sync());
+    Supervisor sup(o, env, guardian, *rdzv, host);
     JobOutcome outcome = sup.run();
     return outcome.exit_code;
   } catch (const ddp::UsageError& e) {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <set>
 #include <cerrno>
 #include <fstream>
@@ -19,6 +20,7 @@
 
 #include "ddp/error.hpp"
 #include "ddp/tcp_store.hpp"
+#include "launcher/net.hpp"
 #include "launcher/random.hpp"
 #include "store/server.hpp"
 
@@ -29,51 +31,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// "pid 1234 (python3)" for the process listening on a TCP port, if this user can see it.
-std::string who_listens(int port) {
-  std::set<std::string> inodes;
-  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream f(table);
-    std::string line;
-    std::getline(f, line);
-    while (std::getline(f, line)) {
-      std::istringstream ss(line);
-      std::string sl, local, remote, st, queues, tr, retr, uid, timeout, inode;
-      ss >> sl >> local >> remote >> st >> queues >> tr >> retr >> uid >> timeout >> inode;
-      auto colon = local.rfind(':');
-      if (colon == std::string::npos || st != "0A") continue;
-      if (std::stoi(local.substr(colon + 1), nullptr, 16) == port) inodes.insert("socket:[" + inode + "]");
-    }
-  }
-  if (inodes.empty()) return "";
-  DIR* proc = opendir("/proc");
-  if (!proc) return "";
-  std::string found;
-  while (dirent* e = readdir(proc)) {
-    if (!isdigit(static_cast<unsigned char>(e->d_name[0]))) continue;
-    std::string fddir = std::string("/proc/") + e->d_name + "/fd";
-    DIR* fds = opendir(fddir.c_str());
-    if (!fds) continue;
-    while (dirent* fe = readdir(fds)) {
-      char target[128];
-      ssize_t n = readlink((fddir + "/" + fe->d_name).c_str(), target, sizeof target - 1);
-      if (n <= 0) continue;
-      target[n] = 0;
-      if (inodes.count(target)) {
-        std::ifstream comm(std::string("/proc/") + e->d_name + "/comm");
-        std::string name;
-        std::getline(comm, name);
-        found = fmt::format("pid {} ({})", e->d_name, name);
-        break;
-      }
-    }
-    closedir(fds);
-    if (!found.empty()) break;
-  }
-  closedir(proc);
-  return found;
-}
-
 std::string random_nonce() {
   return fmt::format("{:016x}", random_u64());
 }
@@ -83,7 +40,7 @@ std::chrono::milliseconds seconds(double s) { return std::chrono::milliseconds(s
 }  // namespace
 
 // Multi-node: the nodes meet in node 0's store under "ddprun/<run_id>/".
-class StoreSync : public NodeSync {
+class StoreSync {
  public:
   StoreSync(ddp::TcpStoreOptions so, std::string prefix, int node_rank, int nnodes, std::chrono::milliseconds timeout,
             std::chrono::milliseconds keep_alive, int keep_alive_max)
@@ -92,7 +49,7 @@ class StoreSync : public NodeSync {
     store_ = std::make_unique<ddp::TcpStore>(so_);
     efd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   }
-  ~StoreSync() override {
+  ~StoreSync() {
     stop_ = true;
     if (watcher_.joinable()) watcher_.join();
     if (efd_ >= 0) close(efd_);
@@ -100,9 +57,9 @@ class StoreSync : public NodeSync {
   ddp::Store& store() { return *store_; }
   std::string key(const std::string& k) const { return prefix_ + k; }
 
-  int notify_fd() override { return efd_; }
+  int notify_fd() { return efd_; }
 
-  std::string remote_failure(int attempt) override {
+  std::string remote_failure(int attempt) {
     uint64_t v;
     while (read(efd_, &v, sizeof v) == sizeof v) {
     }
@@ -111,7 +68,7 @@ class StoreSync : public NodeSync {
     return seen_reason_;
   }
 
-  void report_failure(int attempt, const std::string& what) override {
+  void report_failure(int attempt, const std::string& what) {
     try {
       std::string mine = fmt::format("node {}: {}", node_, what);
       std::lock_guard lk(mu_);
@@ -122,7 +79,7 @@ class StoreSync : public NodeSync {
     }
   }
 
-  void attempt_barrier(int attempt) override {
+  void attempt_barrier(int attempt) {
     {
       std::lock_guard lk(mu_);
       current_ = attempt;
@@ -144,9 +101,9 @@ class StoreSync : public NodeSync {
     }
     return "";
   }
-  void exit_barrier(int attempt) override { last_exit_reason_ = exit_barrier_reason(attempt); }
-  std::string last_exit_reason() const override { return last_exit_reason_; }
-  std::string node_lost() override {
+  void exit_barrier(int attempt) { last_exit_reason_ = exit_barrier_reason(attempt); }
+  std::string last_exit_reason() const { return last_exit_reason_; }
+  std::string node_lost() {
     try {
       std::lock_guard lk(mu_);
       if (store_->check({key("lost")})) return store_->get(key("lost"));
@@ -310,81 +267,164 @@ class StoreSync : public NodeSync {
   std::thread watcher_;
 };
 
-struct Rendezvous::Impl {
-  RendezvousConfig c;
-  std::unique_ptr<ddp::detail::StoreServer> server;
-  std::unique_ptr<StoreSync> sync;
+// Static rendezvous: node 0 hosts the store at --master-addr:--master-port; every node
+// restarts with the others, attempt by attempt.
+class StaticRendezvous : public Rendezvous {
+ public:
+  StaticRendezvous(const Options& o, std::string hostname) : o_(o), hostname_(std::move(hostname)) {}
+  ~StaticRendezvous() override { finish(FinishKind::kNodeStopped, ""); }
+
+  JobPlan next_round() override {
+    if (attempt_ < 0) plan_ = join();
+    else ++attempt_;
+    if (attempt_ < 0) attempt_ = 0;
+    if (sync_) sync_->attempt_barrier(attempt_);
+    plan_.restart_count = attempt_;
+    return plan_;
+  }
+  int notify_fd() override { return sync_ ? sync_->notify_fd() : -1; }
+  std::optional<RoundEnd> round_end() override {
+    if (!sync_) return std::nullopt;
+    std::string why = sync_->remote_failure(attempt_);
+    if (why.empty()) return std::nullopt;
+    return RoundEnd{RoundEnd::Kind::kFailed, "", why};
+  }
+  void end_round(RoundEnd::Kind, const std::string& what) override {
+    if (sync_) sync_->report_failure(attempt_, what);
+  }
+  std::optional<RoundEnd> arrive_exit() override {
+    if (!sync_) return RoundEnd{RoundEnd::Kind::kDone, "", ""};
+    sync_->exit_barrier(attempt_);
+    std::string why = sync_->last_exit_reason();  // this node succeeded, another did not
+    if (why.empty()) return RoundEnd{RoundEnd::Kind::kDone, "", ""};
+    return RoundEnd{RoundEnd::Kind::kFailed, "", why};
+  }
+  std::string restart_refused(const RoundEnd& end) override {
+    if (attempt_ >= o_.max_restarts)
+      return fmt::format("{}; no restart left ({} of --max-restarts {} used)", end.describe(), attempt_,
+                         o_.max_restarts);
+    if (std::string lost = sync_ ? sync_->node_lost() : ""; !lost.empty()) return lost;
+    return "";
+  }
+  void finish(FinishKind, const std::string&) override {
+    if (sync_) sync_->leave(server_ != nullptr);
+    sync_.reset();
+    if (server_) server_->stop();
+  }
+
+ private:
+  JobPlan join();
+  void host_store();
+  void connect_nodes();
+  JobPlan meet(JobPlan p);
+  void wait_for_nodes(const std::vector<std::string>& keys, const std::function<void(int, const json&)>& check);
+
+  const Options& o_;
+  std::string hostname_;
+  int attempt_ = -1;
+  JobPlan plan_;
+  std::unique_ptr<ddp::detail::StoreServer> server_;
+  std::unique_ptr<StoreSync> sync_;
 };
 
-Rendezvous::Rendezvous(RendezvousConfig c) : impl_(std::make_unique<Impl>(Impl{std::move(c), nullptr, nullptr})) {}
-
-Rendezvous::~Rendezvous() {
-  if (impl_->sync) impl_->sync->leave(impl_->server != nullptr);
-  impl_->sync.reset();
-  if (impl_->server) impl_->server->stop();
+// Node 0 hosts the store that workers (TORCHELASTIC_USE_AGENT_STORE) and nodes share.
+void StaticRendezvous::host_store() {
+  ddp::detail::StoreServerOptions so;
+  so.host = "";  // every interface, dual stack
+  so.port = static_cast<uint16_t>(o_.standalone ? 0 : o_.master_port);
+  so.backlog = std::max(2048, o_.nproc_per_node * o_.max_nodes * 2);
+  try {
+    server_ = std::make_unique<ddp::detail::StoreServer>(so);
+  } catch (const ddp::SystemError& e) {
+    if (e.code() != EADDRINUSE) throw;
+    std::string holder = who_listens(o_.master_port);
+    throw ddp::Error(fmt::format(
+        "--master-port {}: the port is already in use{}; choose another with --master-port (or "
+        "PET_MASTER_PORT), or use --standalone to pick a free one",
+        o_.master_port, holder.empty() ? "" : " by " + holder));
+  }
+  server_->start();
 }
 
-NodeSync* Rendezvous::sync() { return impl_->sync.get(); }
-
-
-JobPlan Rendezvous::join() {
-  const Options& o = impl_->c.o;
-  JobPlan p;
-  p.hostname = impl_->c.hostname;
-  p.run_id = o.rdzv_id;
-  p.group_rank = o.node_rank;
-  p.group_world_size = o.max_nodes;
-  p.world_size = o.nproc_per_node;
-  p.master_addr = o.standalone ? "localhost" : o.master_addr;
-  p.use_agent_store = true;
-
-  // Node 0 hosts the store that workers (TORCHELASTIC_USE_AGENT_STORE) and nodes share.
-  if (o.node_rank == 0) {
-    ddp::detail::StoreServerOptions so;
-    so.host = "";  // every interface, dual stack
-    so.port = static_cast<uint16_t>(o.standalone ? 0 : o.master_port);
-    so.backlog = std::max(2048, o.nproc_per_node * o.max_nodes * 2);
-    try {
-      impl_->server = std::make_unique<ddp::detail::StoreServer>(so);
-    } catch (const ddp::SystemError& e) {
-      if (e.code() != EADDRINUSE) throw;
-      std::string holder = who_listens(o.master_port);
-      throw ddp::Error(fmt::format(
-          "--master-port {}: the port is already in use{}; choose another with --master-port (or "
-          "PET_MASTER_PORT), or use --standalone to pick a free one",
-          o.master_port, holder.empty() ? "" : " by " + holder));
-    }
-    impl_->server->start();
-  }
-  p.master_port = impl_->server ? impl_->server->port() : o.master_port;
-  if (o.max_nodes == 1) return p;
-
-  // Multi-node static rendezvous.
-  const auto join_timeout = seconds(o.rdzv_conf.join_timeout);
+void StaticRendezvous::connect_nodes() {
+  const auto join_timeout = seconds(o_.rdzv_conf.join_timeout);
   ddp::TcpStoreOptions so;
-  so.host = o.master_addr;
-  so.port = static_cast<uint16_t>(o.master_port);
+  so.host = o_.master_addr;
+  so.port = static_cast<uint16_t>(o_.master_port);
   so.timeout = join_timeout;
   so.connect_timeout = join_timeout;
   try {
-    impl_->sync = std::make_unique<StoreSync>(so, fmt::format("ddprun/{}/", o.rdzv_id), o.node_rank, o.max_nodes,
-                                              join_timeout, seconds(o.rdzv_conf.keep_alive_interval),
-                                              o.rdzv_conf.keep_alive_max_attempt);
+    sync_ = std::make_unique<StoreSync>(so, fmt::format("ddprun/{}/", o_.rdzv_id), o_.node_rank, o_.max_nodes,
+                                        join_timeout, seconds(o_.rdzv_conf.keep_alive_interval),
+                                        o_.rdzv_conf.keep_alive_max_attempt);
   } catch (const ddp::TimeoutError& e) {
-    throw ddp::Error(fmt::format("node {} could not reach node 0's store at {}:{} within {}: {}", o.node_rank,
-                                 o.master_addr, o.master_port, ddp::format_duration(join_timeout), e.what()));
+    throw ddp::Error(fmt::format("node {} could not reach node 0's store at {}:{} within {}: {}", o_.node_rank,
+                                 o_.master_addr, o_.master_port, ddp::format_duration(join_timeout), e.what()));
   }
-  ddp::Store& store = impl_->sync->store();
-  auto key = [&](const std::string& k) { return impl_->sync->key(k); };
-  const std::string host = o.local_addr.empty() ? p.hostname : o.local_addr;
+}
+
+JobPlan StaticRendezvous::join() {
+  JobPlan p;
+  p.hostname = hostname_;
+  p.run_id = o_.rdzv_id;
+  p.group_rank = o_.node_rank;
+  p.group_world_size = o_.max_nodes;
+  p.world_size = o_.nproc_per_node;
+  p.master_addr = o_.standalone ? "localhost" : o_.master_addr;
+  p.use_agent_store = true;
+  if (o_.node_rank == 0) host_store();
+  p.master_port = server_ ? server_->port() : o_.master_port;
+  if (o_.max_nodes == 1) return p;
+  connect_nodes();
+  return meet(p);
+}
+
+// Waits for every node's record in slices, so that an abort published by any node (a
+// mismatch it found against node 0) ends everyone's wait at once. Node 0's record comes
+// first: every node checks itself against it as soon as it exists.
+void StaticRendezvous::wait_for_nodes(const std::vector<std::string>& keys,
+                                      const std::function<void(int, const json&)>& check) {
+  ddp::Store& store = sync_->store();
+  const std::string abort_key = sync_->key("abort");
+  const auto join_timeout = seconds(o_.rdzv_conf.join_timeout);
+  const auto deadline = std::chrono::steady_clock::now() + join_timeout;
+  bool checked0 = false;
+  for (;;) {
+    if (store.check({abort_key})) throw ddp::Error(store.get(abort_key));
+    if (!checked0 && store.check({keys[0]})) {
+      check(0, json::parse(store.get(keys[0])));
+      checked0 = true;
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      std::vector<int> missing;
+      for (int i = 0; i < o_.max_nodes; ++i)
+        if (!store.check({keys[static_cast<size_t>(i)]})) missing.push_back(i);
+      if (missing.empty()) return;
+      throw ddp::TimeoutError(fmt::format(
+          "rendezvous: node rank{} {} never joined within the join timeout ({}; --rdzv-conf join_timeout=SECONDS)",
+          missing.size() > 1 ? "s" : "", fmt::join(missing, ", "), ddp::format_duration(join_timeout)));
+    }
+    try {
+      store.wait(keys, std::min<std::chrono::milliseconds>(left, 250ms));
+      if (checked0) return;
+    } catch (const ddp::TimeoutError&) {
+    }
+  }
+}
+
+// Every node publishes what it brings; they check they agree and compute the ranks.
+JobPlan StaticRendezvous::meet(JobPlan p) {
+  ddp::Store& store = sync_->store();
+  auto key = [&](const std::string& k) { return sync_->key(k); };
+  const std::string host = o_.local_addr.empty() ? p.hostname : o_.local_addr;
   // The nonce tells two launches apart even on hosts with the same name.
-  json me = {{"nproc", o.nproc_per_node}, {"nnodes", o.max_nodes}, {"max_restarts", o.max_restarts},
-             {"run_id", o.rdzv_id}, {"host", host}, {"nonce", fmt::format("{}-{}", getpid(), random_nonce())}};
+  json me = {{"nproc", o_.nproc_per_node}, {"nnodes", o_.max_nodes}, {"max_restarts", o_.max_restarts},
+             {"run_id", o_.rdzv_id}, {"host", host}, {"nonce", fmt::format("{}-{}", getpid(), random_nonce())}};
   const std::string mine = me.dump();
-  const std::string abort_key = key("abort");
   auto abort_with = [&](const std::string& why) {
     try {
-      store.compare_set(abort_key, "", why);
+      store.compare_set(key("abort"), "", why);
     } catch (const std::exception&) {
     }
     throw ddp::Error(why);
@@ -393,57 +433,35 @@ JobPlan Rendezvous::join() {
     for (const char* field : {"nnodes", "max_restarts", "run_id"}) {
       if (n[field] != me[field])
         abort_with(fmt::format("rendezvous: nodes disagree on {}: node {} ({}) has {}, node {} ({}) has {}", field, i,
-                               n.value("host", "?"), n[field].dump(), o.node_rank, host, me[field].dump()));
+                               n.value("host", "?"), n[field].dump(), o_.node_rank, host, me[field].dump()));
     }
   };
-  std::string got = store.compare_set(key(fmt::format("node/{}", o.node_rank)), "", mine);
+  std::string got = store.compare_set(key(fmt::format("node/{}", o_.node_rank)), "", mine);
   if (got != mine) {
     json other = json::parse(got, nullptr, false);
     abort_with(fmt::format("rendezvous: --node-rank {} is taken by two nodes ({} and {}): give each node its own rank",
-                           o.node_rank, other.is_object() ? other.value("host", "?") : "?", host));
+                           o_.node_rank, other.is_object() ? other.value("host", "?") : "?", host));
   }
   std::vector<std::string> keys;
-  for (int i = 0; i < o.max_nodes; ++i) keys.push_back(key(fmt::format("node/{}", i)));
-  // Wait for every node in slices, so that an abort published by any node (a mismatch it
-  // found against node 0) ends everyone's wait at once. Node 0's record comes first: every
-  // node checks itself against it as soon as it exists.
-  const auto deadline = std::chrono::steady_clock::now() + join_timeout;
-  bool checked0 = false;
-  for (;;) {
-    if (store.check({abort_key})) throw ddp::Error(store.get(abort_key));
-    if (!checked0 && store.check({keys[0]})) {
-      check_agrees(0, json::parse(store.get(keys[0])));
-      checked0 = true;
-    }
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      std::vector<int> missing;
-      for (int i = 0; i < o.max_nodes; ++i)
-        if (!store.check({keys[static_cast<size_t>(i)]})) missing.push_back(i);
-      if (missing.empty()) break;
-      throw ddp::TimeoutError(fmt::format(
-          "rendezvous: node rank{} {} never joined within the join timeout ({}; --rdzv-conf join_timeout=SECONDS)",
-          missing.size() > 1 ? "s" : "", fmt::join(missing, ", "), ddp::format_duration(join_timeout)));
-    }
-    try {
-      store.wait(keys, std::min<std::chrono::milliseconds>(left, 250ms));
-      if (!checked0) continue;
-      break;
-    } catch (const ddp::TimeoutError&) {
-    }
-  }
-  for (int i = 0; i < o.max_nodes; ++i) check_agrees(i, json::parse(store.get(keys[static_cast<size_t>(i)])));
-  if (store.check({abort_key})) throw ddp::Error(store.get(abort_key));
+  for (int i = 0; i < o_.max_nodes; ++i) keys.push_back(key(fmt::format("node/{}", i)));
+  wait_for_nodes(keys, check_agrees);
+  for (int i = 0; i < o_.max_nodes; ++i) check_agrees(i, json::parse(store.get(keys[static_cast<size_t>(i)])));
+  if (store.check({key("abort")})) throw ddp::Error(store.get(key("abort")));
   int world = 0;
-  for (int i = 0; i < o.max_nodes; ++i) {
+  for (int i = 0; i < o_.max_nodes; ++i) {
     json n = json::parse(store.get(keys[static_cast<size_t>(i)]));
-    if (i < o.node_rank) p.rank_base += n["nproc"].get<int>();
+    if (i < o_.node_rank) p.rank_base += n["nproc"].get<int>();
     world += n["nproc"].get<int>();
   }
   p.world_size = world;
-  spdlog::info("rendezvous: node {} of {}, ranks {}..{} of {}", o.node_rank, o.max_nodes, p.rank_base,
-               p.rank_base + o.nproc_per_node - 1, world);
+  spdlog::info("rendezvous: node {} of {}, ranks {}..{} of {}", o_.node_rank, o_.max_nodes, p.rank_base,
+               p.rank_base + o_.nproc_per_node - 1, world);
   return p;
+}
+
+std::unique_ptr<Rendezvous> make_rendezvous(const Options& o, const std::string& hostname) {
+  if (o.dynamic()) return make_dynamic_rendezvous(o, hostname);
+  return std::make_unique<StaticRendezvous>(o, hostname);
 }
 
 }  // namespace ddprun

@@ -1,33 +1,54 @@
-// Static rendezvous: the store node 0 hosts, and (multi-node) how the nodes agree on the
-// world and keep in step.
+// How the nodes of a job meet and keep in step, as the supervisor sees it. Two kinds:
+//   static   (--rdzv-backend static, --standalone): node 0 hosts the store, --node-rank
+//            orders the nodes, every node restarts together (rendezvous.cpp)
+//   dynamic  (--rdzv-backend c10d): rounds over a backend; nodes come and go
+//            (rendezvous_dynamic.cpp over src/rendezvous/)
+//
+// A job is a sequence of rounds (static: attempts). For each, the supervisor calls
+// next_round(), runs the workers while watching notify_fd(), and when the round ends
+// (its workers, another node, a signal) asks restart_refused() whether another may follow.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "launcher/options.hpp"
-#include "launcher/supervisor.hpp"
 #include "launcher/worker.hpp"
+#include "rendezvous/dynamic.hpp"
+#include "rendezvous/events.hpp"
 
 namespace ddprun {
 
-struct RendezvousConfig {
-  const Options& o;
-  std::string hostname;
-};
+using rdzv::FinishKind;
+using rdzv::RoundEnd;
 
 class Rendezvous {
  public:
-  explicit Rendezvous(RendezvousConfig c);
-  ~Rendezvous();
-  // Hosts the store (node 0), meets the other nodes, and says who is who.
-  JobPlan join();
-  // nullptr for a single node.
-  NodeSync* sync();
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+  virtual ~Rendezvous() = default;
+  // Joins the next round (the first call: the first); blocks until it starts.
+  virtual JobPlan next_round() = 0;
+  // Readable when the running round ends elsewhere (-1: a single static node, never).
+  virtual int notify_fd() = 0;
+  // Called when notify_fd is readable: how the round ended (nullopt: a stale wake-up).
+  virtual std::optional<RoundEnd> round_end() = 0;
+  // This node ends the round: kFailed (a worker failed) or kLeft (a signal). Tells the
+  // other nodes; never throws.
+  virtual void end_round(RoundEnd::Kind kind, const std::string& what) = 0;
+  // Every worker of this node succeeded. Returns how the round ended when that is known
+  // now (static rendezvous waits here for every node); nullopt: wait for notify_fd.
+  virtual std::optional<RoundEnd> arrive_exit() = 0;
+  // "" when another round may follow `end`; else why not (restarts used up, too few
+  // nodes, lost contact...).
+  virtual std::string restart_refused(const RoundEnd& end) = 0;
+  // The job is over for this node. Never throws.
+  virtual void finish(FinishKind kind, const std::string& reason) = 0;
 };
+
+// Hosts the store or connects to it, as the options say. hostname: this machine's.
+std::unique_ptr<Rendezvous> make_rendezvous(const Options& o, const std::string& hostname);
+
+// The dynamic rendezvous (rendezvous_dynamic.cpp).
+std::unique_ptr<Rendezvous> make_dynamic_rendezvous(const Options& o, const std::string& hostname);
 
 }  // namespace ddprun

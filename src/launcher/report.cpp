@@ -95,9 +95,10 @@ std::string failure_summary(const std::string& script, const WorkerResult& root,
     if (w.signal) code += fmt::format(" {}", signal_name(w.signal));
     if (w.state == WorkerResult::State::kExecFailed) code += " could not start";
     return fmt::format(
-        "[{}]:\n  time      : {}\n  host      : {}\n  rank      : {} (local_rank: {})\n  exitcode  : {}\n"
+        "[{}]:\n  time      : {}\n  host      : {}\n  rank      : {} (local_rank: {})\n{}  exitcode  : {}\n"
         "  error_file: {}\n  traceback : {}\n",
-        idx, format_time(w.end), w.host, w.rank, w.local_rank, code, has_file ? w.error_file : "<N/A>",
+        idx, format_time(w.end), w.host, w.rank, w.local_rank,
+        w.round >= 0 ? fmt::format("  round     : {}\n", w.round) : "", code, has_file ? w.error_file : "<N/A>",
         indent(traceback_of(w), "              "));
   };
   std::string s = rule + "\n" + script + " FAILED\n" + thin + "\nFailures:\n";
@@ -147,6 +148,7 @@ void write_summary_json(const std::string& path, const JobOutcome& o, const std:
               {"stopped_by_ddprun", w.stopped_by_ddprun},
               {"start", epoch_seconds(w.start)}, {"end", epoch_seconds(w.end)},
               {"duration_s", std::chrono::duration<double>(w.end - w.start).count()}};
+    if (w.round >= 0) j["round"] = w.round;
     if (!w.error_file.empty()) j["error_file"] = w.error_file;
     if (w.failed()) j["traceback"] = traceback_of(w);
     return j;

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <deque>
 #include <optional>
 #include <string>
@@ -14,6 +15,7 @@ namespace ddprun {
 
 struct WorkerResult {
   int attempt = 0;
+  int64_t round = -1;  // the dynamic rendezvous's round it ran in (-1: static)
   int rank = 0, local_rank = 0;
   pid_t pid = -1;
   std::string host;

@@ -24,6 +24,7 @@
 #include "launcher/output.hpp"
 #include "launcher/process.hpp"
 #include "launcher/random.hpp"
+#include "launcher/rendezvous.hpp"
 
 namespace ddprun {
 
@@ -77,7 +78,8 @@ struct Supervisor::Impl {
   const Options& o;
   JobPlan plan;
   std::map<std::string, std::string> base_env;
-  NodeSync* sync;
+  Rendezvous& rdzv;
+  int notify_tag = 0;  // epoll tag of the rendezvous's notify fd
 
   int epfd = -1, sigfd = -1, wakefd = -1, stdin_fd = -1;
   std::unique_ptr<ConsoleWriter> out_writer, err_writer;
@@ -95,12 +97,16 @@ struct Supervisor::Impl {
   std::optional<WorkerResult> root;
   int got_signal = 0;
   int attempt = 0;
-  std::string remote_reason;
+  std::optional<RoundEnd> remote_end;  // the round ended elsewhere (or the rendezvous ended it)
+  std::string stop_reason;             // why no further round followed a failure
   size_t cycle_reads = 0, cycle_bytes = 0;  // stream reads in this loop iteration
   JobOutcome outcome;
 
-  Impl(const Options& opt, JobPlan p, std::map<std::string, std::string> env, Guardian& g, NodeSync* s)
-      : o(opt), plan(std::move(p)), base_env(std::move(env)), sync(s), guardian(g) {}
+  Impl(const Options& opt, std::map<std::string, std::string> env, Guardian& g, Rendezvous& r, std::string host)
+      : o(opt), base_env(std::move(env)), rdzv(r), guardian(g) {
+    plan.run_id = o.rdzv_id;
+    plan.hostname = std::move(host);
+  }
 
   ~Impl() {
     for (int fd : {epfd, sigfd, wakefd, stdin_fd})
@@ -117,7 +123,7 @@ struct Supervisor::Impl {
     if (wakefd < 0 || epfd < 0) throw ddp::SystemError("epoll/eventfd", errno);
     add_fd(sigfd, nullptr);
     add_fd(wakefd, &wakefd);
-    if (sync) add_fd(sync->notify_fd(), &sync);
+    if (rdzv.notify_fd() >= 0) add_fd(rdzv.notify_fd(), &notify_tag);
     out_writer = std::make_unique<ConsoleWriter>(1, kConsoleBound, wakefd);
     err_writer = std::make_unique<ConsoleWriter>(2, kConsoleBound, wakefd);
     out_console.writer = out_writer.get();
@@ -204,13 +210,14 @@ struct Supervisor::Impl {
     kill_deadline.reset();
     drain_deadline.reset();
     root.reset();
-    remote_reason.clear();
+    remote_end.reset();
     const std::string attempt_dir = fmt::format("{}/attempt_{}", log_root, attempt);
     for (int lr = 0; lr < o.nproc_per_node; ++lr) {
       WorkerResult w;
       w.attempt = attempt;
       w.local_rank = lr;
       w.rank = plan.rank_base + lr;
+      w.round = plan.round;
       w.host = plan.hostname;
       const std::string dir = fmt::format("{}/{}", attempt_dir, lr);
       std::error_code ec;
@@ -229,7 +236,7 @@ struct Supervisor::Impl {
       int err_w = make_stream(static_cast<int>(i), true, dir);
       WorkerCommand cmd = worker_command(o, w.local_rank, base_env);
       SpawnSpec spec{cmd.path, cmd.argv,
-                     to_envp(worker_environment(o, plan, w.local_rank, attempt, w.error_file, base_env)),
+                     to_envp(worker_environment(o, plan, w.local_rank, w.error_file, base_env)),
                      stdin_fd, out_w, err_w};
       w.start = SysClock::now();
       started.push_back(spawn(spec));
@@ -280,8 +287,9 @@ struct Supervisor::Impl {
   void fail(WorkerResult& w) {
     if (root) return;
     root = w;
-    if (sync) sync->report_failure(attempt, fmt::format("rank {} on {} exited with {}", w.rank, w.host,
-                                                        w.signal ? signal_name(w.signal) : std::to_string(w.exit_code)));
+    rdzv.end_round(RoundEnd::Kind::kFailed,
+                   fmt::format("rank {} on {} exited with {}", w.rank, w.host,
+                               w.signal ? signal_name(w.signal) : std::to_string(w.exit_code)));
     begin_stop(SIGTERM);
   }
 
@@ -344,7 +352,7 @@ struct Supervisor::Impl {
       got_signal = sig;
       spdlog::warn("received {}: forwarding it to the workers, SIGKILL after {} s", signal_name(sig),
                    o.shutdown_timeout);
-      if (sync) sync->report_failure(attempt, fmt::format("ddprun on {} received {}", plan.hostname, signal_name(sig)));
+      rdzv.end_round(RoundEnd::Kind::kLeft, fmt::format("ddprun on {} received {}", plan.hostname, signal_name(sig)));
       stopping = false;  // begin_stop sends this signal, not SIGTERM
       begin_stop(sig);
     }
@@ -397,10 +405,17 @@ struct Supervisor::Impl {
   }
 
   void on_remote() {
-    std::string why = sync->remote_failure(attempt);
-    if (why.empty() || stopping) return;
-    remote_reason = why;
-    spdlog::warn("another node failed ({}): stopping this node's workers", why);
+    auto end = rdzv.round_end();
+    if (!end || stopping || remote_end) return;
+    remote_end = end;
+    using K = RoundEnd::Kind;
+    if (end->kind == K::kScaleUp)
+      spdlog::warn("round {}: {}: stopping this node's workers to restart them in a bigger round", plan.round,
+                   end->describe());
+    else if (end->kind == K::kPartitioned || end->kind == K::kStoreLost)
+      spdlog::error("{}: stopping this node's workers", end->describe());
+    else
+      spdlog::warn("{}: stopping this node's workers", end->describe());
     begin_stop(SIGTERM);
   }
 
@@ -442,7 +457,7 @@ struct Supervisor::Impl {
         void* tag = evs[i].data.ptr;
         if (tag == nullptr) on_signal();
         else if (tag == &wakefd) resume_paused();
-        else if (tag == &sync) on_remote();
+        else if (tag == &notify_tag) on_remote();
         else on_stream(*static_cast<Stream*>(tag));
       }
       now = Clock::now();
@@ -461,39 +476,84 @@ struct Supervisor::Impl {
 
   // ------------------------------------------------------------------ the job
 
+  // After this node's workers all succeeded: how the round ended for everyone (a signal
+  // to ddprun meanwhile ends the wait; got_signal says so).
+  std::optional<RoundEnd> wait_round_end() {
+    if (auto end = rdzv.arrive_exit()) return end;
+    epoll_event evs[16];
+    for (;;) {
+      int n = epoll_wait(epfd, evs, 16, -1);
+      if (n < 0 && errno != EINTR) throw ddp::SystemError("epoll_wait", errno);
+      for (int i = 0; i < n; ++i) {
+        void* tag = evs[i].data.ptr;
+        if (tag == nullptr) on_signal();
+        else if (tag == &wakefd) resume_paused();
+        else if (tag == &notify_tag) {
+          if (auto end = rdzv.round_end()) return end;
+        }
+      }
+      if (got_signal) return std::nullopt;
+    }
+  }
+
+  // How this attempt's round ended, seen from this node.
+  std::optional<RoundEnd> attempt_end() {
+    if (got_signal) return std::nullopt;
+    if (root)
+      return RoundEnd{RoundEnd::Kind::kFailed, "",
+                      fmt::format("rank {} {}", root->rank,
+                                  root->signal ? "was killed by " + signal_name(root->signal)
+                                               : fmt::format("exited with code {}", root->exit_code))};
+    if (remote_end) return remote_end;
+    return wait_round_end();
+  }
+
+  void announce_restart(const RoundEnd& end) {
+    if (plan.round >= 0) {
+      if (end.counted())
+        spdlog::warn("round {} ended ({}): forming the next round (a restart; --max-restarts {})", plan.round,
+                     end.describe(), o.max_restarts);
+      else
+        spdlog::warn("round {} ended ({}): forming the next round (not counted as a restart)", plan.round,
+                     end.describe());
+      return;
+    }
+    spdlog::warn("attempt {} failed ({}); restarting all workers: attempt {} of {}", attempt, end.describe(),
+                 attempt + 1, o.max_restarts);
+  }
+
   JobOutcome run() {
     outcome.start = SysClock::now();
     setup();
     for (attempt = 0;; ++attempt) {
-      if (sync) sync->attempt_barrier(attempt);
+      plan = rdzv.next_round();
       start_attempt();
       supervise();
       for (auto& w : workers) {
         if (root && w.pid == root->pid) root = w;  // now with its stderr tail
         outcome.workers.push_back(w);
       }
-      if (got_signal) break;
-      if (!root && remote_reason.empty() && sync) {
-        sync->exit_barrier(attempt);
-        remote_reason = sync->last_exit_reason();  // this node succeeded, another did not
-      }
-      if (!root && remote_reason.empty()) break;
-      if (attempt >= o.max_restarts) break;
-      if (std::string lost = sync ? sync->node_lost() : ""; !lost.empty()) {
-        spdlog::error("not restarting: {}", lost);
-        break;
-      }
-      std::string why = root ? fmt::format("rank {} {}", root->rank,
-                                           root->signal ? "was killed by " + signal_name(root->signal)
-                                                        : fmt::format("exited with code {}", root->exit_code))
-                             : remote_reason;
-      spdlog::warn("attempt {} failed ({}); restarting all workers: attempt {} of {}", attempt, why, attempt + 1,
-                   o.max_restarts);
+      auto end = attempt_end();
+      if (!end) break;  // a signal
+      if (end->kind == RoundEnd::Kind::kDone) break;
+      if (!root) remote_end = end;  // this node succeeded, the round did not
+      stop_reason = rdzv.restart_refused(*end);
+      if (!stop_reason.empty()) break;
+      announce_restart(*end);
     }
-    outcome.restarts = attempt;
+    outcome.restarts = plan.restart_count;
     outcome.end = SysClock::now();
     finish();
     return outcome;
+  }
+
+  void finish_rendezvous() {
+    using F = FinishKind;
+    if (got_signal) return rdzv.finish(F::kNodeStopped, "");
+    if (!root && !remote_end) return rdzv.finish(F::kSucceeded, "");
+    const bool node_only = remote_end && (remote_end->kind == RoundEnd::Kind::kPartitioned ||
+                                          remote_end->kind == RoundEnd::Kind::kStoreLost);
+    rdzv.finish(node_only ? F::kNodeStopped : F::kJobFailed, stop_reason);
   }
 
   void finish() {
@@ -524,15 +584,19 @@ struct Supervisor::Impl {
       (void)r;
       if (const char* ef = getenv("TORCHELASTIC_ERROR_FILE"); ef && *ef)
         write_root_cause_error_file(ef, *root, o.script);
-    } else if (!remote_reason.empty()) {
+    } else if (remote_end) {
       outcome.status = "failed";
       outcome.exit_code = 1;
-      spdlog::error("the job failed on another node: {}", remote_reason);
+      if (remote_end->kind == RoundEnd::Kind::kPartitioned || remote_end->kind == RoundEnd::Kind::kStoreLost)
+        spdlog::error("{}", stop_reason.empty() ? remote_end->describe() : stop_reason);
+      else
+        spdlog::error("the job failed on another node: {}", stop_reason.empty() ? remote_end->describe() : stop_reason);
     } else {
       outcome.status = "succeeded";
       outcome.exit_code = 0;
     }
     if (!o.summary_json.empty()) write_summary_json(o.summary_json, outcome, plan.run_id);
+    finish_rendezvous();
     if (!tmp_root.empty() && outcome.exit_code == 0) {
       std::error_code ec;
       fs::remove_all(tmp_root, ec);
@@ -540,9 +604,9 @@ struct Supervisor::Impl {
   }
 };
 
-Supervisor::Supervisor(const Options& o, JobPlan plan, std::map<std::string, std::string> base_env,
-                       Guardian& guardian, NodeSync* sync)
-    : impl_(std::make_unique<Impl>(o, std::move(plan), std::move(base_env), guardian, sync)) {}
+Supervisor::Supervisor(const Options& o, std::map<std::string, std::string> base_env, Guardian& guardian,
+                       Rendezvous& rdzv, std::string hostname)
+    : impl_(std::make_unique<Impl>(o, std::move(base_env), guardian, rdzv, std::move(hostname))) {}
 Supervisor::~Supervisor() = default;
 JobOutcome Supervisor::run() { return impl_->run(); }
 

@@ -57,7 +57,7 @@ bool sets_omp_threads(const Options& o, const std::map<std::string, std::string>
 }
 
 std::map<std::string, std::string> worker_environment(const Options& o, const JobPlan& plan, int local_rank,
-                                                      int restart_count, const std::string& error_file,
+                                                      const std::string& error_file,
                                                       const std::map<std::string, std::string>& base) {
   std::map<std::string, std::string> env = base;
   const int rank = plan.rank_base + local_rank;
@@ -73,7 +73,7 @@ std::map<std::string, std::string> worker_environment(const Options& o, const Jo
   env["ROLE_WORLD_SIZE"] = s(plan.world_size);
   env["MASTER_ADDR"] = plan.master_addr;
   env["MASTER_PORT"] = s(plan.master_port);
-  env["TORCHELASTIC_RESTART_COUNT"] = s(restart_count);
+  env["TORCHELASTIC_RESTART_COUNT"] = s(plan.restart_count);
   env["TORCHELASTIC_MAX_RESTARTS"] = s(o.max_restarts);
   env["TORCHELASTIC_RUN_ID"] = plan.run_id;
   env["TORCHELASTIC_USE_AGENT_STORE"] = plan.use_agent_store ? "True" : "False";

@@ -2,6 +2,7 @@
 // torchrun 2.x builds them (reference: torchrun-compat.md).
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -21,6 +22,8 @@ struct JobPlan {
   bool use_agent_store = false;
   std::string run_id = "none";
   std::string hostname;
+  int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT: counted restarts before this round
+  int64_t round = -1;     // the dynamic rendezvous's round (-1: static)
 };
 
 struct WorkerCommand {
@@ -34,7 +37,7 @@ WorkerCommand worker_command(const Options& o, int local_rank, const std::map<st
 
 // The worker's whole environment: ddprun's own plus torchrun's variables.
 std::map<std::string, std::string> worker_environment(const Options& o, const JobPlan& plan, int local_rank,
-                                                      int restart_count, const std::string& error_file,
+                                                      const std::string& error_file,
                                                       const std::map<std::string, std::string>& base);
 
 // True when OMP_NUM_THREADS will be set to 1 for the workers (torchrun's rule), so that

@@ -31,7 +31,16 @@
 #include <string>
 #include <vector>
 
+#include "ddp/error.hpp"
+
 namespace ddprun::rdzv {
+
+// keep_alive's error when the lease has certainly ended (the others have been told this
+// node is lost); any other error from keep_alive may be passing.
+class LeaseEnded : public ddp::NetworkError {
+ public:
+  using ddp::NetworkError::NetworkError;
+};
 
 using std::chrono::milliseconds;
 
@@ -85,8 +94,9 @@ class Backend {
   // Starts the lease: it ends when this process dies, when close() is called, or when no
   // keep_alive() arrives within ttl. Call once, before on_lease_end.
   virtual void open_lease(milliseconds ttl) = 0;
-  // Renews the lease within `timeout`. Throws when the backend cannot be reached in time or
-  // the lease has already ended (then this node has been declared lost: it must stop).
+  // Renews the lease within `timeout`. Throws LeaseEnded when the lease has ended (this node
+  // has been declared lost: it must stop), another ddp::Error when the backend could not
+  // be reached in time (the lease may still be alive: try again).
   virtual void keep_alive(milliseconds timeout) = 0;
   // When the lease ends, `line` is appended to `log`, followed by " " and why (e.g.
   // "connection closed", "no keep-alive for 15 s"). Lines registered earlier stay
@@ -95,6 +105,11 @@ class Backend {
 
   // Ends the lease now (its lines are appended, as for any end) and closes connections.
   virtual void close() = 0;
+
+  // Makes a wait() in progress on this object (in another thread) return soon, and every
+  // later call fail: for shutting a watcher thread down without waiting out its slice.
+  // Callable from any thread. The default does nothing (the wait runs out its timeout).
+  virtual void interrupt() {}
 };
 
 }  // namespace ddprun::rdzv

@@ -23,6 +23,7 @@ constexpr Op kV2Ops[] = {Op::kValidate,  Op::kSet,       Op::kCompareSet, Op::kG
                          Op::kDeleteKey, Op::kAppend,    Op::kMultiGet,   Op::kMultiSet,
                          Op::kCancelWait, Op::kPing,     Op::kQueuePush,  Op::kQueuePop,
                          Op::kQueueLen,  Op::kList,      Op::kBarrier};
+constexpr Op kV2Extensions[] = {Op::kLease, Op::kOnLeaseEnd, Op::kWaitGrows};
 
 // Generation-1 opcodes whose meaning differs between torch <= 2.0 and torch 2.1.
 constexpr uint8_t kV1WatchOrDelete = 7;  // 1.13 WATCH_KEY, 2.1 DELETE_KEY
@@ -70,6 +71,9 @@ const char* op_name(Op op) {
     case Op::kQueueLen: return "QUEUE_LEN";
     case Op::kList: return "LIST";  // LIST_KEYS in torch
     case Op::kBarrier: return "BARRIER";
+    case Op::kLease: return "LEASE";
+    case Op::kOnLeaseEnd: return "ON_LEASE_END";
+    case Op::kWaitGrows: return "WAIT_GROWS";
   }
   return "?";
 }
@@ -79,6 +83,8 @@ std::optional<Op> decode_opcode(Generation g, uint8_t opcode) {
   if (g == Generation::kV1Torch21 && opcode < std::size(kV1Torch21Ops))
     return kV1Torch21Ops[opcode];
   if (g == Generation::kV2 && opcode < std::size(kV2Ops)) return kV2Ops[opcode];
+  if (g == Generation::kV2 && opcode >= kExtensionBase && opcode - kExtensionBase < std::size(kV2Extensions))
+    return kV2Extensions[opcode - kExtensionBase];
   return std::nullopt;
 }
 
@@ -90,7 +96,11 @@ std::optional<uint8_t> encode_opcode(Generation g, Op op) {
   };
   if (g == Generation::kV1) return find(kV1Ops, std::size(kV1Ops));
   if (g == Generation::kV1Torch21) return find(kV1Torch21Ops, std::size(kV1Torch21Ops));
-  if (g == Generation::kV2) return find(kV2Ops, std::size(kV2Ops));
+  if (g == Generation::kV2) {
+    if (auto code = find(kV2Ops, std::size(kV2Ops))) return code;
+    if (auto ext = find(kV2Extensions, std::size(kV2Extensions)))
+      return static_cast<uint8_t>(kExtensionBase + *ext);
+  }
   return std::nullopt;
 }
 
@@ -134,6 +144,7 @@ bool RequestParser::begin_op(uint8_t opcode) {
   static constexpr Field kKeyValue2[] = {Field::kKey, Field::kValue, Field::kValue};
   static constexpr Field kKeyI64[] = {Field::kKey, Field::kI64};
   static constexpr Field kCount[] = {Field::kCount};
+  static constexpr Field kI64[] = {Field::kI64};
 
   auto op = decode(opcode);
   if (!op) {
@@ -161,7 +172,9 @@ bool RequestParser::begin_op(uint8_t opcode) {
     case Op::kPing: schema(kU32, 1); break;
     case Op::kSet:
     case Op::kAppend:
+    case Op::kOnLeaseEnd:
     case Op::kQueuePush: schema(kKeyValue, 2); break;
+    case Op::kLease: schema(kI64, 1); break;
     case Op::kCompareSet: schema(kKeyValue2, 3); break;
     case Op::kGet:
     case Op::kDeleteKey:
@@ -169,6 +182,7 @@ bool RequestParser::begin_op(uint8_t opcode) {
     case Op::kQueuePop:
     case Op::kQueueLen: schema(kKey, 1); break;
     case Op::kAdd:
+    case Op::kWaitGrows:
     case Op::kBarrier: schema(kKeyI64, 2); break;
     case Op::kCheck:
     case Op::kWait:
@@ -391,8 +405,10 @@ void encode_request(Generation g, const Request& r, std::string& out) {
   switch (r.op) {
     case Op::kValidate:
     case Op::kPing: put_u32(out, r.u32); break;
+    case Op::kLease: put_i64(out, r.i64); break;
     case Op::kSet:
     case Op::kAppend:
+    case Op::kOnLeaseEnd:
     case Op::kQueuePush:
       need(1, 1);
       put_str(out, r.keys[0]);
@@ -413,6 +429,7 @@ void encode_request(Generation g, const Request& r, std::string& out) {
       put_str(out, r.keys[0]);
       break;
     case Op::kAdd:
+    case Op::kWaitGrows:
     case Op::kBarrier:
       need(1, 0);
       put_str(out, r.keys[0]);

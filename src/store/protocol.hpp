@@ -51,7 +51,19 @@ enum class Op : uint8_t {
   kQueueLen,
   kList,     // torch calls it LIST_KEYS
   kBarrier,  // generation 2 only; torch main since PyTorch PR #174920 (2026-02)
+  // ddprun's own extensions (generation 2, opcodes 0x60.., docs/store.md): what the dynamic
+  // rendezvous needs to notice a node leave at once. PyTorch's servers close the
+  // connection on them.
+  kLease,       // i64 ttl in ms: the connection ends (and its lease lines are written) when
+                // it closes or sends no request for ttl (0: only when it closes). Reply u8 0.
+  kOnLeaseEnd,  // key, value: when the connection's lease ends, APPEND value + why + "\n" to
+                // key (waking its waiters). Reply u8 0.
+  kWaitGrows,   // key, i64 n: reply kWaitStopWaiting once the key's value is longer than n
+                // bytes (a missing key is 0 bytes long); CANCEL_WAIT cancels it like a WAIT.
 };
+
+// First opcode of ddprun's extensions in generation 2.
+inline constexpr uint8_t kExtensionBase = 0x60;
 
 const char* op_name(Op op);
 
@@ -60,7 +72,7 @@ const char* op_name(Op op);
 //               an unreleased 2.0-era main's APPEND9 MULTI_GET10 MULTI_SET11 CANCEL_WAIT12
 //   kV1Torch21  SET0 ... GETNUMKEYS6 DELETE_KEY7 APPEND8 MULTI_GET9 MULTI_SET10 CANCEL_WAIT11
 //   kV2         VALIDATE0 SET1 ... CANCEL_WAIT12 PING13 QUEUE_PUSH14 QUEUE_POP15 QUEUE_LEN16
-//               LIST_KEYS17 BARRIER18
+//               LIST_KEYS17 BARRIER18, and ddprun's LEASE 0x60 ON_LEASE_END 0x61 WAIT_GROWS 0x62
 // The parser does not use the kV1 table as is: it tells torch 2.1 apart per connection (see
 // RequestParser).
 //

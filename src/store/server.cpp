@@ -78,6 +78,7 @@ struct Wait {
   Conn* conn = nullptr;
   size_t remaining = 0;
   std::vector<std::string> keys;
+  int64_t grows_beyond = -1;  // WAIT_GROWS: done once the key's value is longer than this
 };
 
 struct Conn : std::enable_shared_from_this<Conn> {
@@ -108,6 +109,12 @@ struct Conn : std::enable_shared_from_this<Conn> {
   bool paused = false;  // not reading until unsent replies drain
   std::vector<std::unique_ptr<Wait>> waits;
   std::vector<std::string> watched;  // generation-1 WATCH_KEY registrations
+  // ddprun's lease (LEASE, ON_LEASE_END): lines appended when the connection ends.
+  bool leased = false;
+  std::chrono::milliseconds lease_ttl{0};  // 0: ends only when the connection closes
+  std::chrono::steady_clock::time_point last_request;
+  std::unique_ptr<asio::steady_timer> lease_timer;
+  std::vector<std::pair<std::string, std::string>> lease_lines;  // key, value
 };
 
 }  // namespace
@@ -136,12 +143,17 @@ class StoreServer::Impl {
   std::string& out(Conn& c);
   void flush_dirty();
   void flush(const ConnPtr& c);
-  void close(Conn& c, std::string_view why);
+  void close(Conn& c, std::string_view why, std::string_view lease_why = {});
   void shutdown_all();
+  void start_lease(Conn& c, int64_t ttl_ms);
+  void arm_lease_timer(const ConnPtr& c, std::chrono::steady_clock::duration after);
+  void end_lease(Conn& c, std::string_view why);
 
   // The key-value data and the waits on it (all touched on the io thread only).
   bool present(const std::string& key) const;
   void store_value(const std::string& key, std::string value, bool wake = true);
+  void append_value(const std::string& key, std::string value);
+  void wait_grows(Conn& c, const std::string& key, int64_t beyond);
   void barrier(Conn& c, const std::string& key, int64_t world_size);
   void wake_all(const std::string& key);
   void wake_one(const std::string& key);
@@ -160,6 +172,7 @@ class StoreServer::Impl {
   std::thread thread_;
   std::mutex stop_mu_;
   bool stopped_ = false;
+  bool shutting_down_ = false;  // io thread: connections closing because the server stops
   std::atomic<size_t> nconn_{0};
 
   std::unordered_map<uint64_t, ConnPtr> conns_;
@@ -260,6 +273,7 @@ void StoreServer::Impl::stop() {
 }
 
 void StoreServer::Impl::shutdown_all() {
+  shutting_down_ = true;  // a stopping server writes no lease lines: nobody would read them
   error_code ignored;
   acceptor_.close(ignored);
   accept_retry_.cancel();
@@ -306,7 +320,8 @@ void StoreServer::Impl::on_accept(tcp::socket s) {
   arm_read(c);
 }
 
-void StoreServer::Impl::close(Conn& c, std::string_view why) {
+// lease_why: how the lease lines say it ended ("connection closed" when empty).
+void StoreServer::Impl::close(Conn& c, std::string_view why, std::string_view lease_why) {
   if (c.closed) return;
   c.closed = true;
   if (spdlog::should_log(spdlog::level::debug)) {
@@ -318,6 +333,7 @@ void StoreServer::Impl::close(Conn& c, std::string_view why) {
   }
   cancel_waits(c);
   unwatch(c);
+  if (c.leased) end_lease(c, lease_why.empty() ? std::string_view("connection closed") : lease_why);
   error_code ignored;
   c.sock.close(ignored);
   c.out.clear();
@@ -385,6 +401,7 @@ void StoreServer::Impl::process(Conn& c) {
       return;
     }
     proto::Request req = c.parser.take();
+    if (c.leased) c.last_request = std::chrono::steady_clock::now();
     try {
       handle(c, req);
     } catch (const Violation& e) {
@@ -521,8 +538,89 @@ void StoreServer::Impl::wake_all(const std::string& key) {
   if (it == waiters_.end()) return;
   std::vector<Wait*> list = std::move(it->second);
   waiters_.erase(it);
-  for (Wait* w : list)
+  std::vector<Wait*> still;  // WAIT_GROWS waiters whose key has not grown enough yet
+  for (Wait* w : list) {
+    if (w->grows_beyond >= 0) {
+      auto v = kv_.find(key);
+      if (v == kv_.end() || static_cast<int64_t>(v->second.size()) <= w->grows_beyond) {
+        still.push_back(w);
+        continue;
+      }
+    }
     if (--w->remaining == 0) complete(w);  // a Wait registered n times completes on the n-th
+  }
+  if (!still.empty()) {
+    auto& back = waiters_[key];
+    back.insert(back.end(), still.begin(), still.end());
+  }
+}
+
+void StoreServer::Impl::append_value(const std::string& key, std::string value) {
+  auto it = kv_.find(key);
+  if (it == kv_.end()) {
+    store_value(key, std::move(value));
+    return;
+  }
+  if (watchers_.count(key)) {
+    std::string old = it->second;
+    it->second += value;
+    notify(key, proto::kWatchUpdated, old, it->second);
+  } else {
+    it->second += value;
+  }
+  wake_all(key);
+}
+
+void StoreServer::Impl::wait_grows(Conn& c, const std::string& key, int64_t beyond) {
+  auto it = kv_.find(key);
+  int64_t size = it == kv_.end() ? 0 : static_cast<int64_t>(it->second.size());
+  if (size > beyond) {
+    proto::put_u8(out(c), proto::kWaitStopWaiting);
+    return;
+  }
+  auto w = std::make_unique<Wait>();
+  w->conn = &c;
+  w->keys.push_back(key);
+  w->remaining = 1;
+  w->grows_beyond = std::max<int64_t>(beyond, 0);
+  waiters_[key].push_back(w.get());
+  c.waits.push_back(std::move(w));
+}
+
+// ---------------------------------------------------------------------------------------
+// ddprun's lease: a connection's lines are appended when it closes or falls silent.
+
+void StoreServer::Impl::start_lease(Conn& c, int64_t ttl_ms) {
+  c.leased = true;
+  c.lease_ttl = std::chrono::milliseconds(std::max<int64_t>(ttl_ms, 0));
+  c.last_request = std::chrono::steady_clock::now();
+  if (c.lease_ttl.count() == 0) return;
+  if (!c.lease_timer) c.lease_timer = std::make_unique<asio::steady_timer>(io_);
+  arm_lease_timer(c.shared_from_this(), c.lease_ttl);
+}
+
+void StoreServer::Impl::arm_lease_timer(const ConnPtr& c, std::chrono::steady_clock::duration after) {
+  c->lease_timer->expires_after(after);
+  c->lease_timer->async_wait([this, c](error_code e) {
+    if (e || c->closed) return;
+    auto silent = std::chrono::steady_clock::now() - c->last_request;
+    if (silent < c->lease_ttl) {
+      arm_lease_timer(c, c->lease_ttl - silent);
+      return;
+    }
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(silent);
+    std::string why = fmt::format("no keep-alive for {}", format_duration(ms));
+    close(*c, why, why);
+    flush_dirty();
+  });
+}
+
+void StoreServer::Impl::end_lease(Conn& c, std::string_view why) {
+  c.leased = false;
+  if (c.lease_timer) c.lease_timer->cancel();
+  if (shutting_down_) return;
+  auto lines = std::move(c.lease_lines);
+  for (auto& [key, value] : lines) append_value(key, value + std::string(why) + "\n");
 }
 
 void StoreServer::Impl::wake_one(const std::string& key) {
@@ -687,22 +785,9 @@ void StoreServer::Impl::handle(Conn& c, proto::Request& r) {
       proto::put_i64(out(c), n);
       break;
     }
-    case Op::kAppend: {
-      auto it = kv_.find(r.keys[0]);
-      if (it == kv_.end()) {
-        store_value(r.keys[0], std::move(r.values[0]));
-        break;
-      }
-      if (watchers_.count(r.keys[0])) {
-        std::string old = it->second;
-        it->second += r.values[0];
-        notify(r.keys[0], proto::kWatchUpdated, old, it->second);
-      } else {
-        it->second += r.values[0];
-      }
-      wake_all(r.keys[0]);
+    case Op::kAppend:
+      append_value(r.keys[0], std::move(r.values[0]));
       break;
-    }
     case Op::kMultiGet: {
       std::string& o = out(c);
       for (auto& k : r.keys) {
@@ -749,6 +834,18 @@ void StoreServer::Impl::handle(Conn& c, proto::Request& r) {
     }
     case Op::kBarrier:
       barrier(c, r.keys[0], r.i64);
+      break;
+    case Op::kLease:
+      start_lease(c, r.i64);
+      proto::put_u8(out(c), 0);
+      break;
+    case Op::kOnLeaseEnd:
+      c.leased = true;  // without LEASE: the lines are written when the connection closes
+      c.lease_lines.emplace_back(std::move(r.keys[0]), std::move(r.values[0]));
+      proto::put_u8(out(c), 0);
+      break;
+    case Op::kWaitGrows:
+      wait_grows(c, r.keys[0], r.i64);
       break;
   }
 }

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <atomic>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -87,6 +88,31 @@ class Fd {
   int fd_ = -1;
 };
 
+// The connection's socket, closable by its owner thread and shut down from another
+// (interrupt) without the race of a reused descriptor number.
+class ConnFd {
+ public:
+  int get() const { return fd_.get(); }
+  explicit operator bool() const { return static_cast<bool>(fd_); }
+  void reset() {
+    std::lock_guard lk(mu_);
+    fd_.reset();
+  }
+  ConnFd& operator=(Fd&& f) {
+    std::lock_guard lk(mu_);
+    fd_ = std::move(f);
+    return *this;
+  }
+  void shutdown() {
+    std::lock_guard lk(mu_);
+    if (fd_) ::shutdown(fd_.get(), SHUT_RDWR);
+  }
+
+ private:
+  std::mutex mu_;
+  Fd fd_;
+};
+
 }  // namespace
 
 struct TcpStore::Impl {
@@ -99,9 +125,11 @@ struct TcpStore::Impl {
   TcpStoreOptions opt;
   proto::Generation gen;
   bool ping = true;  // false once a server closed the connection on PING (torch 2.2, 2.3)
+  bool leased = false;  // a lease connection: never reconnects
   std::string addr;
   std::mutex mu;
-  Fd fd;
+  ConnFd fd;
+  std::atomic<bool> interrupted{false};
 
   // ---- connection -------------------------------------------------------------------
 
@@ -240,7 +268,10 @@ struct TcpStore::Impl {
   }
 
   void ensure_connected() {
-    if (!fd) connect();
+    if (fd) return;
+    if (interrupted) throw NetworkError(fmt::format("store at {}: the connection was shut down", addr));
+    if (leased) throw NetworkError(fmt::format("store at {}: the lease connection was lost", addr));
+    connect();
   }
 
   // ---- I/O --------------------------------------------------------------------------
@@ -364,6 +395,12 @@ struct TcpStore::Impl {
     proto::Request r;
     r.op = proto::Op::kWait;
     r.keys = keys;
+    return do_wait_request(r, timeout);
+  }
+
+  // A WAIT-like request (WAIT, WAIT_GROWS): true when it completed, false at the timeout
+  // (then cancelled with CANCEL_WAIT in generation 2).
+  bool do_wait_request(const proto::Request& r, milliseconds timeout) {
     auto deadline = send_request(r, timeout);
     const std::string what = describe(r);
     try {
@@ -572,17 +609,67 @@ bool TcpStore::queue_pop(const std::string& key, std::string& value) {
                      });
 }
 
-void TcpStore::ping() {
+void TcpStore::ping() { ping(timeout()); }
+
+void TcpStore::ping(std::chrono::milliseconds timeout) {
   require_v2(options_, "ping");
   std::lock_guard lk(impl_->mu);
   auto r = proto::request(proto::Op::kPing);
   r.u32 = static_cast<uint32_t>(::getpid());
-  auto echo = impl_->call(r, timeout(), [&](auto d, const std::string& w) {
+  auto echo = impl_->call(r, timeout, [&](auto d, const std::string& w) {
     return impl_->recv_value<uint32_t>(d, w);
   });
   if (echo != r.u32)
     throw StoreError(fmt::format("store at {}: PING returned {} instead of {}", impl_->addr, echo,
                                  r.u32));
+}
+
+namespace {
+// A server that closes the connection on one of ddprun's extensions is not ddprun's.
+template <typename F>
+auto extension_call(const std::string& addr, const char* what, F f) {
+  try {
+    return f();
+  } catch (const NetworkError& e) {
+    throw NetworkError(fmt::format("{} (the store at {} does not serve ddprun's {}: is it PyTorch's TCPStore rather "
+                                   "than ddprun's?)",
+                                   e.what(), addr, what));
+  }
+}
+}  // namespace
+
+void TcpStore::interrupt() {
+  impl_->interrupted = true;
+  impl_->fd.shutdown();
+}
+
+void TcpStore::lease(std::chrono::milliseconds ttl) {
+  require_v2(options_, "lease");
+  std::lock_guard lk(impl_->mu);
+  auto r = proto::request(proto::Op::kLease);
+  r.i64 = ttl.count();
+  extension_call(impl_->addr, "LEASE", [&] {
+    return impl_->call(r, timeout(), [&](auto d, const std::string& w) { return impl_->recv_value<uint8_t>(d, w); });
+  });
+  impl_->leased = true;
+}
+
+void TcpStore::on_lease_end(const std::string& key, const std::string& value) {
+  require_v2(options_, "on_lease_end");
+  std::lock_guard lk(impl_->mu);
+  extension_call(impl_->addr, "ON_LEASE_END", [&] {
+    return impl_->call(proto::request(proto::Op::kOnLeaseEnd, {key}, {value}), timeout(),
+                       [&](auto d, const std::string& w) { return impl_->recv_value<uint8_t>(d, w); });
+  });
+  impl_->leased = true;
+}
+
+bool TcpStore::wait_grows(const std::string& key, int64_t size, std::chrono::milliseconds timeout) {
+  require_v2(options_, "wait_grows");
+  std::lock_guard lk(impl_->mu);
+  auto r = proto::request(proto::Op::kWaitGrows, {key});
+  r.i64 = size;
+  return extension_call(impl_->addr, "WAIT_GROWS", [&] { return impl_->do_wait_request(r, timeout); });
 }
 
 }  // namespace ddp

@@ -54,7 +54,9 @@ TEST(LauncherWorkerEnv, EveryTorchrunVariablePerRank) {
   for (int lr = 0; lr < 4; ++lr) {
     SCOPED_TRACE("local rank " + std::to_string(lr));
     const std::string ef = "/tmp/attempt_2/" + std::to_string(lr) + "/error.json";
-    Env env = worker_environment(o, plan, lr, 2, ef, base);
+    JobPlan p2 = plan;
+    p2.restart_count = 2;
+    Env env = worker_environment(o, p2, lr, ef, base);
     EXPECT_EQ(at(env, "RANK"), std::to_string(4 + lr));
     EXPECT_EQ(at(env, "LOCAL_RANK"), std::to_string(lr));
     EXPECT_EQ(at(env, "GROUP_RANK"), "1");
@@ -83,7 +85,7 @@ TEST(LauncherWorkerEnv, UseAgentStoreFalse) {
   Options o = four_workers();
   JobPlan plan = two_node_plan();
   plan.use_agent_store = false;
-  EXPECT_EQ(at(worker_environment(o, plan, 0, 0, "e", {}), "TORCHELASTIC_USE_AGENT_STORE"), "False");
+  EXPECT_EQ(at(worker_environment(o, plan, 0, "e", {}), "TORCHELASTIC_USE_AGENT_STORE"), "False");
 }
 
 TEST(LauncherWorkerEnv, LauncherValuesOverrideInheritedRankVariables) {
@@ -91,7 +93,7 @@ TEST(LauncherWorkerEnv, LauncherValuesOverrideInheritedRankVariables) {
   JobPlan plan = two_node_plan();
   Env base{{"RANK", "99"}, {"LOCAL_RANK", "98"}, {"WORLD_SIZE", "97"}, {"MASTER_PORT", "1"},
            {"TORCHELASTIC_ERROR_FILE", "/outer/error.json"}};
-  Env env = worker_environment(o, plan, 1, 0, "/inner/error.json", base);
+  Env env = worker_environment(o, plan, 1, "/inner/error.json", base);
   EXPECT_EQ(at(env, "RANK"), "5");
   EXPECT_EQ(at(env, "LOCAL_RANK"), "1");
   EXPECT_EQ(at(env, "WORLD_SIZE"), "8");
@@ -105,20 +107,20 @@ TEST(LauncherWorkerEnv, OmpNumThreadsRule) {
   Options one = four_workers();
   one.nproc_per_node = 1;
   // Unset and nproc > 1: "1".
-  EXPECT_EQ(at(worker_environment(many, plan, 0, 0, "e", {}), "OMP_NUM_THREADS"), "1");
+  EXPECT_EQ(at(worker_environment(many, plan, 0, "e", {}), "OMP_NUM_THREADS"), "1");
   EXPECT_TRUE(ddprun::sets_omp_threads(many, {}));
   // Unset and one worker: left unset.
-  EXPECT_EQ(at(worker_environment(one, plan, 0, 0, "e", {}), "OMP_NUM_THREADS"), "<unset>");
+  EXPECT_EQ(at(worker_environment(one, plan, 0, "e", {}), "OMP_NUM_THREADS"), "<unset>");
   EXPECT_FALSE(ddprun::sets_omp_threads(one, {}));
   // Inherited: kept as is.
   Env base{{"OMP_NUM_THREADS", "6"}};
-  EXPECT_EQ(at(worker_environment(many, plan, 0, 0, "e", base), "OMP_NUM_THREADS"), "6");
+  EXPECT_EQ(at(worker_environment(many, plan, 0, "e", base), "OMP_NUM_THREADS"), "6");
   EXPECT_FALSE(ddprun::sets_omp_threads(many, base));
 }
 
 TEST(LauncherWorkerEnv, NcclAsyncErrorHandlingInherited) {
   Options o = four_workers();
-  Env env = worker_environment(o, two_node_plan(), 0, 0, "e", {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}});
+  Env env = worker_environment(o, two_node_plan(), 0, "e", {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}});
   EXPECT_EQ(at(env, "TORCH_NCCL_ASYNC_ERROR_HANDLING"), "0");
 }
 
@@ -127,20 +129,20 @@ TEST(LauncherWorkerEnv, VirtualLocalRank) {
   o.virtual_local_rank = true;
   JobPlan plan = two_node_plan();
   for (int lr = 0; lr < 4; ++lr) {
-    Env env = worker_environment(o, plan, lr, 0, "e", {});
+    Env env = worker_environment(o, plan, lr, "e", {});
     EXPECT_EQ(at(env, "LOCAL_RANK"), "0");
     EXPECT_EQ(at(env, "RANK"), std::to_string(4 + lr));
     EXPECT_EQ(at(env, "CUDA_VISIBLE_DEVICES"), std::to_string(lr));
   }
   // With CUDA_VISIBLE_DEVICES set, each worker gets its entry of the list.
   Env base{{"CUDA_VISIBLE_DEVICES", "3,5,7,9"}};
-  EXPECT_EQ(at(worker_environment(o, plan, 2, 0, "e", base), "CUDA_VISIBLE_DEVICES"), "7");
-  EXPECT_EQ(at(worker_environment(o, plan, 0, 0, "e", base), "CUDA_VISIBLE_DEVICES"), "3");
+  EXPECT_EQ(at(worker_environment(o, plan, 2, "e", base), "CUDA_VISIBLE_DEVICES"), "7");
+  EXPECT_EQ(at(worker_environment(o, plan, 0, "e", base), "CUDA_VISIBLE_DEVICES"), "3");
 }
 
 TEST(LauncherWorkerEnv, WithoutVirtualLocalRankCudaVisibleDevicesUntouched) {
   Options o = four_workers();
-  Env env = worker_environment(o, two_node_plan(), 2, 0, "e", {{"CUDA_VISIBLE_DEVICES", "3,5"}});
+  Env env = worker_environment(o, two_node_plan(), 2, "e", {{"CUDA_VISIBLE_DEVICES", "3,5"}});
   EXPECT_EQ(at(env, "CUDA_VISIBLE_DEVICES"), "3,5");
   EXPECT_EQ(at(env, "LOCAL_RANK"), "2");
 }

@@ -1,0 +1,179 @@
+// The launcher's side of the dynamic rendezvous (--rdzv-backend c10d): who hosts the
+// store, connecting to it, this node's identity, and the round plans as JobPlans.
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "ddp/error.hpp"
+#include "launcher/net.hpp"
+#include "launcher/random.hpp"
+#include "launcher/rendezvous.hpp"
+#include "rendezvous/store_backend.hpp"
+#include "store/server.hpp"
+
+namespace ddprun {
+
+namespace {
+
+using std::chrono::milliseconds;
+
+milliseconds seconds(double s) { return milliseconds(static_cast<long>(s * 1000)); }
+
+std::string endpoint_text(const std::string& host, int port) {
+  return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+}
+
+class DynamicAdapter : public Rendezvous {
+ public:
+  DynamicAdapter(const Options& o, std::string hostname);
+  ~DynamicAdapter() override {
+    d_.reset();
+    if (server_) server_->stop();
+  }
+
+  JobPlan next_round() override;
+  int notify_fd() override { return d_->notify_fd(); }
+  std::optional<RoundEnd> round_end() override { return d_->round_end(); }
+  void end_round(RoundEnd::Kind kind, const std::string& what) override { d_->end_round(kind, what); }
+  std::optional<RoundEnd> arrive_exit() override {
+    d_->arrive_exit();
+    return std::nullopt;
+  }
+  std::string restart_refused(const RoundEnd& end) override { return d_->restart_refused(end); }
+  void finish(FinishKind kind, const std::string& reason) override {
+    d_->finish(kind, reason);
+    d_.reset();
+    if (server_) server_->stop();
+  }
+
+ private:
+  bool decide_host(std::string& why) const;
+  bool host_store(bool inferred, const std::string& why);
+  std::unique_ptr<rdzv::StoreBackend> connect(bool hosting, const std::string& why);
+  rdzv::NodeDesc describe_me(const std::string& connect_host, int port) const;
+
+  const Options& o_;
+  std::string hostname_;
+  int port_ = 0;  // the store's port (the endpoint's, or the one picked for port 0)
+  std::unique_ptr<ddp::detail::StoreServer> server_;
+  std::unique_ptr<rdzv::DynamicRendezvous> d_;
+};
+
+// --rdzv-conf is_host when given; else whether the endpoint names this machine.
+bool DynamicAdapter::decide_host(std::string& why) const {
+  if (o_.rdzv_conf.is_host) {
+    why = fmt::format("--rdzv-conf is_host={}", *o_.rdzv_conf.is_host ? 1 : 0);
+    return *o_.rdzv_conf.is_host;
+  }
+  return names_this_machine(o_.rdzv_host, hostname_, why);
+}
+
+// Binds the endpoint's port on every interface. Returns false when another process
+// already holds it and hosting was only inferred (then this node joins that store).
+bool DynamicAdapter::host_store(bool inferred, const std::string& why) {
+  ddp::detail::StoreServerOptions so;
+  so.host = "";
+  so.port = static_cast<uint16_t>(o_.rdzv_port);
+  so.backlog = std::max(2048, o_.max_nodes * 8);
+  try {
+    server_ = std::make_unique<ddp::detail::StoreServer>(so);
+  } catch (const ddp::SystemError& e) {
+    if (e.code() != EADDRINUSE) throw;
+    std::string holder = who_listens(o_.rdzv_port);
+    if (!inferred)
+      throw ddp::Error(fmt::format("--rdzv-endpoint {}: cannot host the rendezvous store (--rdzv-conf is_host=1): port "
+                                   "{} is already in use{}; choose another port",
+                                   o_.rdzv_endpoint, o_.rdzv_port, holder.empty() ? "" : " by " + holder));
+    spdlog::info("rendezvous: {}, but port {} is already taken{}: joining that store as a client", why, o_.rdzv_port,
+                 holder.empty() ? "" : " by " + holder);
+    return false;
+  }
+  server_->start();
+  port_ = server_->port();
+  spdlog::info("rendezvous: this node hosts the c10d store on port {} ({})", port_, why);
+  return true;
+}
+
+std::unique_ptr<rdzv::StoreBackend> DynamicAdapter::connect(bool hosting, const std::string& why) {
+  rdzv::StoreBackendOptions bo;
+  bo.host = hosting ? "127.0.0.1" : o_.rdzv_host;
+  bo.port = static_cast<uint16_t>(port_);
+  bo.run_id = o_.rdzv_id;
+  bo.timeout = seconds(o_.rdzv_conf.read_timeout);
+  bo.connect_timeout = seconds(o_.rdzv_conf.read_timeout);
+  try {
+    return std::make_unique<rdzv::StoreBackend>(bo);
+  } catch (const ddp::Error& e) {
+    if (hosting) throw;
+    throw ddp::NetworkError(fmt::format(
+        "rendezvous: cannot reach the c10d store at {} (--rdzv-endpoint) within read_timeout {} (--rdzv-conf "
+        "read_timeout=SECONDS): {}; this node did not host it because {}: start the node that hosts it (or give it "
+        "--rdzv-conf is_host=1), or run ddp-store-server there",
+        endpoint_text(o_.rdzv_host, port_), ddp::format_duration(bo.connect_timeout), e.what(), why));
+  }
+}
+
+// Identity: address (--local-addr, else the hostname) for the node-rank order, a random
+// part so that two containers with the same hostname and pid are two nodes; and the
+// address other nodes reach it at (MASTER_ADDR when it is rank 0).
+rdzv::NodeDesc DynamicAdapter::describe_me(const std::string& connect_host, int port) const {
+  rdzv::NodeDesc me;
+  me.addr = o_.local_addr.empty() ? hostname_ : o_.local_addr;
+  me.host = hostname_;
+  me.id = fmt::format("{}_{}_{:08x}", me.addr, getpid(), static_cast<uint32_t>(random_u64()));
+  me.nproc = o_.nproc_per_node;
+  me.master_addr = o_.local_addr;
+  if (me.master_addr.empty()) me.master_addr = outgoing_address(connect_host, port);
+  if (me.master_addr.empty()) me.master_addr = hostname_;
+  return me;
+}
+
+DynamicAdapter::DynamicAdapter(const Options& o, std::string hostname) : o_(o), hostname_(std::move(hostname)) {
+  port_ = o_.rdzv_port;
+  std::string why;
+  bool hosting = decide_host(why);
+  if (hosting) hosting = host_store(!o_.rdzv_conf.is_host.has_value(), why);
+  else spdlog::info("rendezvous: joining the c10d store at {} (not hosting it: {})", endpoint_text(o_.rdzv_host, port_), why);
+  auto main = connect(hosting, why);
+  rdzv::DynamicConfig c;
+  c.run_id = o_.rdzv_id;
+  c.job = rdzv::JobSettings{o_.min_nodes, o_.max_nodes, o_.max_restarts};
+  c.me = describe_me(o_.rdzv_host, port_);
+  c.join_timeout = seconds(o_.rdzv_conf.join_timeout);
+  c.last_call_timeout = seconds(o_.rdzv_conf.last_call_timeout);
+  c.close_timeout = seconds(o_.rdzv_conf.close_timeout);
+  c.keep_alive_interval = seconds(o_.rdzv_conf.keep_alive_interval);
+  c.keep_alive_max_attempt = o_.rdzv_conf.keep_alive_max_attempt;
+  c.hosts_store = hosting;
+  auto events = main->clone();
+  auto lease = main->clone();
+  d_ = std::make_unique<rdzv::DynamicRendezvous>(std::move(c), std::move(main), std::move(events), std::move(lease));
+}
+
+JobPlan DynamicAdapter::next_round() {
+  rdzv::RoundPlan r = d_->next_round();
+  JobPlan p;
+  p.hostname = hostname_;
+  p.run_id = o_.rdzv_id;
+  p.group_rank = r.group_rank;
+  p.group_world_size = r.group_world_size;
+  p.rank_base = r.rank_base;
+  p.world_size = r.world_size;
+  p.master_addr = r.master_addr;
+  p.master_port = r.master_port;
+  p.use_agent_store = true;
+  p.restart_count = r.restart_count;
+  p.round = r.round;
+  return p;
+}
+
+}  // namespace
+
+std::unique_ptr<Rendezvous> make_dynamic_rendezvous(const Options& o, const std::string& hostname) {
+  return std::make_unique<DynamicAdapter>(o, hostname);
+}
+
+}  // namespace ddprun

@@ -1,0 +1,141 @@
+// The dynamic rendezvous (--rdzv-backend c10d, etcd): rounds of nodes formed over a Backend,
+// watched while they run, re-formed when a node fails, leaves, is lost or waits to join.
+//
+//   next_round()    leave the previous round (if any) and join the next; blocks until it is
+//                   complete and rank 0 has published the round's worker store
+//   notify_fd()     readable when the running round ends (round_end() says how)
+//   end_round()     this node ends the round: its workers failed, or it got a signal
+//   arrive_exit()   this node's workers succeeded; the round ends "done" when every member's
+//                   have (or another way): notify_fd, or wait_end()
+//   restart_refused()  whether another round may follow an end, and why not
+//   finish()        the job is over for this node: close (if the job ended) and leave
+//
+// Threads: the caller's (all of the above), a keeper (renews this node's lease every
+// keep_alive_interval) and a watcher (reads the running round's log). Each uses its own
+// Backend object.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rendezvous/backend.hpp"
+#include "rendezvous/events.hpp"
+#include "rendezvous/machine.hpp"
+#include "rendezvous/state.hpp"
+
+namespace ddp::detail {
+class StoreServer;
+}
+
+namespace ddprun::rdzv {
+
+struct DynamicConfig {
+  std::string run_id;
+  JobSettings job;
+  NodeDesc me;
+  milliseconds join_timeout{600000};
+  milliseconds last_call_timeout{30000};
+  milliseconds close_timeout{30000};
+  milliseconds keep_alive_interval{5000};
+  int keep_alive_max_attempt = 3;
+  bool hosts_store = false;  // this node's ddprun hosts the rendezvous store: it stays until all left
+};
+
+// This node's part in a complete round.
+struct RoundPlan {
+  int64_t round = 0;
+  int group_rank = 0, group_world_size = 1;
+  int rank_base = 0, world_size = 1;
+  int restart_count = 0;  // counted restarts before this round (the job's, not this node's)
+  std::string master_addr;
+  int master_port = 0;
+  std::vector<NodeDesc> members;  // by node rank
+};
+
+enum class FinishKind {
+  kSucceeded,    // every node's workers succeeded: close the rendezvous
+  kJobFailed,    // no restart may follow: close the rendezvous with the reason
+  kNodeStopped,  // only this node stops (a signal, lost contact): the job goes on without it
+};
+
+class DynamicRendezvous {
+ public:
+  // main: the caller's backend; events: the watcher's; lease: the keeper's (it opens the
+  // lease). All three serve the same run.
+  DynamicRendezvous(DynamicConfig c, std::unique_ptr<Backend> main, std::unique_ptr<Backend> events,
+                    std::unique_ptr<Backend> lease);
+  ~DynamicRendezvous();
+  DynamicRendezvous(const DynamicRendezvous&) = delete;
+  DynamicRendezvous& operator=(const DynamicRendezvous&) = delete;
+
+  RoundPlan next_round();
+  int notify_fd() const { return efd_; }
+  std::optional<RoundEnd> round_end();
+  void end_round(RoundEnd::Kind kind, const std::string& text);
+  void arrive_exit();
+  RoundEnd wait_end();  // blocks until the running round ends (however it does)
+  std::string restart_refused(const RoundEnd& end);
+  void finish(FinishKind kind, const std::string& reason);
+
+  const DynamicConfig& config() const { return c_; }
+  std::string backend_name() const { return backend_name_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  void open();
+  State join();
+  bool join_step(std::optional<Snapshot>& snap, Clock::time_point deadline);
+  void leave_current();
+  void publish_or_fetch_master(RoundPlan& plan);
+  void register_round(int64_t round);
+  void refresh_lost();
+  void bump_epoch();
+  void wait_epoch(Clock::time_point until);
+  State decode(const Snapshot& s) const;
+  [[noreturn]] void join_failed(JoinAction a, const State& s);
+  void close_rendezvous(const std::string& reason);
+  void wait_for_everyone_to_leave(const std::vector<NodeDesc>& nodes);
+  void backoff(int attempt);
+
+  void keeper_loop();
+  void watcher_loop();
+  void notify_end(int64_t round, const RoundEnd& end);
+
+  DynamicConfig c_;
+  std::string backend_name_;
+  std::unique_ptr<Backend> main_, events_, lease_;
+  std::mutex lease_mu_;  // lease_ is used by the keeper and by next_round (on_lease_end)
+
+  // Caller thread.
+  size_t epoch_seen_ = 0, gone_seen_ = 0;
+  std::set<std::string> lost_;
+  int64_t round_ = -1;           // the round this node is in (-1: none yet)
+  int64_t registered_round_ = -1;
+  std::optional<RoundEnd> leaving_end_;  // why this node leaves round_ (decides counted)
+  std::vector<NodeDesc> members_;
+  std::unique_ptr<ddp::detail::StoreServer> worker_store_;
+  int64_t lc_round_ = -1;
+  Clock::time_point lc_deadline_{};
+
+  // Shared with the watcher and keeper.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t watched_round_ = -1;
+  std::vector<NodeDesc> watched_members_;
+  std::optional<RoundEnd> end_;  // the watched round's end, once seen
+  std::optional<RoundEnd> node_problem_;  // partitioned / store lost: ends every round
+  bool stop_ = false;
+  int efd_ = -1;
+  std::thread keeper_, watcher_;
+};
+
+}  // namespace ddprun::rdzv

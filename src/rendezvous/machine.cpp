@@ -1,0 +1,156 @@
+#include "rendezvous/machine.hpp"
+
+#include <algorithm>
+
+namespace ddprun::rdzv {
+
+namespace {
+
+bool erase_id(std::vector<NodeDesc>& list, const std::string& id) {
+  return std::erase_if(list, [&](const NodeDesc& n) { return n.id == id; }) > 0;
+}
+
+// The round has fewer than MIN nodes again: its last call stops.
+void after_removal(State& s) {
+  if (!s.complete && (!s.job || static_cast<int>(s.participants.size()) < s.job->min_nodes)) s.last_call = false;
+}
+
+// The last member of a complete round left: the next round opens.
+// `counted` applies when no leaver recorded how the round ended.
+void open_next_round(State& s, bool counted) {
+  if (s.ending_round == s.round) counted = s.ending_counted;
+  ++s.round;
+  s.complete = false;
+  s.last_call = false;
+  if (counted) ++s.restarts;
+  s.ending_round = -1;
+  s.ending_counted = false;
+}
+
+void mark_complete(State& s) {
+  std::sort(s.participants.begin(), s.participants.end());
+  s.complete = true;
+  s.last_call = false;
+}
+
+}  // namespace
+
+const char* to_string(JoinAction a) {
+  switch (a) {
+    case JoinAction::kFinish: return "finish";
+    case JoinAction::kWait: return "wait";
+    case JoinAction::kAddToParticipants: return "add to participants";
+    case JoinAction::kAddToWaitList: return "add to wait list";
+    case JoinAction::kAddToRedundancyList: return "add to redundancy list";
+    case JoinAction::kMarkComplete: return "mark complete";
+    case JoinAction::kRemoveMe: return "remove";
+    case JoinAction::kErrorClosed: return "closed";
+    case JoinAction::kErrorTimeout: return "timeout";
+    case JoinAction::kErrorMismatch: return "mismatch";
+  }
+  return "?";
+}
+
+JoinAction decide_join(const State& s, const JoinContext& c) {
+  if (s.closed) return JoinAction::kErrorClosed;
+  if (s.job && !(*s.job == c.job)) return JoinAction::kErrorMismatch;
+  const std::string& me = c.me.id;
+  const bool part = s.has_participant(me);
+  const bool waiting = State::contains(s.wait_list, me), redundant = State::contains(s.redundancy_list, me);
+  const int n = static_cast<int>(s.participants.size());
+  if (s.complete && part) return JoinAction::kFinish;
+  if (c.timed_out) return part || waiting || redundant ? JoinAction::kRemoveMe : JoinAction::kErrorTimeout;
+  if (s.complete) {  // a round runs without this node
+    if (waiting) return JoinAction::kWait;
+    if (n < c.job.max_nodes) return JoinAction::kAddToWaitList;
+    return redundant ? JoinAction::kWait : JoinAction::kAddToRedundancyList;
+  }
+  if (!part) {
+    if (n < c.job.max_nodes) return JoinAction::kAddToParticipants;
+    return redundant ? JoinAction::kWait : JoinAction::kAddToRedundancyList;
+  }
+  if (n >= c.job.max_nodes) return JoinAction::kMarkComplete;
+  if (n >= c.job.min_nodes && s.last_call && c.last_call_expired) return JoinAction::kMarkComplete;
+  return JoinAction::kWait;
+}
+
+bool apply_join(State& s, JoinAction a, const JoinContext& c) {
+  const std::string& me = c.me.id;
+  ++s.seq;
+  switch (a) {
+    case JoinAction::kAddToParticipants: {
+      erase_id(s.wait_list, me);
+      erase_id(s.redundancy_list, me);
+      if (!s.job) s.job = c.job;
+      s.participants.push_back(c.me);
+      const int n = static_cast<int>(s.participants.size());
+      bool woke = false;
+      if (n >= s.job->min_nodes && !s.last_call) {
+        s.last_call = true;
+        woke = true;
+      }
+      if (n >= s.job->max_nodes) {
+        mark_complete(s);
+        woke = true;
+      }
+      return woke;
+    }
+    case JoinAction::kAddToWaitList:
+      erase_id(s.redundancy_list, me);
+      s.wait_list.push_back(c.me);
+      return false;
+    case JoinAction::kAddToRedundancyList:
+      s.redundancy_list.push_back(c.me);
+      return false;
+    case JoinAction::kMarkComplete:
+      mark_complete(s);
+      return true;
+    case JoinAction::kRemoveMe: {
+      erase_id(s.wait_list, me);
+      erase_id(s.redundancy_list, me);
+      if (erase_id(s.participants, me)) after_removal(s);
+      return false;
+    }
+    default:
+      --s.seq;  // nothing to apply
+      return false;
+  }
+}
+
+bool leave_round(State& s, const std::string& id, int64_t round, bool counted) {
+  if (s.round != round || !s.complete || !s.has_participant(id)) return false;
+  ++s.seq;
+  if (s.ending_round != round) {
+    s.ending_round = round;
+    s.ending_counted = counted;
+  }
+  erase_id(s.participants, id);
+  if (s.participants.empty()) open_next_round(s, counted);
+  return true;
+}
+
+bool remove_lost(State& s, const std::set<std::string>& lost) {
+  if (lost.empty()) return false;
+  auto gone = [&](const NodeDesc& n) { return lost.count(n.id) > 0; };
+  size_t w = std::erase_if(s.wait_list, gone), r = std::erase_if(s.redundancy_list, gone);
+  size_t p = std::erase_if(s.participants, gone);
+  if (w + r + p == 0) return false;
+  ++s.seq;
+  if (p > 0) {
+    if (s.complete && s.ending_round != s.round) {
+      s.ending_round = s.round;
+      s.ending_counted = true;  // the round ended by losing a node
+    }
+    if (s.complete && s.participants.empty()) open_next_round(s, true);
+    after_removal(s);
+  }
+  return true;
+}
+
+void close_state(State& s, const std::string& reason) {
+  ++s.seq;
+  s.closed = true;
+  s.closed_reason = reason;
+}
+
+}  // namespace ddprun::rdzv

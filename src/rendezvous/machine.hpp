@@ -1,0 +1,56 @@
+// The dynamic rendezvous's decisions, as pure functions of the state (torch's
+// _RendezvousJoinOp/_RendezvousExitOp/..., with ddprun's changes: liveness comes from the
+// backend's leases, not from heartbeats in the state; the last call is timed by each node
+// on its own clock; restarts are counted once per round, for the whole job).
+//
+// The loop that runs them (read, decide, apply, compare-and-set, wait) is in dynamic.cpp.
+#pragma once
+
+#include <set>
+#include <string>
+
+#include "rendezvous/state.hpp"
+
+namespace ddprun::rdzv {
+
+enum class JoinAction {
+  kFinish,                // this node is in a complete round
+  kWait,                  // nothing to do until the state changes or a timer runs out
+  kAddToParticipants,
+  kAddToWaitList,         // a round runs without this node: ask it to restart (scale up)
+  kAddToRedundancyList,   // the running round is full: wait for a place
+  kMarkComplete,
+  kRemoveMe,              // the join timed out: leave every list (then fail)
+  kErrorClosed,
+  kErrorTimeout,
+  kErrorMismatch,         // this node's --nnodes/--max-restarts differ from the job's
+};
+const char* to_string(JoinAction a);
+
+struct JoinContext {
+  const NodeDesc& me;
+  JobSettings job;
+  bool timed_out = false;          // join_timeout ran out
+  bool last_call_expired = false;  // this node's last_call_timeout for this round ran out
+};
+
+JoinAction decide_join(const State& s, const JoinContext& c);
+
+// Applies a mutating action (not kFinish/kWait/kError*). Returns true when the change
+// matters to nodes waiting for it (round completed, last call started, a round opened):
+// the caller then wakes them.
+bool apply_join(State& s, JoinAction a, const JoinContext& c);
+
+// This node leaves the round it ran in (before it joins the next). `counted` says whether
+// the round ended by a failure (a counted restart) or not (a node waiting to join). The
+// last node to leave opens the next round. Returns true when something changed.
+bool leave_round(State& s, const std::string& id, int64_t round, bool counted);
+
+// Drops lost nodes (their lease ended) from every list. A complete round left empty opens
+// the next (counted: it ended by losing nodes). Returns true when something changed.
+bool remove_lost(State& s, const std::set<std::string>& lost);
+
+// The job is over; nobody joins any more. reason "" means it succeeded.
+void close_state(State& s, const std::string& reason);
+
+}  // namespace ddprun::rdzv

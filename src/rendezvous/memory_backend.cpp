@@ -1,0 +1,175 @@
+#include "rendezvous/memory_backend.hpp"
+
+#include <fmt/format.h>
+
+#include "ddp/error.hpp"
+
+namespace ddprun::rdzv {
+
+class MemoryBackend : public Backend {
+ public:
+  MemoryBackend(std::shared_ptr<MemoryWorld> w, std::string name) : w_(std::move(w)), name_(std::move(name)) {}
+  ~MemoryBackend() override { close(); }
+
+  std::string describe() const override { return fmt::format("the memory backend ({})", name_); }
+  std::unique_ptr<Backend> clone() const override { return std::make_unique<MemoryBackend>(w_, name_); }
+
+  Snapshot load() override {
+    std::lock_guard lk(w_->mu_);
+    w_->check(name_);
+    return snapshot();
+  }
+
+  CasResult compare_and_set(const std::string& value, const Token& expected) override {
+    std::lock_guard lk(w_->mu_);
+    w_->check(name_);
+    CasResult r;
+    if (snapshot().token == expected) {
+      w_->state_ = value;
+      ++w_->version_;
+      r.ok = true;
+      w_->cv_.notify_all();
+    }
+    r.current = snapshot();
+    return r;
+  }
+
+  void append(const std::string& log, const std::string& line) override {
+    std::lock_guard lk(w_->mu_);
+    w_->check(name_);
+    w_->logs_[log].push_back(line);
+    w_->cv_.notify_all();
+  }
+
+  std::vector<std::string> read(const std::string& log, size_t from) override {
+    std::lock_guard lk(w_->mu_);
+    w_->check(name_);
+    return tail(log, from);
+  }
+
+  std::vector<std::string> wait(const std::string& log, size_t from, milliseconds timeout) override {
+    std::unique_lock lk(w_->mu_);
+    w_->check(name_);
+    w_->cv_.wait_for(lk, timeout, [&] { return w_->down_ || interrupted_ || w_->logs_[log].size() > from; });
+    w_->check(name_);
+    if (interrupted_) throw ddp::NetworkError(fmt::format("{}: interrupted", describe()));
+    return tail(log, from);
+  }
+
+  int64_t add(const std::string& counter, int64_t delta) override {
+    std::lock_guard lk(w_->mu_);
+    w_->check(name_);
+    return w_->counters_[counter] += delta;
+  }
+
+  void open_lease(milliseconds ttl) override {
+    std::lock_guard lk(w_->mu_);
+    w_->check(name_);
+    lease_ = w_->next_lease_++;
+    auto& l = w_->leases_[lease_];
+    l.owner = name_;
+    l.ttl = ttl;
+    l.last = w_->now_;
+  }
+
+  void keep_alive(milliseconds) override {
+    std::lock_guard lk(w_->mu_);
+    w_->check(name_);
+    auto* l = lease();
+    if (l->ended) throw LeaseEnded(fmt::format("{}: the lease has ended", describe()));
+    l->last = w_->now_;
+  }
+
+  void on_lease_end(const std::string& log, const std::string& line) override {
+    std::lock_guard lk(w_->mu_);
+    w_->check(name_);
+    auto* l = lease();
+    if (l->ended) throw ddp::NetworkError(fmt::format("{}: the lease has ended", describe()));
+    l->lines.emplace_back(log, line + " ");
+  }
+
+  void interrupt() override {
+    std::lock_guard lk(w_->mu_);
+    interrupted_ = true;
+    w_->cv_.notify_all();
+  }
+
+  void close() override {
+    std::lock_guard lk(w_->mu_);
+    if (lease_ == 0) return;
+    auto it = w_->leases_.find(lease_);
+    if (it != w_->leases_.end() && !it->second.ended) w_->end_lease(it->second, "connection closed");
+    lease_ = 0;
+  }
+
+ private:
+  Snapshot snapshot() const {
+    Snapshot s;
+    s.state = w_->state_;
+    s.token.value = w_->state_ ? std::to_string(w_->version_) : "";
+    return s;
+  }
+  std::vector<std::string> tail(const std::string& log, size_t from) const {
+    auto it = w_->logs_.find(log);
+    if (it == w_->logs_.end() || it->second.size() <= from) return {};
+    return {it->second.begin() + static_cast<long>(from), it->second.end()};
+  }
+  MemoryWorld::Lease* lease() {
+    auto it = w_->leases_.find(lease_);
+    if (it == w_->leases_.end()) throw ddp::Error(fmt::format("{}: no lease open", describe()));
+    return &it->second;
+  }
+
+  std::shared_ptr<MemoryWorld> w_;
+  std::string name_;
+  int lease_ = 0;
+  bool interrupted_ = false;  // under w_->mu_
+};
+
+std::unique_ptr<Backend> MemoryWorld::backend(const std::string& name) {
+  return std::make_unique<MemoryBackend>(shared_from_this(), name);
+}
+
+void MemoryWorld::check(const std::string& who) {
+  if (down_) throw ddp::NetworkError(fmt::format("the memory backend ({}) is down", who));
+}
+
+void MemoryWorld::end_lease(Lease& l, const std::string& why) {
+  l.ended = true;
+  for (auto& [log, line] : l.lines) logs_[log].push_back(line + why);
+  l.lines.clear();
+  cv_.notify_all();
+}
+
+void MemoryWorld::advance(milliseconds d) {
+  std::lock_guard lk(mu_);
+  now_ += d;
+  for (auto& [id, l] : leases_)
+    if (!l.ended && l.ttl.count() > 0 && now_ - l.last >= l.ttl)
+      end_lease(l, fmt::format("no keep-alive for {}", ddp::format_duration(
+                                                           std::chrono::duration_cast<milliseconds>(now_ - l.last))));
+}
+
+void MemoryWorld::kill(const std::string& name) {
+  std::lock_guard lk(mu_);
+  for (auto& [id, l] : leases_)
+    if (!l.ended && l.owner == name) end_lease(l, "connection closed");
+}
+
+void MemoryWorld::set_down(bool down) {
+  std::lock_guard lk(mu_);
+  down_ = down;
+  cv_.notify_all();
+}
+
+std::vector<std::string> MemoryWorld::log(const std::string& name) {
+  std::lock_guard lk(mu_);
+  return logs_[name];
+}
+
+std::optional<std::string> MemoryWorld::state() {
+  std::lock_guard lk(mu_);
+  return state_;
+}
+
+}  // namespace ddprun::rdzv

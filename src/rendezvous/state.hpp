@@ -1,0 +1,67 @@
+// The dynamic rendezvous's state: who takes part in which round, who waits, how many
+// restarts were used, whether the job is over. One value in the backend, replaced by
+// compare-and-set (torch's _RendezvousState, as JSON with a version line instead of a
+// pickle).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace ddprun::rdzv {
+
+// One node (one ddprun agent). `id` is unique even for two containers with the same
+// hostname and pid: "<addr>_<pid>_<random>".
+struct NodeDesc {
+  std::string id;
+  std::string addr;         // --local-addr, else the hostname: sorts the node ranks
+  std::string host;         // hostname, for messages
+  std::string master_addr;  // where other nodes reach this node (MASTER_ADDR when it is rank 0)
+  int nproc = 1;            // workers on this node
+
+  // Node ranks follow (addr, id): deterministic, by address first (torch sorts by address
+  // and pid; the random id keeps equal addresses and pids apart).
+  bool operator<(const NodeDesc& o) const { return addr != o.addr ? addr < o.addr : id < o.id; }
+  std::string describe() const;  // "host (addr, id)"
+};
+
+// What every node of the job must agree on; the first node to write the state sets it.
+struct JobSettings {
+  int min_nodes = 1, max_nodes = 1, max_restarts = 0;
+  bool operator==(const JobSettings&) const = default;
+};
+
+struct State {
+  static constexpr int kFormat = 1;
+
+  int64_t seq = 0;            // +1 on every write
+  int64_t round = 0;
+  bool complete = false;      // the round's members are fixed and ranked
+  bool last_call = false;     // MIN nodes are in: last_call_timeout runs (each node times it)
+  bool closed = false;        // the job is over: nobody joins any more
+  std::string closed_reason;  // "" when the job succeeded
+  int restarts = 0;           // counted restarts used so far (failures, lost nodes)
+  std::optional<JobSettings> job;
+  std::vector<NodeDesc> participants;  // this round's; sorted = node ranks once complete
+  std::vector<NodeDesc> wait_list;     // want the next round (a running round restarts for them)
+  std::vector<NodeDesc> redundancy_list;  // arrived while the round was full (MAX nodes)
+  // How the round that is ending ended: set by the first node that leaves it, used when the
+  // last one leaves (a counted restart or not).
+  int64_t ending_round = -1;
+  bool ending_counted = false;
+
+  int rank_of(const std::string& id) const;  // -1 if not a participant
+  bool has_participant(const std::string& id) const { return rank_of(id) >= 0; }
+  static bool contains(const std::vector<NodeDesc>& list, const std::string& id);
+};
+
+// "ddprun-rdzv 1\n" + JSON.
+std::string encode_state(const State& s);
+
+// Throws ddp::Error naming `where` (the backend) for anything that is not ddprun's state:
+// a torchrun agent's (base64 pickles), a newer format, corruption.
+State decode_state(const std::string& value, const std::string& where);
+
+}  // namespace ddprun::rdzv

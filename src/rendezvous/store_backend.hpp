@@ -1,0 +1,60 @@
+// The dynamic rendezvous over ddprun's TCP store (--rdzv-backend c10d): the state is the
+// key "torch.rendezvous.<run id>" (torchrun's own key, so that a torchrun agent and a
+// ddprun agent given the same endpoint and id notice each other instead of forming two
+// jobs), logs and counters live under "ddprun.rdzv.<run id>/", and the lease is a
+// connection of its own that uses the store's LEASE extension (docs/store.md).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "rendezvous/backend.hpp"
+
+namespace ddp {
+class TcpStore;
+}
+
+namespace ddprun::rdzv {
+
+struct StoreBackendOptions {
+  std::string host;
+  uint16_t port = 29400;
+  std::string run_id;
+  milliseconds timeout{60000};          // each call (read_timeout)
+  milliseconds connect_timeout{60000};  // reaching the store
+};
+
+class StoreBackend : public Backend {
+ public:
+  // Connects now (retrying until connect_timeout); throws ddp::NetworkError naming host:port.
+  explicit StoreBackend(StoreBackendOptions o);
+  ~StoreBackend() override;
+
+  std::string describe() const override;
+  std::unique_ptr<Backend> clone() const override;
+
+  Snapshot load() override;
+  CasResult compare_and_set(const std::string& value, const Token& expected) override;
+  void append(const std::string& log, const std::string& line) override;
+  std::vector<std::string> read(const std::string& log, size_t from) override;
+  std::vector<std::string> wait(const std::string& log, size_t from, milliseconds timeout) override;
+  int64_t add(const std::string& counter, int64_t delta) override;
+  void open_lease(milliseconds ttl) override;
+  void keep_alive(milliseconds timeout) override;
+  void on_lease_end(const std::string& log, const std::string& line) override;
+  void close() override;
+  void interrupt() override;
+
+ private:
+  std::string state_key() const;
+  std::string key(const std::string& name) const;
+  std::string raw_log(const std::string& log);
+
+  StoreBackendOptions o_;
+  std::unique_ptr<ddp::TcpStore> store_, lease_;
+};
+
+}  // namespace ddprun::rdzv
