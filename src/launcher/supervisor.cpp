@@ -80,6 +80,7 @@ struct Supervisor::Impl {
   std::map<std::string, std::string> base_env;
   Rendezvous& rdzv;
   int notify_tag = 0;  // epoll tag of the rendezvous's notify fd
+  bool notify_registered = false;
 
   int epfd = -1, sigfd = -1, wakefd = -1, stdin_fd = -1;
   std::unique_ptr<ConsoleWriter> out_writer, err_writer;
@@ -123,7 +124,6 @@ struct Supervisor::Impl {
     if (wakefd < 0 || epfd < 0) throw ddp::SystemError("epoll/eventfd", errno);
     add_fd(sigfd, nullptr);
     add_fd(wakefd, &wakefd);
-    if (rdzv.notify_fd() >= 0) add_fd(rdzv.notify_fd(), &notify_tag);
     out_writer = std::make_unique<ConsoleWriter>(1, kConsoleBound, wakefd);
     err_writer = std::make_unique<ConsoleWriter>(2, kConsoleBound, wakefd);
     out_console.writer = out_writer.get();
@@ -476,6 +476,13 @@ struct Supervisor::Impl {
 
   // ------------------------------------------------------------------ the job
 
+  // The rendezvous's notify fd exists once the first round is joined (static: multi-node).
+  void watch_rendezvous() {
+    if (notify_registered || rdzv.notify_fd() < 0) return;
+    add_fd(rdzv.notify_fd(), &notify_tag);
+    notify_registered = true;
+  }
+
   // After this node's workers all succeeded: how the round ended for everyone (a signal
   // to ddprun meanwhile ends the wait; got_signal says so).
   std::optional<RoundEnd> wait_round_end() {
@@ -527,6 +534,7 @@ struct Supervisor::Impl {
     setup();
     for (attempt = 0;; ++attempt) {
       plan = rdzv.next_round();
+      watch_rendezvous();
       start_attempt();
       supervise();
       for (auto& w : workers) {
@@ -538,7 +546,10 @@ struct Supervisor::Impl {
       if (end->kind == RoundEnd::Kind::kDone) break;
       if (!root) remote_end = end;  // this node succeeded, the round did not
       stop_reason = rdzv.restart_refused(*end);
-      if (!stop_reason.empty()) break;
+      if (!stop_reason.empty()) {
+        if (o.max_restarts > 0 || !end->counted()) spdlog::error("not restarting: {}", stop_reason);
+        break;
+      }
       announce_restart(*end);
     }
     outcome.restarts = plan.restart_count;
@@ -588,9 +599,9 @@ struct Supervisor::Impl {
       outcome.status = "failed";
       outcome.exit_code = 1;
       if (remote_end->kind == RoundEnd::Kind::kPartitioned || remote_end->kind == RoundEnd::Kind::kStoreLost)
-        spdlog::error("{}", stop_reason.empty() ? remote_end->describe() : stop_reason);
+        spdlog::error("{}", remote_end->describe());
       else
-        spdlog::error("the job failed on another node: {}", stop_reason.empty() ? remote_end->describe() : stop_reason);
+        spdlog::error("the job failed on another node: {}", remote_end->describe());
     } else {
       outcome.status = "succeeded";
       outcome.exit_code = 0;
