@@ -77,6 +77,7 @@ class MemoryBackend : public Backend {
     w_->check(name_);
     auto* l = lease();
     if (l->ended) throw LeaseEnded(fmt::format("{}: the lease has ended", describe()));
+    if (w_->cut_.count(name_)) throw ddp::TimeoutError(fmt::format("{}: cut off", describe()));
     l->last = w_->now_;
   }
 
@@ -154,6 +155,11 @@ void MemoryWorld::kill(const std::string& name) {
   std::lock_guard lk(mu_);
   for (auto& [id, l] : leases_)
     if (!l.ended && l.owner == name) end_lease(l, "connection closed");
+}
+
+void MemoryWorld::cut_off(const std::string& name) {
+  std::lock_guard lk(mu_);
+  cut_.insert(name);
 }
 
 void MemoryWorld::set_down(bool down) {

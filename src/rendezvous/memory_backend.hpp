@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,9 @@ class MemoryWorld : public std::enable_shared_from_this<MemoryWorld> {
   void kill(const std::string& name);
   // While down, every call throws ddp::NetworkError (the backend is unreachable).
   void set_down(bool down);
+  // Cuts the node `name` off (a partition): its keep-alives fail and do not renew its
+  // lease, which then ends at the next advance() past its ttl.
+  void cut_off(const std::string& name);
 
   // For assertions.
   std::vector<std::string> log(const std::string& name);
@@ -54,6 +58,7 @@ class MemoryWorld : public std::enable_shared_from_this<MemoryWorld> {
   int next_lease_ = 1;
   std::chrono::steady_clock::time_point now_{};
   bool down_ = false;
+  std::set<std::string> cut_;
 };
 
 }  // namespace ddprun::rdzv

@@ -1,0 +1,293 @@
+// DynamicRendezvous end to end over the memory backend: several nodes (threads) form rounds,
+// notice failures, departures, silence and newcomers, and finish. Leases run on the
+// backend's fake clock; the rendezvous's own timers (last call, join timeout) are real and
+// short.
+#include <future>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "ddp/error.hpp"
+#include "rendezvous/dynamic.hpp"
+#include "rendezvous/memory_backend.hpp"
+
+namespace {
+
+using namespace ddprun::rdzv;
+using namespace std::chrono_literals;
+using K = RoundEnd::Kind;
+
+// Hang guards: generous, far above what these steps take (milliseconds).
+constexpr auto kGuard = 20s;
+
+struct Cluster {
+  std::shared_ptr<MemoryWorld> world = std::make_shared<MemoryWorld>();
+  JobSettings job{1, 3, 1};
+  milliseconds join_timeout = kGuard, last_call = 100ms;
+
+  std::unique_ptr<DynamicRendezvous> node(const std::string& name, int nproc = 2) {
+    DynamicConfig c;
+    c.run_id = "job";
+    c.job = job;
+    c.me.id = name + "_1_0";
+    c.me.addr = name;
+    c.me.host = name;
+    c.me.master_addr = "127.0.0.1";
+    c.me.nproc = nproc;
+    c.join_timeout = join_timeout;
+    c.last_call_timeout = last_call;
+    c.close_timeout = 2s;
+    c.keep_alive_interval = 20ms;
+    c.keep_alive_max_attempt = 3;
+    return std::make_unique<DynamicRendezvous>(c, world->backend(name), world->backend(name), world->backend(name));
+  }
+};
+
+std::vector<RoundPlan> all_next_round(const std::vector<DynamicRendezvous*>& nodes) {
+  std::vector<std::future<RoundPlan>> f;
+  for (auto* n : nodes) f.push_back(std::async(std::launch::async, [n] { return n->next_round(); }));
+  std::vector<RoundPlan> out;
+  for (auto& x : f) {
+    EXPECT_EQ(x.wait_for(kGuard), std::future_status::ready);
+    out.push_back(x.get());
+  }
+  return out;
+}
+
+// The round's end as the node's watcher reports it (through notify_fd).
+std::optional<RoundEnd> end_within(DynamicRendezvous& n, milliseconds limit = kGuard) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (auto e = n.round_end()) return e;
+    std::this_thread::sleep_for(5ms);
+  }
+  return std::nullopt;
+}
+
+TEST(DynamicRendezvous, NodesFormARoundWithRanksWorldAndAWorkerStore) {
+  Cluster c;
+  c.job = {2, 2, 0};
+  auto b = c.node("b", 3), a = c.node("a", 2);
+  auto plans = all_next_round({b.get(), a.get()});
+  const RoundPlan &pb = plans[0], &pa = plans[1];
+  EXPECT_EQ(pa.round, 0);
+  EXPECT_EQ(pa.group_rank, 0);  // sorted by address
+  EXPECT_EQ(pb.group_rank, 1);
+  EXPECT_EQ(pa.group_world_size, 2);
+  EXPECT_EQ(pa.world_size, 5);
+  EXPECT_EQ(pb.world_size, 5);
+  EXPECT_EQ(pa.rank_base, 0);
+  EXPECT_EQ(pb.rank_base, 2);
+  EXPECT_EQ(pa.restart_count, 0);
+  EXPECT_GT(pa.master_port, 0);  // rank 0's worker store
+  EXPECT_EQ(pb.master_port, pa.master_port);
+  EXPECT_EQ(pb.master_addr, "127.0.0.1");
+}
+
+TEST(DynamicRendezvous, WithMinNodesTheRoundCompletesAfterTheLastCall) {
+  Cluster c;
+  c.last_call = 300ms;
+  auto a = c.node("a");
+  auto t0 = std::chrono::steady_clock::now();
+  RoundPlan p = a->next_round();
+  auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(p.group_world_size, 1);
+  EXPECT_GE(took, 250ms);  // it waited for the last call (a lower bound: no speed assumed)
+}
+
+TEST(DynamicRendezvous, ANewcomerRestartsTheRoundWithoutCountingIt) {
+  Cluster c;
+  c.last_call = 50ms;
+  auto a = c.node("a"), b = c.node("b");
+  all_next_round({a.get(), b.get()});
+  auto newcomer = std::async(std::launch::async, [&] { return c.node("c"); });
+  auto cn = newcomer.get();
+  auto joined = std::async(std::launch::async, [&] { return cn->next_round(); });
+  for (auto* n : {a.get(), b.get()}) {
+    auto e = end_within(*n);
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->kind, K::kScaleUp);
+    EXPECT_EQ(n->restart_refused(*e), "");
+  }
+  auto plans = all_next_round({a.get(), b.get()});
+  RoundPlan pc = joined.get();
+  EXPECT_EQ(pc.round, 1);
+  EXPECT_EQ(pc.group_world_size, 3);
+  EXPECT_EQ(plans[0].world_size, 6);
+  EXPECT_EQ(pc.restart_count, 0);
+  EXPECT_EQ(plans[1].restart_count, 0);
+}
+
+TEST(DynamicRendezvous, AFailureEndsTheRoundForAllAndCountsOnce) {
+  Cluster c;
+  c.job = {2, 2, 1};
+  auto a = c.node("a"), b = c.node("b");
+  all_next_round({a.get(), b.get()});
+  a->end_round(K::kFailed, "rank 1 on a exited with 3");
+  for (auto* n : {a.get(), b.get()}) {
+    auto e = end_within(*n);
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->kind, K::kFailed);
+    EXPECT_NE(e->text.find("exited with 3"), std::string::npos) << e->text;
+    EXPECT_EQ(n->restart_refused(*e), "");
+  }
+  auto plans = all_next_round({a.get(), b.get()});
+  EXPECT_EQ(plans[0].round, 1);
+  EXPECT_EQ(plans[0].restart_count, 1);  // the job's count, the same on every node
+  EXPECT_EQ(plans[1].restart_count, 1);
+  b->end_round(K::kFailed, "rank 2 on b exited with 1");
+  auto e = end_within(*a);
+  ASSERT_TRUE(e);
+  std::string refused = a->restart_refused(*e);
+  EXPECT_NE(refused.find("no restart left"), std::string::npos) << refused;
+}
+
+TEST(DynamicRendezvous, ADeadNodeIsNoticedAtOnceAndTheOthersReform) {
+  Cluster c;
+  c.job = {1, 3, 2};
+  c.last_call = 50ms;
+  auto a = c.node("a"), b = c.node("b");
+  all_next_round({a.get(), b.get()});
+  c.world->kill("b");  // its connections closed: the lease ends now
+  auto e = end_within(*a);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind, K::kLost);
+  EXPECT_NE(e->text.find("was lost"), std::string::npos) << e->text;
+  EXPECT_EQ(a->restart_refused(*e), "");
+  RoundPlan p = a->next_round();
+  EXPECT_EQ(p.round, 1);
+  EXPECT_EQ(p.group_world_size, 1);
+  EXPECT_EQ(p.restart_count, 1);
+}
+
+TEST(DynamicRendezvous, TooFewNodesLeftStopsTheJobNamingTheLostNode) {
+  Cluster c;
+  c.job = {2, 2, 3};
+  auto a = c.node("a"), b = c.node("b");
+  all_next_round({a.get(), b.get()});
+  c.world->kill("b");
+  auto e = end_within(*a);
+  ASSERT_TRUE(e);
+  std::string refused = a->restart_refused(*e);
+  EXPECT_NE(refused.find("only 1 node remains"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("b ("), std::string::npos) << refused;
+}
+
+TEST(DynamicRendezvous, ASilentNodeIsLostAfterTheKeepAliveWindowAndKnowsIt) {
+  Cluster c;
+  c.job = {1, 2, 1};
+  c.last_call = 50ms;
+  auto a = c.node("a"), b = c.node("b");
+  all_next_round({a.get(), b.get()});
+  c.world->cut_off("b");
+  // Half a window, a few real keep-alive intervals for a's keeper to renew, then the rest.
+  c.world->advance(30ms);
+  std::this_thread::sleep_for(200ms);
+  c.world->advance(40ms);  // b last renewed 70 ms ago on the fake clock: past its 60 ms ttl
+  auto ea = end_within(*a);
+  ASSERT_TRUE(ea);
+  EXPECT_EQ(ea->kind, K::kLost);
+  EXPECT_NE(ea->text.find("no keep-alive"), std::string::npos) << ea->text;
+  auto eb = end_within(*b);
+  ASSERT_TRUE(eb);
+  EXPECT_EQ(eb->kind, K::kPartitioned);
+  EXPECT_NE(b->restart_refused(*eb), "");
+}
+
+TEST(DynamicRendezvous, EveryNodeArrivingEndsTheRoundDoneAndTheJobCloses) {
+  Cluster c;
+  c.job = {2, 2, 0};
+  auto a = c.node("a"), b = c.node("b");
+  all_next_round({a.get(), b.get()});
+  a->arrive_exit();
+  EXPECT_FALSE(a->round_end().has_value());  // b's workers still run
+  b->arrive_exit();
+  EXPECT_EQ(a->wait_end().kind, K::kDone);
+  EXPECT_EQ(b->wait_end().kind, K::kDone);
+  a->finish(FinishKind::kSucceeded, "");
+  b->finish(FinishKind::kSucceeded, "");
+  auto late = c.node("late");
+  try {
+    late->next_round();
+    FAIL() << "joined a closed rendezvous";
+  } catch (const ddp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is closed"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DynamicRendezvous, ANodeArrivingWhenTheJobIsFullTimesOutAloneAndLeavesItRunning) {
+  Cluster c;
+  c.job = {1, 2, 0};
+  c.last_call = 50ms;
+  auto a = c.node("a"), b = c.node("b");
+  all_next_round({a.get(), b.get()});
+  c.join_timeout = 300ms;
+  auto late = c.node("late");
+  try {
+    late->next_round();
+    FAIL() << "a third node joined a job of at most 2";
+  } catch (const ddp::TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("is full"), std::string::npos) << e.what();
+  }
+  late.reset();
+  std::this_thread::sleep_for(50ms);
+  EXPECT_FALSE(a->round_end().has_value());  // untouched
+  a->arrive_exit();
+  b->arrive_exit();
+  EXPECT_EQ(a->wait_end().kind, K::kDone);
+}
+
+TEST(DynamicRendezvous, FewerThanMinNodesTimeOutNamingWhoCame) {
+  Cluster c;
+  c.job = {3, 3, 0};
+  c.join_timeout = 300ms;
+  auto a = c.node("a");
+  try {
+    a->next_round();
+    FAIL() << "a round of 3 formed with one node";
+  } catch (const ddp::TimeoutError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("1 of the 3 nodes"), std::string::npos) << m;
+    EXPECT_NE(m.find("a (a_1_0)"), std::string::npos) << m;
+    EXPECT_NE(m.find("join_timeout"), std::string::npos) << m;
+  }
+}
+
+TEST(DynamicRendezvous, NodesWithOtherSettingsAreRefused) {
+  Cluster c;
+  c.job = {2, 2, 0};
+  c.join_timeout = 1s;
+  auto a = c.node("a");
+  auto first = std::async(std::launch::async, [&] {
+    try {
+      a->next_round();
+    } catch (const std::exception&) {
+    }
+  });
+  std::this_thread::sleep_for(100ms);
+  c.job = {2, 3, 0};
+  auto b = c.node("b");
+  try {
+    b->next_round();
+    FAIL() << "joined a job with other settings";
+  } catch (const ddp::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--nnodes 2:3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--nnodes 2:2"), std::string::npos) << e.what();
+  }
+  first.get();  // a times out alone
+}
+
+TEST(DynamicRendezvous, LosingTheBackendEndsTheRound) {
+  Cluster c;
+  c.job = {1, 1, 0};
+  c.last_call = 10ms;
+  auto a = c.node("a");
+  a->next_round();
+  c.world->set_down(true);
+  auto e = end_within(*a);
+  ASSERT_TRUE(e);
+  EXPECT_TRUE(e->kind == K::kStoreLost || e->kind == K::kPartitioned) << e->text;
+  EXPECT_NE(a->restart_refused(*e), "");
+}
+
+}  // namespace

@@ -1,0 +1,208 @@
+// The dynamic rendezvous's decisions as pure functions of the state, case by case (after
+// torch's dynamic_rendezvous_test.py: join, last call, wait and redundancy lists, leaving,
+// lost nodes, close).
+#include <gtest/gtest.h>
+
+#include "rendezvous/machine.hpp"
+
+namespace {
+
+using namespace ddprun::rdzv;
+using A = JoinAction;
+
+NodeDesc node(const std::string& addr, const std::string& id, int nproc = 1) {
+  NodeDesc n;
+  n.addr = addr;
+  n.id = id;
+  n.host = addr;
+  n.master_addr = addr;
+  n.nproc = nproc;
+  return n;
+}
+
+const JobSettings kJob{2, 3, 1};  // --nnodes 2:3 --max-restarts 1
+
+struct Machine : ::testing::Test {
+  NodeDesc a = node("10.0.0.1", "a"), b = node("10.0.0.2", "b"), c = node("10.0.0.3", "c"), d = node("10.0.0.4", "d");
+
+  JoinContext ctx(const NodeDesc& me, bool timed_out = false, bool last_call_expired = false) {
+    return JoinContext{me, kJob, timed_out, last_call_expired};
+  }
+  // Joins `me` the way the loop does: decide, apply, until it no longer changes the state.
+  void join(State& s, const NodeDesc& me) {
+    A act = decide_join(s, ctx(me));
+    ASSERT_TRUE(act == A::kAddToParticipants || act == A::kAddToWaitList || act == A::kAddToRedundancyList)
+        << to_string(act);
+    apply_join(s, act, ctx(me));
+  }
+  State running(std::initializer_list<NodeDesc> members) {
+    State s;
+    for (auto& m : members) join(s, m);
+    if (!s.complete) apply_join(s, A::kMarkComplete, ctx(*members.begin()));
+    return s;
+  }
+};
+
+TEST_F(Machine, FirstNodeJoinsAndSetsTheJobSettings) {
+  State s;
+  EXPECT_EQ(decide_join(s, ctx(a)), A::kAddToParticipants);
+  EXPECT_FALSE(apply_join(s, A::kAddToParticipants, ctx(a)));  // nothing for others to wake up for
+  ASSERT_TRUE(s.job.has_value());
+  EXPECT_EQ(*s.job, kJob);
+  EXPECT_EQ(s.seq, 1);
+  EXPECT_FALSE(s.last_call);
+  EXPECT_EQ(decide_join(s, ctx(a)), A::kWait);  // one of MIN 2: waits
+}
+
+TEST_F(Machine, ReachingMinStartsTheLastCallAndWakesTheOthers) {
+  State s;
+  join(s, a);
+  EXPECT_TRUE(apply_join(s, decide_join(s, ctx(b)), ctx(b)));
+  EXPECT_TRUE(s.last_call);
+  EXPECT_FALSE(s.complete);
+  EXPECT_EQ(decide_join(s, ctx(a)), A::kWait);  // the last call has not run out
+  EXPECT_EQ(decide_join(s, ctx(a, false, true)), A::kMarkComplete);
+}
+
+TEST_F(Machine, ReachingMaxCompletesAtOnceWithSortedRanks) {
+  State s;
+  join(s, c);
+  join(s, a);
+  EXPECT_TRUE(apply_join(s, decide_join(s, ctx(b)), ctx(b)));
+  EXPECT_TRUE(s.complete);
+  EXPECT_FALSE(s.last_call);
+  EXPECT_EQ(s.rank_of("a"), 0);
+  EXPECT_EQ(s.rank_of("b"), 1);
+  EXPECT_EQ(s.rank_of("c"), 2);
+  EXPECT_EQ(decide_join(s, ctx(b)), A::kFinish);
+}
+
+TEST_F(Machine, RanksSortByAddressThenId) {
+  // IP strings sort as strings (as torch's), and equal addresses by the id.
+  State s;
+  NodeDesc x = node("10.0.0.10", "x"), y = node("10.0.0.2", "y2"), z = node("10.0.0.2", "y1");
+  join(s, x);
+  join(s, y);
+  join(s, z);
+  ASSERT_TRUE(s.complete);
+  EXPECT_EQ(s.participants[0].id, "x");
+  EXPECT_EQ(s.participants[1].id, "y1");
+  EXPECT_EQ(s.participants[2].id, "y2");
+}
+
+TEST_F(Machine, MarkCompleteNeedsMinAndTheLastCall) {
+  State s;
+  join(s, a);
+  // Alone, even with an expired timer: MIN is 2.
+  EXPECT_EQ(decide_join(s, ctx(a, false, true)), A::kWait);
+}
+
+TEST_F(Machine, ANodeArrivingWhileARoundRunsGoesToTheWaitList) {
+  State s = running({a, b});
+  EXPECT_EQ(decide_join(s, ctx(c)), A::kAddToWaitList);
+  EXPECT_FALSE(apply_join(s, A::kAddToWaitList, ctx(c)));  // the round's log tells the members
+  EXPECT_TRUE(State::contains(s.wait_list, "c"));
+  EXPECT_EQ(decide_join(s, ctx(c)), A::kWait);
+}
+
+TEST_F(Machine, ANodeArrivingWhileTheJobIsFullIsRedundantAndWaits) {
+  State s = running({a, b, c});
+  EXPECT_EQ(decide_join(s, ctx(d)), A::kAddToRedundancyList);
+  apply_join(s, A::kAddToRedundancyList, ctx(d));
+  EXPECT_EQ(decide_join(s, ctx(d)), A::kWait);
+  // It times out alone: it leaves its list, the running round is untouched.
+  EXPECT_EQ(decide_join(s, ctx(d, true)), A::kRemoveMe);
+  apply_join(s, A::kRemoveMe, ctx(d));
+  EXPECT_FALSE(State::contains(s.redundancy_list, "d"));
+  EXPECT_TRUE(s.complete);
+  EXPECT_FALSE(s.closed);
+  EXPECT_EQ(decide_join(s, ctx(d, true)), A::kErrorTimeout);
+}
+
+TEST_F(Machine, ARedundantNodeMovesToTheWaitListWhenAPlaceFrees) {
+  State s = running({a, b, c});
+  apply_join(s, A::kAddToRedundancyList, ctx(d));
+  remove_lost(s, {"c"});  // c is lost: two members left
+  EXPECT_EQ(decide_join(s, ctx(d)), A::kAddToWaitList);
+  apply_join(s, A::kAddToWaitList, ctx(d));
+  EXPECT_FALSE(State::contains(s.redundancy_list, "d"));
+  EXPECT_TRUE(State::contains(s.wait_list, "d"));
+}
+
+TEST_F(Machine, LeavingTheRoundOpensTheNextWhenTheLastMemberLeaves) {
+  State s = running({a, b});
+  s.wait_list.push_back(c);
+  EXPECT_TRUE(leave_round(s, "a", 0, /*counted=*/false));
+  EXPECT_EQ(s.round, 0);  // b is still in round 0
+  EXPECT_EQ(s.ending_round, 0);
+  // A node that left waits for the round it left to end (it is in no list yet).
+  EXPECT_EQ(decide_join(s, ctx(a)), A::kAddToWaitList);
+  EXPECT_TRUE(leave_round(s, "b", 0, false));
+  EXPECT_EQ(s.round, 1);
+  EXPECT_FALSE(s.complete);
+  EXPECT_EQ(s.restarts, 0);  // a scale-up is not a restart
+  EXPECT_EQ(decide_join(s, ctx(c)), A::kAddToParticipants);
+  // Leaving twice, or a round that is over, changes nothing.
+  EXPECT_FALSE(leave_round(s, "b", 0, false));
+}
+
+TEST_F(Machine, TheFirstLeaverDecidesWhetherTheRestartCounts) {
+  State s = running({a, b});
+  leave_round(s, "a", 0, /*counted=*/true);
+  leave_round(s, "b", 0, /*counted=*/false);  // b read the same first line; the first one's view stands
+  EXPECT_EQ(s.round, 1);
+  EXPECT_EQ(s.restarts, 1);
+}
+
+TEST_F(Machine, ALostMemberIsDroppedAndAnEmptyRoundOpensTheNextCounted) {
+  State s = running({a, b});
+  s.wait_list.push_back(c);
+  EXPECT_TRUE(remove_lost(s, {"b", "c"}));
+  EXPECT_EQ(s.participants.size(), 1u);
+  EXPECT_TRUE(s.wait_list.empty());
+  EXPECT_TRUE(s.complete);  // a still has to leave
+  leave_round(s, "a", 0, /*counted=*/false);  // the loss already decided: counted
+  EXPECT_EQ(s.round, 1);
+  EXPECT_EQ(s.restarts, 1);
+  EXPECT_FALSE(remove_lost(s, {"b"}));  // already gone: no change, no write
+}
+
+TEST_F(Machine, EveryMemberLostOpensTheNextRound) {
+  State s = running({a, b});
+  remove_lost(s, {"a", "b"});
+  EXPECT_EQ(s.round, 1);
+  EXPECT_EQ(s.restarts, 1);
+  EXPECT_FALSE(s.complete);
+}
+
+TEST_F(Machine, LosingAMemberBeforeCompletionStopsTheLastCall) {
+  State s;
+  join(s, a);
+  join(s, b);
+  ASSERT_TRUE(s.last_call);
+  remove_lost(s, {"b"});
+  EXPECT_FALSE(s.last_call);
+  EXPECT_EQ(decide_join(s, ctx(a, false, true)), A::kWait);
+}
+
+TEST_F(Machine, ClosedAndMismatchedAndTimedOut) {
+  State s;
+  join(s, a);
+  JoinContext other{b, JobSettings{2, 4, 1}, false, false};
+  EXPECT_EQ(decide_join(s, other), A::kErrorMismatch);
+  EXPECT_EQ(decide_join(s, ctx(a, true)), A::kRemoveMe);
+  EXPECT_EQ(decide_join(s, ctx(b, true)), A::kErrorTimeout);
+  close_state(s, "");
+  EXPECT_EQ(decide_join(s, ctx(b)), A::kErrorClosed);
+  EXPECT_EQ(decide_join(s, ctx(a)), A::kErrorClosed);
+}
+
+TEST_F(Machine, ApplyingWaitOrFinishChangesNothing) {
+  State s = running({a, b});
+  State before = s;
+  apply_join(s, A::kFinish, ctx(a));
+  apply_join(s, A::kWait, ctx(a));
+  EXPECT_EQ(s.seq, before.seq);
+}
+
+}  // namespace
