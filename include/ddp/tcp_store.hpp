@@ -70,6 +70,8 @@ class TcpStore : public Store {
   // when it closes), the server appends the lines given to on_lease_end(). A leased
   // connection never reconnects: once it is lost, every call throws NetworkError.
   void lease(std::chrono::milliseconds ttl);
+  // Ends the lease in good order: its lines are dropped, never written.
+  void release_lease();
   // When this connection's lease ends, the server APPENDs value + why + "\n" to key (why:
   // "connection closed", "no keep-alive for 15 s").
   void on_lease_end(const std::string& key, const std::string& value);

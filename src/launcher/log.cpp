@@ -40,8 +40,10 @@ class StderrSink : public spdlog::sinks::base_sink<std::mutex> {
 
 void setup_logging(const std::string& level) {
   auto logger = std::make_shared<spdlog::logger>("ddprun", std::make_shared<StderrSink>());
-  logger->set_pattern("[ddprun %H:%M:%S %^%l%$] %v");
-  logger->set_level(spdlog::level::from_str(level == "warning" ? "warn" : level));
+  auto lvl = spdlog::level::from_str(level == "warning" ? "warn" : level);
+  // Debugging a rendezvous or a slow start wants milliseconds; everyday lines do not.
+  logger->set_pattern(lvl <= spdlog::level::debug ? "[ddprun %H:%M:%S.%e %^%l%$] %v" : "[ddprun %H:%M:%S %^%l%$] %v");
+  logger->set_level(lvl);
   spdlog::set_default_logger(logger);
 }
 

@@ -82,13 +82,17 @@ bool DynamicAdapter::host_store(bool inferred, const std::string& why) {
     server_ = std::make_unique<ddp::detail::StoreServer>(so);
   } catch (const ddp::SystemError& e) {
     if (e.code() != EADDRINUSE) throw;
-    std::string holder = who_listens(o_.rdzv_port);
-    if (!inferred)
+    if (!inferred) {
+      std::string holder = who_listens(o_.rdzv_port);
       throw ddp::Error(fmt::format("--rdzv-endpoint {}: cannot host the rendezvous store (--rdzv-conf is_host=1): port "
                                    "{} is already in use{}; choose another port",
                                    o_.rdzv_endpoint, o_.rdzv_port, holder.empty() ? "" : " by " + holder));
-    spdlog::info("rendezvous: {}, but port {} is already taken{}: joining that store as a client", why, o_.rdzv_port,
-                 holder.empty() ? "" : " by " + holder);
+    }
+    // Not who_listens(): it reads every process's descriptors, and with many agents on one
+    // machine (all but the first land here) that scan was most of a start.
+    spdlog::info("rendezvous: {}, but port {} is already in use here (by the agent that hosts the store, as a rule): "
+                 "joining it as a client",
+                 why, o_.rdzv_port);
     return false;
   }
   server_->start();

@@ -105,6 +105,10 @@ class Backend {
 
   // Ends the lease now (its lines are appended, as for any end) and closes connections.
   virtual void close() = 0;
+  // Ends the lease in good order: its lines are NOT appended (a node that leaves a finished
+  // job: nobody needs to hear it is gone, and a thousand such lines would only wake a
+  // thousand watchers). The default writes them (close()).
+  virtual void release() { close(); }
 
   // Makes a wait() in progress on this object (in another thread) return soon, and every
   // later call fail: for shutting a watcher thread down without waiting out its slice.

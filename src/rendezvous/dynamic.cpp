@@ -13,22 +13,20 @@
 #include "ddp/error.hpp"
 #include "store/server.hpp"
 
+// Logs in the backend (backend.hpp), per run:
+//   events      what happens to the job (events.hpp); waiting nodes and watchers read it
+//   requests    joins and leaves waiting to be applied to the state (machine.hpp)
+//   exit/<R>    who passed round R's exit barrier, and lease lines (see arrive_exit)
+//   left        who left the finished job (the store's host waits for everyone)
+// Counters: exit/<R>/n, the members that passed round R's exit barrier.
+
 namespace ddprun::rdzv {
 
 namespace {
 
 using namespace std::chrono_literals;
 
-std::string round_log(int64_t r) { return fmt::format("round/{}", r); }
 std::string exit_log(int64_t r) { return fmt::format("exit/{}", r); }
-
-std::string first_word(const std::string& line) { return line.substr(0, line.find(' ')); }
-
-std::set<std::string> first_words(const std::vector<std::string>& lines) {
-  std::set<std::string> out;
-  for (auto& l : lines) out.insert(first_word(l));
-  return out;
-}
 
 std::string seconds_text(milliseconds d) { return ddp::format_duration(d); }
 
@@ -36,6 +34,10 @@ std::string describe_nodes(const std::vector<NodeDesc>& nodes) {
   std::vector<std::string> names;
   for (auto& n : nodes) names.push_back(n.describe());
   return fmt::format("{}", fmt::join(names, ", "));
+}
+
+milliseconds until(std::chrono::steady_clock::time_point t) {
+  return std::max(0ms, std::chrono::duration_cast<milliseconds>(t - std::chrono::steady_clock::now()));
 }
 
 }  // namespace
@@ -68,17 +70,14 @@ DynamicRendezvous::~DynamicRendezvous() {
   if (efd_ >= 0) ::close(efd_);
 }
 
-// The lease: when this node dies or falls silent, the others read its id in "gone" (and
-// a line in "epoch" wakes whoever waits for the state to change).
+// The lease: when this node dies or falls silent, "lost <id>" is written into the events.
 void DynamicRendezvous::open() {
   {
     std::lock_guard lk(lease_mu_);
     lease_->open_lease(c_.keep_alive_interval * c_.keep_alive_max_attempt);
-    lease_->on_lease_end("gone", c_.me.id);
-    lease_->on_lease_end("epoch", "gone " + c_.me.id);
+    lease_->on_lease_end("events", lost_event(c_.me.id));
   }
-  epoch_seen_ = main_->read("epoch", 0).size();
-  refresh_lost();
+  read_events();
   keeper_ = std::thread([this] { keeper_loop(); });
   watcher_ = std::thread([this] { watcher_loop(); });
 }
@@ -89,37 +88,34 @@ State DynamicRendezvous::decode(const Snapshot& s) const {
   return s.state ? decode_state(*s.state, backend_name_) : State{};
 }
 
-void DynamicRendezvous::refresh_lost() {
-  auto lines = main_->read("gone", gone_seen_);
-  gone_seen_ += lines.size();
-  for (auto& l : lines) lost_.insert(first_word(l));
+void DynamicRendezvous::read_events() {
+  auto more = main_->read("events", events_log_.size());
+  for (auto& l : more) {
+    Event e = parse_event(l);
+    if (e.kind == "lost") lost_.insert(e.node);
+  }
+  events_log_.insert(events_log_.end(), more.begin(), more.end());
 }
 
-void DynamicRendezvous::bump_epoch() { main_->append("epoch", "changed"); }
-
-// Until the state changes in a way that matters to waiting nodes, or `until`.
-void DynamicRendezvous::wait_epoch(Clock::time_point until) {
-  auto left = std::chrono::duration_cast<milliseconds>(until - Clock::now());
-  auto more = main_->wait("epoch", epoch_seen_, std::max(left, 0ms));
-  epoch_seen_ += more.size();
-  if (!more.empty()) refresh_lost();
+// Until something happens to the job (the state changed for waiting nodes, a node was
+// lost, ...), or `t`.
+void DynamicRendezvous::wait_events(Clock::time_point t) {
+  auto more = main_->wait("events", events_log_.size(), until(t));
+  for (auto& l : more) {
+    Event e = parse_event(l);
+    if (e.kind == "lost") lost_.insert(e.node);
+  }
+  events_log_.insert(events_log_.end(), more.begin(), more.end());
 }
+
+void DynamicRendezvous::bump_epoch() { main_->append("events", "state"); }
 
 void DynamicRendezvous::backoff(int attempt) {
-  // Jittered exponential backoff after a lost compare-and-set: the winners thin out.
+  // Jittered exponential backoff after a lost compare-and-set: the writers thin out.
   static thread_local std::mt19937_64 rng(std::random_device{}() ^ static_cast<uint64_t>(::getpid()));
-  auto cap = std::min<int64_t>(64, int64_t{1} << std::min(attempt, 6));
+  auto cap = std::min<int64_t>(32, int64_t{1} << std::min(attempt, 5));
   std::uniform_int_distribution<int64_t> us(0, cap * 1000);
   std::this_thread::sleep_for(std::chrono::microseconds(us(rng)));
-}
-
-// Registers, before this node becomes a member of round r, the line its lease writes into
-// r's log if it dies: the round's members learn at once that it is gone.
-void DynamicRendezvous::register_round(int64_t r) {
-  if (registered_round_ == r) return;
-  std::lock_guard lk(lease_mu_);
-  lease_->on_lease_end(round_log(r), make_line("lost", c_.me.id, ""));
-  registered_round_ = r;
 }
 
 void DynamicRendezvous::join_failed(JoinAction a, const State& s) {
@@ -153,108 +149,98 @@ void DynamicRendezvous::join_failed(JoinAction a, const State& s) {
 }
 
 // One read-decide-write step. Returns true (with the state in snap) when this node is a
-// member of a complete round.
-bool DynamicRendezvous::join_step(std::optional<Snapshot>& snap, Clock::time_point deadline) {
-  static thread_local int conflicts = 0;
+// member of a complete round. Every write also applies the requests other nodes appended.
+bool DynamicRendezvous::join_step(std::optional<Snapshot>& snap, Clock::time_point deadline, int& conflicts) {
   if (!snap) snap = main_->load();
   State s = decode(*snap);
-  if (remove_lost(s, lost_)) {
-    auto r = main_->compare_and_set(encode_state(s), snap->token);
-    if (r.ok) bump_epoch();
-    else backoff(++conflicts);
-    snap = r.current;
-    return false;
+  State t = s;
+  bool changed = remove_lost(t, lost_), wake = changed;
+  // Requests not applied yet. This node writes them all in only while one of its own is
+  // among them: then a thousand joiners need a few writes, and a node that is in waits
+  // instead of writing the others' requests again and again.
+  auto pending = main_->read("requests", static_cast<size_t>(t.requests_seen));
+  const bool mine = std::any_of(pending.begin(), pending.end(), [&](const std::string& l) {
+    return l.find(c_.me.id) != std::string::npos;
+  });
+  if (mine) {
+    Absorbed ab = absorb(t, pending, lost_);
+    changed |= ab.changed;
+    wake |= ab.wake;
   }
   const auto now = Clock::now();
-  if (s.last_call && !s.complete && s.has_participant(c_.me.id) && lc_round_ != s.round) {
-    lc_round_ = s.round;  // MIN nodes are in: this node times the last call from now
+  if (t.last_call && !t.complete && t.has_participant(c_.me.id) && lc_round_ != t.round) {
+    lc_round_ = t.round;  // MIN nodes are in: this node times the last call from now
     lc_deadline_ = now + c_.last_call_timeout;
   }
-  JoinContext ctx{c_.me, c_.job, now >= deadline, lc_round_ == s.round && now >= lc_deadline_};
-  JoinAction a = decide_join(s, ctx);
+  JoinContext ctx{c_.me, c_.job, now >= deadline, lc_round_ == t.round && now >= lc_deadline_};
+  JoinAction a = mine ? JoinAction::kWait : decide_join(t, ctx);
   switch (a) {
     case JoinAction::kFinish:
-      conflicts = 0;
-      return true;
+    case JoinAction::kWait:
+      break;
     case JoinAction::kErrorClosed:
     case JoinAction::kErrorTimeout:
     case JoinAction::kErrorMismatch:
-      join_failed(a, s);
-    case JoinAction::kWait: {
-      auto until = std::min(deadline, now + 1s);
-      if (lc_round_ == s.round && s.last_call && !s.complete) until = std::min(until, lc_deadline_);
-      wait_epoch(until);
-      snap.reset();
+      join_failed(a, t);
+    default:
+      wake |= apply_join(t, a, ctx);
+      changed = true;
+  }
+  if (changed) {
+    auto r = main_->compare_and_set(encode_state(t), snap->token);
+    snap = r.current;
+    if (!r.ok) {
+      backoff(++conflicts);
       return false;
     }
-    default:
-      break;
+    spdlog::debug("rendezvous: round {}: {}{} (after {} lost compare-and-set{})", t.round,
+                  mine ? "applied requests, " : "", to_string(a), conflicts, conflicts == 1 ? "" : "s");
+    conflicts = 0;
+    if (wake) bump_epoch();
+    // Nodes this write put on the wait list ask the running round to restart with them.
+    for (auto& n : t.wait_list)
+      if (t.complete && !State::contains(s.wait_list, n.id))
+        main_->append("events", round_event(t.round, "join", n.id, n.describe()));
+    if (a == JoinAction::kRemoveMe) join_failed(JoinAction::kErrorTimeout, s);  // as it was, with this node
+    if (mine || a != JoinAction::kWait) return false;  // decide again on what was written
   }
-  if (a == JoinAction::kAddToParticipants) register_round(s.round);
-  State t = s;
-  const bool wake = apply_join(t, a, ctx);
-  auto r = main_->compare_and_set(encode_state(t), snap->token);
-  snap = r.current;
-  if (!r.ok) {
-    backoff(++conflicts);
-    return false;
+  if (a == JoinAction::kFinish) {
+    spdlog::debug("rendezvous: round {} is complete with {} nodes", t.round, t.participants.size());
+    return true;
   }
-  conflicts = 0;
-  spdlog::debug("rendezvous: round {}: {}", s.round, to_string(a));
-  if (wake) bump_epoch();
-  if (a == JoinAction::kAddToWaitList) {
-    spdlog::info("rendezvous: round {} of job '{}' is running without this node: asking it to restart with it",
-                 s.round, c_.run_id);
-    main_->append(round_log(s.round), make_line("join", c_.me.id, c_.me.describe()));
-  }
-  if (a == JoinAction::kAddToRedundancyList)
-    spdlog::warn("rendezvous: the job '{}' is full ({} nodes running, --nnodes {}:{}): this node waits for a place",
-                 c_.run_id, s.participants.size(), c_.job.min_nodes, c_.job.max_nodes);
-  if (a == JoinAction::kRemoveMe) join_failed(JoinAction::kErrorTimeout, s);  // as it was, with this node
+  // Waiting: for the state to change, the last call to run out, or the deadline.
+  auto limit = std::min(deadline, now + 1s);
+  if (lc_round_ == t.round && t.last_call && !t.complete) limit = std::min(limit, lc_deadline_);
+  wait_events(limit);
+  snap.reset();
   return false;
 }
 
-State DynamicRendezvous::join() {
-  const auto deadline = Clock::now() + c_.join_timeout;
+State DynamicRendezvous::join(Clock::time_point deadline) {
   std::optional<Snapshot> snap;
-  while (!join_step(snap, deadline)) {
+  int conflicts = 0;
+  while (!join_step(snap, deadline, conflicts)) {
   }
   return decode(*snap);
 }
 
-// Leaves the round this node ran in; the last to leave opens the next round.
-void DynamicRendezvous::leave_current() {
-  worker_store_.reset();
-  {
-    std::lock_guard lk(mu_);
-    watched_round_ = -1;
-    end_.reset();
-  }
-  // How the round ended: its log's first line that counts, the same for every node.
-  auto lines = main_->read(round_log(round_), 0);
-  auto exited = first_words(main_->read(exit_log(round_), 0));
-  auto end = interpret_round(lines, members_, exited);
-  const bool counted = end ? end->counted() : true;
-  std::optional<Snapshot> snap;
-  for (int attempt = 0;; ++attempt) {
-    if (!snap) snap = main_->load();
-    State s = decode(*snap);
-    State t = s;
-    if (!leave_round(t, c_.me.id, round_, counted)) break;
-    auto r = main_->compare_and_set(encode_state(t), snap->token);
-    if (r.ok) {
-      if (t.round != s.round) bump_epoch();
-      break;
-    }
-    snap = r.current;
-    backoff(attempt);
-  }
-}
-
 RoundPlan DynamicRendezvous::next_round() {
   for (;;) {
-    if (round_ >= 0) leave_current();
-    State s = join();
+    const auto deadline = Clock::now() + c_.join_timeout;
+    if (round_ >= 0) {
+      // Leaving: how the round ended is its first event that counts, the same for all.
+      worker_store_.reset();
+      {
+        std::lock_guard lk(mu_);
+        watched_round_ = -1;
+        end_.reset();
+      }
+      read_events();
+      auto end = reader_for(round_, members_).end();
+      main_->append("requests", leave_request(c_.me.id, round_, end ? end->counted() : true));
+    }
+    main_->append("requests", join_request(c_.me, c_.job));
+    State s = join(deadline);
     round_ = s.round;
     members_ = s.participants;
     RoundPlan p;
@@ -268,6 +254,12 @@ RoundPlan DynamicRendezvous::next_round() {
       int n = s.participants[static_cast<size_t>(i)].nproc;
       if (i < p.group_rank) p.rank_base += n;
       p.world_size += n;
+    }
+    {
+      // If this node dies after its workers succeeded, its lease line lands in the exit
+      // log after its exit: the others can tell (exited_before_lost).
+      std::lock_guard lk(lease_mu_);
+      lease_->on_lease_end(exit_log(round_), lost_event(c_.me.id));
     }
     {
       std::lock_guard lk(mu_);
@@ -293,9 +285,8 @@ RoundPlan DynamicRendezvous::next_round() {
 }
 
 // Rank 0 hosts the round's worker store (a fresh port every round: no worker ever reads an
-// earlier round's keys) and writes where it is into the round's log; the others read it.
+// earlier round's keys) and writes where it is into the events; the others read it.
 void DynamicRendezvous::publish_or_fetch_master(RoundPlan& p) {
-  const std::string log = round_log(p.round);
   if (p.group_rank == 0) {
     ddp::detail::StoreServerOptions so;
     so.host = "";
@@ -305,22 +296,42 @@ void DynamicRendezvous::publish_or_fetch_master(RoundPlan& p) {
     worker_store_->start();
     p.master_addr = c_.me.master_addr;
     p.master_port = worker_store_->port();
-    main_->append(log, make_line("master", c_.me.id, fmt::format("{} {}", p.master_addr, p.master_port)));
+    main_->append("events", round_event(p.round, "master", c_.me.id,
+                                        fmt::format("{} {}", p.master_addr, p.master_port)));
     return;
   }
   const auto deadline = Clock::now() + c_.join_timeout;
-  std::vector<std::string> lines;
   for (;;) {
-    auto more = main_->wait(log, lines.size(), std::min<milliseconds>(1s, std::chrono::duration_cast<milliseconds>(
-                                                                             deadline - Clock::now())));
-    lines.insert(lines.end(), more.begin(), more.end());
-    if (find_master(lines, p.master_addr, p.master_port)) return;
-    if (auto end = interpret_round(lines, members_, {})) throw *end;
+    RoundReader r = reader_for(p.round, members_);
+    if (r.master(p.master_addr, p.master_port)) return;
+    if (auto end = r.end()) throw *end;
     if (Clock::now() >= deadline)
       throw ddp::TimeoutError(fmt::format("rendezvous: node rank 0 ({}) did not publish round {}'s worker store "
                                           "within {}",
                                           members_.front().describe(), p.round, seconds_text(c_.join_timeout)));
+    wait_events(std::min(deadline, Clock::now() + 1s));
   }
+}
+
+// Who passed round r's exit barrier before being lost (their lost lines do not count).
+std::set<std::string> DynamicRendezvous::exited_before_lost(int64_t r) {
+  std::set<std::string> exited, lost;
+  for (auto& l : main_->read(exit_log(r), 0)) {
+    Event e = parse_event(l);
+    if (e.kind == "lost") lost.insert(e.node);
+    else if (!lost.count(e.kind)) exited.insert(e.kind);  // an exit line is the node's id alone
+  }
+  return exited;
+}
+
+// The round's events as this (caller) thread has read them.
+RoundReader DynamicRendezvous::reader_for(int64_t r, const std::vector<NodeDesc>& members) {
+  RoundReader reader;
+  reader.feed(events_log_);  // lost lines before the round
+  reader.start(r, members);
+  reader.feed(events_log_);
+  if (reader.needs_exited()) reader.set_exited(exited_before_lost(r));
+  return reader;
 }
 
 // ------------------------------------------------------------------ a running round
@@ -338,20 +349,18 @@ void DynamicRendezvous::end_round(RoundEnd::Kind kind, const std::string& text) 
   if (round_ < 0) return;
   const char* word = kind == RoundEnd::Kind::kFailed ? "fail" : "leave";
   try {
-    main_->append(round_log(round_), make_line(word, c_.me.id, text));
+    main_->append("events", round_event(round_, word, c_.me.id, text));
   } catch (const std::exception& e) {
     spdlog::error("rendezvous: cannot tell the other nodes ({}): {}", word, e.what());
   }
 }
 
-// The last member to arrive writes "done" into the round's log (a member that arrives at
-// the same time may write it too: harmless). Everyone learns of it through the watcher.
+// The member whose arrival completes the count writes "done" (one line: no herd of
+// watchers woken for every arrival).
 void DynamicRendezvous::arrive_exit() {
   main_->append(exit_log(round_), c_.me.id);
-  auto exited = first_words(main_->read(exit_log(round_), 0));
-  size_t in = 0;
-  for (auto& m : members_) in += exited.count(m.id);
-  if (in == members_.size()) main_->append(round_log(round_), make_line("done", c_.me.id, ""));
+  if (main_->add(exit_log(round_) + "/n", 1) == static_cast<int64_t>(members_.size()))
+    main_->append("events", round_event(round_, "done", c_.me.id, ""));
 }
 
 RoundEnd DynamicRendezvous::wait_end() {
@@ -371,7 +380,7 @@ std::string DynamicRendezvous::restart_refused(const RoundEnd& end) {
   State s;
   try {
     s = decode(main_->load());
-    refresh_lost();
+    read_events();
   } catch (const std::exception& e) {
     return fmt::format("{}; and the rendezvous cannot be read: {}", end.describe(), e.what());
   }
@@ -382,12 +391,9 @@ std::string DynamicRendezvous::restart_refused(const RoundEnd& end) {
   // Who can take part in the next round: this round's members that are not gone or
   // stopping, and whoever waits.
   std::set<std::string> out = lost_;
-  try {
-    for (auto& l : main_->read(round_log(round_), 0)) {
-      LogLine ll = parse_line(l);
-      if (ll.kind == "leave" || ll.kind == "lost") out.insert(ll.node);
-    }
-  } catch (const std::exception&) {
+  for (auto& l : events_log_) {
+    Event e = parse_event(l);
+    if (e.round == round_ && e.kind == "leave") out.insert(e.node);
   }
   int available = static_cast<int>(s.wait_list.size() + s.redundancy_list.size());
   for (auto& m : members_) available += out.count(m.id) ? 0 : 1;
@@ -425,20 +431,18 @@ void DynamicRendezvous::wait_for_everyone_to_leave(const std::vector<NodeDesc>& 
   const auto deadline = Clock::now() + c_.close_timeout;
   std::vector<std::string> left;
   for (;;) {
-    refresh_lost();
-    auto ids = std::set<std::string>(left.begin(), left.end());
+    read_events();
+    std::set<std::string> ids(left.begin(), left.end());
     size_t missing = 0;
     for (auto& n : nodes)
       if (!ids.count(n.id) && !lost_.count(n.id)) ++missing;
     if (missing == 0) return;
-    auto now = Clock::now();
-    if (now >= deadline) {
+    if (Clock::now() >= deadline) {
       spdlog::warn("rendezvous: {} node(s) did not leave within close_timeout {}; stopping the store", missing,
                    seconds_text(c_.close_timeout));
       return;
     }
-    auto more = main_->wait("left", left.size(),
-                            std::min<milliseconds>(250ms, std::chrono::duration_cast<milliseconds>(deadline - now)));
+    auto more = main_->wait("left", left.size(), std::min<milliseconds>(250ms, until(deadline)));
     left.insert(left.end(), more.begin(), more.end());
   }
 }
@@ -448,13 +452,18 @@ void DynamicRendezvous::finish(FinishKind kind, const std::string& reason) {
   try {
     if (kind == FinishKind::kSucceeded) close_rendezvous("");
     if (kind == FinishKind::kJobFailed) close_rendezvous(reason.empty() ? "the job failed" : reason);
+    if (kind != FinishKind::kNodeStopped) {
+      // Leaving a finished job in good order: no "lost" line for anyone to read.
+      std::lock_guard lk(lease_mu_);
+      lease_->release();
+    }
     main_->append("left", c_.me.id);
     if (c_.hosts_store) {
       State s = decode(main_->load());
       std::vector<NodeDesc> nodes = members_;
       for (auto* list : {&s.participants, &s.wait_list, &s.redundancy_list})
         for (auto& n : *list)
-          if (n.id != c_.me.id && !State::contains(nodes, n.id)) nodes.push_back(n);
+          if (!State::contains(nodes, n.id)) nodes.push_back(n);
       std::erase_if(nodes, [&](const NodeDesc& n) { return n.id == c_.me.id; });
       wait_for_everyone_to_leave(nodes);
     }
@@ -491,8 +500,7 @@ void DynamicRendezvous::keeper_loop() {
   std::unique_lock lk(mu_);
   while (!stop_) {
     lk.unlock();
-    auto now = Clock::now();
-    auto left = std::chrono::duration_cast<milliseconds>(ttl - (now - last_ok));
+    auto left = std::chrono::duration_cast<milliseconds>(ttl - (Clock::now() - last_ok));
     bool ended = false;
     std::string why;
     try {
@@ -523,38 +531,42 @@ void DynamicRendezvous::keeper_loop() {
   }
 }
 
-// Reads the running round's log as it grows; the first line that ends the round wakes the
-// caller through notify_fd.
+// Reads the events as they come; the first that ends the watched round wakes the caller
+// through notify_fd.
 void DynamicRendezvous::watcher_loop() {
+  RoundReader reader;
+  std::vector<std::string> seen;
   int64_t r = -1;
-  std::vector<std::string> lines;
-  std::vector<NodeDesc> members;
-  std::set<std::string> exited;
   for (;;) {
     {
       std::unique_lock lk(mu_);
       if (stop_) return;
       if (watched_round_ != r) {
         r = watched_round_;
-        members = watched_members_;
-        lines.clear();
-        exited.clear();
-      }
-      if (r < 0) {
-        cv_.wait(lk, [&] { return stop_ || watched_round_ != r; });
-        continue;
+        if (r >= 0) {
+          reader.start(r, watched_members_);
+          reader.feed(seen);  // events of round r that came before it was watched
+        }
       }
     }
     try {
-      auto more = events_->wait(round_log(r), lines.size(), 1s);
-      if (more.empty()) continue;
-      lines.insert(lines.end(), more.begin(), more.end());
-      bool departures = std::any_of(more.begin(), more.end(), [](const std::string& l) {
-        auto k = first_word(l);
-        return k == "lost" || k == "leave";
-      });
-      if (departures) exited = first_words(events_->read(exit_log(r), 0));
-      if (auto end = interpret_round(lines, members, exited)) notify_end(r, *end);
+      auto more = events_->wait("events", seen.size(), r < 0 ? 200ms : 1s);
+      seen.insert(seen.end(), more.begin(), more.end());
+      if (r < 0) {
+        reader.feed(more);  // remember lost lines
+        continue;
+      }
+      reader.feed(more);
+      if (reader.needs_exited()) {
+        std::set<std::string> exited, lost;
+        for (auto& l : events_->read(exit_log(r), 0)) {
+          Event e = parse_event(l);
+          if (e.kind == "lost") lost.insert(e.node);
+          else if (!lost.count(e.kind)) exited.insert(e.kind);
+        }
+        reader.set_exited(exited);
+      }
+      if (auto end = reader.end()) notify_end(r, *end);
     } catch (const std::exception& e) {
       {
         std::lock_guard lk(mu_);

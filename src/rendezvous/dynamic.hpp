@@ -92,19 +92,19 @@ class DynamicRendezvous {
   using Clock = std::chrono::steady_clock;
 
   void open();
-  State join();
-  bool join_step(std::optional<Snapshot>& snap, Clock::time_point deadline);
-  void leave_current();
-  void publish_or_fetch_master(RoundPlan& plan);
-  void register_round(int64_t round);
-  void refresh_lost();
+  State join(Clock::time_point deadline);
+  bool join_step(std::optional<Snapshot>& snap, Clock::time_point deadline, int& conflicts);
+  void publish_or_fetch_master(RoundPlan& p);
+  void read_events();
+  void wait_events(Clock::time_point until);
   void bump_epoch();
-  void wait_epoch(Clock::time_point until);
   State decode(const Snapshot& s) const;
   [[noreturn]] void join_failed(JoinAction a, const State& s);
+  std::set<std::string> exited_before_lost(int64_t round);
+  RoundReader reader_for(int64_t round, const std::vector<NodeDesc>& members);
   void close_rendezvous(const std::string& reason);
   void wait_for_everyone_to_leave(const std::vector<NodeDesc>& nodes);
-  void backoff(int attempt);
+  static void backoff(int attempt);
 
   void keeper_loop();
   void watcher_loop();
@@ -116,11 +116,9 @@ class DynamicRendezvous {
   std::mutex lease_mu_;  // lease_ is used by the keeper and by next_round (on_lease_end)
 
   // Caller thread.
-  size_t epoch_seen_ = 0, gone_seen_ = 0;
+  std::vector<std::string> events_log_;  // the "events" log as read so far
   std::set<std::string> lost_;
-  int64_t round_ = -1;           // the round this node is in (-1: none yet)
-  int64_t registered_round_ = -1;
-  std::optional<RoundEnd> leaving_end_;  // why this node leaves round_ (decides counted)
+  int64_t round_ = -1;  // the round this node is in (-1: none yet)
   std::vector<NodeDesc> members_;
   std::unique_ptr<ddp::detail::StoreServer> worker_store_;
   int64_t lc_round_ = -1;
@@ -131,7 +129,7 @@ class DynamicRendezvous {
   std::condition_variable cv_;
   int64_t watched_round_ = -1;
   std::vector<NodeDesc> watched_members_;
-  std::optional<RoundEnd> end_;  // the watched round's end, once seen
+  std::optional<RoundEnd> end_;           // the watched round's end, once seen
   std::optional<RoundEnd> node_problem_;  // partitioned / store lost: ends every round
   bool stop_ = false;
   int efd_ = -1;

@@ -6,6 +6,23 @@
 
 namespace ddprun::rdzv {
 
+namespace {
+
+std::string word(const std::string& s, size_t& pos) {
+  size_t end = s.find(' ', pos);
+  std::string w = s.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+  pos = end == std::string::npos ? s.size() : end + 1;
+  return w;
+}
+
+std::string one_line(std::string t) {
+  for (char& c : t)
+    if (c == '\n' || c == '\r') c = ' ';
+  return t;
+}
+
+}  // namespace
+
 std::string RoundEnd::describe() const {
   switch (kind) {
     case Kind::kDone: return "every node's workers succeeded";
@@ -14,67 +31,121 @@ std::string RoundEnd::describe() const {
   }
 }
 
-LogLine parse_line(const std::string& line) {
-  LogLine l;
-  auto a = line.find(' ');
-  l.kind = line.substr(0, a);
-  if (a == std::string::npos) return l;
-  auto b = line.find(' ', a + 1);
-  l.node = line.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1);
-  if (b != std::string::npos) l.text = line.substr(b + 1);
-  return l;
-}
-
-std::string make_line(const std::string& kind, const std::string& node, const std::string& text) {
-  std::string t = text;
-  for (char& c : t)
-    if (c == '\n' || c == '\r') c = ' ';
-  return t.empty() ? fmt::format("{} {}", kind, node) : fmt::format("{} {} {}", kind, node, t);
-}
-
-std::optional<RoundEnd> interpret_round(const std::vector<std::string>& lines, const std::vector<NodeDesc>& members,
-                                        const std::set<std::string>& exited) {
-  auto member = [&](const std::string& id) {
-    for (auto& n : members)
-      if (n.id == id) return true;
-    return false;
-  };
-  auto who = [&](const std::string& id) {
-    for (auto& n : members)
-      if (n.id == id) return n.describe();
-    return id;
-  };
-  using K = RoundEnd::Kind;
-  for (const auto& raw : lines) {
-    LogLine l = parse_line(raw);
-    if (l.kind == "done") return RoundEnd{K::kDone, l.node, ""};
-    if (l.kind == "fail" && member(l.node))
-      return RoundEnd{K::kFailed, l.node, fmt::format("node {}: {}", who(l.node), l.text)};
-    if ((l.kind == "leave" || l.kind == "lost") && member(l.node) && !exited.count(l.node)) {
-      K k = l.kind == "leave" ? K::kLeft : K::kLost;
-      std::string text = k == K::kLeft ? fmt::format("node {} left: {}", who(l.node), l.text)
-                                       : fmt::format("node {} was lost: {}", who(l.node), l.text);
-      return RoundEnd{k, l.node, text};
-    }
-    if (l.kind == "join" && !member(l.node)) return RoundEnd{K::kScaleUp, l.node, l.text};
+Event parse_event(const std::string& line) {
+  Event e;
+  size_t pos = 0;
+  std::string first = word(line, pos);
+  int64_t r = 0;
+  if (!first.empty() && std::from_chars(first.data(), first.data() + first.size(), r).ec == std::errc() &&
+      std::to_string(r) == first) {
+    e.round = r;
+    e.kind = word(line, pos);
+  } else {
+    e.kind = first;
   }
+  e.node = word(line, pos);
+  e.text = pos < line.size() ? line.substr(pos) : "";
+  return e;
+}
+
+std::string round_event(int64_t round, const std::string& kind, const std::string& node, const std::string& text) {
+  std::string t = one_line(text);
+  return t.empty() ? fmt::format("{} {} {}", round, kind, node) : fmt::format("{} {} {} {}", round, kind, node, t);
+}
+
+std::string lost_event(const std::string& node) { return "lost " + node; }
+
+void RoundReader::start(int64_t round, std::vector<NodeDesc> members) {
+  round_ = round;
+  members_ = std::move(members);
+  events_.clear();
+  exited_.clear();
+  end_.reset();
+  needs_exited_ = false;
+  master_addr_.clear();
+  master_port_ = 0;
+  // Members already known to be gone end the round before it begins.
+  for (auto& id : lost_)
+    if (member(id)) events_.push_back(Event{-1, "lost", id, "(lost before the round began)"});
+  reevaluate();
+}
+
+bool RoundReader::member(const std::string& id) const {
+  for (auto& n : members_)
+    if (n.id == id) return true;
+  return false;
+}
+
+std::string RoundReader::who(const std::string& id) const {
+  for (auto& n : members_)
+    if (n.id == id) return n.describe();
+  return id;
+}
+
+std::optional<RoundEnd> RoundReader::judge(const Event& e) const {
+  using K = RoundEnd::Kind;
+  if (e.kind == "lost") {
+    if (!member(e.node) || exited_.count(e.node)) return std::nullopt;
+    return RoundEnd{K::kLost, e.node, fmt::format("node {} was lost: {}", who(e.node), e.text)};
+  }
+  if (e.round != round_) return std::nullopt;
+  if (e.kind == "done") return RoundEnd{K::kDone, e.node, ""};
+  if (e.kind == "fail" && member(e.node))
+    return RoundEnd{K::kFailed, e.node, fmt::format("node {}: {}", who(e.node), e.text)};
+  if (e.kind == "leave" && member(e.node) && !exited_.count(e.node))
+    return RoundEnd{K::kLeft, e.node, fmt::format("node {} left: {}", who(e.node), e.text)};
+  if (e.kind == "join" && !member(e.node)) return RoundEnd{K::kScaleUp, e.node, e.text};
   return std::nullopt;
 }
 
-bool find_master(const std::vector<std::string>& lines, std::string& addr, int& port) {
-  for (const auto& raw : lines) {
-    LogLine l = parse_line(raw);
-    if (l.kind != "master") continue;
-    auto sp = l.text.rfind(' ');
-    if (sp == std::string::npos) continue;
-    int p = 0;
-    auto s = l.text.substr(sp + 1);
-    if (std::from_chars(s.data(), s.data() + s.size(), p).ec != std::errc()) continue;
-    addr = l.text.substr(0, sp);
-    port = p;
-    return true;
+std::optional<RoundEnd> RoundReader::feed(const std::vector<std::string>& lines) {
+  for (auto& l : lines) {
+    Event e = parse_event(l);
+    if (e.kind == "lost") {
+      lost_.insert(e.node);
+    } else if (e.round != round_) {
+      continue;
+    } else if (e.kind == "master") {
+      auto sp = e.text.rfind(' ');
+      int p = 0;
+      if (sp != std::string::npos) {
+        auto s = e.text.substr(sp + 1);
+        if (std::from_chars(s.data(), s.data() + s.size(), p).ec == std::errc()) {
+          master_addr_ = e.text.substr(0, sp);
+          master_port_ = p;
+        }
+      }
+      continue;
+    }
+    if (round_ < 0) continue;
+    if ((e.kind == "lost" || e.kind == "leave") && member(e.node)) needs_exited_ = true;
+    events_.push_back(std::move(e));
   }
-  return false;
+  if (!end_ && !needs_exited_) reevaluate();
+  return end_;
+}
+
+void RoundReader::set_exited(std::set<std::string> exited) {
+  exited_ = std::move(exited);
+  needs_exited_ = false;
+  reevaluate();
+}
+
+std::optional<RoundEnd> RoundReader::reevaluate() {
+  if (end_ || round_ < 0 || needs_exited_) return end_;
+  for (auto& e : events_)
+    if (auto end = judge(e)) {
+      end_ = end;
+      break;
+    }
+  return end_;
+}
+
+bool RoundReader::master(std::string& addr, int& port) const {
+  if (master_port_ == 0) return false;
+  addr = master_addr_;
+  port = master_port_;
+  return true;
 }
 
 }  // namespace ddprun::rdzv

@@ -1,18 +1,21 @@
-// What ends a running round, as every node reads it: the round's log ("round/<R>"), one
-// line per event, "<kind> <node id> <text>". The first line that counts decides for
-// everyone, so every node draws the same conclusion (restart counted or not, done).
+// What happens to the job, as every node reads it: one append-only log ("events"), one line
+// per event. Every node sees the same lines in the same order, and the first line that ends
+// a round decides for everyone (restart counted or not, done).
 //
-//   master <id> <addr> <port>   rank 0's worker store for the round (not an end)
-//   fail <id> <text>            a worker failed on that node (counted restart)
-//   leave <id> <text>           that node is stopping (a signal): it leaves (counted)
-//   lost <id> <why>             that node's lease ended: it died or fell silent (counted)
-//   join <id> <host>            a node waits to join: restart into a bigger round
-//   done <id>                   every node's workers succeeded: the job is over
+//   state                        the state changed in a way waiting nodes care about
+//   lost <node> <why>            that node's lease ended: it died or fell silent
+//   <R> master <node> <addr> <port>   round R's worker store, hosted by its rank 0
+//   <R> fail <node> <text>       a worker failed on that node (counted restart)
+//   <R> leave <node> <text>      that node is stopping (a signal) (counted)
+//   <R> join <node> <text>       a node waits to join: restart into a bigger round
+//   <R> done <node>              every member's workers succeeded: the job is over
 //
-// "lost"/"leave" lines of nodes that already passed the exit barrier (their workers
-// succeeded) do not count, nor lines about nodes that are not members of the round.
+// "lost" lines name no round: the lease line is registered once, when the node starts, and
+// applies to whichever round the node is then a member of. They do not count for a node
+// whose workers already succeeded in that round (it passed the exit barrier, then went).
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <set>
 #include <string>
@@ -42,17 +45,46 @@ struct RoundEnd {
   std::string describe() const;
 };
 
-struct LogLine {
+struct Event {
+  int64_t round = -1;  // -1: not about one round (state, lost)
   std::string kind, node, text;
 };
-LogLine parse_line(const std::string& line);
-std::string make_line(const std::string& kind, const std::string& node, const std::string& text);
+Event parse_event(const std::string& line);
+std::string round_event(int64_t round, const std::string& kind, const std::string& node, const std::string& text);
+std::string lost_event(const std::string& node);  // the lease line (the backend adds why)
 
-// The first event of `lines` that ends the round, if any.
-std::optional<RoundEnd> interpret_round(const std::vector<std::string>& lines, const std::vector<NodeDesc>& members,
-                                        const std::set<std::string>& exited);
+// Reads events for one round as they come. Lines of other rounds are skipped; "lost" lines
+// are remembered across rounds (a member lost before its round began still ends it).
+class RoundReader {
+ public:
+  // Starts reading round `round` with these members; earlier lost lines still count.
+  void start(int64_t round, std::vector<NodeDesc> members);
+  // Feeds new lines; returns the round's end once there is one (then always the same).
+  std::optional<RoundEnd> feed(const std::vector<std::string>& lines);
+  // Nodes that passed this round's exit barrier: their lost/leave lines do not count.
+  // While a member's lost/leave line waits for this (needs_exited), the round's end is not
+  // judged: call it, and the end is judged again.
+  void set_exited(std::set<std::string> exited);
+  bool needs_exited() const { return needs_exited_; }
+  std::optional<RoundEnd> reevaluate();
+  const std::optional<RoundEnd>& end() const { return end_; }
+  const std::set<std::string>& lost() const { return lost_; }
+  // Round `round`'s worker store, if its line was read.
+  bool master(std::string& addr, int& port) const;
 
-// The "master" line's address and port, if the log has it.
-bool find_master(const std::vector<std::string>& lines, std::string& addr, int& port);
+ private:
+  std::optional<RoundEnd> judge(const Event& e) const;
+  bool member(const std::string& id) const;
+  std::string who(const std::string& id) const;
+
+  int64_t round_ = -1;
+  std::vector<NodeDesc> members_;
+  std::vector<Event> events_;  // this round's, and lost lines
+  std::set<std::string> lost_, exited_;
+  std::optional<RoundEnd> end_;
+  bool needs_exited_ = false;
+  std::string master_addr_;
+  int master_port_ = 0;
+};
 
 }  // namespace ddprun::rdzv

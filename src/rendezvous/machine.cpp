@@ -1,6 +1,10 @@
 #include "rendezvous/machine.hpp"
 
 #include <algorithm>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 namespace ddprun::rdzv {
 
@@ -16,7 +20,30 @@ void after_removal(State& s) {
 }
 
 // The last member of a complete round left: the next round opens.
-// `counted` applies when no leaver recorded how the round ended.
+void mark_complete(State& s) {
+  std::sort(s.participants.begin(), s.participants.end());
+  s.complete = true;
+  s.last_call = false;
+}
+
+// A participant joined: the last call starts at MIN, the round completes at MAX.
+bool after_join(State& s) {
+  const int n = static_cast<int>(s.participants.size());
+  bool woke = false;
+  if (s.job && n >= s.job->min_nodes && !s.last_call && !s.complete) {
+    s.last_call = true;
+    woke = true;
+  }
+  if (s.job && n >= s.job->max_nodes && !s.complete) {
+    mark_complete(s);
+    woke = true;
+  }
+  return woke;
+}
+
+// The last member of a complete round left: the next round opens, with the nodes that
+// waited for it (the wait list, then the redundancy list, up to MAX). `counted` applies
+// when no leaver recorded how the round ended.
 void open_next_round(State& s, bool counted) {
   if (s.ending_round == s.round) counted = s.ending_counted;
   ++s.round;
@@ -25,12 +52,14 @@ void open_next_round(State& s, bool counted) {
   if (counted) ++s.restarts;
   s.ending_round = -1;
   s.ending_counted = false;
-}
-
-void mark_complete(State& s) {
-  std::sort(s.participants.begin(), s.participants.end());
-  s.complete = true;
-  s.last_call = false;
+  const int max = s.job ? s.job->max_nodes : 1;
+  for (auto* list : {&s.wait_list, &s.redundancy_list}) {
+    while (!list->empty() && static_cast<int>(s.participants.size()) < max) {
+      s.participants.push_back(list->front());
+      list->erase(list->begin());
+    }
+  }
+  after_join(s);
 }
 
 }  // namespace
@@ -83,17 +112,7 @@ bool apply_join(State& s, JoinAction a, const JoinContext& c) {
       erase_id(s.redundancy_list, me);
       if (!s.job) s.job = c.job;
       s.participants.push_back(c.me);
-      const int n = static_cast<int>(s.participants.size());
-      bool woke = false;
-      if (n >= s.job->min_nodes && !s.last_call) {
-        s.last_call = true;
-        woke = true;
-      }
-      if (n >= s.job->max_nodes) {
-        mark_complete(s);
-        woke = true;
-      }
-      return woke;
+      return after_join(s);
     }
     case JoinAction::kAddToWaitList:
       erase_id(s.redundancy_list, me);
@@ -151,6 +170,74 @@ void close_state(State& s, const std::string& reason) {
   ++s.seq;
   s.closed = true;
   s.closed_reason = reason;
+}
+
+std::string join_request(const NodeDesc& n, const JobSettings& job) {
+  nlohmann::json j = {{"id", n.id},           {"addr", n.addr},       {"host", n.host},
+                      {"master", n.master_addr}, {"nproc", n.nproc}, {"min", job.min_nodes},
+                      {"max", job.max_nodes}, {"restarts", job.max_restarts}};
+  return "join " + j.dump();
+}
+
+std::string leave_request(const std::string& id, int64_t round, bool counted) {
+  return fmt::format("leave {} {} {}", id, round, counted ? 1 : 0);
+}
+
+namespace {
+
+bool listed(const State& s, const std::string& id) {
+  return s.has_participant(id) || State::contains(s.wait_list, id) || State::contains(s.redundancy_list, id);
+}
+
+void absorb_join(State& s, const std::string& json_text, const std::set<std::string>& lost, Absorbed& out) {
+  NodeDesc n;
+  JobSettings job;
+  try {
+    auto j = nlohmann::json::parse(json_text);
+    n.id = j.at("id").get<std::string>();
+    n.addr = j.at("addr").get<std::string>();
+    n.host = j.value("host", "");
+    n.master_addr = j.value("master", "");
+    n.nproc = j.at("nproc").get<int>();
+    job = JobSettings{j.at("min").get<int>(), j.at("max").get<int>(), j.at("restarts").get<int>()};
+  } catch (const std::exception&) {
+    return;  // not ours to judge: the node sees its own request ignored and joins by itself
+  }
+  if (s.closed || lost.count(n.id) || listed(s, n.id) || (s.job && !(*s.job == job))) return;
+  JoinContext c{n, job, false, false};
+  JoinAction a = decide_join(s, c);
+  if (a != JoinAction::kAddToParticipants && a != JoinAction::kAddToWaitList &&
+      a != JoinAction::kAddToRedundancyList)
+    return;
+  out.wake |= apply_join(s, a, c);
+  out.changed = true;
+}
+
+}  // namespace
+
+Absorbed absorb(State& s, const std::vector<std::string>& requests, const std::set<std::string>& lost) {
+  Absorbed out;
+  for (const auto& line : requests) {
+    if (line.starts_with("join ")) {
+      absorb_join(s, line.substr(5), lost, out);
+    } else if (line.starts_with("leave ")) {
+      std::istringstream in(line.substr(6));
+      std::string id;
+      int64_t round = -1;
+      int counted = 1;
+      if (!(in >> id >> round >> counted)) continue;
+      int64_t before = s.round;
+      if (leave_round(s, id, round, counted != 0)) {
+        out.changed = true;
+        out.wake |= s.round != before;
+      }
+    }
+  }
+  if (!requests.empty()) {
+    s.requests_seen += static_cast<int64_t>(requests.size());
+    out.changed = true;
+  }
+  return out;
 }
 
 }  // namespace ddprun::rdzv

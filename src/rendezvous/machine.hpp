@@ -8,6 +8,7 @@
 
 #include <set>
 #include <string>
+#include <vector>
 
 #include "rendezvous/state.hpp"
 
@@ -52,5 +53,21 @@ bool remove_lost(State& s, const std::set<std::string>& lost);
 
 // The job is over; nobody joins any more. reason "" means it succeeded.
 void close_state(State& s, const std::string& reason);
+
+// Requests: a node that wants to join (or leave a round) appends a line to the "requests"
+// log, and whoever writes the state next applies every request it has not seen yet. A
+// thousand nodes joining at once then need a few writes of the state, not a thousand that
+// collide (each loser of a compare-and-set finds itself already in).
+std::string join_request(const NodeDesc& n, const JobSettings& job);
+std::string leave_request(const std::string& id, int64_t round, bool counted);
+
+struct Absorbed {
+  bool changed = false;  // the state must be written
+  bool wake = false;     // and waiting nodes told (see apply_join)
+};
+// Applies `requests` (the log's lines from s.requests_seen on) in order: a join puts the
+// node where decide_join would (unless it is lost, already listed, or its settings differ:
+// it then finds out itself); a leave is leave_round.
+Absorbed absorb(State& s, const std::vector<std::string>& requests, const std::set<std::string>& lost);
 
 }  // namespace ddprun::rdzv

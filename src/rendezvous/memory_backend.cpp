@@ -89,6 +89,17 @@ class MemoryBackend : public Backend {
     l->lines.emplace_back(log, line + " ");
   }
 
+  void release() override {
+    std::lock_guard lk(w_->mu_);
+    if (lease_ == 0) return;
+    auto it = w_->leases_.find(lease_);
+    if (it != w_->leases_.end()) {
+      it->second.lines.clear();
+      it->second.ended = true;
+    }
+    lease_ = 0;
+  }
+
   void interrupt() override {
     std::lock_guard lk(w_->mu_);
     interrupted_ = true;

@@ -77,7 +77,8 @@ std::string encode_state(const State& s) {
             {"wait_list", list_json(s.wait_list)},
             {"redundancy_list", list_json(s.redundancy_list)},
             {"ending_round", s.ending_round},
-            {"ending_counted", s.ending_counted}};
+            {"ending_counted", s.ending_counted},
+            {"requests_seen", s.requests_seen}};
   if (s.job)
     j["job"] = {{"min_nodes", s.job->min_nodes}, {"max_nodes", s.job->max_nodes},
                 {"max_restarts", s.job->max_restarts}};
@@ -120,6 +121,7 @@ State decode_state(const std::string& value, const std::string& where) {
     s.redundancy_list = list_from(j, "redundancy_list");
     s.ending_round = j.value("ending_round", int64_t{-1});
     s.ending_counted = j.value("ending_counted", false);
+    s.requests_seen = j.value("requests_seen", int64_t{0});
     if (j.contains("job")) {
       auto& jj = j.at("job");
       s.job = JobSettings{jj.at("min_nodes").get<int>(), jj.at("max_nodes").get<int>(),

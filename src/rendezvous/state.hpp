@@ -51,6 +51,7 @@ struct State {
   // last one leaves (a counted restart or not).
   int64_t ending_round = -1;
   bool ending_counted = false;
+  int64_t requests_seen = 0;  // lines of the "requests" log applied so far (machine.hpp)
 
   int rank_of(const std::string& id) const;  // -1 if not a participant
   bool has_participant(const std::string& id) const { return rank_of(id) >= 0; }

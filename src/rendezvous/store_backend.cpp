@@ -106,6 +106,15 @@ void StoreBackend::on_lease_end(const std::string& log, const std::string& line)
 
 void StoreBackend::close() { lease_.reset(); }
 
+void StoreBackend::release() {
+  if (!lease_) return;
+  try {
+    lease_->release_lease();
+  } catch (const ddp::Error&) {  // the connection is gone: so is the lease, lines written
+  }
+  lease_.reset();
+}
+
 void StoreBackend::interrupt() {
   if (store_) store_->interrupt();
 }

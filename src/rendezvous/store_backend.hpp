@@ -46,6 +46,7 @@ class StoreBackend : public Backend {
   void keep_alive(milliseconds timeout) override;
   void on_lease_end(const std::string& log, const std::string& line) override;
   void close() override;
+  void release() override;
   void interrupt() override;
 
  private:

@@ -55,7 +55,8 @@ enum class Op : uint8_t {
   // rendezvous needs to notice a node leave at once. PyTorch's servers close the
   // connection on them.
   kLease,       // i64 ttl in ms: the connection ends (and its lease lines are written) when
-                // it closes or sends no request for ttl (0: only when it closes). Reply u8 0.
+                // it closes or sends no request for ttl (0: only when it closes); a negative
+                // ttl releases the lease: its lines are dropped, never written. Reply u8 0.
   kOnLeaseEnd,  // key, value: when the connection's lease ends, APPEND value + why + "\n" to
                 // key (waking its waiters). Reply u8 0.
   kWaitGrows,   // key, i64 n: reply kWaitStopWaiting once the key's value is longer than n

@@ -836,7 +836,13 @@ void StoreServer::Impl::handle(Conn& c, proto::Request& r) {
       barrier(c, r.keys[0], r.i64);
       break;
     case Op::kLease:
-      start_lease(c, r.i64);
+      if (r.i64 < 0) {  // released: the connection leaves in good order, its lines unwritten
+        c.leased = false;
+        c.lease_lines.clear();
+        if (c.lease_timer) c.lease_timer->cancel();
+      } else {
+        start_lease(c, r.i64);
+      }
       proto::put_u8(out(c), 0);
       break;
     case Op::kOnLeaseEnd:

@@ -654,6 +654,16 @@ void TcpStore::lease(std::chrono::milliseconds ttl) {
   impl_->leased = true;
 }
 
+void TcpStore::release_lease() {
+  require_v2(options_, "release_lease");
+  std::lock_guard lk(impl_->mu);
+  auto r = proto::request(proto::Op::kLease);
+  r.i64 = -1;
+  extension_call(impl_->addr, "LEASE", [&] {
+    return impl_->call(r, timeout(), [&](auto d, const std::string& w) { return impl_->recv_value<uint8_t>(d, w); });
+  });
+}
+
 void TcpStore::on_lease_end(const std::string& key, const std::string& value) {
   require_v2(options_, "on_lease_end");
   std::lock_guard lk(impl_->mu);

@@ -137,13 +137,49 @@ TEST_F(Machine, LeavingTheRoundOpensTheNextWhenTheLastMemberLeaves) {
   EXPECT_EQ(s.ending_round, 0);
   // A node that left waits for the round it left to end (it is in no list yet).
   EXPECT_EQ(decide_join(s, ctx(a)), A::kAddToWaitList);
+  apply_join(s, A::kAddToWaitList, ctx(a));
   EXPECT_TRUE(leave_round(s, "b", 0, false));
   EXPECT_EQ(s.round, 1);
-  EXPECT_FALSE(s.complete);
   EXPECT_EQ(s.restarts, 0);  // a scale-up is not a restart
-  EXPECT_EQ(decide_join(s, ctx(c)), A::kAddToParticipants);
+  // The next round opens with the nodes that waited for it: c, a (MIN 2: the last call runs).
+  ASSERT_EQ(s.participants.size(), 2u);
+  EXPECT_EQ(s.participants[0].id, "c");
+  EXPECT_EQ(s.participants[1].id, "a");
+  EXPECT_TRUE(s.wait_list.empty());
+  EXPECT_TRUE(s.last_call);
+  EXPECT_FALSE(s.complete);
+  EXPECT_EQ(decide_join(s, ctx(b)), A::kAddToParticipants);
   // Leaving twice, or a round that is over, changes nothing.
   EXPECT_FALSE(leave_round(s, "b", 0, false));
+}
+
+TEST_F(Machine, RequestsAppliedByWhoeverWritesNext) {
+  State s;
+  std::vector<std::string> reqs = {join_request(a, kJob), join_request(b, kJob), "garbage",
+                                   join_request(node("10.0.0.9", "x"), JobSettings{2, 4, 1}),  // other settings
+                                   join_request(c, kJob), join_request(d, kJob)};
+  Absorbed ab = absorb(s, reqs, {"d"});  // d is lost already
+  EXPECT_TRUE(ab.changed);
+  EXPECT_TRUE(ab.wake);  // the round completed (MAX 3)
+  EXPECT_EQ(s.requests_seen, 6);
+  ASSERT_EQ(s.participants.size(), 3u);
+  EXPECT_TRUE(s.complete);
+  EXPECT_EQ(s.rank_of("a"), 0);
+  EXPECT_EQ(s.rank_of("c"), 2);
+  // A repeated request changes nothing; a leave request opens the next round when the
+  // last member leaves; then the requests of the round's members put them back in.
+  Absorbed again = absorb(s, {join_request(a, kJob)}, {});
+  EXPECT_TRUE(again.changed);  // only requests_seen moved
+  EXPECT_FALSE(again.wake);
+  absorb(s, {leave_request("a", 0, true), leave_request("b", 0, true), join_request(a, kJob)}, {});
+  EXPECT_EQ(s.round, 0);
+  EXPECT_TRUE(State::contains(s.wait_list, "a"));  // c still runs round 0
+  Absorbed last = absorb(s, {leave_request("c", 0, false), join_request(b, kJob), join_request(c, kJob)}, {});
+  EXPECT_TRUE(last.wake);
+  EXPECT_EQ(s.round, 1);
+  EXPECT_EQ(s.restarts, 1);  // the first leaver said: counted
+  EXPECT_TRUE(s.complete);
+  EXPECT_EQ(s.participants.size(), 3u);
 }
 
 TEST_F(Machine, TheFirstLeaverDecidesWhetherTheRestartCounts) {

@@ -78,54 +78,86 @@ TEST(RendezvousState, OtherValuesAreRefusedWithoutCrashing) {
 }
 
 TEST(RendezvousEvents, LinesParseAndEscapeNewlines) {
-  EXPECT_EQ(make_line("fail", "n1", "rank 3 exited\nwith 1"), "fail n1 rank 3 exited with 1");
-  LogLine l = parse_line("lost n2 connection closed");
+  EXPECT_EQ(round_event(3, "fail", "n1", "rank 3 exited\nwith 1"), "3 fail n1 rank 3 exited with 1");
+  EXPECT_EQ(round_event(0, "done", "n1", ""), "0 done n1");
+  Event l = parse_event("lost n2 connection closed");
+  EXPECT_EQ(l.round, -1);
   EXPECT_EQ(l.kind, "lost");
   EXPECT_EQ(l.node, "n2");
   EXPECT_EQ(l.text, "connection closed");
-  LogLine d = parse_line("done n1");
+  Event d = parse_event("12 done n1");
+  EXPECT_EQ(d.round, 12);
   EXPECT_EQ(d.kind, "done");
   EXPECT_EQ(d.node, "n1");
   EXPECT_EQ(d.text, "");
-  std::string addr;
-  int port = 0;
-  EXPECT_TRUE(find_master({"join x y", "master n1 fe80::1 29501"}, addr, port));
-  EXPECT_EQ(addr, "fe80::1");
-  EXPECT_EQ(port, 29501);
-  EXPECT_FALSE(find_master({"master n1 nowhere"}, addr, port));
+  EXPECT_EQ(parse_event("state").kind, "state");
+  // An id that begins with digits is not a round number.
+  EXPECT_EQ(parse_event("127.0.0.1_5_ab").kind, "127.0.0.1_5_ab");
+  EXPECT_EQ(lost_event("n3"), "lost n3");
 }
 
-TEST(RendezvousEvents, TheFirstLineThatCountsDecides) {
-  std::vector<NodeDesc> members{node("1"), node("2")};
+TEST(RendezvousEvents, TheMasterLineOfTheRound) {
+  RoundReader r;
+  r.start(2, {node("1"), node("2")});
+  r.feed({"1 master 1 10.0.0.9 1111", "2 master 1 fe80::1 29501"});
+  std::string addr;
+  int port = 0;
+  ASSERT_TRUE(r.master(addr, port));
+  EXPECT_EQ(addr, "fe80::1");
+  EXPECT_EQ(port, 29501);
+  EXPECT_FALSE(r.end().has_value());
+}
+
+TEST(RendezvousEvents, TheFirstEventThatCountsDecides) {
   using K = RoundEnd::Kind;
-  EXPECT_FALSE(interpret_round({"master 1 10.0.0.1 5"}, members, {}).has_value());
-  auto e = interpret_round({"master 1 a 5", "fail 2 rank 3 exited with 1", "lost 1 connection closed"}, members, {});
+  RoundReader r;
+  r.start(0, {node("1"), node("2")});
+  EXPECT_FALSE(r.feed({"0 master 1 a 5", "state"}).has_value());
+  auto e = r.feed({"1 fail 1 of another round", "0 fail 2 rank 3 exited with 1", "0 fail 1 later"});
   ASSERT_TRUE(e);
   EXPECT_EQ(e->kind, K::kFailed);
   EXPECT_EQ(e->node, "2");
   EXPECT_TRUE(e->counted());
   EXPECT_NE(e->text.find("rank 3 exited with 1"), std::string::npos) << e->text;
-  auto up = interpret_round({"join 9 host9", "fail 2 x"}, members, {});
-  ASSERT_TRUE(up);
-  EXPECT_EQ(up->kind, K::kScaleUp);
-  EXPECT_FALSE(up->counted());
+  RoundReader up;
+  up.start(4, {node("1"), node("2")});
+  auto s = up.feed({"4 join 9 host9", "4 fail 2 x"});
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->kind, K::kScaleUp);
+  EXPECT_FALSE(s->counted());
 }
 
-TEST(RendezvousEvents, LinesAboutStrangersOrNodesThatFinishedDoNotCount) {
-  std::vector<NodeDesc> members{node("1"), node("2")};
+TEST(RendezvousEvents, LostLinesCountForMembersThatHadNotFinished) {
   using K = RoundEnd::Kind;
-  // A lease line from a node that was never a member (it registered for this round, lost
-  // the race to join it) is not an end.
-  EXPECT_FALSE(interpret_round({"lost 7 connection closed", "fail 8 x"}, members, {}).has_value());
-  // Node 1's workers succeeded and it then went away: not a failure of the round.
-  EXPECT_FALSE(interpret_round({"lost 1 connection closed"}, members, {"1"}).has_value());
-  auto done = interpret_round({"lost 1 connection closed", "done 2"}, members, {"1"});
+  // A lease line from a node that is not a member is not an end.
+  RoundReader a;
+  a.start(0, {node("1"), node("2")});
+  EXPECT_FALSE(a.feed({"lost 7 connection closed"}).has_value());
+  EXPECT_FALSE(a.needs_exited());
+  // A member's: judged once it is known who passed the exit barrier.
+  EXPECT_FALSE(a.feed({"lost 1 connection closed"}).has_value());
+  ASSERT_TRUE(a.needs_exited());
+  a.set_exited({"1"});  // node 1's workers had succeeded, then it went: not a failure
+  EXPECT_FALSE(a.end().has_value());
+  auto done = a.feed({"0 done 2"});
   ASSERT_TRUE(done);
   EXPECT_EQ(done->kind, K::kDone);
-  auto left = interpret_round({"leave 2 ddprun on h received SIGTERM"}, members, {"1"});
-  ASSERT_TRUE(left);
-  EXPECT_EQ(left->kind, K::kLeft);
-  EXPECT_TRUE(left->counted());
+  RoundReader b;
+  b.start(0, {node("1"), node("2")});
+  b.feed({"lost 1 no keep-alive for 15 s"});
+  b.set_exited({});
+  ASSERT_TRUE(b.end());
+  EXPECT_EQ(b.end()->kind, K::kLost);
+  EXPECT_NE(b.end()->text.find("no keep-alive for 15 s"), std::string::npos) << b.end()->text;
+}
+
+TEST(RendezvousEvents, AMemberLostBeforeItsRoundBeganEndsItAtOnce) {
+  RoundReader r;
+  r.feed({"lost 2 connection closed"});  // read while no round was watched
+  r.start(5, {node("1"), node("2")});
+  ASSERT_TRUE(r.end());
+  EXPECT_EQ(r.end()->kind, RoundEnd::Kind::kLost);
+  EXPECT_EQ(r.end()->node, "2");
 }
 
 }  // namespace

@@ -94,6 +94,9 @@ std::vector<proto::Request> all_requests(Generation g) {
     v.push_back(request(Op::kQueueLen, {"q"}));
     v.push_back(request(Op::kList));
     v.push_back(request(Op::kBarrier, {"b"}, {}, -3));
+    v.push_back(request(Op::kLease, {}, {}, 15000));  // ddprun's extensions
+    v.push_back(request(Op::kOnLeaseEnd, {"gone"}, {"node7 "}));
+    v.push_back(request(Op::kWaitGrows, {"log"}, {}, 42));
   }
   return v;
 }
@@ -127,6 +130,13 @@ TEST(StoreProtocol, OpcodeTablesMatchTheWireReference) {
   EXPECT_FALSE(proto::encode_opcode(Generation::kV1, Op::kBarrier));
   EXPECT_FALSE(proto::decode_opcode(Generation::kV1, 13));
   EXPECT_FALSE(proto::decode_opcode(Generation::kV2, 19));
+  // ddprun's extensions: generation 2 only, far above torch's opcodes.
+  EXPECT_EQ(proto::encode_opcode(Generation::kV2, Op::kLease), 0x60);
+  EXPECT_EQ(proto::encode_opcode(Generation::kV2, Op::kOnLeaseEnd), 0x61);
+  EXPECT_EQ(proto::encode_opcode(Generation::kV2, Op::kWaitGrows), 0x62);
+  EXPECT_FALSE(proto::decode_opcode(Generation::kV2, 0x63));
+  EXPECT_FALSE(proto::encode_opcode(Generation::kV1, Op::kLease));
+  EXPECT_FALSE(proto::decode_opcode(Generation::kV1Torch21, 0x60));
 }
 
 TEST(StoreProtocol, BarrierIsKeyThenWorldSize) {

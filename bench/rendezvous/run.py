@@ -1,0 +1,160 @@
+#!/usr/bin/python3
+"""Dynamic rendezvous benchmarks (issue 10), each beside its anchor measured in the same run.
+
+  /usr/bin/python3 bench/rendezvous/run.py [--quick] [--no-torchrun] [--big 256,1024] [--json out.json]
+
+1. rendezvous: N agents on loopback, `--rdzv-backend c10d --nnodes N`, one `true` worker
+   each: from starting the N agents to the last one's exit. ddprun for 2, 4, 8 and the big
+   N; torchrun 1.13 (anchors/torchrun113.py, its defaults) for 2, 4, 8.
+2. host loss: two "hosts" of 2 gloo workers each in an elastic job (`--nnodes 1:2
+   --max-restarts 3 --rdzv-conf last_call_timeout=1`); one host's ddprun and workers are
+   SIGKILLed; from the kill to the survivors' first finished training step at world size 2.
+   Anchor: a cold start of the same 2 workers (`--standalone`) to their first step, in the
+   same run (importing torch alone takes seconds here).
+Prints markdown tables of medians and ratios.
+"""
+import argparse, json, os, signal, socket, statistics, subprocess, sys, tempfile, time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DDPRUN = os.path.join(ROOT, "build", "bin", "ddprun")
+TORCHRUN = os.path.join(ROOT, "..", "shared", "anchors", "torchrun113.py")
+TRAIN = os.path.join(ROOT, "bench", "rendezvous", "elastic_train.py")
+PY = "/usr/bin/python3"
+ENV = dict(os.environ, PYTHON_EXEC=PY, OMP_NUM_THREADS="1", LOGLEVEL="ERROR")
+for k in list(ENV):
+    if k.startswith(("PET_", "TORCHELASTIC_")):
+        del ENV[k]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rendezvous_once(n, torchrun=False):
+    """Seconds from starting n agents to the last one's exit; raises if any failed."""
+    port = free_port()
+    if torchrun:
+        cmd = [PY, TORCHRUN, "--nnodes", str(n), "--nproc_per_node", "1", "--rdzv_backend", "c10d",
+               "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "bench", "--no_python", "true"]
+    else:
+        cmd = [DDPRUN, "--nnodes", str(n), "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "bench", "--no-python", "true"]
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen(cmd, env=ENV, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE if i == 0 else subprocess.DEVNULL) for i in range(n)]
+    rcs = [p.wait(timeout=600) for p in procs]
+    dt = time.perf_counter() - t0
+    err = procs[0].stderr.read().decode(errors="replace")
+    procs[0].stderr.close()
+    if any(rcs):
+        raise RuntimeError(f"{'torchrun' if torchrun else 'ddprun'} x{n}: exit codes {sorted(set(rcs))}\n{err[-2000:]}")
+    return dt
+
+
+def median_runs(runs, n, torchrun=False):
+    return statistics.median(rendezvous_once(n, torchrun) for _ in range(runs))
+
+
+# ------------------------------------------------------------------ host loss
+
+
+def wait_for_line(path, pred, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(path) as f:
+                for line in f:
+                    rec = json.loads(line)
+                    if pred(rec):
+                        return rec
+        except (FileNotFoundError, json.JSONDecodeError):
+            pass
+        time.sleep(0.01)
+    raise TimeoutError(f"no matching record in {path} within {timeout} s")
+
+
+def cold_start(tmp):
+    """Seconds from `ddprun --standalone` of 2 workers to their first finished step."""
+    log = os.path.join(tmp, "cold.jsonl")
+    t0 = time.time()
+    p = subprocess.Popen([DDPRUN, "--standalone", "--nproc-per-node", "2", TRAIN, "--log", log,
+                          "--ckpt", os.path.join(tmp, "cold.pt"), "--steps", "1"],
+                         env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rec = wait_for_line(log, lambda r: r["event"] == "step", 120)
+    p.wait(timeout=120)
+    return rec["time"] - t0
+
+
+def host_loss_once(tmp):
+    """Seconds from SIGKILL of one host to the survivors' first step at world size 2."""
+    port = free_port()
+    log = os.path.join(tmp, f"loss{port}.jsonl")
+    ckpt = os.path.join(tmp, f"loss{port}.pt")
+    common = ["--nnodes", "1:2", "--nproc-per-node", "2", "--max-restarts", "3", "--rdzv-backend", "c10d",
+              "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"loss{port}",
+              "--rdzv-conf", "last_call_timeout=1,join_timeout=60"]
+    args = [TRAIN, "--log", log, "--ckpt", ckpt, "--steps", "1000000", "--step-time", "0.05"]
+    # The store host stays; the other host is the one that goes.
+    keep = subprocess.Popen([DDPRUN, *common, "--local-addr", "127.0.0.1", "--rdzv-conf",
+                             "last_call_timeout=1,join_timeout=60,is_host=1", *args],
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    lose = subprocess.Popen([DDPRUN, *common, "--local-addr", "127.0.0.2", "--rdzv-conf",
+                             "last_call_timeout=1,join_timeout=60,is_host=0", *args],
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for_line(log, lambda r: r["event"] == "step" and r["world"] == 4, 120)
+        t_kill = time.time()
+        os.killpg(lose.pid, signal.SIGKILL)  # the host's ddprun and its workers, at once
+        rec = wait_for_line(log, lambda r: r["event"] == "step" and r["world"] == 2 and r["time"] > t_kill, 120)
+        return rec["time"] - t_kill
+    finally:
+        for p in (keep, lose):
+            try:
+                os.killpg(p.pid, signal.SIGKILL) if p is lose else p.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        keep.wait(timeout=60)
+        lose.wait(timeout=60)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-torchrun", action="store_true")
+    ap.add_argument("--no-host-loss", action="store_true")
+    ap.add_argument("--big", default="256,1024")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    runs = 3 if a.quick else 7
+    res = {"ddprun": {}, "torchrun": {}}
+    for n in (2, 4, 8):
+        res["ddprun"][n] = median_runs(runs, n)
+        if not a.no_torchrun:
+            res["torchrun"][n] = median_runs(1 if a.quick else 3, n, torchrun=True)
+    for n in [int(x) for x in a.big.split(",") if x]:
+        res["ddprun"][n] = median_runs(1 if a.quick or n > 256 else 3, n)
+    print("| agents | ddprun (median) | torchrun 1.13 (median) | torchrun / ddprun |")
+    print("|---|---|---|---|")
+    for n, d in res["ddprun"].items():
+        t = res["torchrun"].get(n)
+        print(f"| {n} | {d * 1000:.0f} ms | {f'{t:.2f} s' if t else '-'} | {f'{t / d:.0f}x' if t else '-'} |")
+    if not a.no_host_loss:
+        with tempfile.TemporaryDirectory() as tmp:
+            r = 1 if a.quick else 3
+            cold = statistics.median(cold_start(tmp) for _ in range(r))
+            loss = statistics.median(host_loss_once(tmp) for _ in range(r))
+        res["cold_start_s"], res["host_loss_s"] = cold, loss
+        print()
+        print("| host loss to training again | ddprun (median) | cold start of the same workers | difference |")
+        print("|---|---|---|---|")
+        print(f"| kill -9 of one host, `--nnodes 1:2`, last_call_timeout=1 | {loss:.2f} s | {cold:.2f} s | "
+              f"{loss - cold:+.2f} s |")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
