@@ -41,6 +41,10 @@ class Rendezvous {
   // "" when another round may follow `end`; else why not (restarts used up, too few
   // nodes, lost contact...).
   virtual std::string restart_refused(const RoundEnd& end) = 0;
+  // Starts joining the next round now, while this round's workers are being stopped (the
+  // next next_round() returns it). Only after restart_refused() said yes; until next_round()
+  // only end_round() and finish() may be called. Static rendezvous: nothing to do ahead.
+  virtual void prejoin() {}
   // The job is over for this node. Never throws.
   virtual void finish(FinishKind kind, const std::string& reason) = 0;
 };

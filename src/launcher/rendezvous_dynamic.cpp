@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <future>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -30,6 +31,13 @@ class DynamicAdapter : public Rendezvous {
  public:
   DynamicAdapter(const Options& o, std::string hostname);
   ~DynamicAdapter() override {
+    if (ahead_.valid()) {
+      d_->cancel();
+      try {
+        ahead_.get();
+      } catch (const std::exception&) {
+      }
+    }
     d_.reset();
     if (server_) server_->stop();
   }
@@ -43,7 +51,17 @@ class DynamicAdapter : public Rendezvous {
     return std::nullopt;
   }
   std::string restart_refused(const RoundEnd& end) override { return d_->restart_refused(end); }
+  void prejoin() override {
+    if (!ahead_.valid()) ahead_ = std::async(std::launch::async, [this] { return d_->next_round(); });
+  }
   void finish(FinishKind kind, const std::string& reason) override {
+    if (ahead_.valid()) {
+      d_->cancel();
+      try {
+        ahead_.get();
+      } catch (const std::exception&) {
+      }
+    }
     d_->finish(kind, reason);
     d_.reset();
     if (server_) server_->stop();
@@ -60,6 +78,7 @@ class DynamicAdapter : public Rendezvous {
   int port_ = 0;  // the store's port (the endpoint's, or the one picked for port 0)
   std::unique_ptr<ddp::detail::StoreServer> server_;
   std::unique_ptr<rdzv::DynamicRendezvous> d_;
+  std::future<rdzv::RoundPlan> ahead_;  // prejoin()'s next_round
 };
 
 // --rdzv-conf is_host when given; else whether the endpoint names this machine.
@@ -158,7 +177,7 @@ DynamicAdapter::DynamicAdapter(const Options& o, std::string hostname) : o_(o), 
 }
 
 JobPlan DynamicAdapter::next_round() {
-  rdzv::RoundPlan r = d_->next_round();
+  rdzv::RoundPlan r = ahead_.valid() ? ahead_.get() : d_->next_round();
   JobPlan p;
   p.hostname = hostname_;
   p.run_id = o_.rdzv_id;

@@ -100,6 +100,7 @@ struct Supervisor::Impl {
   int attempt = 0;
   std::optional<RoundEnd> remote_end;  // the round ended elsewhere (or the rendezvous ended it)
   std::string stop_reason;             // why no further round followed a failure
+  std::optional<std::string> refused_early;  // restart_refused, asked as the round ended
   size_t cycle_reads = 0, cycle_bytes = 0;  // stream reads in this loop iteration
   JobOutcome outcome;
 
@@ -287,10 +288,11 @@ struct Supervisor::Impl {
   void fail(WorkerResult& w) {
     if (root) return;
     root = w;
-    rdzv.end_round(RoundEnd::Kind::kFailed,
-                   fmt::format("rank {} on {} exited with {}", w.rank, w.host,
-                               w.signal ? signal_name(w.signal) : std::to_string(w.exit_code)));
+    const std::string what = fmt::format("rank {} on {} exited with {}", w.rank, w.host,
+                                         w.signal ? signal_name(w.signal) : std::to_string(w.exit_code));
+    rdzv.end_round(RoundEnd::Kind::kFailed, what);
     begin_stop(SIGTERM);
+    look_ahead(RoundEnd{RoundEnd::Kind::kFailed, "", what});
   }
 
   // Kills whatever the workers left behind (their groups, then any other descendant).
@@ -417,6 +419,15 @@ struct Supervisor::Impl {
     else
       spdlog::warn("{}: stopping this node's workers", end->describe());
     begin_stop(SIGTERM);
+    look_ahead(*end);
+  }
+
+  // Dynamic rendezvous: while the workers stop, already join the next round (its last call
+  // then runs during their teardown instead of after it).
+  void look_ahead(const RoundEnd& end) {
+    if (!o.dynamic() || refused_early || got_signal) return;
+    refused_early = rdzv.restart_refused(end);
+    if (refused_early->empty()) rdzv.prejoin();
   }
 
   // Runs one attempt to its end: every worker exited and every stream drained.
@@ -545,7 +556,8 @@ struct Supervisor::Impl {
       if (!end) break;  // a signal
       if (end->kind == RoundEnd::Kind::kDone) break;
       if (!root) remote_end = end;  // this node succeeded, the round did not
-      stop_reason = rdzv.restart_refused(*end);
+      stop_reason = refused_early ? *refused_early : rdzv.restart_refused(*end);
+      refused_early.reset();
       if (!stop_reason.empty()) {
         if (o.max_restarts > 0 || !end->counted()) spdlog::error("not restarting: {}", stop_reason);
         break;

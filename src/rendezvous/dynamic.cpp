@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <random>
 
 #include <fmt/format.h>
@@ -151,6 +152,7 @@ void DynamicRendezvous::join_failed(JoinAction a, const State& s) {
 // One read-decide-write step. Returns true (with the state in snap) when this node is a
 // member of a complete round. Every write also applies the requests other nodes appended.
 bool DynamicRendezvous::join_step(std::optional<Snapshot>& snap, Clock::time_point deadline, int& conflicts) {
+  if (cancel_) throw ddp::Error("rendezvous: joining the next round was cancelled (this node is stopping)");
   if (!snap) snap = main_->load();
   State s = decode(*snap);
   State t = s;
@@ -346,10 +348,17 @@ std::optional<RoundEnd> DynamicRendezvous::round_end() {
 }
 
 void DynamicRendezvous::end_round(RoundEnd::Kind kind, const std::string& text) {
-  if (round_ < 0) return;
+  int64_t r;
+  {
+    std::lock_guard lk(mu_);
+    r = watched_round_;
+  }
+  if (r < 0) return;  // between rounds: there is no round to end
   const char* word = kind == RoundEnd::Kind::kFailed ? "fail" : "leave";
   try {
-    main_->append("events", round_event(round_, word, c_.me.id, text));
+    std::lock_guard lk(post_mu_);
+    if (!post_) post_ = main_->clone();
+    post_->append("events", round_event(r, word, c_.me.id, text));
   } catch (const std::exception& e) {
     spdlog::error("rendezvous: cannot tell the other nodes ({}): {}", word, e.what());
   }
@@ -406,6 +415,11 @@ std::string DynamicRendezvous::restart_refused(const RoundEnd& end) {
 
 // ------------------------------------------------------------------ the end
 
+void DynamicRendezvous::cancel() {
+  cancel_ = true;
+  main_->interrupt();  // a wait in progress returns now; this node is stopping
+}
+
 void DynamicRendezvous::close_rendezvous(const std::string& reason) {
   const auto deadline = Clock::now() + c_.close_timeout;
   std::optional<Snapshot> snap;
@@ -449,6 +463,7 @@ void DynamicRendezvous::wait_for_everyone_to_leave(const std::vector<NodeDesc>& 
 
 void DynamicRendezvous::finish(FinishKind kind, const std::string& reason) {
   worker_store_.reset();
+  if (cancel_) return;  // stopping in a hurry: the lease's end tells the others
   try {
     if (kind == FinishKind::kSucceeded) close_rendezvous("");
     if (kind == FinishKind::kJobFailed) close_rendezvous(reason.empty() ? "the job failed" : reason);

@@ -9,6 +9,8 @@
 //                   have (or another way): notify_fd, or wait_end()
 //   restart_refused()  whether another round may follow an end, and why not
 //   finish()        the job is over for this node: close (if the job ended) and leave
+// next_round() may run in another thread while the caller stops the old round's workers
+// (end_round() and cancel() are safe then; nothing else is).
 //
 // Threads: the caller's (all of the above), a keeper (renews this node's lease every
 // keep_alive_interval) and a watcher (reads the running round's log). Each uses its own
@@ -84,6 +86,8 @@ class DynamicRendezvous {
   RoundEnd wait_end();  // blocks until the running round ends (however it does)
   std::string restart_refused(const RoundEnd& end);
   void finish(FinishKind kind, const std::string& reason);
+  // Makes a next_round() in progress in another thread stop (it throws) within a second.
+  void cancel();
 
   const DynamicConfig& config() const { return c_; }
   std::string backend_name() const { return backend_name_; }
@@ -114,6 +118,9 @@ class DynamicRendezvous {
   std::string backend_name_;
   std::unique_ptr<Backend> main_, events_, lease_;
   std::mutex lease_mu_;  // lease_ is used by the keeper and by next_round (on_lease_end)
+  std::unique_ptr<Backend> post_;  // end_round's: callable while next_round runs elsewhere
+  std::mutex post_mu_;
+  std::atomic<bool> cancel_{false};
 
   // Caller thread.
   std::vector<std::string> events_log_;  // the "events" log as read so far
