@@ -368,8 +368,10 @@ void DynamicRendezvous::end_round(RoundEnd::Kind kind, const std::string& text) 
 // watchers woken for every arrival).
 void DynamicRendezvous::arrive_exit() {
   main_->append(exit_log(round_), c_.me.id);
-  if (main_->add(exit_log(round_) + "/n", 1) == static_cast<int64_t>(members_.size()))
+  if (main_->add(exit_log(round_) + "/n", 1) == static_cast<int64_t>(members_.size())) {
     main_->append("events", round_event(round_, "done", c_.me.id, ""));
+    wrote_done_ = true;
+  }
 }
 
 RoundEnd DynamicRendezvous::wait_end() {
@@ -420,7 +422,12 @@ void DynamicRendezvous::cancel() {
   main_->interrupt();  // a wait in progress returns now; this node is stopping
 }
 
+// One node closes (a thousand loading the state to find it closed would be the job's
+// slowest step); the "closed" event tells the others without that.
 void DynamicRendezvous::close_rendezvous(const std::string& reason) {
+  read_events();
+  for (auto& l : events_log_)
+    if (l.starts_with("closed")) return;
   const auto deadline = Clock::now() + c_.close_timeout;
   std::optional<Snapshot> snap;
   for (int attempt = 0; Clock::now() < deadline; ++attempt) {
@@ -430,7 +437,7 @@ void DynamicRendezvous::close_rendezvous(const std::string& reason) {
     close_state(s, reason);
     auto r = main_->compare_and_set(encode_state(s), snap->token);
     if (r.ok) {
-      bump_epoch();
+      main_->append("events", "closed");
       return;
     }
     snap = r.current;
@@ -465,7 +472,7 @@ void DynamicRendezvous::finish(FinishKind kind, const std::string& reason) {
   worker_store_.reset();
   if (cancel_) return;  // stopping in a hurry: the lease's end tells the others
   try {
-    if (kind == FinishKind::kSucceeded) close_rendezvous("");
+    if (kind == FinishKind::kSucceeded && wrote_done_) close_rendezvous("");
     if (kind == FinishKind::kJobFailed) close_rendezvous(reason.empty() ? "the job failed" : reason);
     if (kind != FinishKind::kNodeStopped) {
       // Leaving a finished job in good order: no "lost" line for anyone to read.

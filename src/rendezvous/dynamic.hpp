@@ -128,6 +128,7 @@ class DynamicRendezvous {
   int64_t round_ = -1;  // the round this node is in (-1: none yet)
   std::vector<NodeDesc> members_;
   std::unique_ptr<ddp::detail::StoreServer> worker_store_;
+  bool wrote_done_ = false;  // this node's arrival completed the exit barrier
   int64_t lc_round_ = -1;
   Clock::time_point lc_deadline_{};
 

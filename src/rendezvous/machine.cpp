@@ -4,7 +4,6 @@
 #include <sstream>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 namespace ddprun::rdzv {
 
@@ -173,10 +172,7 @@ void close_state(State& s, const std::string& reason) {
 }
 
 std::string join_request(const NodeDesc& n, const JobSettings& job) {
-  nlohmann::json j = {{"id", n.id},           {"addr", n.addr},       {"host", n.host},
-                      {"master", n.master_addr}, {"nproc", n.nproc}, {"min", job.min_nodes},
-                      {"max", job.max_nodes}, {"restarts", job.max_restarts}};
-  return "join " + j.dump();
+  return fmt::format("join {} {} {} {}", encode_node(n), job.min_nodes, job.max_nodes, job.max_restarts);
 }
 
 std::string leave_request(const std::string& id, int64_t round, bool counted) {
@@ -189,19 +185,16 @@ bool listed(const State& s, const std::string& id) {
   return s.has_participant(id) || State::contains(s.wait_list, id) || State::contains(s.redundancy_list, id);
 }
 
-void absorb_join(State& s, const std::string& json_text, const std::set<std::string>& lost, Absorbed& out) {
+void absorb_join(State& s, const std::string& text, const std::set<std::string>& lost, Absorbed& out) {
   NodeDesc n;
   JobSettings job;
+  std::vector<std::string> rest;
+  // Not ours to judge when malformed: the node sees its request ignored and joins by itself.
+  if (!decode_node(text, n, rest) || rest.size() < 3) return;
   try {
-    auto j = nlohmann::json::parse(json_text);
-    n.id = j.at("id").get<std::string>();
-    n.addr = j.at("addr").get<std::string>();
-    n.host = j.value("host", "");
-    n.master_addr = j.value("master", "");
-    n.nproc = j.at("nproc").get<int>();
-    job = JobSettings{j.at("min").get<int>(), j.at("max").get<int>(), j.at("restarts").get<int>()};
+    job = JobSettings{std::stoi(rest[0]), std::stoi(rest[1]), std::stoi(rest[2])};
   } catch (const std::exception&) {
-    return;  // not ours to judge: the node sees its own request ignored and joins by itself
+    return;
   }
   if (s.closed || lost.count(n.id) || listed(s, n.id) || (s.job && !(*s.job == job))) return;
   JoinContext c{n, job, false, false};

@@ -1,49 +1,125 @@
 #include "rendezvous/state.hpp"
 
+#include <charconv>
+#include <sstream>
+
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "ddp/error.hpp"
 
 namespace ddprun::rdzv {
 
-using nlohmann::json;
+// The encoding: a version line, then one "key value..." line per field and one line per
+// node ("P", "W", "R": participant, waiting, redundant). Plain text split on spaces: every
+// node reads the whole state a few times per round, and with a thousand nodes a JSON
+// parser was most of the rendezvous's time. Names and addresses hold no spaces; an empty
+// one is written "-".
+//
+//   ddprun-rdzv 1
+//   seq 12
+//   round 3
+//   flags complete closed          (the ones that are set)
+//   restarts 1
+//   job 1 4 3                      (min max max_restarts)
+//   ending 3 1                     (round, counted)
+//   requests 57
+//   closed_reason <text to the end of the line>
+//   P <id> <addr> <host> <master> <nproc>
 
 namespace {
 
 constexpr std::string_view kMagic = "ddprun-rdzv ";
 
-json node_json(const NodeDesc& n) {
-  return {{"id", n.id}, {"addr", n.addr}, {"host", n.host}, {"master", n.master_addr}, {"nproc", n.nproc}};
-}
-
-NodeDesc node_from(const json& j) {
-  NodeDesc n;
-  n.id = j.at("id").get<std::string>();
-  n.addr = j.at("addr").get<std::string>();
-  n.host = j.value("host", "");
-  n.master_addr = j.value("master", "");
-  n.nproc = j.at("nproc").get<int>();
-  return n;
-}
-
-json list_json(const std::vector<NodeDesc>& list) {
-  json a = json::array();
-  for (auto& n : list) a.push_back(node_json(n));
-  return a;
-}
-
-std::vector<NodeDesc> list_from(const json& j, const char* key) {
-  std::vector<NodeDesc> out;
-  if (!j.contains(key)) return out;
-  for (auto& n : j.at(key)) out.push_back(node_from(n));
-  return out;
-}
-
 // torchrun's state: base64 of a pickle (protocol 2..5), or its "no state yet" sentinel.
 bool looks_like_torchrun(const std::string& v) {
   return v == "Y2FuaW1hZGFt" || v.starts_with("gASV") || v.starts_with("gAWV") || v.starts_with("gAJ") ||
          v.starts_with("gAN");
+}
+
+std::string field(const std::string& s) { return s.empty() ? "-" : s; }
+std::string unfield(std::string_view s) { return s == "-" ? "" : std::string(s); }
+
+std::vector<std::string_view> split(std::string_view line) {
+  std::vector<std::string_view> out;
+  size_t pos = 0;
+  while (pos < line.size()) {
+    size_t sp = line.find(' ', pos);
+    if (sp == std::string_view::npos) sp = line.size();
+    if (sp > pos) out.push_back(line.substr(pos, sp - pos));
+    pos = sp + 1;
+  }
+  return out;
+}
+
+struct Corrupt {
+  std::string why;
+};
+
+template <typename T>
+T number(std::string_view s) {
+  T v{};
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p != s.data() + s.size()) throw Corrupt{fmt::format("'{}' is not a number", s)};
+  return v;
+}
+
+void need(const std::vector<std::string_view>& t, size_t n, std::string_view line) {
+  if (t.size() < n) throw Corrupt{fmt::format("line '{}' has too few fields", line)};
+}
+
+void put_nodes(std::string& out, char tag, const std::vector<NodeDesc>& list) {
+  for (auto& n : list)
+    out += fmt::format("{} {} {} {} {} {}\n", tag, field(n.id), field(n.addr), field(n.host), field(n.master_addr),
+                       n.nproc);
+}
+
+NodeDesc node_from(const std::vector<std::string_view>& t, std::string_view line) {
+  need(t, 6, line);
+  NodeDesc n;
+  n.id = unfield(t[1]);
+  n.addr = unfield(t[2]);
+  n.host = unfield(t[3]);
+  n.master_addr = unfield(t[4]);
+  n.nproc = number<int>(t[5]);
+  return n;
+}
+
+void read_line(State& s, std::string_view line) {
+  auto t = split(line);
+  if (t.empty()) return;
+  std::string_view k = t[0];
+  if (k == "P" || k == "W" || k == "R") {
+    auto& list = k == "P" ? s.participants : k == "W" ? s.wait_list : s.redundancy_list;
+    list.push_back(node_from(t, line));
+  } else if (k == "seq") {
+    need(t, 2, line);
+    s.seq = number<int64_t>(t[1]);
+  } else if (k == "round") {
+    need(t, 2, line);
+    s.round = number<int64_t>(t[1]);
+  } else if (k == "flags") {
+    for (size_t i = 1; i < t.size(); ++i) {
+      if (t[i] == "complete") s.complete = true;
+      else if (t[i] == "last_call") s.last_call = true;
+      else if (t[i] == "closed") s.closed = true;
+    }
+  } else if (k == "restarts") {
+    need(t, 2, line);
+    s.restarts = number<int>(t[1]);
+  } else if (k == "job") {
+    need(t, 4, line);
+    s.job = JobSettings{number<int>(t[1]), number<int>(t[2]), number<int>(t[3])};
+  } else if (k == "ending") {
+    need(t, 3, line);
+    s.ending_round = number<int64_t>(t[1]);
+    s.ending_counted = t[2] == "1";
+  } else if (k == "requests") {
+    need(t, 2, line);
+    s.requests_seen = number<int64_t>(t[1]);
+  } else if (k == "closed_reason") {
+    s.closed_reason = line.size() > 14 ? std::string(line.substr(14)) : "";
+  }
+  // Unknown keys: a newer ddprun of the same format added them; ignored.
 }
 
 }  // namespace
@@ -66,23 +142,22 @@ bool State::contains(const std::vector<NodeDesc>& list, const std::string& id) {
 }
 
 std::string encode_state(const State& s) {
-  json j = {{"seq", s.seq},
-            {"round", s.round},
-            {"complete", s.complete},
-            {"last_call", s.last_call},
-            {"closed", s.closed},
-            {"closed_reason", s.closed_reason},
-            {"restarts", s.restarts},
-            {"participants", list_json(s.participants)},
-            {"wait_list", list_json(s.wait_list)},
-            {"redundancy_list", list_json(s.redundancy_list)},
-            {"ending_round", s.ending_round},
-            {"ending_counted", s.ending_counted},
-            {"requests_seen", s.requests_seen}};
-  if (s.job)
-    j["job"] = {{"min_nodes", s.job->min_nodes}, {"max_nodes", s.job->max_nodes},
-                {"max_restarts", s.job->max_restarts}};
-  return fmt::format("{}{}\n{}", kMagic, State::kFormat, j.dump());
+  std::string out = fmt::format("{}{}\nseq {}\nround {}\nflags{}{}{}\nrestarts {}\nending {} {}\nrequests {}\n", kMagic,
+                                State::kFormat, s.seq, s.round, s.complete ? " complete" : "",
+                                s.last_call ? " last_call" : "", s.closed ? " closed" : "", s.restarts, s.ending_round,
+                                s.ending_counted ? 1 : 0, s.requests_seen);
+  if (s.job) out += fmt::format("job {} {} {}\n", s.job->min_nodes, s.job->max_nodes, s.job->max_restarts);
+  if (!s.closed_reason.empty()) {
+    std::string r = s.closed_reason;
+    for (char& c : r)
+      if (c == '\n' || c == '\r') c = ' ';
+    out += "closed_reason " + r + "\n";
+  }
+  out.reserve(out.size() + (s.participants.size() + s.wait_list.size() + s.redundancy_list.size()) * 96);
+  put_nodes(out, 'P', s.participants);
+  put_nodes(out, 'W', s.wait_list);
+  put_nodes(out, 'R', s.redundancy_list);
+  return out;
 }
 
 State decode_state(const std::string& value, const std::string& where) {
@@ -97,40 +172,46 @@ State decode_state(const std::string& value, const std::string& where) {
                                  "('{}...'); give this job another --rdzv-id",
                                  where, value.substr(0, 16)));
   auto nl = value.find('\n');
-  int format = 0;
-  try {
-    format = std::stoi(value.substr(kMagic.size(), nl - kMagic.size()));
-  } catch (const std::exception&) {
-  }
-  if (format != State::kFormat)
+  std::string version = value.substr(kMagic.size(), nl == std::string::npos ? std::string::npos : nl - kMagic.size());
+  if (version != std::to_string(State::kFormat))
     throw ddp::Error(fmt::format("rendezvous: {} holds a rendezvous state of format {} (this ddprun reads format {}): "
                                  "every node of a job must run the same ddprun version",
-                                 where, value.substr(kMagic.size(), nl - kMagic.size()), State::kFormat));
+                                 where, version, State::kFormat));
+  State s;
   try {
-    json j = json::parse(value.substr(nl + 1));
-    State s;
-    s.seq = j.at("seq").get<int64_t>();
-    s.round = j.at("round").get<int64_t>();
-    s.complete = j.at("complete").get<bool>();
-    s.last_call = j.at("last_call").get<bool>();
-    s.closed = j.at("closed").get<bool>();
-    s.closed_reason = j.value("closed_reason", "");
-    s.restarts = j.at("restarts").get<int>();
-    s.participants = list_from(j, "participants");
-    s.wait_list = list_from(j, "wait_list");
-    s.redundancy_list = list_from(j, "redundancy_list");
-    s.ending_round = j.value("ending_round", int64_t{-1});
-    s.ending_counted = j.value("ending_counted", false);
-    s.requests_seen = j.value("requests_seen", int64_t{0});
-    if (j.contains("job")) {
-      auto& jj = j.at("job");
-      s.job = JobSettings{jj.at("min_nodes").get<int>(), jj.at("max_nodes").get<int>(),
-                          jj.at("max_restarts").get<int>()};
+    std::string_view rest(value);
+    size_t pos = nl == std::string::npos ? value.size() : nl + 1;
+    while (pos < rest.size()) {
+      size_t end = rest.find('\n', pos);
+      if (end == std::string_view::npos) end = rest.size();
+      read_line(s, rest.substr(pos, end - pos));
+      pos = end + 1;
     }
-    return s;
-  } catch (const json::exception& e) {
-    throw ddp::Error(fmt::format("rendezvous: the state in {} is corrupt: {}", where, e.what()));
+  } catch (const Corrupt& c) {
+    throw ddp::Error(fmt::format("rendezvous: the state in {} is corrupt: {}", where, c.why));
   }
+  return s;
+}
+
+std::string encode_node(const NodeDesc& n) {
+  return fmt::format("{} {} {} {} {}", field(n.id), field(n.addr), field(n.host), field(n.master_addr), n.nproc);
+}
+
+bool decode_node(std::string_view text, NodeDesc& n, std::vector<std::string>& rest) {
+  auto t = split(text);
+  if (t.size() < 5) return false;
+  try {
+    n.id = unfield(t[0]);
+    n.addr = unfield(t[1]);
+    n.host = unfield(t[2]);
+    n.master_addr = unfield(t[3]);
+    n.nproc = number<int>(t[4]);
+  } catch (const Corrupt&) {
+    return false;
+  }
+  rest.clear();
+  for (size_t i = 5; i < t.size(); ++i) rest.emplace_back(t[i]);
+  return !n.id.empty();
 }
 
 }  // namespace ddprun::rdzv

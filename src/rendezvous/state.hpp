@@ -1,13 +1,14 @@
 // The dynamic rendezvous's state: who takes part in which round, who waits, how many
 // restarts were used, whether the job is over. One value in the backend, replaced by
-// compare-and-set (torch's _RendezvousState, as JSON with a version line instead of a
-// pickle).
+// compare-and-set (torch's _RendezvousState, as plain text with a version line instead of
+// a pickle).
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ddprun::rdzv {
@@ -58,11 +59,16 @@ struct State {
   static bool contains(const std::vector<NodeDesc>& list, const std::string& id);
 };
 
-// "ddprun-rdzv 1\n" + JSON.
+// "ddprun-rdzv 1\n" + a line per field and per node (state.cpp says which).
 std::string encode_state(const State& s);
 
 // Throws ddp::Error naming `where` (the backend) for anything that is not ddprun's state:
 // a torchrun agent's (base64 pickles), a newer format, corruption.
 State decode_state(const std::string& value, const std::string& where);
+
+// A node as five space-separated fields (id addr host master nproc), for requests;
+// decode_node puts the fields after them into `rest`. False for anything else.
+std::string encode_node(const NodeDesc& n);
+bool decode_node(std::string_view text, NodeDesc& n, std::vector<std::string>& rest);
 
 }  // namespace ddprun::rdzv

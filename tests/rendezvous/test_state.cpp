@@ -41,6 +41,7 @@ TEST(RendezvousState, RoundTrips) {
   s.redundancy_list = {node("4")};
   s.ending_round = 3;
   s.ending_counted = true;
+  s.requests_seen = 9;
   std::string v = encode_state(s);
   EXPECT_TRUE(v.starts_with("ddprun-rdzv 1\n")) << v;
   State t = decode_state(v, "x");
@@ -57,7 +58,18 @@ TEST(RendezvousState, RoundTrips) {
   EXPECT_EQ(t.redundancy_list[0].id, "4");
   EXPECT_EQ(t.ending_round, 3);
   EXPECT_TRUE(t.ending_counted);
+  EXPECT_EQ(t.requests_seen, 9);
   EXPECT_EQ(encode_state(t), v);
+  // Empty names, a closing reason with spaces and newlines.
+  State e;
+  e.participants = {NodeDesc{"id1", "", "", "", 1}};
+  e.closed = true;
+  e.closed_reason = "node x was lost:\nno keep-alive";
+  State f = decode_state(encode_state(e), "x");
+  EXPECT_EQ(f.participants.at(0).id, "id1");
+  EXPECT_EQ(f.participants.at(0).addr, "");
+  EXPECT_TRUE(f.closed);
+  EXPECT_EQ(f.closed_reason, "node x was lost: no keep-alive");
 }
 
 TEST(RendezvousState, ATorchrunAgentsStateIsRefusedByName) {
@@ -71,10 +83,13 @@ TEST(RendezvousState, ATorchrunAgentsStateIsRefusedByName) {
 
 TEST(RendezvousState, OtherValuesAreRefusedWithoutCrashing) {
   EXPECT_NE(error_of("hello").find("not a rendezvous state"), std::string::npos);
-  EXPECT_NE(error_of("ddprun-rdzv 9\n{}").find("format 9"), std::string::npos);
-  EXPECT_NE(error_of("ddprun-rdzv 1\n{\"seq\": ").find("corrupt"), std::string::npos);
-  EXPECT_NE(error_of("ddprun-rdzv 1\n{\"seq\": \"x\"}").find("corrupt"), std::string::npos);
+  EXPECT_NE(error_of("ddprun-rdzv 9\nseq 1").find("format 9"), std::string::npos);
+  EXPECT_NE(error_of("ddprun-rdzv 1\nseq x").find("corrupt"), std::string::npos);
+  EXPECT_NE(error_of("ddprun-rdzv 1\nP a b").find("corrupt"), std::string::npos);
+  EXPECT_NE(error_of("ddprun-rdzv 1\nP a b c d x").find("corrupt"), std::string::npos);
   EXPECT_NE(error_of("ddprun-rdzv x").find("format"), std::string::npos);
+  // Unknown keys (a later version's) and empty lines are ignored.
+  EXPECT_EQ(error_of("ddprun-rdzv 1\nfuture 7\n\nround 2\n"), "");
 }
 
 TEST(RendezvousEvents, LinesParseAndEscapeNewlines) {
