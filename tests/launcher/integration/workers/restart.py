@@ -1,7 +1,7 @@
 """Records each attempt; rank 0 fails with CODE until attempt SUCCEED_AT (-1: always).
 
 usage: restart.py DIR SUCCEED_AT CODE
-Other ranks sleep in failing attempts (ddprun stops them) and exit 0 in the good one.
+Other ranks sleep (300 s) in failing attempts (ddprun stops them) and exit 0 in the good one.
 """
 import os
 import sys
@@ -19,4 +19,5 @@ if rank == 0:
     time.sleep(0.2)
     print(f"rank 0 failing attempt {attempt}", file=sys.stderr)
     sys.exit(code)
-time.sleep(60)
+time.sleep(300)
+
