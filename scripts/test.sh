@@ -13,14 +13,19 @@ if [ "${1:-}" = "--stress" ]; then
   shift
   exec scripts/stress-test.sh "$@"
 fi
-scripts/setup.sh
+scale="${DDP_TEST_TIMEOUT_SCALE:-}"
+if [ -n "$scale" ] && ! [[ "$scale" =~ ^[0-9]*\.?[0-9]*$ && "$scale" =~ [1-9] ]]; then
+  echo "scripts/test.sh: DDP_TEST_TIMEOUT_SCALE='$scale': expected a positive number such as 2 or 1.5" >&2
+  exit 2
+fi
 # ctest's per-test TIMEOUT limits take the factor at configure time (tests/CMakeLists.txt):
 # configure again when it differs from this run's.
-scale="${DDP_TEST_TIMEOUT_SCALE:-}"
-if [ "$(sed -n 's/^DDP_TEST_TIMEOUT_SCALE:STRING=//p' build/CMakeCache.txt)" != "$scale" ]; then
+if [ -f build/CMakeCache.txt ] &&
+   [ "$(sed -n 's/^DDP_TEST_TIMEOUT_SCALE:STRING=//p' build/CMakeCache.txt)" != "$scale" ]; then
   cmake build -DDDP_TEST_TIMEOUT_SCALE="$scale" >/dev/null
-  cmake --build build --parallel "$(nproc)"
 fi
+scripts/setup.sh
 timeout=$(awk -v s="${scale:-1}" 'BEGIN { t = 300 * s; printf "%d", (t == int(t)) ? t : int(t) + 1 }')
+
 cd build
 ctest --output-on-failure --timeout "$timeout" -j "$(nproc)" "$@"
