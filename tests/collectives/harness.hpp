@@ -98,7 +98,6 @@ struct GroupConfig {
   size_t slice = ddp::ProcessGroupOptions::kAutoSlice;  // slice all-reduce threshold
   size_t slice_stage = 1 << 20;
   std::chrono::milliseconds timeout = ddp::test::scaled(std::chrono::seconds(30));  // a hang guard
-
   std::vector<std::string> host_ids;  // per rank (simulated hosts); empty: the real one
 };
 

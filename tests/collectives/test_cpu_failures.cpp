@@ -413,7 +413,6 @@ TEST(CollectiveFailures, SmallDevShmFallsBackOnOneHostOnly) {
   GroupConfig c;
   c.n = 5;
   c.host_ids = {"a", "a", "a", "b", "b"};
-
   small_dev_shm("5m", c, 1);
 }
 

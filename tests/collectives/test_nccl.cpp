@@ -124,7 +124,6 @@ TEST(Nccl, MissingPeerTimesOutInsteadOfHanging) {
   EXPECT_THROW(ddp::init_process_group(o), ddp::TimeoutError);
   // At the 2 s timeout, or a little later (CUDA's first initialisation): far from a hang.
   EXPECT_LT(std::chrono::steady_clock::now() - t0, ddp::test::scaled(30s));
-
 }
 
 }  // namespace

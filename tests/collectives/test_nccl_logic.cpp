@@ -433,7 +433,6 @@ TEST_F(NcclLogic, RemoteErrorWhileWaitingOnTheStreamEndsTheWaitEarly) {
                                    "there was a network error: fake: rank 1 exited"));
     // At once (ms): the bound is far from that and from the deadline.
     EXPECT_LT(took[r], scaled(10s)) << "rank " << r << " waited for the deadline instead";
-
   }
   auto c = fake::counters();
   EXPECT_EQ(c.aborts, 2);

@@ -53,5 +53,4 @@ bool wait_until(Pred pred, std::chrono::milliseconds timeout) {
   return true;
 }
 
-
 }  // namespace ddp::test

@@ -35,7 +35,6 @@ def torch_missing_reason():
     try:
         r = subprocess.run([TORCH_PYTHON, "-c", "import torch.distributed as d; assert d.is_gloo_available()"],
                            capture_output=True, text=True, timeout=scaled(60))
-
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"{TORCH_PYTHON}: {e}"
     if r.returncode != 0:

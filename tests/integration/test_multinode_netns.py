@@ -233,7 +233,6 @@ class MultiNodeNetns(unittest.TestCase):
         self.assertNotEqual(node0.rc, 0, self.describe([node0]))
         # At the 3 s join timeout, plus ddprun's start: far from the default of 600 s.
         self.assertLess(node0.exited_at - t0, 3 + lib.scaled(17), self.describe([node0]))
-
         self.assertRegex(node0.stderr(), r"node rank 1 never joined", self.describe([node0]))
         self.assertEqual(node0.stdout(), "", "no worker may start without the rendezvous")
 

@@ -126,6 +126,5 @@ class PyTorchJobs(unittest.TestCase):
         self.assertLess(r.elapsed, lib.scaled(60), "the other ranks were not stopped promptly")
 
 
-
 if __name__ == "__main__":
     lib.main()

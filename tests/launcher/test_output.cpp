@@ -96,7 +96,6 @@ class Capture {
   std::string data_;
 };
 
-
 auto now() { return std::chrono::system_clock::now(); }
 
 StreamForwarder make_fwd(Console* c, const std::string& prefix, size_t tail = 0, int file_fd = -1) {
@@ -460,7 +459,6 @@ TEST(LauncherOutput, ConsoleWriterBackPressureAndWake) {
     pollfd p{wake, POLLIN, 0};
     EXPECT_EQ(poll(&p, 1, static_cast<int>(ddp::test::scaled(30s).count())), 1)
         << "the eventfd must be written when the queue drains";
-
   }
   ::close(fds[0]);
   ::close(fds[1]);

@@ -69,10 +69,8 @@ int main(int argc, char** argv) {
     // the key back, the server has handled the SET and sent any stray byte.
     b.set("cpp/never", "now");
     (void)b.get("cpp/never");
-
     auto size_k = a.get("cpp/k").size();
     line(fmt::format("after-timeout: {} {}", size_k, a.add("cpp/n", 1)));
-
 
     auto del1 = a.delete_key("cpp/c");
     line(fmt::format("delete: {} {}", del1, a.delete_key("cpp/c")));

@@ -169,7 +169,6 @@ class RawConn {
   }
   // True if nothing arrives within the window. Only ever asserts an absence: a slow
   // machine makes it pass more easily, never fail.
-
   bool silent_for(std::chrono::milliseconds window) {
     pollfd p{fd_, POLLIN, 0};
     return ::poll(&p, 1, static_cast<int>(window.count())) == 0;

@@ -32,7 +32,6 @@ TEST(MemoryStore, WaitWakesAndTimesOutNamingKeys) {
     s.set("k1", "v");
   });
   s.wait({"k1"}, ddp::test::scaled(30s));  // a hang guard: the key comes ~20 ms in
-
   t.join();
   try {
     s.wait({"k1", "missing-key"}, 30ms);

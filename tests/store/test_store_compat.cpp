@@ -287,7 +287,6 @@ TEST(StoreCompatLimits, LargeMultiSetAndMultiGetAsTorchAllows) {
   // MULTI_GET of 5 x 8 MiB (40 MiB in one reply, some keys twice), more than
   // max_pending_output_bytes: a reply being written is never cut off.
   constexpr size_t kGet = 5;
-
   std::vector<std::string> keys;
   for (size_t i = 0; i < kGet; ++i) keys.push_back(big_key(i % kSet));
   c.send_request(request(Op::kMultiGet, keys));

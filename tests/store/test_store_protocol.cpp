@@ -7,7 +7,6 @@
 #include "store/protocol.hpp"
 #include "test_timeouts.hpp"
 
-
 namespace proto = ddp::detail::proto;
 using proto::Generation;
 using proto::Op;
@@ -347,7 +346,6 @@ TEST(StoreProtocol, ByteByByteIsLinear) {
   // Linear: well under a second here. A quadratic parser takes many minutes, so the bound
   // can be far from the typical value.
   EXPECT_LT(dt, ddp::test::scaled(std::chrono::seconds(30)));
-
   // A 8 MiB value in 1 KiB pieces.
   std::string big(8 << 20, 'x');
   auto p2 = parse(encode(Generation::kV1, request(Op::kSet, {"big"}, {big})), 1024, Generation::kV1);

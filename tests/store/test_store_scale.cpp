@@ -77,5 +77,4 @@ TEST(StoreScale, FourThousandConcurrentClients) {
   conns.clear();
   ddp::test::wait_until([&] { return server->num_connections() == 0; }, hang_guard());
   EXPECT_EQ(server->num_connections(), 0u);
-
 }

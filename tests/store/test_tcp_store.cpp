@@ -309,7 +309,6 @@ TEST_P(StoreGen, CancelWaitRepliesAndForgetsTheWait) {
   s->set("cw2", "1");
   EXPECT_EQ(s->get("cw2"), "1");
   raw.send_request(request(Op::kCancelWait));
-
   EXPECT_EQ(raw.recv_u8(), proto::kWaitStopWaiting);
   EXPECT_EQ(raw.recv_u8(), proto::kWaitCanceled);
 }
@@ -427,7 +426,6 @@ TEST(StoreGen2, Queues) {
   EXPECT_EQ(s.queue_len("q"), 2);
   EXPECT_TRUE(s.check({"q"}));  // a non-empty queue counts as set
   s.wait({"q"}, hang_guard());
-
   EXPECT_TRUE(s.queue_pop("q", v));
   EXPECT_EQ(v, "one");
   EXPECT_TRUE(s.queue_pop("q", v));
@@ -451,12 +449,10 @@ TEST(StoreGen2, BlockingPopQueuePushWakesOneWaiter) {
   s.queue_push("jobs", "j1");
   // Exactly one waiter wakes.
   pollfd fds[2] = {{a.fd(), POLLIN, 0}, {b.fd(), POLLIN, 0}};
-  ASSERT_EQ(::poll(fds, 2, static_cast<int>(hang_guard().count())) > 0, true) << "no waiter woke";
+  ASSERT_GT(::poll(fds, 2, static_cast<int>(hang_guard().count())), 0) << "no waiter woke";
   RawConn* first = fds[0].revents ? &a : &b;
   RawConn* second = fds[0].revents ? &b : &a;
   first->recv_u8();
-
-
   EXPECT_TRUE(second->silent_for(150ms));
   first->send_request(request(Op::kQueuePop, {"jobs"}));
   EXPECT_EQ(first->recv_i64(), 1);

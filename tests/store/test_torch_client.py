@@ -155,7 +155,6 @@ def main():
     print(f"torch {torch.__version__}: wire generation {gen}")
 
     torch_server = dist.TCPStore(HOST, 0, None, True, T(seconds=scaled(60)), wait_for_workers=False)
-
     ddp_proc, ddp_port = start_ddp_server(args.server)
     try:
         # 1. PyTorch's client against both servers.

@@ -216,7 +216,6 @@ class DdprunTestCase(unittest.TestCase):
 
     def read_pid(self, path):
         self.wait_for(lambda: os.path.exists(path) and read_text(path).strip(), what=path)
-
         pid = int(read_text(path).strip())
         self.track_pid(pid)
         return pid

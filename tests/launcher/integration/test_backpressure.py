@@ -38,7 +38,6 @@ class BackPressureTest(DdprunTestCase):
         result = json.loads(out)
         # The reader sleeps 2 s before it reads anything; ddprun can only end after that.
         self.assertGreater(exited, result["began"], "ddprun finished before the reader read anything: output was buffered")
-
         self.assertEqual(result["counts"], [LINES_PER_RANK] * RANKS, result)
         self.assertEqual(result["lines"], LINES_PER_RANK * RANKS, result)
         self.assertEqual(result["rest"], 0)

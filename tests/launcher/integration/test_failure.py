@@ -145,7 +145,6 @@ class RestartTest(DdprunTestCase):
         # Three attempts of ~0.2 s each; siblings of a failed attempt sleep 300 s unless stopped.
         self.assertLess(res.elapsed, scaled(3 * PROMPT), res)
 
-
     def test_always_failing_exits_with_code_after_three_attempts(self):
         res = self.run_ddprun(["--nproc-per-node", "2", "--max-restarts", "2", worker("restart.py"), self.tmp,
                                "-1", "5"])

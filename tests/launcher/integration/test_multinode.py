@@ -84,7 +84,6 @@ class MultiNodeTest(DdprunTestCase):
         # Three missed beats of a second: the bound is far from that and from the workers' 300 s.
         self.assertLess(time.monotonic() - t0, scaled(20), "node 0 must notice within a few keep-alive intervals")
 
-
         err = read_text(self.path("ddprun.stderr"))
         self.assertIn("node 1 stopped responding", err)
         self.assertIn("not restarting", err)

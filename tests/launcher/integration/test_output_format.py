@@ -53,7 +53,6 @@ class ProgressAndLinesTest(DdprunTestCase):
         open(self.path("release"), "w").close()
         rest = p.stdout.read()
         p.wait(timeout=scaled(30))
-
         self.assertEqual(p.returncode, 0)
         out = got + rest
         self.assertEqual(out.count(b"progress 100%"), 1, out)

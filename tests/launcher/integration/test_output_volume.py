@@ -51,7 +51,6 @@ class VolumeTest(DdprunTestCase):
                 pieces += 1
                 continue
             if not b:
-
                 problems.append(f"malformed line {line[:120]!r}")
             else:
                 k, r, i, pad = b[1].decode(), int(b[2]), int(b[3]), b[4].decode()

@@ -116,7 +116,6 @@ class SummaryJsonTest(DdprunTestCase):
         self.wait_for_files([self.path(f"ready_{r}") for r in range(2)])
         os.kill(p.pid, signal.SIGTERM)
         self.assertEqual(p.wait(timeout=scaled(60)), 143)
-
         j = self.load_json(path)
         self.assertEqual(j["status"], "signaled")
         self.assertEqual(j["signal"], "SIGTERM")

@@ -122,7 +122,6 @@ class Pid1Test(DdprunTestCase):
         res = self.run_pid1(4)
         self.assertEqual(res.rc, 4, res)
         self.assertLess(res.elapsed, scaled(PROMPT), res)
-
         self.summary_block(res.stderr)
 
 

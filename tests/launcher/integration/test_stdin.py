@@ -33,7 +33,6 @@ class StdinTest(DdprunTestCase):
                            timeout=scaled(60), start_new_session=True)
         # A second or so; a worker stopped by SIGTTIN would hang until the timeout above.
         self.assertLess(time.monotonic() - t0, scaled(20))
-
         out = p.stdout.decode(errors="replace")
         self.assertEqual(p.returncode, 0, out)
         for r in (0, 1):

@@ -23,4 +23,3 @@ while True:
         counts[r] += complete.count(b"[rank%d]:r%d " % (r, r))
     lines += complete.count(b"\n")
 print(json.dumps({"counts": counts, "lines": lines, "rest": len(rest), "began": began}))
-

@@ -31,7 +31,6 @@ sys.stdout.flush()
 with open(os.path.join(d, "failed_at.tmp"), "w") as f:
     f.write(repr(time.monotonic()))
 os.rename(os.path.join(d, "failed_at.tmp"), os.path.join(d, "failed_at"))
-
 if kind == "exit":
     os._exit(int(value))
 os.kill(os.getpid(), int(value))
