@@ -296,6 +296,28 @@ TEST(LauncherOutput, MegabyteLineFedInOddSizedReads) {
   EXPECT_EQ(reassemble(out, "", &pieces), line.substr(0, line.size() - 1));
 }
 
+TEST(LauncherOutput, IdleFlushesInsideAnOverlongLineKeepItsPiecesWithinTheLimit) {
+  // Parts of a long line flushed while idle stay on the console line that the rest of the
+  // line continues: with them, every piece is still at most kMaxLine.
+  const std::string line = big_utf8_line() + "\n";
+  for (std::vector<size_t> flushed_after : {std::vector<size_t>{100000, 3, 70000}, {StreamForwarder::kMaxLine}}) {
+    SCOPED_TRACE(flushed_after[0]);
+    Capture cap;
+    auto f = make_fwd(cap.console(), "[p]");
+    size_t off = 0;
+    for (size_t n : flushed_after) {
+      f.feed(line.data() + off, n, now());
+      f.flush_partial(now());
+      off += n;
+    }
+    f.feed(line.data() + off, line.size() - off, now());
+    const std::string out = cap.finish();
+    for (const std::string& l : split_lines(out)) EXPECT_LE(l.size(), 3 + StreamForwarder::kMaxLine + kCont.size());
+    size_t pieces = 0;
+    EXPECT_EQ(reassemble(out, "[p]", &pieces), line.substr(0, line.size() - 1));
+  }
+}
+
 TEST(LauncherOutput, FlushPartialKeepsIncompleteUtf8) {
   Capture cap;
   auto f = make_fwd(cap.console(), "[p]");
