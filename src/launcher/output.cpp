@@ -38,10 +38,10 @@ size_t incomplete_utf8_tail(const char* p, size_t n) {
   return 0;
 }
 
-// A cut at or before max that does not split a UTF-8 character.
+// A cut at or before max that does not split a UTF-8 character (it may be 0 when max < 4).
 size_t utf8_cut(const char* p, size_t max) {
   size_t cut = max;
-  while (cut > max - 3 && (static_cast<unsigned char>(p[cut]) & 0xC0) == 0x80) --cut;
+  while (cut > 0 && cut + 3 > max && (static_cast<unsigned char>(p[cut]) & 0xC0) == 0x80) --cut;
   return cut;
 }
 
@@ -211,8 +211,10 @@ void StreamForwarder::emit_piece(std::string& out, const char* p, size_t n, bool
   if (open != this) {
     out += stamp;
     out += cfg_.prefix;
+    flushed_ = 0;
   }
   out.append(p, n);
+  flushed_ = terminated ? 0 : flushed_ + n;
   c->dangling = terminated ? nullptr : this;
   if (!terminated) c->dangling_epoch = c->writer->interruptions();
 }
@@ -255,7 +257,7 @@ void StreamForwarder::feed(const char* data, size_t n, std::chrono::system_clock
     size_t term = (*q == '\r' && q + 1 < end && q[1] == '\n') ? 2 : 1;
     if (*q == '\r' && q + 1 == end) after_cr_ = true;
     const char* line_end = q + term;
-    if (partial_.empty() && static_cast<size_t>(line_end - p) <= kMaxLine) {
+    if (partial_.empty() && static_cast<size_t>(line_end - p) + open_bytes() <= kMaxLine) {
       emit_piece(out, p, static_cast<size_t>(line_end - p), true, st);
     } else {
       partial_.append(p, static_cast<size_t>(line_end - p));
@@ -268,12 +270,17 @@ void StreamForwarder::feed(const char* data, size_t n, std::chrono::system_clock
   send(out);
 }
 
-// Sends kMaxLine pieces of an overlong line, each ending with the continuation mark. Only
-// cuts beyond kMaxLine: the byte at the cut must have arrived to tell whether the cut falls
-// inside a UTF-8 character.
+// Bytes of the current line that idle flushes already put on the console line still open.
+size_t StreamForwarder::open_bytes() const {
+  return cfg_.console && cfg_.console->open_line() == this ? flushed_ : 0;
+}
+
+// Sends kMaxLine pieces of an overlong line, each ending with the continuation mark; the
+// first counts what idle flushes already sent of it. Only cuts beyond kMaxLine: the byte
+// at the cut must have arrived to tell whether the cut falls inside a UTF-8 character.
 void StreamForwarder::split_overlong(std::string& out, const std::string& stamp) {
-  while (partial_.size() > kMaxLine) {
-    size_t cut = utf8_cut(partial_.data(), kMaxLine);
+  while (partial_.size() + open_bytes() > kMaxLine) {
+    size_t cut = utf8_cut(partial_.data(), kMaxLine - open_bytes());
     std::string piece = partial_.substr(0, cut) + kContinuation;
     emit_piece(out, piece.data(), piece.size(), true, stamp);
     partial_.erase(0, cut);

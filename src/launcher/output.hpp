@@ -94,12 +94,13 @@ class StreamForwarder {
   void emit_piece(std::string& out, const char* p, size_t n, bool terminated, const std::string& stamp);
   void remember(const char* p, size_t n);
   void split_overlong(std::string& out, const std::string& stamp);
+  size_t open_bytes() const;
   std::string stamp(std::chrono::system_clock::time_point now) const;
   void send(std::string& out);
 
   ForwarderConfig cfg_;
   std::string partial_;
-  bool mid_line_ = false;       // part of the current line already went to the console
+  size_t flushed_ = 0;          // bytes of the current line on the console already (idle flushes)
   bool after_cr_ = false;       // the last piece ended with '\r' (a following '\n' belongs to it)
   std::deque<std::string> tail_;
   std::string tail_partial_;

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "ddp/ddp.hpp"
+#include "test_timeouts.hpp"
 
 namespace ddp_test {
 
@@ -96,7 +97,7 @@ struct GroupConfig {
   size_t ring = 2 << 20;
   size_t slice = ddp::ProcessGroupOptions::kAutoSlice;  // slice all-reduce threshold
   size_t slice_stage = 1 << 20;
-  std::chrono::milliseconds timeout{std::chrono::seconds(30)};
+  std::chrono::milliseconds timeout = ddp::test::scaled(std::chrono::seconds(30));  // a hang guard
   std::vector<std::string> host_ids;  // per rank (simulated hosts); empty: the real one
 };
 

@@ -20,6 +20,8 @@
 using namespace ddp_test;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using ddp::test::scaled;
+using ddp::test::scaled_seconds;
 
 namespace {
 
@@ -59,12 +61,13 @@ void timeout_names_peer(ddp::Transport t, size_t count, size_t slice = 0) {
       while (!rank0_done) std::this_thread::sleep_for(5ms);  // never joins in time
       auto t0 = Clock::now();
       try {
-        pg.all_reduce(std::span<float>(v), {.timeout = 10s});
+        pg.all_reduce(std::span<float>(v), {.timeout = scaled(60s)});
         err1 = "no error";
       } catch (const std::exception& e) {
         err1 = e.what();
       }
-      if (Clock::now() - t0 > 5s) err1 += " | took longer than 5 s";
+      // Told at once (milliseconds), not at its own timeout: the bound is far from both.
+      if (Clock::now() - t0 > scaled(10s)) err1 += " | took longer than " + ddp::format_duration(scaled(10s));
     }
   });
   expect_no_errors(errors);
@@ -75,7 +78,7 @@ void timeout_names_peer(ddp::Transport t, size_t count, size_t slice = 0) {
   EXPECT_TRUE(contains(err0, "300 ms")) << err0;
   EXPECT_FALSE(contains(err0, " | ")) << err0;
   EXPECT_GE(waited, 0.29);
-  EXPECT_LT(waited, 3.0);
+  EXPECT_LT(waited, scaled_seconds(10));  // at the 300 ms timeout, not much later
   // Rank 1 learns that rank 0 gave up (shared-memory flag or closed socket), quickly.
   EXPECT_TRUE(contains(err1, "peer rank 0")) << err1;
   EXPECT_FALSE(contains(err1, " | ")) << err1;
@@ -109,7 +112,9 @@ void killed_peer(int n, int victim, ddp::Transport transport, size_t slice = 0) 
   std::string dir = fs::temp_directory_path() / ("ddp-kill-" + std::to_string(getpid()) + "-" +
                                                  std::to_string(Clock::now().time_since_epoch().count()));
   fs::create_directories(dir + "/store");
-  const auto op_timeout = 60s;
+  // What a rank without failure detection would wait for: far above every bound below.
+  const auto op_timeout = scaled(180s);
+  const auto guard = scaled(60s);  // then the ranks are killed: a hang
   std::vector<pid_t> pids;
   auto start = Clock::now();
   for (int r = 0; r < n; ++r) {
@@ -125,7 +130,7 @@ void killed_peer(int n, int victim, ddp::Transport transport, size_t slice = 0) 
         o.store = store;
         o.transport = transport;
         o.slice_min_bytes = slice;
-        o.timeout = 20s;
+        o.timeout = scaled(30s);  // a hang guard for the bootstrap
         auto pg = ddp::init_process_group(o);
         if (r == victim)
           std::thread([] {
@@ -156,9 +161,9 @@ void killed_peer(int n, int victim, ddp::Transport transport, size_t slice = 0) 
       if (p == pids[victim]) status_victim = st;
       continue;
     }
-    if (Clock::now() - start > 40s) {
+    if (Clock::now() - start > guard) {
       for (pid_t q : pids) kill(q, SIGKILL);
-      ADD_FAILURE() << "ranks still running after 40 s";
+      ADD_FAILURE() << "ranks still running after " << ddp::format_duration(guard);
       while (waitpid(-1, nullptr, 0) > 0) {
       }
       break;
@@ -167,7 +172,10 @@ void killed_peer(int n, int victim, ddp::Transport transport, size_t slice = 0) 
   }
   double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
   EXPECT_TRUE(WIFSIGNALED(status_victim) && WTERMSIG(status_victim) == SIGKILL);
-  EXPECT_LT(elapsed, 15.0) << "others should fail by detection, not by the 60 s timeout";
+  // Forking, the bootstrap, 300 ms of all_reduces, then detection: a second or two. The
+  // bound is far from that and from the operation timeout.
+  EXPECT_LT(elapsed, scaled_seconds(30)) << "others should fail by detection, not by the "
+                                         << ddp::format_duration(op_timeout) << " timeout";
   for (int r = 0; r < n; ++r) {
     if (r == victim) continue;
     std::ifstream f(dir + "/result." + std::to_string(r));
@@ -232,12 +240,12 @@ class RefusingStore : public ddp::Store {
 
 // Rank 2 of 3 fails while the others wait for it in the bootstrap (for its shared-memory
 // mapping, its TCP address, its TCP connection): they must give up at once, naming it,
-// not after the 20 s init timeout.
+// not after the init timeout.
 void bootstrap_failure_is_fast(ddp::Transport transport, const std::string& refused_key) {
   GroupConfig c;
   c.n = 3;
   c.transport = transport;
-  c.timeout = 20s;
+  c.timeout = scaled(60s);
   std::vector<Clock::duration> took(3);
   auto t0 = Clock::now();
   auto errors = run_ranks_with(
@@ -248,7 +256,8 @@ void bootstrap_failure_is_fast(ddp::Transport transport, const std::string& refu
       },
       [](ddp::ProcessGroup&) {});
   auto all = Clock::now() - t0;
-  EXPECT_LT(all, 5s) << "the ranks waited for the init timeout";
+  // Milliseconds; the bound is far from that and from the init timeout.
+  EXPECT_LT(all, scaled(15s)) << "the ranks waited for the init timeout";
   EXPECT_TRUE(contains(errors[2], "injected failure: cannot set " + refused_key)) << errors[2];
   for (int r = 0; r < 2; ++r) {
     EXPECT_TRUE(contains(errors[r], "init_process_group")) << errors[r];
@@ -275,7 +284,7 @@ void check_collectives(ddp::ProcessGroup& pg);
 TEST(CollectiveFailures, MixedTransportOptionsAgreeOnEveryLink) {
   GroupConfig c;
   c.n = 4;
-  c.timeout = 10s;
+  c.timeout = scaled(60s);  // what a link whose ends disagree would hang for
   auto t0 = Clock::now();
   auto errors = run_ranks_with(
       c.n,
@@ -286,7 +295,8 @@ TEST(CollectiveFailures, MixedTransportOptionsAgreeOnEveryLink) {
       },
       check_collectives);
   expect_no_errors(errors);
-  EXPECT_LT(Clock::now() - t0, 5s);
+  // Well under a second idle, a few seconds on a loaded machine: far below the hang.
+  EXPECT_LT(Clock::now() - t0, scaled(30s));
 }
 
 void check_collectives(ddp::ProcessGroup& pg) {
@@ -336,7 +346,7 @@ void small_dev_shm(const char* size, const GroupConfig& c, int hosts_without_shm
     dup2(fds[1], 2);
     close(fds[0]);
     close(fds[1]);
-    alarm(30);
+    alarm(static_cast<unsigned>(scaled_seconds(90)));  // a hang guard
     std::string opts = std::string("size=") + size;
     if (unshare(CLONE_NEWNS) != 0 ||
         mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
@@ -362,7 +372,7 @@ void small_dev_shm(const char* size, const GroupConfig& c, int hosts_without_shm
   close(fds[1]);
   std::string out;
   char buf[4096];
-  for (;;) {  // until the child exits (it has 30 s)
+  for (;;) {  // until the child exits (or its alarm() ends it)
     ssize_t k = read(fds[0], buf, sizeof buf);
     if (k > 0)
       out.append(buf, static_cast<size_t>(k));
@@ -394,7 +404,6 @@ void small_dev_shm(const char* size, const GroupConfig& c, int hosts_without_shm
 TEST(CollectiveFailures, SmallDevShmFallsBackToTcp) {
   GroupConfig c;
   c.n = 4;
-  c.timeout = 10s;
   small_dev_shm("4m", c, 1);
 }
 
@@ -403,7 +412,6 @@ TEST(CollectiveFailures, SmallDevShmFallsBackToTcp) {
 TEST(CollectiveFailures, SmallDevShmFallsBackOnOneHostOnly) {
   GroupConfig c;
   c.n = 5;
-  c.timeout = 10s;
   c.host_ids = {"a", "a", "a", "b", "b"};
   small_dev_shm("5m", c, 1);
 }

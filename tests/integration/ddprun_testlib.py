@@ -7,6 +7,7 @@ Environment:
   DDPRUN_IT_KEEP  set: keep each test's temporary folder (node output) and print its path
   PYTHON_EXEC  the interpreter with torch that ddprun starts workers with;
                default /usr/bin/python3
+  DDP_TEST_TIMEOUT_SCALE  multiplies every hang guard and "fast" bound (README, "Tests")
 """
 import os
 import re
@@ -16,6 +17,9 @@ import sys
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "common"))
+from test_timeouts import scaled  # noqa: E402,F401  (DDP_TEST_TIMEOUT_SCALE; tests use lib.scaled)
+
 SOURCE_DIR = os.path.abspath(os.path.join(HERE, "..", ".."))
 EXAMPLES = os.path.join(SOURCE_DIR, "examples", "pytorch")
 WORKERS = os.path.join(HERE, "workers")
@@ -30,7 +34,7 @@ def torch_missing_reason():
     """None when TORCH_PYTHON can import torch with gloo, else why not."""
     try:
         r = subprocess.run([TORCH_PYTHON, "-c", "import torch.distributed as d; assert d.is_gloo_available()"],
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=scaled(60))
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"{TORCH_PYTHON}: {e}"
     if r.returncode != 0:

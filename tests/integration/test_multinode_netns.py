@@ -29,7 +29,7 @@ MASTER_PORT = 29600
 
 
 def ip(*args, check=True):
-    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True, timeout=20)
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True, timeout=lib.scaled(30))
 
 
 def netns_unavailable_reason():
@@ -132,10 +132,10 @@ class MultiNodeNetns(unittest.TestCase):
                 n.proc.send_signal(signal.SIGTERM)
         for n in self.started:
             try:
-                n.proc.wait(timeout=10)
+                n.proc.wait(timeout=lib.scaled(30))
             except subprocess.TimeoutExpired:
                 n.proc.kill()
-                n.proc.wait(timeout=10)
+                n.proc.wait(timeout=lib.scaled(30))
         if self.topo:
             self.topo.destroy()
         if os.environ.get("DDPRUN_IT_KEEP"):
@@ -161,6 +161,8 @@ class MultiNodeNetns(unittest.TestCase):
         return node
 
     def wait_all(self, nodes, timeout):
+        """Until every node exited; `timeout` (seconds, scaled here) only guards against a hang."""
+        timeout = lib.scaled(timeout)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for n in nodes:
@@ -183,7 +185,7 @@ class MultiNodeNetns(unittest.TestCase):
         ckpt = os.path.join(self.tmp, "ckpt.pt")
         nodes = [self.start_node(i, 3, 2, os.path.join(lib.EXAMPLES, "train.py"),
                                  ["--checkpoint", ckpt, "--debug"]) for i in range(3)]
-        self.wait_all(nodes, 75)
+        self.wait_all(nodes, 150)
         for n in nodes:
             self.assertEqual(n.rc, 0, self.describe(nodes))
         loss = lib.losses(nodes[0].stdout())
@@ -207,13 +209,15 @@ class MultiNodeNetns(unittest.TestCase):
         self.make_topology(3)
         nodes = [self.start_node(i, 3, 2, os.path.join(lib.WORKERS, "kill_self.py"), ["--kill-rank", "3"])
                  for i in range(3)]
-        self.wait_all(nodes, 75)
+        self.wait_all(nodes, 120)
         killed = [l for l in nodes[1].stdout().splitlines() if "KILLING rank 3 at" in l]
         self.assertEqual(len(killed), 1, self.describe(nodes))
         killed_at = float(killed[0].rsplit(" ", 1)[1])
         for n in nodes:
             self.assertNotEqual(n.rc, 0, self.describe(nodes))
-            self.assertLess(n.exited_at - killed_at, 10, f"node {n.rank} took too long\n" + self.describe(nodes))
+            # A second or two; the other ranks sleep 300 s unless stopped.
+            self.assertLess(n.exited_at - killed_at, lib.scaled(30),
+                            f"node {n.rank} took too long\n" + self.describe(nodes))
         # The node that lost the worker names it; node 0 reports the root cause.
         self.assertIn("Signal 9 (SIGKILL)", nodes[1].stderr(), self.describe(nodes))
         self.assertRegex(nodes[1].stderr(), r"rank\s*: 3 \(local_rank: 1\)")
@@ -225,9 +229,10 @@ class MultiNodeNetns(unittest.TestCase):
         t0 = time.time()
         node0 = self.start_node(0, 2, 2, os.path.join(lib.EXAMPLES, "allreduce.py"),
                                 ddprun_args=["--rdzv-conf", "join_timeout=3"])
-        self.wait_all([node0], 30)
+        self.wait_all([node0], 60)
         self.assertNotEqual(node0.rc, 0, self.describe([node0]))
-        self.assertLess(node0.exited_at - t0, 10, self.describe([node0]))
+        # At the 3 s join timeout, plus ddprun's start: far from the default of 600 s.
+        self.assertLess(node0.exited_at - t0, 3 + lib.scaled(17), self.describe([node0]))
         self.assertRegex(node0.stderr(), r"node rank 1 never joined", self.describe([node0]))
         self.assertEqual(node0.stdout(), "", "no worker may start without the rendezvous")
 

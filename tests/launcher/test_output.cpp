@@ -4,10 +4,10 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
-#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <regex>
@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "launcher/output.hpp"
+#include "test_timeouts.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -44,7 +45,7 @@ class Capture {
         if (n <= 0) break;
         std::lock_guard lk(mu_);
         data_.append(buf, static_cast<size_t>(n));
-        total_ += static_cast<size_t>(n);
+        arrived_.notify_all();
       }
     });
     writer_ = std::make_unique<ConsoleWriter>(fds_[1], bound, wake_);
@@ -57,18 +58,18 @@ class Capture {
   int wake_fd() const { return wake_; }
   int read_fd() const { return fds_[0]; }
 
-  // Everything written so far (the writer flushed and the pipe drained).
+  // Everything written so far: once the writer is flushed, a marker written into the pipe
+  // behind its output comes out last, however long the reader thread takes.
   std::string snapshot() {
+    static const std::string kMarker("\0<snapshot>\0", 12);
     writer_->flush();
-    size_t last = SIZE_MAX;
-    for (;;) {
-      int avail = 0;
-      ioctl(fds_[0], FIONREAD, &avail);
-      std::this_thread::sleep_for(20ms);
-      std::lock_guard lk(mu_);
-      if (avail == 0 && total_ == last) return data_;
-      last = total_;
-    }
+    if (::write(fds_[1], kMarker.data(), kMarker.size()) != static_cast<ssize_t>(kMarker.size())) std::abort();
+    std::unique_lock lk(mu_);
+    if (!arrived_.wait_for(lk, ddp::test::scaled(30s), [&] { return data_.ends_with(kMarker); }))
+      ADD_FAILURE() << "the pipe's reader never saw the snapshot marker";
+    else
+      data_.resize(data_.size() - kMarker.size());
+    return data_;
   }
 
   // Stops the writer, closes the pipe and returns everything.
@@ -91,8 +92,8 @@ class Capture {
   Console console_;
   std::thread reader_;
   std::mutex mu_;
+  std::condition_variable arrived_;
   std::string data_;
-  size_t total_ = 0;
 };
 
 auto now() { return std::chrono::system_clock::now(); }
@@ -295,6 +296,28 @@ TEST(LauncherOutput, MegabyteLineFedInOddSizedReads) {
   EXPECT_EQ(reassemble(out, "", &pieces), line.substr(0, line.size() - 1));
 }
 
+TEST(LauncherOutput, IdleFlushesInsideAnOverlongLineKeepItsPiecesWithinTheLimit) {
+  // Parts of a long line flushed while idle stay on the console line that the rest of the
+  // line continues: with them, every piece is still at most kMaxLine.
+  const std::string line = big_utf8_line() + "\n";
+  for (std::vector<size_t> flushed_after : {std::vector<size_t>{100000, 3, 70000}, {StreamForwarder::kMaxLine}}) {
+    SCOPED_TRACE(flushed_after[0]);
+    Capture cap;
+    auto f = make_fwd(cap.console(), "[p]");
+    size_t off = 0;
+    for (size_t n : flushed_after) {
+      f.feed(line.data() + off, n, now());
+      f.flush_partial(now());
+      off += n;
+    }
+    f.feed(line.data() + off, line.size() - off, now());
+    const std::string out = cap.finish();
+    for (const std::string& l : split_lines(out)) EXPECT_LE(l.size(), 3 + StreamForwarder::kMaxLine + kCont.size());
+    size_t pieces = 0;
+    EXPECT_EQ(reassemble(out, "[p]", &pieces), line.substr(0, line.size() - 1));
+  }
+}
+
 TEST(LauncherOutput, FlushPartialKeepsIncompleteUtf8) {
   Capture cap;
   auto f = make_fwd(cap.console(), "[p]");
@@ -456,7 +479,8 @@ TEST(LauncherOutput, ConsoleWriterBackPressureAndWake) {
     drain.join();
     EXPECT_FALSE(w.full());
     pollfd p{wake, POLLIN, 0};
-    EXPECT_EQ(poll(&p, 1, 1000), 1) << "the eventfd must be written when the queue drains";
+    EXPECT_EQ(poll(&p, 1, static_cast<int>(ddp::test::scaled(30s).count())), 1)
+        << "the eventfd must be written when the queue drains";
   }
   ::close(fds[0]);
   ::close(fds[1]);

@@ -4,6 +4,7 @@
 
 #include "ddp/error.hpp"
 #include "ddp/store.hpp"
+#include "test_timeouts.hpp"
 
 using namespace std::chrono_literals;
 
@@ -30,7 +31,7 @@ TEST(MemoryStore, WaitWakesAndTimesOutNamingKeys) {
     std::this_thread::sleep_for(20ms);
     s.set("k1", "v");
   });
-  s.wait({"k1"}, 5s);
+  s.wait({"k1"}, ddp::test::scaled(30s));  // a hang guard: the key comes ~20 ms in
   t.join();
   try {
     s.wait({"k1", "missing-key"}, 30ms);

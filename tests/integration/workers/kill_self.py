@@ -18,4 +18,4 @@ if rank == args.kill_rank:
     time.sleep(args.delay)
     print(f"KILLING rank {rank} at {time.time():.3f}", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
-time.sleep(120)  # ddprun stops us once the killed rank is gone
+time.sleep(300)  # ddprun stops us once the killed rank is gone

@@ -14,4 +14,4 @@ dist.barrier()
 if rank == args.fail_rank:
     time.sleep(0.5)
     raise RuntimeError(f"deliberate failure on rank {rank} (pid {os.getpid()})")
-time.sleep(120)  # ddprun stops us once the failing rank is gone
+time.sleep(300)  # ddprun stops us once the failing rank is gone

@@ -3,6 +3,9 @@
 Every test runs the built ddprun (path in $DDPRUN, set by ctest) in a temporary folder,
 with worker scripts from ./workers run by Debian's /usr/bin/python3 (PYTHON_EXEC), and
 cleans up every process it started, by pid.
+
+Every timeout a helper here takes is a hang guard in seconds, multiplied by
+DDP_TEST_TIMEOUT_SCALE inside the helper; tests scale their own bounds with scaled().
 """
 import json
 import os
@@ -17,6 +20,9 @@ import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "common"))
+from test_timeouts import scaled  # noqa: E402,F401  (DDP_TEST_TIMEOUT_SCALE; tests import it from here)
+
 WORKERS = os.path.join(HERE, "workers")
 PYTHON = "/usr/bin/python3"
 
@@ -136,7 +142,7 @@ class DdprunTestCase(unittest.TestCase):
                 except ProcessLookupError:
                     pass
                 try:
-                    p.wait(timeout=5)
+                    p.wait(timeout=scaled(30))
                 except subprocess.TimeoutExpired:
                     pass
         for pid in self._pids:
@@ -176,7 +182,9 @@ class DdprunTestCase(unittest.TestCase):
         self._procs.append(p)
         return p
 
-    def run_ddprun(self, args, env=None, timeout=40, cmd_prefix=()):
+    def run_ddprun(self, args, env=None, timeout=60, cmd_prefix=()):
+        """Runs ddprun to its end; `timeout` (seconds, scaled here) only guards against a hang."""
+        timeout = scaled(timeout)
         out_path, err_path = self.path("ddprun.stdout"), self.path("ddprun.stderr")
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             t0 = time.monotonic()
@@ -192,7 +200,9 @@ class DdprunTestCase(unittest.TestCase):
         with open(out_path, "rb") as o, open(err_path, "rb") as e:
             return Result(rc, o.read(), e.read(), elapsed)
 
-    def wait_for(self, pred, timeout=10.0, what="condition"):
+    def wait_for(self, pred, timeout=30.0, what="condition"):
+        """pred()'s first true value; fails after `timeout` seconds (scaled here)."""
+        timeout = scaled(timeout)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             v = pred()
@@ -201,11 +211,11 @@ class DdprunTestCase(unittest.TestCase):
             time.sleep(0.02)
         self.fail(f"timed out after {timeout}s waiting for {what}")
 
-    def wait_for_files(self, paths, timeout=15.0):
+    def wait_for_files(self, paths, timeout=30.0):
         self.wait_for(lambda: all(os.path.exists(p) for p in paths), timeout, f"files {paths}")
 
     def read_pid(self, path):
-        self.wait_for(lambda: os.path.exists(path) and read_text(path).strip(), 10, path)
+        self.wait_for(lambda: os.path.exists(path) and read_text(path).strip(), what=path)
         pid = int(read_text(path).strip())
         self.track_pid(pid)
         return pid

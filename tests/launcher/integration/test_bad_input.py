@@ -39,7 +39,7 @@ CASES = [
 class BadInputTest(DdprunTestCase):
     def check(self, args, expect, env=None):
         marker = self.path("marker")
-        res = self.run_ddprun(args, env=env, timeout=15)
+        res = self.run_ddprun(args, env=env)
         self.assertEqual(res.rc, 2, res)
         lines = res.stderr.splitlines()
         self.assertEqual(len([l for l in lines if l.startswith("ddprun: error:")]), 1, res)

@@ -7,7 +7,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddprun_testlib import DdprunTestCase, clean_env, read_text, worker
+from ddprun_testlib import DdprunTestCase, clean_env, read_text, scaled, worker
 
 
 class SummaryTest(DdprunTestCase):
@@ -115,7 +115,7 @@ class SummaryJsonTest(DdprunTestCase):
         p = self.start(["--nproc-per-node", "2", "--summary-json", path, worker("signals.py"), self.tmp, "term"])
         self.wait_for_files([self.path(f"ready_{r}") for r in range(2)])
         os.kill(p.pid, signal.SIGTERM)
-        self.assertEqual(p.wait(timeout=10), 143)
+        self.assertEqual(p.wait(timeout=scaled(60)), 143)
         j = self.load_json(path)
         self.assertEqual(j["status"], "signaled")
         self.assertEqual(j["signal"], "SIGTERM")

@@ -8,7 +8,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddprun_testlib import DDPRUN, DdprunTestCase, clean_env
+from ddprun_testlib import DDPRUN, DdprunTestCase, clean_env, scaled
 
 READER = "read line; echo \"rc=$? line=$line\""
 
@@ -17,7 +17,8 @@ class StdinTest(DdprunTestCase):
     def test_piped_stdin_reaches_the_worker(self):
         env = clean_env(TMPDIR=self.tmp)
         p = subprocess.run([DDPRUN, "--no-python", "sh", "-c", READER], input=b"hello\n",
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=self.tmp, timeout=30)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=self.tmp,
+                           timeout=scaled(60))
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn(b"[rank0]:rc=0 line=hello", p.stdout)
 
@@ -29,8 +30,9 @@ class StdinTest(DdprunTestCase):
         # script(1) runs the command on a new pseudo-terminal as its controlling terminal.
         p = subprocess.run(["script", "-qec", cmd, "/dev/null"], stdin=subprocess.DEVNULL,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=self.tmp,
-                           timeout=30, start_new_session=True)
-        self.assertLess(time.monotonic() - t0, 20)
+                           timeout=scaled(60), start_new_session=True)
+        # A second or so; a worker stopped by SIGTTIN would hang until the timeout above.
+        self.assertLess(time.monotonic() - t0, scaled(20))
         out = p.stdout.decode(errors="replace")
         self.assertEqual(p.returncode, 0, out)
         for r in (0, 1):

@@ -7,7 +7,7 @@ import sys
 
 out = sys.argv[1]
 try:
-    socket.create_connection((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])), timeout=5).close()
+    socket.create_connection((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])), timeout=30).close()
     reachable = True
 except OSError:
     reachable = False

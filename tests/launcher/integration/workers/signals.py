@@ -1,7 +1,7 @@
 """Signal behaviours. usage: signals.py DIR MODE
 term:       on SIGTERM write DIR/term_<rank> and exit 0.
-usr1:       on SIGUSR1 write DIR/usr1_<rank>, keep running, exit 0 soon after (7 if none in 20 s).
-ignore-int: ignore SIGINT and SIGTERM, sleep 60.
+usr1:       on SIGUSR1 write DIR/usr1_<rank>, keep running, exit 0 soon after (7 if none in 60 s).
+ignore-int: ignore SIGINT and SIGTERM, sleep 300 (term: also at most 300 s).
 Every rank writes DIR/ready_<rank> once its handlers are in place, and DIR/pid_<rank>.
 """
 import os
@@ -31,8 +31,8 @@ elif mode == "ignore-int":
 with open(os.path.join(d, f"pid_{rank}"), "w") as f:
     f.write(str(os.getpid()))
 mark("ready")
-deadline = time.time() + (20 if mode == "usr1" else 60)
-while time.time() < deadline:
+deadline = time.monotonic() + (60 if mode == "usr1" else 300)
+while time.monotonic() < deadline:
     if got:
         mark("usr1")
         time.sleep(0.3)  # still running after the signal
