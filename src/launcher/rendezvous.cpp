@@ -7,7 +7,6 @@
 #include <atomic>
 #include <set>
 #include <cerrno>
-#include <fstream>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -19,6 +18,7 @@
 
 #include "ddp/error.hpp"
 #include "ddp/tcp_store.hpp"
+#include "launcher/fileio.hpp"
 #include "launcher/random.hpp"
 #include "store/server.hpp"
 
@@ -33,7 +33,7 @@ namespace {
 std::string who_listens(int port) {
   std::set<std::string> inodes;
   for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream f(table);
+    std::istringstream f(read_file(table).value_or(""));
     std::string line;
     std::getline(f, line);
     while (std::getline(f, line)) {
@@ -60,7 +60,7 @@ std::string who_listens(int port) {
       if (n <= 0) continue;
       target[n] = 0;
       if (inodes.count(target)) {
-        std::ifstream comm(std::string("/proc/") + e->d_name + "/comm");
+        std::istringstream comm(read_file(std::string("/proc/") + e->d_name + "/comm").value_or(""));
         std::string name;
         std::getline(comm, name);
         found = fmt::format("pid {} ({})", e->d_name, name);
