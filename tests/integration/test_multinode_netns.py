@@ -11,7 +11,9 @@ hostname's address by default, which here is 127.0.0.1 (useless across namespace
 node's workers get GLOO_SOCKET_IFNAME=ddpt<i>.
 
 Needs root (ip netns add); the whole file is skipped otherwise. Every namespace created is
-deleted in tearDown, and only the processes started here are killed.
+deleted in tearDown, and only the processes started here are killed. On torch 1.13 and, as
+integration.multinode_netns.torch2, on torch 2.6 (the workers enter the chroot from their
+node's namespace).
 """
 import os
 import secrets
@@ -26,6 +28,7 @@ import ddprun_testlib as lib
 
 MASTER_ADDR = "10.77.0.1"
 MASTER_PORT = 29600
+JOB_TIMEOUT = 75 * lib.timeout_scale()  # a 3-node job takes 10-25 s on 2 cores
 
 
 def ip(*args, check=True):
@@ -183,7 +186,7 @@ class MultiNodeNetns(unittest.TestCase):
         ckpt = os.path.join(self.tmp, "ckpt.pt")
         nodes = [self.start_node(i, 3, 2, os.path.join(lib.EXAMPLES, "train.py"),
                                  ["--checkpoint", ckpt, "--debug"]) for i in range(3)]
-        self.wait_all(nodes, 75)
+        self.wait_all(nodes, JOB_TIMEOUT)
         for n in nodes:
             self.assertEqual(n.rc, 0, self.describe(nodes))
         loss = lib.losses(nodes[0].stdout())
@@ -207,7 +210,7 @@ class MultiNodeNetns(unittest.TestCase):
         self.make_topology(3)
         nodes = [self.start_node(i, 3, 2, os.path.join(lib.WORKERS, "kill_self.py"), ["--kill-rank", "3"])
                  for i in range(3)]
-        self.wait_all(nodes, 75)
+        self.wait_all(nodes, JOB_TIMEOUT)
         killed = [l for l in nodes[1].stdout().splitlines() if "KILLING rank 3 at" in l]
         self.assertEqual(len(killed), 1, self.describe(nodes))
         killed_at = float(killed[0].rsplit(" ", 1)[1])
@@ -225,7 +228,7 @@ class MultiNodeNetns(unittest.TestCase):
         t0 = time.time()
         node0 = self.start_node(0, 2, 2, os.path.join(lib.EXAMPLES, "allreduce.py"),
                                 ddprun_args=["--rdzv-conf", "join_timeout=3"])
-        self.wait_all([node0], 30)
+        self.wait_all([node0], 30 * lib.timeout_scale())
         self.assertNotEqual(node0.rc, 0, self.describe([node0]))
         self.assertLess(node0.exited_at - t0, 10, self.describe([node0]))
         self.assertRegex(node0.stderr(), r"node rank 1 never joined", self.describe([node0]))
