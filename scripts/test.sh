@@ -5,5 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# PyTorch 2.x for the *.torch2 tests: built once per machine, then cached (root only; without
+# it those tests are reported as skipped).
+if [[ $(id -u) -eq 0 ]]; then
+  scripts/torch2-chroot.sh >/dev/null
+else
+  echo "test.sh: not root: no torch 2.x chroot, the *.torch2 tests will be skipped" >&2
+fi
 cd build
 ctest --output-on-failure --timeout 300 -j "$(nproc)" "$@"
