@@ -6,10 +6,10 @@ one worker running `true`; wall time from the first start until every agent has 
 
 Cases, each for ddprun and its anchors torchrun 1.13 (../shared/anchors/torchrun113.py)
 and torchrun 2.6 (Debian 13's, in the chroot of scripts/torch2-chroot.sh):
-  c10d    --nnodes N --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:PORT --rdzv-id ID
+  c10d    --nnodes=N --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:PORT --rdzv_id=ID
           ddprun refuses c10d so far (exit 2, "not supported yet"): its column says so, and
           the same line measures it, unchanged, once ddprun supports c10d.
-  static  --nnodes N --node-rank i --master-addr 127.0.0.1 --master-port PORT
+  static  --nnodes=N --node_rank=i --master_addr=127.0.0.1 --master_port=PORT
 The torchrun 2.6 part runs inside the chroot (this file again, with --torch2-part, through
 tests/torch2/python3), ddprun measured there too, so that nobody pays for entering it.
 Prints a markdown table of medians and ratios.
@@ -39,12 +39,12 @@ def free_port():
 
 
 def agent_argv(launcher, case, n, i, port, run_id):
+    """torchrun's underscore spellings: torchrun 1.13 knows no others (ddprun and 2.6 take both)."""
     if case == "c10d":
-        rdzv = ["--nnodes", str(n), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                "--rdzv-id", run_id]
+        rdzv = [f"--nnodes={n}", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={run_id}"]
     else:
-        rdzv = ["--nnodes", str(n), "--node-rank", str(i), "--master-addr", "127.0.0.1", "--master-port", str(port)]
-    return launcher + rdzv + ["--nproc-per-node", "1", "--no-python", "true"]
+        rdzv = [f"--nnodes={n}", f"--node_rank={i}", "--master_addr=127.0.0.1", f"--master_port={port}"]
+    return launcher + rdzv + ["--nproc_per_node=1", "--no_python", "true"]
 
 
 def one_run(launcher, case, n, env):
