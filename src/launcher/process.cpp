@@ -82,7 +82,7 @@ SpawnResult spawn(const SpawnSpec& spec) {
 std::string describe_exec_failure(const std::string& path, int err) {
   std::string msg = fmt::format("cannot execute {}: {}", path, ddp::errno_text(err));
   if (err == ENOENT || err == EACCES || err == ENOEXEC) {
-    auto text = read_file(path);
+    auto text = read_file(path, 512);  // the #! line, if any
     std::string first = text ? text->substr(0, text->find('\n')) : "";
     if (first.starts_with("#!")) {
       std::istringstream ss(first.substr(2));
