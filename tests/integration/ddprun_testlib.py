@@ -6,8 +6,8 @@ Environment:
   DDPRUN       path of the ddprun binary (ctest passes $<TARGET_FILE:ddprun>);
                default <source>/build/bin/ddprun
   DDPRUN_IT_KEEP  set: keep each test's temporary folder (node output) and print its path
-  DDP_TORCH    torch1 (default) or torch2: which torch the workers get (PYTHON_EXEC)
-  PYTHON_EXEC  torch1's interpreter; default /usr/bin/python3
+  DDP_TORCH    host (default) or torch2: which torch the workers get (PYTHON_EXEC)
+  PYTHON_EXEC  the host torch's interpreter; default /usr/bin/python3
 """
 import os
 import re

@@ -59,9 +59,10 @@ class PyTorchJobs(unittest.TestCase):
         for line in seen:
             self.assertIn("TORCHELASTIC_USE_AGENT_STORE=True", line)
             self.assertIn(f"WORLD_SIZE={NPROC}", line)
-            # The workers ran the torch this run is meant for (1.13, or 2.x for *.torch2).
+            # The workers ran the torch this run is meant for (2.x for *.torch2).
             self.assertIn(f" torch={lib.RUNTIME.version}", line)
-            self.assertTrue(lib.RUNTIME.version.startswith("2." if lib.RUNTIME.is_torch2 else "1."))
+            if lib.RUNTIME.is_torch2:
+                self.assertTrue(lib.RUNTIME.version.startswith("2."), lib.RUNTIME.version)
 
     def assert_trained(self, r, checkpoint):
         loss = lib.losses(r.stdout)

@@ -1,6 +1,7 @@
 """Which PyTorch a test runs against, so that one test runs on both with one line.
 
-  torch1: the host's Debian 12 python3-torch 1.13 (/usr/bin/python3), the default;
+  host:   the host's torch: Debian 12's python3-torch 1.13 (/usr/bin/python3) here and in
+          CI, a pip torch 2.x on a GPU machine (scripts/gpu-check.sh); the default;
   torch2: Debian 13's python3-torch 2.6 in the chroot that scripts/torch2-chroot.sh builds,
           entered through tests/torch2/python3 (a drop-in interpreter: same environment,
           working directory and pid; the chroot sees /tmp and this checkout at their paths).
@@ -19,7 +20,7 @@ and so needs nothing else to cover torch 2.x: ddprun itself and every other tool
 uses stay on the host; only Python processes that import torch run in the chroot (the
 worker that ddprun starts is then the chroot's python3, with ddprun's environment).
 
-Environment: DDP_TORCH (torch1 | torch2); PYTHON_EXEC or DDP_TORCH_PYTHON overrides torch1's
+Environment: DDP_TORCH (host | torch2); DDP_TORCH_PYTHON or PYTHON_EXEC overrides host's
 interpreter, DDP_TORCH2_PYTHON torch2's; DDP_TORCH2_SHIM=0 runs torch2 without the test-only
 use_libuv shim (tests/torch2/nolibuv/sitecustomize.py says why it exists).
 """
@@ -90,9 +91,9 @@ class TorchRuntime:
         return env
 
 
-def torch1():
+def host():
     python = os.environ.get("DDP_TORCH_PYTHON") or os.environ.get("PYTHON_EXEC") or "/usr/bin/python3"
-    return TorchRuntime("torch1", python, "Debian 12 torch 1.13")
+    return TorchRuntime("host", python, "the host's torch")
 
 
 def torch2():
@@ -102,10 +103,10 @@ def torch2():
 
 @functools.lru_cache(maxsize=None)
 def current():
-    """The runtime $DDP_TORCH names (torch1 when unset)."""
-    name = os.environ.get("DDP_TORCH", "torch1")
-    if name == "torch1":
-        return torch1()
+    """The runtime $DDP_TORCH names (host when unset)."""
+    name = os.environ.get("DDP_TORCH", "host")
+    if name == "host":
+        return host()
     if name == "torch2":
         return torch2()
-    raise SystemExit(f"DDP_TORCH={name!r}: expected torch1 or torch2")
+    raise SystemExit(f"DDP_TORCH={name!r}: expected host or torch2")
