@@ -3,7 +3,7 @@
 # python3-torch (2.6), built once per machine from the Debian archive and cached outside
 # the checkout.
 #
-#   scripts/torch2-chroot.sh [ensure]     build it unless cached (about 2-3 min, 1.3 GB); print its path
+#   scripts/torch2-chroot.sh [ensure]     build it unless cached (2-4 min, 1.3 GB); print its path
 #   scripts/torch2-chroot.sh status       "ready PATH (versions)" and exit 0, or "missing PATH" and exit 1
 #   scripts/torch2-chroot.sh path         print where it is (or would be)
 #   scripts/torch2-chroot.sh exec CMD...  run CMD in it: same environment, same working directory
@@ -75,10 +75,14 @@ build() {
   local parent tmp t0=$SECONDS
   parent=$(dirname "$ROOT")
   mkdir -p "$parent"
-  for d in "$ROOT".partial.*; do [[ -d $d ]] && remove_partial "$d"; done
+  local d
+  for d in "$ROOT".partial.*; do
+    if [[ -d $d ]]; then remove_partial "$d"; fi
+    rm -f "$d.log"
+  done
   tmp=$(mktemp -d "$ROOT.partial.XXXXXX")
   chmod 755 "$tmp"
-  echo "torch2-chroot: building $ROOT: debootstrap $SUITE with $PACKAGES (2-3 minutes, once per machine)" >&2
+  echo "torch2-chroot: building $ROOT: debootstrap $SUITE with $PACKAGES (2-4 minutes, once per machine)" >&2
   if ! unshare --mount --propagation private \
        debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$tmp" "$mirror" >"$tmp.log" 2>&1; then
     tail -n 20 "$tmp.log" >&2
