@@ -13,6 +13,7 @@ packages=(
   python3-torch        # real PyTorch for the integration tests and the anchors
   clang libclang-rt-dev  # libFuzzer target of the store's request parser
   iproute2 util-linux procps time
+  debootstrap          # scripts/torch2-chroot.sh: the torch 2.x (Debian 13) chroot for the tests
 )
 missing=()
 for p in "${packages[@]}"; do

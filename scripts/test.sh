@@ -27,5 +27,12 @@ fi
 scripts/setup.sh
 timeout=$(awk -v s="${scale:-1}" 'BEGIN { t = 300 * s; printf "%d", (t == int(t)) ? t : int(t) + 1 }')
 
+# PyTorch 2.x for the *.torch2 tests: built once per machine, then cached (root only; without
+# it those tests are reported as skipped).
+if [[ $(id -u) -eq 0 ]]; then
+  scripts/torch2-chroot.sh >/dev/null
+else
+  echo "test.sh: not root: no torch 2.x chroot, the *.torch2 tests will be skipped" >&2
+fi
 cd build
 ctest --output-on-failure --timeout "$timeout" -j "$(nproc)" "$@"

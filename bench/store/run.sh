@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Store benchmarks, ddprun's store server against PyTorch 1.13's, in one run:
+# Store benchmarks, ddprun's store server against PyTorch 1.13's and 2.6's, in one run:
 #   1. store-load: N clients connect, ADD a counter, WAIT for a release key the last one
 #      SETs (time until all released; lower is better). N = 64, 1024, 4096. Also the CPU
 #      time the server process spent on the run (all its threads; torch's server runs in a
-#      python process whose main thread sleeps).
+#      python process whose main thread sleeps). Generation 1 against torch 1.13's server,
+#      generation 2 against torch 2.6's.
 #   2. ../shared/anchors/tcpstore_bench.py: PyTorch's own client processes doing set+get
-#      (ops/s; higher is better).
-# Each measurement is repeated REPS times (default 3), interleaving the servers; the table
-# shows medians and ratios.
+#      (ops/s; higher is better), torch 1.13's clients and torch 2.6's.
+# torch 2.6 is Debian 13's, in the chroot of scripts/torch2-chroot.sh (tests/torch2/python3;
+# root): its server there is the legacy one (no libuv in Debian's build, see
+# tests/torch2/nolibuv/sitecustomize.py). Without the chroot those columns are skipped.
+# Each measurement is repeated REPS times (default 3), interleaving the servers; the tables
+# show medians and ratios.
 #
 #   bench/store/run.sh [BUILD_DIR]        (default: build; needs store-load, ddp-store-server)
 #   REPS=5 CLIENTS="64 4096" bench/store/run.sh build-store
+#   TORCH2=0 bench/store/run.sh           (torch 1.13 only)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=$(cd "${1:-$root/build}" && pwd)
@@ -44,15 +49,30 @@ wait_port() {  # FILE -> prints the N of its "port=N" line
 "$server" --host 127.0.0.1 >"$tmp/ddp.out" 2>"$tmp/ddp.err" &
 ddp_pid=$!
 pids+=($!)
-"$py" -c '
+torch_server='
 import datetime, time, torch.distributed as d
 s = d.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=300), wait_for_workers=False)
 print("port=%d" % s.port, flush=True)
-time.sleep(1e9)' >"$tmp/torch.out" 2>"$tmp/torch.err" &
+time.sleep(1e9)'
+"$py" -c "$torch_server" >"$tmp/torch.out" 2>"$tmp/torch.err" &
 torch_pid=$!
 pids+=($!)
 ddp_port=$(wait_port "$tmp/ddp.out")
 torch_port=$(wait_port "$tmp/torch.out")
+
+# torch 2.6 (the chroot): its server, and its python for the anchor's clients.
+py2=$root/tests/torch2/python3
+targets="torch1 ddp1 ddp2"
+if [[ ${TORCH2:-1} != 0 ]] && [[ $(id -u) -eq 0 ]] && "$root/scripts/torch2-chroot.sh" status >/dev/null; then
+  export DDP_TORCH2_BIND=$(dirname "$anchor")
+  "$py2" -c "$torch_server" >"$tmp/torch2.out" 2>"$tmp/torch2.err" &
+  torch2_pid=$!   # the chroot's python itself: the wrapper execs into it
+  pids+=($!)
+  torch2_port=$(wait_port "$tmp/torch2.out")
+  targets="torch1 ddp1 torch2 ddp2"
+else
+  echo "# no torch 2.6 anchor (TORCH2=0, not root, or no chroot: scripts/torch2-chroot.sh)" >&2
+fi
 
 cpu_ns() {  # PID -> on-CPU nanoseconds of all its threads
   cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s+=$1} END {printf "%.0f\n", s}'
@@ -64,9 +84,10 @@ declare -A res cpu
 echo "# store-load (ddp :$ddp_port, torch :$torch_port), $reps repetitions" >&2
 for n in $clients; do
   for r in $(seq 1 "$reps"); do
-    for target in torch1 ddp1 ddp2; do
+    for target in $targets; do
       case $target in
         torch1) port=$torch_port gen=1 pid=$torch_pid ;;
+        torch2) port=$torch2_port gen=2 pid=$torch2_pid ;;
         ddp1) port=$ddp_port gen=1 pid=$ddp_pid ;;
         ddp2) port=$ddp_port gen=2 pid=$ddp_pid ;;
       esac
@@ -83,20 +104,29 @@ for n in $clients; do
       sleep 0.2
     done
   done
-  for target in torch1 ddp1 ddp2; do
+  for target in $targets; do
     res[$target-$n]=$(median <"$tmp/load-$target-$n" 2>/dev/null || echo fail)
     cpu[$target-$n]=$(median <"$tmp/cpu-$target-$n" 2>/dev/null || echo fail)
   done
 done
 
 echo "# tcpstore_bench.py (16 PyTorch client processes, set+get), $reps repetitions" >&2
+ops() { sed -n 's/.*ops_per_s=\([0-9.]*\).*/\1/p'; }
 for r in $(seq 1 "$reps"); do
   t=$("$py" "$anchor" 2>&1 | tail -1)
-  echo "  torch: $t" >&2
-  sed -n 's/.*ops_per_s=\([0-9.]*\).*/\1/p' <<<"$t" >>"$tmp/anchor-torch"
+  echo "  torch 1.13 clients, torch 1.13 server: $t" >&2
+  ops <<<"$t" >>"$tmp/anchor-torch"
   d=$("$py" "$anchor" --connect "127.0.0.1:$ddp_port" 2>&1 | tail -1)
-  echo "  ddp:   $d" >&2
-  sed -n 's/.*ops_per_s=\([0-9.]*\).*/\1/p' <<<"$d" >>"$tmp/anchor-ddp"
+  echo "  torch 1.13 clients, ddp server:        $d" >&2
+  ops <<<"$d" >>"$tmp/anchor-ddp"
+  if [[ -n ${torch2_pid:-} ]]; then
+    t=$("$py2" "$anchor" 2>&1 | tail -1)
+    echo "  torch 2.6 clients, torch 2.6 server:   $t" >&2
+    ops <<<"$t" >>"$tmp/anchor2-torch"
+    d=$("$py2" "$anchor" --connect "127.0.0.1:$ddp_port" 2>&1 | tail -1)
+    echo "  torch 2.6 clients, ddp server:         $d" >&2
+    ops <<<"$d" >>"$tmp/anchor2-ddp"
+  fi
 done
 anchor_torch=$(median <"$tmp/anchor-torch")
 anchor_ddp=$(median <"$tmp/anchor-ddp")
@@ -109,5 +139,16 @@ for n in $clients; do
   echo "| store-load, $n clients, gen 2: all released (ms) | (torch 1.13: gen 1 only) | ${res[ddp2-$n]} | $(ratio "${res[torch1-$n]}" "${res[ddp2-$n]}") faster | | ${cpu[ddp2-$n]} | $(ratio "${cpu[torch1-$n]}" "${cpu[ddp2-$n]}") less |"
 done
 echo "| tcpstore_bench.py, 16 torch clients (set+get ops/s) | $anchor_torch | $anchor_ddp | $(ratio "$anchor_ddp" "$anchor_torch") | | | |"
+if [[ -n ${torch2_pid:-} ]]; then
+  anchor2_torch=$(median <"$tmp/anchor2-torch")
+  anchor2_ddp=$(median <"$tmp/anchor2-ddp")
+  echo
+  echo "| benchmark | PyTorch 2.6 server (chroot) | ddp-store-server | ddp vs torch 2.6 | server CPU ms, torch 2.6 | server CPU ms, ddp | CPU ratio |"
+  echo "|---|---|---|---|---|---|---|"
+  for n in $clients; do
+    echo "| store-load, $n clients, gen 2: all released (ms) | ${res[torch2-$n]} | ${res[ddp2-$n]} | $(ratio "${res[torch2-$n]}" "${res[ddp2-$n]}") faster | ${cpu[torch2-$n]} | ${cpu[ddp2-$n]} | $(ratio "${cpu[torch2-$n]}" "${cpu[ddp2-$n]}") less |"
+  done
+  echo "| tcpstore_bench.py, 16 torch 2.6 clients (set+get ops/s) | $anchor2_torch | $anchor2_ddp | $(ratio "$anchor2_ddp" "$anchor2_torch") | | | |"
+fi
 echo
 echo "Medians of $reps runs; $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ)."

@@ -28,7 +28,8 @@ def main() -> int:
     if args.debug:
         keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
                 "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID")
-        print(f"rank {rank} env: " + " ".join(f"{k}={os.environ.get(k, '')}" for k in keys), flush=True)
+        print(f"rank {rank} env: " + " ".join(f"{k}={os.environ.get(k, '')}" for k in keys)
+              + f" torch={torch.__version__}", flush=True)
 
     t = torch.full((args.size,), float(rank))
     dist.all_reduce(t, op=dist.ReduceOp.SUM)

@@ -52,7 +52,8 @@ def main() -> int:
     if args.debug:
         keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
                 "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID")
-        print(f"rank {rank} env: " + " ".join(f"{k}={os.environ.get(k, '')}" for k in keys), flush=True)
+        print(f"rank {rank} env: " + " ".join(f"{k}={os.environ.get(k, '')}" for k in keys)
+              + f" torch={torch.__version__}", flush=True)
 
     torch.manual_seed(0)  # DDP broadcasts rank 0's initial parameters anyway
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))

@@ -65,7 +65,7 @@ bool write_error_file(const std::string& exc_type, const std::string& message,
                  .count();
   std::string doc = error_file_json(
       exc_type, message, details.empty() ? exc_type + ": " + message : details, now);
-  std::FILE* f = std::fopen(p.c_str(), "w");
+  std::FILE* f = std::fopen(p.c_str(), "we");  // e: O_CLOEXEC
   if (!f) throw SystemError(fmt::format("cannot write the error file {}", p), errno);
   bool ok = std::fwrite(doc.data(), 1, doc.size(), f) == doc.size();
   int err = errno;

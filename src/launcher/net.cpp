@@ -1,4 +1,5 @@
 #include "launcher/net.hpp"
+#include "launcher/fileio.hpp"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -10,7 +11,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <fstream>
 #include <set>
 #include <sstream>
 
@@ -62,7 +62,7 @@ std::string lower(std::string s) {
 std::string who_listens(int port) {
   std::set<std::string> inodes;
   for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream f(table);
+    std::istringstream f(read_file(table).value_or(""));
     std::string line;
     std::getline(f, line);
     while (std::getline(f, line)) {
@@ -89,7 +89,7 @@ std::string who_listens(int port) {
       if (n <= 0) continue;
       target[n] = 0;
       if (inodes.count(target)) {
-        std::ifstream comm(std::string("/proc/") + e->d_name + "/comm");
+        std::istringstream comm(read_file(std::string("/proc/") + e->d_name + "/comm").value_or(""));
         std::string name;
         std::getline(comm, name);
         found = fmt::format("pid {} ({})", e->d_name, name);

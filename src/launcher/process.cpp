@@ -10,12 +10,12 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 
 #include <fmt/format.h>
 
 #include "ddp/error.hpp"
+#include "launcher/fileio.hpp"
 
 namespace ddprun {
 
@@ -82,9 +82,9 @@ SpawnResult spawn(const SpawnSpec& spec) {
 std::string describe_exec_failure(const std::string& path, int err) {
   std::string msg = fmt::format("cannot execute {}: {}", path, ddp::errno_text(err));
   if (err == ENOENT || err == EACCES || err == ENOEXEC) {
-    std::ifstream f(path);
-    std::string first;
-    if (f && std::getline(f, first) && first.starts_with("#!")) {
+    auto text = read_file(path, 512);  // the #! line, if any
+    std::string first = text ? text->substr(0, text->find('\n')) : "";
+    if (first.starts_with("#!")) {
       std::istringstream ss(first.substr(2));
       std::string interp;
       ss >> interp;
@@ -110,7 +110,7 @@ std::vector<pid_t> descendants() {
     if (!d) continue;
     while (dirent* e = readdir(d)) {
       if (e->d_name[0] == '.') continue;
-      std::ifstream f(taskdir + "/" + e->d_name + "/children");
+      std::istringstream f(read_file(taskdir + "/" + e->d_name + "/children").value_or(""));
       pid_t c;
       while (f >> c) {
         out.push_back(c);

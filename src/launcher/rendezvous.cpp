@@ -8,7 +8,6 @@
 #include <functional>
 #include <set>
 #include <cerrno>
-#include <fstream>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -21,6 +20,7 @@
 #include "ddp/error.hpp"
 #include "ddp/tcp_store.hpp"
 #include "launcher/net.hpp"
+#include "launcher/fileio.hpp"
 #include "launcher/random.hpp"
 #include "store/server.hpp"
 

@@ -3,13 +3,14 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <fstream>
 #include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "ddp/error.hpp"
+#include "launcher/fileio.hpp"
 #include "launcher/options.hpp"
 
 namespace ddprun {
@@ -20,10 +21,10 @@ namespace {
 
 std::optional<json> read_error_json(const std::string& path) {
   if (path.empty()) return std::nullopt;
-  std::ifstream f(path);
-  if (!f) return std::nullopt;
+  auto text = read_file(path);
+  if (!text) return std::nullopt;
   try {
-    return json::parse(f);
+    return json::parse(*text);
   } catch (const std::exception&) {
     return std::nullopt;
   }
@@ -45,7 +46,38 @@ std::string indent(const std::string& text, const std::string& pad) {
   return out;
 }
 
+// Failures whose cause and fix ddprun can name, matched in the worker's traceback or stderr.
+struct KnownCause {
+  std::string_view text;  // exactly as the worker printed it
+  std::string_view hint;
+};
+constexpr KnownCause kKnownCauses[] = {
+    // Debian's (and some other) torch 2.x builds lack libuv, which TCPStore uses by default;
+    // init_process_group(env://) and torchrun create their stores without asking.
+    {"use_libuv was requested but PyTorch was build without libuv support",
+     "hint: this PyTorch was built without libuv, yet its TCPStore defaults to use_libuv=True: "
+     "pass use_libuv=False to TCPStore (a sitecustomize.py can make it the default) or use a "
+     "torch built with libuv (USE_LIBUV=0 does not help)"},
+};
+
+bool mentions(const WorkerResult& w, std::string_view text) {
+  if (traceback_of(w).find(text) != std::string::npos) return true;
+  for (const auto& line : w.stderr_tail)
+    if (line.find(text) != std::string::npos) return true;
+  return false;
+}
+
 }  // namespace
+
+std::string failure_hints(const WorkerResult& root, const std::vector<WorkerResult>& others) {
+  std::string out;
+  for (const auto& cause : kKnownCauses) {
+    bool seen = mentions(root, cause.text);
+    for (size_t i = 0; !seen && i < others.size(); ++i) seen = mentions(others[i], cause.text);
+    if (seen) out += fmt::format("{}\n", cause.hint);
+  }
+  return out;
+}
 
 std::string format_time(std::chrono::system_clock::time_point t) {
   auto tt = std::chrono::system_clock::to_time_t(t);
@@ -104,7 +136,8 @@ std::string failure_summary(const std::string& script, const WorkerResult& root,
   std::string s = rule + "\n" + script + " FAILED\n" + thin + "\nFailures:\n";
   if (others.empty()) s += "  <NO_OTHER_FAILURES>\n";
   for (size_t i = 0; i < others.size(); ++i) s += block(others[i], i + 1);
-  s += thin + "\nRoot Cause (first observed failure):\n" + block(root, 0) + rule + "\n";
+  s += thin + "\nRoot Cause (first observed failure):\n" + block(root, 0);
+  s += failure_hints(root, others) + rule + "\n";
   return s;
 }
 
@@ -121,12 +154,8 @@ void write_root_cause_error_file(const std::string& path, const WorkerResult& ro
         {"errorCode", root.torch_exit_code()},
         {"extraInfo", {{"py_callstack", traceback_of(root)}, {"timestamp", std::to_string(static_cast<long>(epoch_seconds(root.end)))}}}};
   }
-  std::ofstream f(path, std::ios::trunc);
-  if (!f) {
-    spdlog::error("cannot write TORCHELASTIC_ERROR_FILE {}", path);
-    return;
-  }
-  f << out.dump(2) << "\n";
+  if (!write_file(path, out.dump(2) + "\n"))
+    spdlog::error("cannot write TORCHELASTIC_ERROR_FILE {}: {}", path, ddp::errno_text(errno));
 }
 
 void write_summary_json(const std::string& path, const JobOutcome& o, const std::string& run_id) {
@@ -167,9 +196,9 @@ void write_summary_json(const std::string& path, const JobOutcome& o, const std:
   // VmHWM, not ru_maxrss: after exec, ru_maxrss still counts the image that exec'd us
   // (a forked Python parent, say), which is not ddprun's memory.
   long hwm_kb = ru.ru_maxrss;
-  {
-    std::ifstream status("/proc/self/status");
-    for (std::string line; std::getline(status, line);)
+  if (auto status = read_file("/proc/self/status")) {
+    std::istringstream lines(*status);
+    for (std::string line; std::getline(lines, line);)
       if (line.starts_with("VmHWM:")) hwm_kb = std::stol(line.substr(6));
   }
   j["launcher"] = {{"pid", getpid()},
@@ -179,12 +208,8 @@ void write_summary_json(const std::string& path, const JobOutcome& o, const std:
   j["root_cause"] = o.root_cause ? worker_json(*o.root_cause) : json(nullptr);
   j["workers"] = json::array();
   for (auto& w : o.workers) j["workers"].push_back(worker_json(w));
-  std::ofstream f(path, std::ios::trunc);
-  if (!f) {
-    spdlog::error("cannot write --summary-json {}", path);
-    return;
-  }
-  f << j.dump(2) << "\n";
+  if (!write_file(path, j.dump(2) + "\n"))
+    spdlog::error("cannot write --summary-json {}: {}", path, ddp::errno_text(errno));
 }
 
 }  // namespace ddprun

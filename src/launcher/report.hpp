@@ -39,7 +39,11 @@ struct WorkerResult {
 // format), else how it died, else the tail of its stderr.
 std::string traceback_of(const WorkerResult& w);
 
-// torchrun's summary block; root first among failures (earliest end time).
+// One "hint: ..." line per known cause (a torch without libuv, say) that the failed workers'
+// tracebacks or stderr show, naming the cause and the fix; empty when none does.
+std::string failure_hints(const WorkerResult& root, const std::vector<WorkerResult>& others);
+
+// torchrun's summary block; root first among failures (earliest end time), then the hints.
 std::string failure_summary(const std::string& script, const WorkerResult& root,
                             const std::vector<WorkerResult>& others);
 

@@ -15,6 +15,8 @@
 #include "store/server.hpp"
 
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -134,6 +136,7 @@ class StoreServer::Impl {
 
   error_code try_listen(const tcp::endpoint& ep, bool dual_stack);
   void do_accept();
+  error_code accept_pending();
   void on_accept(tcp::socket s);
   void arm_read(const ConnPtr& c);
   void on_read(const ConnPtr& c, size_t n);
@@ -167,6 +170,7 @@ class StoreServer::Impl {
   proto::Limits limits_;
   asio::io_context io_{1};
   tcp::acceptor acceptor_{io_};
+  tcp listen_protocol_ = tcp::v4();
   asio::steady_timer accept_retry_{io_};
   uint16_t port_ = 0;
   std::thread thread_;
@@ -226,8 +230,17 @@ StoreServer::Impl::Impl(StoreServerOptions o) : opt_(std::move(o)) {
 
 error_code StoreServer::Impl::try_listen(const tcp::endpoint& ep, bool dual_stack) {
   error_code ec, ignored;
-  acceptor_.open(ep.protocol(), ec);
-  if (ec) return ec;
+  // Opened here, close-on-exec from the start: Asio's open() takes no SOCK_CLOEXEC, and a
+  // worker that inherited the listener would keep the port bound and could accept() our
+  // clients. Non-blocking, for accept_pending().
+  int fd = ::socket(ep.protocol().family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, IPPROTO_TCP);
+  if (fd < 0) return error_code(errno, boost::system::system_category());
+  acceptor_.assign(ep.protocol(), fd, ec);
+  if (ec) {
+    ::close(fd);
+    return ec;
+  }
+  listen_protocol_ = ep.protocol();
   if (dual_stack) acceptor_.set_option(asio::ip::v6_only(false), ignored);
   acceptor_.set_option(tcp::acceptor::reuse_address(true), ignored);
   // Linux copies TCP_NODELAY to accepted sockets: one setsockopt here, none per client.
@@ -284,14 +297,11 @@ void StoreServer::Impl::shutdown_all() {
   dirty_.clear();
 }
 
+// Waits until the listener is readable, then accepts everything pending (accept_pending).
 void StoreServer::Impl::do_accept() {
-  acceptor_.async_accept([this](error_code ec, tcp::socket s) {
+  acceptor_.async_wait(tcp::acceptor::wait_read, [this](error_code ec) {
     if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-    if (ec == asio::error::connection_aborted || ec == asio::error::connection_reset) {
-      spdlog::debug("store server: a client left before accept: {}", ec.message());
-      do_accept();
-      return;
-    }
+    if (!ec) ec = accept_pending();
     if (ec) {
       spdlog::warn("store server: accept on port {} failed: {}", port_, ec.message());
       // Out of descriptors or memory: retry shortly instead of spinning.
@@ -301,9 +311,34 @@ void StoreServer::Impl::do_accept() {
       });
       return;
     }
-    on_accept(std::move(s));
     do_accept();
   });
+}
+
+// accept4 with SOCK_CLOEXEC (Asio's accept has no flags, and setting FD_CLOEXEC afterwards
+// leaves a window in which a worker being started inherits the connection), until the
+// backlog is empty.
+error_code StoreServer::Impl::accept_pending() {
+  for (;;) {
+    int fd = ::accept4(acceptor_.native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      const int err = errno;
+      if (err == EAGAIN || err == EWOULDBLOCK) return {};
+      if (err == EINTR || err == ECONNABORTED || err == EPROTO) {
+        spdlog::debug("store server: a client left before accept: {}", errno_text(err));
+        continue;
+      }
+      return error_code(err, boost::system::system_category());
+    }
+    tcp::socket s(io_);
+    error_code ec;
+    s.assign(listen_protocol_, fd, ec);
+    if (ec) {
+      ::close(fd);
+      return ec;
+    }
+    on_accept(std::move(s));
+  }
 }
 
 void StoreServer::Impl::on_accept(tcp::socket s) {

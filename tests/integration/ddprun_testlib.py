@@ -1,12 +1,13 @@
 """Shared helpers for the integration tests: they run the real ddprun binary on real
-PyTorch workers (Debian's torch 1.13 at /usr/bin/python3).
+PyTorch workers: Debian 12's torch 1.13 (/usr/bin/python3), or Debian 13's torch 2.6 in
+the chroot when ctest runs a file as *.torch2 (tests/testlib/torch_runtime.py).
 
 Environment:
   DDPRUN       path of the ddprun binary (ctest passes $<TARGET_FILE:ddprun>);
                default <source>/build/bin/ddprun
   DDPRUN_IT_KEEP  set: keep each test's temporary folder (node output) and print its path
-  PYTHON_EXEC  the interpreter with torch that ddprun starts workers with;
-               default /usr/bin/python3
+  DDP_TORCH    host (default) or torch2: which torch the workers get (PYTHON_EXEC)
+  PYTHON_EXEC  the host torch's interpreter; default /usr/bin/python3
   DDP_TEST_TIMEOUT_SCALE  multiplies every hang guard and "fast" bound (README, "Tests")
 """
 import os
@@ -24,7 +25,11 @@ SOURCE_DIR = os.path.abspath(os.path.join(HERE, "..", ".."))
 EXAMPLES = os.path.join(SOURCE_DIR, "examples", "pytorch")
 WORKERS = os.path.join(HERE, "workers")
 DDPRUN = os.environ.get("DDPRUN") or os.path.join(SOURCE_DIR, "build", "bin", "ddprun")
-TORCH_PYTHON = os.environ.get("PYTHON_EXEC") or "/usr/bin/python3"
+sys.path.insert(0, os.path.join(SOURCE_DIR, "tests", "testlib"))
+import torch_runtime  # noqa: E402
+
+RUNTIME = torch_runtime.current()
+TORCH_PYTHON = RUNTIME.python
 
 # The exit code ctest's SKIP_RETURN_CODE maps to "Skipped".
 SKIP_RETURN_CODE = 77
@@ -40,14 +45,17 @@ def torch_missing_reason():
     if r.returncode != 0:
         return f"{TORCH_PYTHON} has no torch with gloo: {r.stderr.strip().splitlines()[-1:] or r.returncode}"
     return None
+def timeout_scale():
+    """DDP_TEST_TIMEOUT_SCALE (default 1) multiplies hang-guard timeouts."""
+    return torch_runtime.timeout_scale()
 
 
 def check_prerequisites(testcase):
     if not os.access(DDPRUN, os.X_OK):
         raise unittest.SkipTest(f"no ddprun binary at {DDPRUN} (set DDPRUN)")
-    why = torch_missing_reason()
+    why = RUNTIME.skip_reason()
     if why:
-        raise unittest.SkipTest(why)
+        raise unittest.SkipTest(f"{RUNTIME.name}: {why}")
 
 
 def job_env(**extra):

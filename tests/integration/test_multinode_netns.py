@@ -11,7 +11,9 @@ hostname's address by default, which here is 127.0.0.1 (useless across namespace
 node's workers get GLOO_SOCKET_IFNAME=ddpt<i>.
 
 Needs root (ip netns add); the whole file is skipped otherwise. Every namespace created is
-deleted in tearDown, and only the processes started here are killed.
+deleted in tearDown, and only the processes started here are killed. On torch 1.13 and, as
+integration.multinode_netns.torch2, on torch 2.6 (the workers enter the chroot from their
+node's namespace).
 """
 import os
 import secrets

@@ -147,6 +147,53 @@ TEST(LauncherReport, ExecFailureShowsItsMessage) {
   EXPECT_NE(s.find("exitcode  : 126"), std::string::npos) << s;
 }
 
+// Debian's torch 2.6 lacks libuv; what every worker then prints (torch/distributed/rendezvous.py).
+const char* kNoLibuv = "RuntimeError: use_libuv was requested but PyTorch was build without libuv support";
+
+std::vector<std::string> hint_lines(const std::string& summary) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while ((at = summary.find("\nhint: ", at)) != std::string::npos) {
+    ++at;
+    out.push_back(summary.substr(at, summary.find('\n', at) - at));
+  }
+  return out;
+}
+
+TEST(LauncherReport, NoLibuvHintOnceFromStderrTails) {
+  WorkerResult root = failed_worker(0, 1), other = failed_worker(1, 1);
+  root.stderr_tail = other.stderr_tail = {"  File \"rendezvous.py\", line 185, in _create_c10d_store", kNoLibuv};
+  std::string s = ddprun::failure_summary("train.py", root, {other});
+  auto hints = hint_lines(s);
+  ASSERT_EQ(hints.size(), 1u) << s;  // one line, however many workers show the error
+  EXPECT_NE(hints[0].find("built without libuv"), std::string::npos) << hints[0];
+  EXPECT_NE(hints[0].find("use_libuv=False"), std::string::npos) << hints[0];
+  EXPECT_NE(hints[0].find("sitecustomize.py"), std::string::npos) << hints[0];
+  EXPECT_NE(hints[0].find("torch built with libuv"), std::string::npos) << hints[0];
+  // Inside the summary, right before its closing rule.
+  EXPECT_TRUE(s.ends_with(hints[0] + "\n" + std::string(60, '=') + "\n")) << s;
+}
+
+TEST(LauncherReport, NoLibuvHintFromRecordErrorFileOrAnotherFailure) {
+  ddprun_test::TempDir dir;
+  WorkerResult root = failed_worker(0, 1);
+  root.error_file = dir.write("error.json", record_error_json(std::string("Traceback...\n") + kNoLibuv + "\n"));
+  EXPECT_EQ(hint_lines(ddprun::failure_summary("train.py", root, {})).size(), 1u);
+  // The root cause died of something else; a later failure shows the error.
+  WorkerResult first = failed_worker(2, 0, SIGKILL), later = failed_worker(3, 1);
+  later.stderr_tail = {kNoLibuv};
+  EXPECT_EQ(hint_lines(ddprun::failure_summary("train.py", first, {later})).size(), 1u);
+}
+
+TEST(LauncherReport, NoHintForOtherErrors) {
+  WorkerResult root = failed_worker(0, 1);
+  root.stderr_tail = {"RuntimeError: use_libuv is great", "RuntimeError: PyTorch was build without cheese"};
+  std::string s = ddprun::failure_summary("train.py", root, {});
+  EXPECT_TRUE(hint_lines(s).empty()) << s;
+  EXPECT_EQ(s.find("hint:"), std::string::npos) << s;
+  EXPECT_EQ(ddprun::failure_hints(root, {}), "");
+}
+
 TEST(LauncherReport, RootCauseErrorFileFromWorkerRecord) {
   ddprun_test::TempDir dir;
   WorkerResult root = failed_worker(0, 1);

@@ -7,15 +7,19 @@
 2. ddp::TcpStore, via the store_client_check program, runs against PyTorch's server and
    against ddp-store-server; the outputs must be identical and as expected.
 
-The wire generation follows the installed torch: 1 for torch < 2.2 (Debian's 1.13 here),
-2 for torch >= 2.2, whose client and (libuv) server speak generation 2 -- so on a machine
-with torch 2.x the same test checks generation 2 against PyTorch.
+The torch in question is tests/testlib/torch_runtime.py's current() ($DDP_TORCH): this
+driver (any python3) runs ddp-store-server and store_client_check on the host, and the
+torch half (this file with --torch-side PORT: torch's server and the client scenario) in
+that runtime's interpreter, the torch 2.6 chroot included. The wire generation follows the
+torch: 1 for torch < 2.2 (Debian 12's 1.13), 2 for torch >= 2.2 (Debian 13's 2.6), so the
+same test checks generation 2 against PyTorch's own client and server.
 
   test_torch_client.py --server build/bin/ddp-store-server --cpp-client build/bin/store_client_check
 
-Exits 77 (ctest SKIP_RETURN_CODE) only when this interpreter has no torch.
+Exits 77 (ctest SKIP_RETURN_CODE) only when the runtime's torch is unavailable.
 """
 import argparse
+import ast
 import datetime
 import os
 import signal
@@ -27,23 +31,20 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from test_timeouts import scaled  # noqa: E402  (DDP_TEST_TIMEOUT_SCALE)
 
-try:
-    import torch.distributed as dist
-except ImportError as e:  # truly unavailable: skip
-    print(f"SKIP: torch.distributed is not importable from {sys.executable}: {e}")
-    sys.exit(77)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testlib"))
+import torch_runtime  # noqa: E402
 
 T = datetime.timedelta
 HOST = "127.0.0.1"
 
 
-def torch_wire_generation():
-    import torch
-    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+def wire_generation(version):
+    major, minor = (int(x) for x in version.split(".")[:2])
     return 2 if (major, minor) >= (2, 2) else 1
 
 
 def client(port, timeout_s=scaled(30)):  # a hang guard
+    import torch.distributed as dist
     return dist.TCPStore(HOST, port, None, False, T(seconds=timeout_s), wait_for_workers=False)
 
 
@@ -115,6 +116,36 @@ def scenario(port):
     # the same names through a second "process-like" client
     e = client(port)
     r.append(("other client", e.get("n"), e.get("w")))
+    if hasattr(a, "multi_get"):  # torch >= 2.2: generation 2's operations
+        r += scenario_2x(port, a, b, c)
+    return r
+
+
+def scenario_2x(port, a, b, timed_out):
+    """The operations torch 2.x's client adds (APPEND, MULTI_GET/SET, CHECK; a wait that
+    timed out is cancelled with CANCEL_WAIT, so that client stays usable)."""
+    r = [("2.x: client after its wait timed out", timed_out.add("after-cancel", 7), timed_out.get("n"))]
+    a.append("ap", "ab")
+    b.append("ap", b"cd")
+    r.append(("2.x: append", a.get("ap")))
+    a.multi_set(["m1", "m2", "m3"], ["1", b"22", ""])
+    r.append(("2.x: multi_get", b.multi_get(["m1", "m2", "m3", "ap"]), b.multi_get([])))
+    r.append(("2.x: check", a.check(["m1", "ap"]), a.check(["m1", "nope"])))
+    for name, wake in (("append", lambda: b.append("wa", "x")), ("multi_set", lambda: b.multi_set(["wm"], ["y"]))):
+        key = "wa" if name == "append" else "wm"
+        timer = threading.Timer(0.2, wake)
+        timer.start()
+        a.wait([key])
+        timer.join()
+        r.append((f"2.x: wait woken by {name}", a.get(key)))
+    late = client(port)
+    late.set_timeout(T(milliseconds=300))
+    try:
+        late.multi_get(["m1", "never2"])
+        r.append(("2.x: multi_get timeout", "no exception"))
+    except RuntimeError as e:
+        r.append(("2.x: multi_get timeout", type(e).__name__))
+    r.append(("2.x: num_keys", a.num_keys()))
     return r
 
 
@@ -144,22 +175,68 @@ def run_cpp(binary, port, gen):
     return out.returncode, out.stdout.splitlines(), out.stderr
 
 
+def torch_side(ddp_port):
+    """In the runtime's interpreter: torch's server, then the scenario against both servers;
+    keeps torch's server up until the driver closes stdin."""
+    import torch
+    import torch.distributed as dist
+    server = dist.TCPStore(HOST, 0, None, True, T(seconds=30), wait_for_workers=False)
+    print(f"torch_port={server.port} version={torch.__version__}", flush=True)
+    expect = scenario(server.port)
+    got = scenario(ddp_port)
+    print("results " + repr([expect, got]), flush=True)
+    sys.stdin.read()
+    return 0
+
+
+class TorchSide:
+    """The torch half, started in rt's interpreter (see torch_side)."""
+
+    def __init__(self, rt, ddp_port):
+        self.p = subprocess.Popen([rt.python, os.path.abspath(__file__), "--torch-side", str(ddp_port)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=rt.env())
+        self.timer = threading.Timer(scaled(120), self.p.kill)  # hang guard
+        self.timer.start()
+
+    def line(self, prefix):
+        line = self.p.stdout.readline()
+        if not line.startswith(prefix):
+            raise SystemExit(f"torch side printed {line!r} instead of {prefix}... (exit {self.p.poll()})")
+        return line[len(prefix):].strip()
+
+    def close(self):
+        self.p.stdin.close()
+        rc = self.p.wait()
+        self.timer.cancel()
+        return rc
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--server", required=True)
-    ap.add_argument("--cpp-client", required=True)
+    ap.add_argument("--server")
+    ap.add_argument("--cpp-client")
+    ap.add_argument("--torch-side", type=int, metavar="DDP_PORT", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.torch_side:
+        return torch_side(args.torch_side)
+    if not (args.server and args.cpp_client):
+        ap.error("--server and --cpp-client are required")
+    rt = torch_runtime.current()
+    why = rt.skip_reason()
+    if why:
+        print(f"SKIP: {rt.name}: {why}")
+        return 77
     failures = []
-    gen = torch_wire_generation()
-    import torch
-    print(f"torch {torch.__version__}: wire generation {gen}")
+    gen = wire_generation(rt.version)
+    print(f"{rt.label}: torch {rt.version}: wire generation {gen}")
 
-    torch_server = dist.TCPStore(HOST, 0, None, True, T(seconds=scaled(60)), wait_for_workers=False)
     ddp_proc, ddp_port = start_ddp_server(args.server)
+    side = None
     try:
+        side = TorchSide(rt, ddp_port)
+        torch_port = int(side.line("torch_port=").split()[0])
         # 1. PyTorch's client against both servers.
-        expect = scenario(torch_server.port)
-        got = scenario(ddp_port)
+        expect, got = ast.literal_eval(side.line("results "))
         for e, g in zip(expect, got):
             status = "ok " if e == g else "DIFF"
             print(f"{status} torch-server={e!r} ddp-server={g!r}")
@@ -179,12 +256,23 @@ def main():
             "delete_key": (True, False, False),
             "big value": (True,),
         }
+        if gen == 2:
+            must.update({
+                "2.x: client after its wait timed out": (7, b"4"),
+                "2.x: append": (b"abcd",),
+                "2.x: multi_get": ([b"1", b"22", b"", b"abcd"], []),
+                "2.x: check": (True, False),
+                "2.x: wait woken by append": (b"x",),
+                "2.x: wait woken by multi_set": (b"y",),
+            })
+        elif any(x[0].startswith("2.x") for x in got):
+            failures.append("torch < 2.2 ran the 2.x operations")
         for k, v in must.items():
             if sanity.get(k) != v:
                 failures.append(f"ddp server, torch client: {k} = {sanity.get(k)!r}, expected {v!r}")
 
         # 2. ddp::TcpStore against both servers, in torch's wire generation.
-        rc_t, out_t, err_t = run_cpp(args.cpp_client, torch_server.port, gen)
+        rc_t, out_t, err_t = run_cpp(args.cpp_client, torch_port, gen)
         rc_d, out_d, err_d = run_cpp(args.cpp_client, ddp_port, gen)
         print("C++ client vs torch server:", out_t, err_t.strip())
         print("C++ client vs ddp server:  ", out_d, err_d.strip())
@@ -207,12 +295,16 @@ def main():
         if out_t != expected_cpp:
             failures.append(f"store_client_check vs torch server: {out_t} != {expected_cpp}")
     finally:
+        if side:
+            rc = side.close()
+            if rc != 0:
+                failures.append(f"the torch side exited {rc}")
         stop(ddp_proc)
 
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
         return 1
-    print("PASS: torch client and ddp::TcpStore agree on both servers")
+    print(f"PASS ({rt.name}, torch {rt.version}): torch client and ddp::TcpStore agree on both servers")
     return 0
 
 

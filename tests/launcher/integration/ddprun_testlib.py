@@ -1,8 +1,10 @@
 """Shared helpers for ddprun's launcher integration tests.
 
 Every test runs the built ddprun (path in $DDPRUN, set by ctest) in a temporary folder,
-with worker scripts from ./workers run by Debian's /usr/bin/python3 (PYTHON_EXEC), and
-cleans up every process it started, by pid.
+with worker scripts from ./workers run by PYTHON_EXEC = RUNTIME.python: Debian's
+/usr/bin/python3 (torch 1.13), or torch 2.6's in the chroot when ctest runs the file as
+*.torch2 (DDP_TORCH=torch2, see tests/testlib/torch_runtime.py), and cleans up every
+process it started, by pid.
 
 Every timeout a helper here takes is a hang guard in seconds, multiplied by
 DDP_TEST_TIMEOUT_SCALE inside the helper; tests scale their own bounds with scaled().
@@ -24,7 +26,16 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "common"))
 from test_timeouts import scaled  # noqa: E402,F401  (DDP_TEST_TIMEOUT_SCALE; tests import it from here)
 
 WORKERS = os.path.join(HERE, "workers")
-PYTHON = "/usr/bin/python3"
+sys.path.insert(0, os.path.join(HERE, "..", "..", "testlib"))
+import torch_runtime  # noqa: E402
+
+RUNTIME = torch_runtime.current()
+PYTHON = RUNTIME.python
+
+
+def timeout_scale():
+    """DDP_TEST_TIMEOUT_SCALE (default 1) multiplies hang-guard timeouts."""
+    return torch_runtime.timeout_scale()
 
 
 def _default_ddprun():
@@ -236,7 +247,12 @@ class DdprunTestCase(unittest.TestCase):
 
 
 def main():
-    unittest.main(verbosity=2)
+    """unittest.main, exiting 77 (ctest: Skipped) when every test was skipped (a torch that
+    is not available here), so that such a run never passes as a success."""
+    r = unittest.main(verbosity=2, exit=False).result
+    if not r.wasSuccessful():
+        sys.exit(1)
+    sys.exit(77 if r.skipped and len(r.skipped) >= r.testsRun else 0)
 
 
 if __name__ == "__main__":

@@ -1,25 +1,43 @@
-"""Real PyTorch 1.13 workers (PYTHON_EXEC=/usr/bin/python3): a @record failure shows its
-traceback in ddprun's summary and error file; gloo all_reduce works under --standalone
-and static rendezvous."""
+"""Real PyTorch workers, on torch 1.13 and (as launcher.integration.test_torch.torch2) on
+torch 2.6: a @record failure shows its traceback in ddprun's summary and error file; gloo
+all_reduce works under --standalone and static rendezvous; and on torch 2.6 without the
+tests' use_libuv shim, the summary names Debian's libuv-less build as the cause."""
 import os
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddprun_testlib import DdprunTestCase, PYTHON, clean_env, free_port, read_text, worker
+from ddprun_testlib import DdprunTestCase, RUNTIME, clean_env, free_port, main, read_text, timeout_scale, worker
 
-import subprocess
+LIBUV_ERROR = "use_libuv was requested but PyTorch was build without libuv support"
+# torch 2.6 takes ~2 s to import on 2 cores, 1.13 ~1 s; a job here takes 3-8 s.
+JOB_TIMEOUT = 90
 
-HAVE_TORCH = subprocess.run([PYTHON, "-c", "import torch.distributed"], capture_output=True).returncode == 0
 
-
-@unittest.skipUnless(HAVE_TORCH, f"{PYTHON} has no torch")
 class TorchTest(DdprunTestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        why = RUNTIME.skip_reason()
+        if why:
+            raise unittest.SkipTest(f"{RUNTIME.name}: {why}")
+
+    def run_job(self, args, env=None):
+        return self.run_ddprun(args, env=env, timeout=JOB_TIMEOUT * timeout_scale())
+
+    def assert_sums(self, res):
+        self.assertEqual(res.rc, 0, res)
+        for r in range(2):
+            self.assertEqual(read_text(self.path(f"sum_{r}")).split(), ["3.0", "3.0"])
+        # The workers ran the torch this run is meant for (2.x for *.torch2).
+        self.assertIn(f"[rank0]:torch {RUNTIME.version}\n", res.stdout)
+        if RUNTIME.is_torch2:
+            self.assertTrue(RUNTIME.version.startswith("2."), RUNTIME.version)
+
     def test_record_traceback_in_summary(self):
         err_file = self.path("root_cause.json")
         env = clean_env(TORCHELASTIC_ERROR_FILE=err_file)
-        res = self.run_ddprun(["--standalone", "--nproc-per-node", "2", worker("torch_record.py")], env=env,
-                              timeout=60)
+        res = self.run_job(["--standalone", "--nproc-per-node", "2", worker("torch_record.py")], env=env)
         self.assertEqual(res.rc, 1, res)
         summary = self.summary_block(res.stderr)
         root = summary[summary.index("Root Cause"):]
@@ -28,6 +46,8 @@ class TorchTest(DdprunTestCase):
         self.assertIn("exitcode  : 1 (pid: ", root)
         self.assertRegex(root, r"error_file: /\S+/attempt_0/0/error.json")
         self.assertIn("Traceback", root)
+        self.assertIn('torch_record.py", line', root)
+        self.assertNotIn("hint:", summary)
         # ddprun's own error file carries the worker's record plus errorCode.
         j = self.load_json(err_file)
         self.assertEqual(j["message"]["errorCode"], 1)
@@ -35,19 +55,29 @@ class TorchTest(DdprunTestCase):
         self.assertIn("ValueError: bad batch 7", j["message"]["extraInfo"]["py_callstack"])
 
     def test_gloo_all_reduce_standalone(self):
-        res = self.run_ddprun(["--standalone", "--nproc-per-node", "2", worker("torch_allreduce.py"), self.tmp],
-                              timeout=60)
-        self.assertEqual(res.rc, 0, res)
-        for r in range(2):
-            self.assertEqual(read_text(self.path(f"sum_{r}")).split(), ["3.0", "3.0"])
+        res = self.run_job(["--standalone", "--nproc-per-node", "2", worker("torch_allreduce.py"), self.tmp])
+        self.assert_sums(res)
 
     def test_gloo_all_reduce_static(self):
-        res = self.run_ddprun(["--nnodes", "1", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-                               "--nproc-per-node", "2", worker("torch_allreduce.py"), self.tmp], timeout=60)
-        self.assertEqual(res.rc, 0, res)
-        for r in range(2):
-            self.assertEqual(read_text(self.path(f"sum_{r}")).split(), ["3.0", "3.0"])
+        res = self.run_job(["--nnodes", "1", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+                            "--nproc-per-node", "2", worker("torch_allreduce.py"), self.tmp])
+        self.assert_sums(res)
+
+    @unittest.skipUnless(RUNTIME.is_torch2, "torch 2.x only (1.13 has no use_libuv)")
+    def test_missing_libuv_is_named_in_the_summary(self):
+        """Debian's torch 2.6 without the tests' shim: every worker's init_process_group
+        fails; the summary shows the error and one hint line with the cause and the fix."""
+        env = clean_env(DDP_TORCH2_SHIM="0")
+        res = self.run_job(["--standalone", "--nproc-per-node", "2", worker("torch_allreduce.py"), self.tmp],
+                           env=env)
+        self.assertEqual(res.rc, 1, res)
+        summary = self.summary_block(res.stderr)
+        self.assertIn(LIBUV_ERROR, summary)
+        hints = [l for l in summary.splitlines() if l.startswith("hint:")]
+        self.assertEqual(len(hints), 1, summary)
+        self.assertIn("without libuv", hints[0])
+        self.assertIn("use_libuv=False", hints[0])
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    main()

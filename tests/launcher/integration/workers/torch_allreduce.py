@@ -5,6 +5,8 @@ import sys
 import torch
 import torch.distributed as dist
 
+if os.environ.get("RANK") == "0":
+    print(f"torch {torch.__version__}", flush=True)
 dist.init_process_group("gloo")
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)
