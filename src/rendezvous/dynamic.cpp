@@ -210,7 +210,7 @@ bool DynamicRendezvous::join_step(std::optional<Snapshot>& snap, Clock::time_poi
   if (a == JoinAction::kAddToRedundancyList)
     spdlog::warn("rendezvous: the job '{}' is full ({} nodes running, --nnodes {}:{}): this node waits for a place",
                  c_.run_id, s.participants.size(), c_.job.min_nodes, c_.job.max_nodes);
-  if (a == JoinAction::kRemoveMe) join_failed(JoinAction::kErrorTimeout, t);
+  if (a == JoinAction::kRemoveMe) join_failed(JoinAction::kErrorTimeout, s);  // who was there, this node too
   return false;
 }
 
