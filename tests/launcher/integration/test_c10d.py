@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -375,6 +376,44 @@ class ScenarioTest(C10dTestCase):
         self.check_round(rounds[1], 4, ["127.0.0.2", "127.0.0.3"], restarts=1)
         self.assertNotIn("closed", a.stderr() + b.stderr())
 
+    def test_s5_waiting_node_takes_a_lost_nodes_place(self):
+        # C waits while --nnodes 1:2 is full; B is SIGKILLed: the next round is A and C.
+        args = ["--sleep", "30", "--sleep-at-world", "4=0.5"]
+        kw = dict(nnodes="1:2", extra=["--max-restarts", "1"])
+        a = self.start_node("A", "127.0.0.2", args, conf=CONF + ",is_host=1", **kw)
+        b = self.start_node("B", "127.0.0.3", args, conf=CONF + ",is_host=0", **kw)
+        r0 = self.wait_workers(4, world=4)
+        c = self.start_node("C", "127.0.0.4", args, conf=CONF + ",is_host=0", **kw)
+        self.wait_for(lambda: "this node waits for a place" in c.stderr(), hang(10), "C to wait" + self.describe())
+        b.proc.send_signal(signal.SIGKILL)
+        self.wait_nodes([a, c], 30)
+        self.assertEqual((a.rc, c.rc), (0, 0), self.describe())
+        rounds = self.rounds()
+        self.assertEqual(len(rounds), 2, self.describe())
+        self.assertEqual([r["pid"] for r in rounds[0]], [r["pid"] for r in r0])
+        self.check_round(rounds[1], 4, ["127.0.0.2", "127.0.0.4"], restarts=1)
+
+    def test_sigterm_on_one_node_the_others_go_on(self):
+        # A signal stops only that node (exit 128+15): the rendezvous is not closed, the
+        # others re-form without it (a counted restart) and finish.
+        args = ["--sleep", "30", "--sleep-at-world", "4=0.5"]
+        kw = dict(extra=["--max-restarts", "1"])
+        a = self.start_node("A", "127.0.0.2", args, conf=CONF + ",is_host=1", **kw)
+        b = self.start_node("B", "127.0.0.3", args, conf=CONF + ",is_host=0", **kw)
+        c = self.start_node("C", "127.0.0.4", args, conf=CONF + ",is_host=0", **kw)
+        r0 = self.wait_workers(6, world=6)
+        c.proc.send_signal(signal.SIGTERM)
+        self.wait_nodes([a, b, c], 30)
+        self.assertEqual(c.rc, 128 + signal.SIGTERM, self.describe())
+        self.assertEqual((a.rc, b.rc), (0, 0), self.describe())
+        for r in r0:
+            self.assertFalse(pid_alive(r["pid"]))
+        rounds = self.rounds()
+        self.assertEqual(len(rounds), 2, self.describe())
+        self.check_round(rounds[1], 4, ["127.0.0.2", "127.0.0.3"], restarts=1)
+        self.assertRegex(a.stderr(), r"node \S+ \(127\.0\.0\.4, [^)]*\) left: ddprun on \S+ received SIGTERM")
+        self.assertNotIn("closed", a.stderr() + b.stderr())
+
     def test_s8_fewer_than_min_nodes(self):
         # Two of the three nodes needed come; both give up after join_timeout, naming who
         # was there. The first to give up (A, which also hosts the store) names both; B may
@@ -408,8 +447,10 @@ class RoundShapeTest(C10dTestCase):
         # Started in reverse --local-addr order, with 1, 2 and 1 workers: node ranks follow
         # --local-addr, global ranks follow node ranks.
         nodes = []
+        # C also says --node-rank 0, which the dynamic rendezvous ignores (with a warning).
         for name, addr, nproc in (("C", "127.0.0.4", 1), ("B", "127.0.0.3", 2), ("A", "127.0.0.2", 1)):
-            nodes.append(self.start_node(name, addr, nnodes="3", nproc=nproc, extra=["--max-restarts", "2"]))
+            extra = ["--max-restarts", "2"] + (["--node-rank", "0"] if name == "C" else [])
+            nodes.append(self.start_node(name, addr, nnodes="3", nproc=nproc, extra=extra))
             time.sleep(0.2)
         self.wait_nodes(nodes, 20)
         for n in nodes:
@@ -445,6 +486,9 @@ class RoundShapeTest(C10dTestCase):
                 if lws == "2":
                     self.assertEqual(e["OMP_NUM_THREADS"], "1")
         self.assertTrue(all(r["store_reachable"] for r in rounds[0]))
+        warned = [l for l in nodes[0].stderr().splitlines() if "--node-rank" in l]
+        self.assertEqual(len(warned), 1, nodes[0].stderr())
+        self.assertIn("warning", warned[0])
         # Each node prints the round once, with every member in node-rank order.
         for n in nodes:
             lines = [l for l in n.stderr().splitlines() if "rendezvous: round 0 of job 'job': node rank" in l]
@@ -477,6 +521,41 @@ class StoreHostTest(C10dTestCase):
         self.assertRegex(a.stderr(), rf"this node hosts the c10d store on port {self.port} \(--rdzv-conf is_host=1\)")
         self.assertRegex(b.stderr(), rf"joining the c10d store at 127\.0\.0\.1:{self.port} \(not hosting it: "
                                      r"--rdzv-conf is_host=0\)")
+
+    def test_pet_environment_spelling(self):
+        # B is configured by PET_* variables only (torchrun's environment spelling).
+        a = self.start_node("A", "127.0.0.2", nnodes="2", conf=CONF + ",is_host=1")
+        env = clean_env(PET_RDZV_BACKEND="c10d", PET_RDZV_ENDPOINT=self.endpoint, PET_RDZV_ID="job", PET_NNODES="2",
+                        PET_NPROC_PER_NODE="2", PET_LOCAL_ADDR="127.0.0.3", PET_RDZV_CONF=CONF + ",is_host=0")
+        out, err = open(self.path("B.stdout"), "wb"), open(self.path("B.stderr"), "wb")
+        self._files += [out, err]
+        b = Node("B", "127.0.0.3", self.start([worker("rdzv_env.py"), self.rec], env=env, stdout=out, stderr=err),
+                 out.name, err.name)
+        self.nodes.append(b)
+        self.wait_nodes([a, b], 20)
+        self.assertEqual((a.rc, b.rc), (0, 0), self.describe())
+        rs = self.rounds()[0]
+        self.check_round(rs, 4, ["127.0.0.2", "127.0.0.3"], restarts=0)
+
+    def test_ipv6_endpoint(self):
+        try:
+            with socket.socket(socket.AF_INET6) as s6:
+                s6.bind(("::1", 0))
+        except OSError as e:
+            self.skipTest(f"no IPv6 loopback: {e}")
+        ep = f"[::1]:{self.port}"
+        a = self.start_node("A", "", nnodes="2", endpoint=ep)
+        b = self.start_node("B", "", nnodes="2", endpoint=ep)
+        self.wait_nodes([a, b], 20)
+        self.assertEqual((a.rc, b.rc), (0, 0), self.describe())
+        rs = self.rounds()[0]
+        self.assertEqual(len(rs), 4)
+        for r in rs:
+            # Without --local-addr: the address this node reaches the endpoint from.
+            self.assertEqual(r["env"]["MASTER_ADDR"], "::1")
+            self.assertTrue(r["store_reachable"])
+        self.assertTrue(any(f"hosts the c10d store on port {self.port} ('::1' is this machine's loopback)" in n.stderr()
+                            for n in (a, b)), self.describe())
 
     def test_inferred_host_first_to_bind(self):
         a = self.start_node("A", "127.0.0.2", nnodes="2")
