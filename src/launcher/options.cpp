@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <csignal>
 #include <cstring>
+#include <type_traits>
 #include <sys/stat.h>
 
 #include <fmt/format.h>
@@ -58,6 +60,9 @@ template <typename T>
 bool parse_number(const std::string& s, T& out) {
   if (s.empty()) return false;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(out)) return false;  // NaN compares false with every bound
+  }
   return ec == std::errc() && p == s.data() + s.size();
 }
 

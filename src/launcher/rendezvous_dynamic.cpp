@@ -177,7 +177,15 @@ DynamicAdapter::DynamicAdapter(const Options& o, std::string hostname) : o_(o), 
 }
 
 JobPlan DynamicAdapter::next_round() {
-  rdzv::RoundPlan r = ahead_.valid() ? ahead_.get() : d_->next_round();
+  rdzv::RoundPlan r;
+  try {
+    r = ahead_.valid() ? ahead_.get() : d_->next_round();
+  } catch (...) {
+    // The store lives in this process: the nodes still joining keep it until they have
+    // learnt how their own join ends (or close_timeout), instead of losing it with this one.
+    if (server_) d_->finish(rdzv::FinishKind::kNodeStopped, "");
+    throw;
+  }
   JobPlan p;
   p.hostname = hostname_;
   p.run_id = o_.rdzv_id;

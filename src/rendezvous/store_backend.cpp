@@ -41,7 +41,9 @@ std::string StoreBackend::describe() const {
 
 std::unique_ptr<Backend> StoreBackend::clone() const { return std::make_unique<StoreBackend>(o_); }
 
-std::string StoreBackend::state_key() const { return "torch.rendezvous." + o_.run_id; }
+// PyTorch's TCPStore client puts "/" before every key it sends: torchrun's state is
+// "/torch.rendezvous.<run id>" on the wire.
+std::string StoreBackend::state_key() const { return "/torch.rendezvous." + o_.run_id; }
 std::string StoreBackend::key(const std::string& name) const { return "ddprun.rdzv." + o_.run_id + "/" + name; }
 
 // COMPARE_SET(key, "", "") reads the state in one round trip without blocking: it creates

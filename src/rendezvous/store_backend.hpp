@@ -1,8 +1,9 @@
 // The dynamic rendezvous over ddprun's TCP store (--rdzv-backend c10d): the state is the
-// key "torch.rendezvous.<run id>" (torchrun's own key, so that a torchrun agent and a
-// ddprun agent given the same endpoint and id notice each other instead of forming two
-// jobs), logs and counters live under "ddprun.rdzv.<run id>/", and the lease is a
-// connection of its own that uses the store's LEASE extension (docs/store.md).
+// key "/torch.rendezvous.<run id>" (torchrun's own key, as PyTorch's client sends it, so
+// that a torchrun agent and a ddprun agent given the same endpoint and id notice each
+// other instead of forming two jobs), logs and counters live under "ddprun.rdzv.<run
+// id>/", and the lease is a connection of its own that uses the store's LEASE extension
+// (docs/store.md).
 #pragma once
 
 #include <chrono>

@@ -267,6 +267,22 @@ struct TcpStore::Impl {
     }
   }
 
+  // Whether the server still accepts connections: a short probe after it closed one.
+  bool still_listening() const {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    if (::getaddrinfo(opt.host.c_str(), std::to_string(opt.port).c_str(), &hints, &res) != 0) return false;
+    std::unique_ptr<addrinfo, void (*)(addrinfo*)> owner(res, ::freeaddrinfo);
+    const auto deadline = Clock::now() + milliseconds(500);
+    for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+      int err = 0;
+      if (try_connect(ai, deadline, err)) return true;
+    }
+    return false;
+  }
+
   void ensure_connected() {
     if (fd) return;
     if (interrupted) throw NetworkError(fmt::format("store at {}: the connection was shut down", addr));
@@ -625,15 +641,20 @@ void TcpStore::ping(std::chrono::milliseconds timeout) {
 }
 
 namespace {
-// A server that closes the connection on one of ddprun's extensions is not ddprun's.
-template <typename F>
-auto extension_call(const std::string& addr, const char* what, F f) {
+// A server that closes the connection on one of ddprun's extensions, and still accepts
+// connections, is not ddprun's. One that accepts none any more has stopped.
+template <typename Impl, typename F>
+auto extension_call(const Impl& impl, const char* what, F f) {
   try {
     return f();
   } catch (const NetworkError& e) {
+    if (!impl.still_listening())
+      throw NetworkError(fmt::format("{} (the store at {} accepts no connection any more: it stopped, or cannot be "
+                                     "reached)",
+                                     e.what(), impl.addr));
     throw NetworkError(fmt::format("{} (the store at {} does not serve ddprun's {}: is it PyTorch's TCPStore rather "
                                    "than ddprun's?)",
-                                   e.what(), addr, what));
+                                   e.what(), impl.addr, what));
   }
 }
 }  // namespace
@@ -648,7 +669,7 @@ void TcpStore::lease(std::chrono::milliseconds ttl) {
   std::lock_guard lk(impl_->mu);
   auto r = proto::request(proto::Op::kLease);
   r.i64 = ttl.count();
-  extension_call(impl_->addr, "LEASE", [&] {
+  extension_call(*impl_, "LEASE", [&] {
     return impl_->call(r, timeout(), [&](auto d, const std::string& w) { return impl_->recv_value<uint8_t>(d, w); });
   });
   impl_->leased = true;
@@ -667,7 +688,7 @@ void TcpStore::release_lease() {
 void TcpStore::on_lease_end(const std::string& key, const std::string& value) {
   require_v2(options_, "on_lease_end");
   std::lock_guard lk(impl_->mu);
-  extension_call(impl_->addr, "ON_LEASE_END", [&] {
+  extension_call(*impl_, "ON_LEASE_END", [&] {
     return impl_->call(proto::request(proto::Op::kOnLeaseEnd, {key}, {value}), timeout(),
                        [&](auto d, const std::string& w) { return impl_->recv_value<uint8_t>(d, w); });
   });
@@ -679,7 +700,7 @@ bool TcpStore::wait_grows(const std::string& key, int64_t size, std::chrono::mil
   std::lock_guard lk(impl_->mu);
   auto r = proto::request(proto::Op::kWaitGrows, {key});
   r.i64 = size;
-  return extension_call(impl_->addr, "WAIT_GROWS", [&] { return impl_->do_wait_request(r, timeout); });
+  return extension_call(*impl_, "WAIT_GROWS", [&] { return impl_->do_wait_request(r, timeout); });
 }
 
 }  // namespace ddp

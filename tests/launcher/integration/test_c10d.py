@@ -1,0 +1,698 @@
+"""Issue 10: the dynamic rendezvous (--rdzv-backend c10d) with real ddprun agents on
+loopback. Every node is a ddprun process with its own --local-addr 127.0.0.K (the whole
+127/8 is loopback on Linux), all at one endpoint 127.0.0.1:<free port>. The workers
+(workers/rdzv_env.py) record their environment and start time per round; a round is told
+apart by its MASTER_PORT (fresh every round).
+
+Scenarios S1-S8 are those of shared/reference/rdzv-c10d.md §6.2, measured there with
+torchrun 1.13. Time bounds that check speed ("at once", "within 2 s") are the issue's
+targets, far above what a quiet machine measures (noted at each); hang guards are generous
+and scale with DDP_TEST_TIMEOUT_SCALE.
+"""
+import glob
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ddprun_testlib import DDPRUN, PYTHON, DdprunTestCase, clean_env, free_port, pid_alive, read_text, scaled, worker
+
+STORE_SERVER = os.path.join(os.path.dirname(DDPRUN), "ddp-store-server")
+TORCHRUN113 = "/work/shared/anchors/torchrun113.py"
+# Short timings: a round closes 1 s after MIN nodes joined; a silent node is lost after 1.5 s.
+CONF = "last_call_timeout=1,join_timeout=20,keep_alive_interval=0.5,keep_alive_max_attempt=3"
+
+
+def hang(seconds):
+    """A hang guard: how long to wait before calling something stuck."""
+    return scaled(seconds)
+
+
+class Node:
+    def __init__(self, name, addr, proc, out, err):
+        self.name, self.addr, self.proc, self.out_path, self.err_path = name, addr, proc, out, err
+        self.exited_at = None
+
+    @property
+    def rc(self):
+        return self.proc.returncode
+
+    def stdout(self):
+        return read_text(self.out_path)
+
+    def stderr(self):
+        return read_text(self.err_path)
+
+
+class C10dTestCase(DdprunTestCase):
+    def setUp(self):
+        super().setUp()
+        self.port = free_port()
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self.rec = self.path("rec")
+        os.mkdir(self.rec)
+        self.nodes = []
+
+    def tearDown(self):
+        # Workers of a SIGKILLed ddprun would be orphans: kill every worker that recorded
+        # its pid and still runs (they are ours: started by the ddprun processes above).
+        for r in self.records():
+            self.track_pid(r["pid"])
+        super().tearDown()
+
+    # -- starting nodes
+
+    def start_node(self, name, addr, script_args=(), nnodes="1:3", conf=CONF, extra=(), nproc=2, endpoint=None,
+                   script=None, env=None):
+        args = ["--log-level", "info", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint or self.endpoint,
+                "--rdzv-id", "job", "--nnodes", nnodes, "--nproc-per-node", str(nproc)]
+        if addr:
+            args += ["--local-addr", addr]
+        if conf:
+            args += ["--rdzv-conf", conf]
+        args += list(extra)
+        args += [script or worker("rdzv_env.py")] + ([] if script else [self.rec]) + list(script_args)
+        out = open(self.path(f"{name}.stdout"), "wb")
+        err = open(self.path(f"{name}.stderr"), "wb")
+        self._files += [out, err]
+        proc = self.start(args, env=env, stdout=out, stderr=err)
+        node = Node(name, addr, proc, out.name, err.name)
+        self.nodes.append(node)
+        return node
+
+    def store_server(self):
+        """A ddp-store-server of its own (no workers): returns its port."""
+        err = open(self.path("store.stderr"), "wb")
+        p = subprocess.Popen([STORE_SERVER, "--host", "127.0.0.1", "--port", "0"], stdout=subprocess.PIPE,
+                             stderr=err, start_new_session=True)
+        self._procs.append(p)
+        self._files += [err, p.stdout]
+        line = p.stdout.readline().decode()
+        self.assertTrue(line.startswith("port="), f"ddp-store-server said {line!r}")
+        return int(line.strip().split("=")[1])
+
+    # -- waiting and reading what happened
+
+    def wait_nodes(self, nodes, timeout):
+        deadline = time.monotonic() + hang(timeout)
+        while time.monotonic() < deadline:
+            for n in nodes:
+                if n.exited_at is None and n.proc.poll() is not None:
+                    n.exited_at = time.time()
+            if all(n.exited_at is not None for n in nodes):
+                return
+            time.sleep(0.02)
+        self.fail(f"nodes still running after {hang(timeout):.0f} s: "
+                  f"{[n.name for n in nodes if n.exited_at is None]}{self.describe()}")
+
+    def describe(self, nodes=None):
+        return "".join(f"\n--- {n.name} ({n.addr}) rc={n.rc}\nstdout:\n{n.stdout()[-3000:]}\nstderr:\n"
+                       f"{n.stderr()[-4000:]}" for n in (nodes or self.nodes))
+
+    def records(self):
+        out = []
+        for f in glob.glob(os.path.join(self.rec, "start_*.json")):
+            with open(f) as fh:
+                out.append(json.load(fh))
+        return sorted(out, key=lambda r: r["t"])
+
+    def rounds(self):
+        """Worker records grouped by round (MASTER_PORT), in the order the rounds started."""
+        by_port = {}
+        for r in self.records():
+            by_port.setdefault(r["env"]["MASTER_PORT"], []).append(r)
+        return sorted(by_port.values(), key=lambda rs: rs[0]["t"])
+
+    def wait_workers(self, count, world=None, timeout=20):
+        """Waits until `count` workers of one round (of WORLD_SIZE world) have started."""
+        def ready():
+            for rs in self.rounds():
+                if (world is None or rs[0]["env"]["WORLD_SIZE"] == str(world)) and len(rs) >= count:
+                    return rs
+            return None
+        return self.wait_for(ready, hang(timeout), f"{count} workers of world {world}" + self.describe())
+
+    def check_round(self, rs, world, ranks_by_addr, restarts):
+        """Every rank of the round started once, with the world, node ranks and restart count
+        expected; ranks_by_addr: the --local-addr of each node rank."""
+        self.assertEqual(sorted(int(r["env"]["RANK"]) for r in rs), list(range(world)), self.describe())
+        nodes = len(ranks_by_addr)
+        for r in rs:
+            e = r["env"]
+            self.assertEqual(e["WORLD_SIZE"], str(world))
+            self.assertEqual(e["GROUP_WORLD_SIZE"], str(nodes))
+            self.assertEqual(e["TORCHELASTIC_RESTART_COUNT"], str(restarts), f"rank {e['RANK']}")
+            self.assertEqual(e["MASTER_ADDR"], ranks_by_addr[0])
+            self.assertTrue(r["store_reachable"], f"rank {e['RANK']} could not reach {e['MASTER_ADDR']}:"
+                                                  f"{e['MASTER_PORT']}")
+        self.assertEqual(len({r["env"]["MASTER_PORT"] for r in rs}), 1)
+
+    def group_rank_of(self, rs):
+        """{GROUP_RANK: RANKs} of a round."""
+        out = {}
+        for r in rs:
+            out.setdefault(int(r["env"]["GROUP_RANK"]), []).append(int(r["env"]["RANK"]))
+        return {k: sorted(v) for k, v in out.items()}
+
+
+class ScenarioTest(C10dTestCase):
+    def test_s1_scale_up(self):
+        # A and B run a round of 2 nodes; C arrives: both restart (not counted) into a round
+        # of 3. Round-1 workers finish at once; round-0 workers would sleep long.
+        args = ["--sleep", "30", "--sleep-at-world", "6=0.5"]
+        a = self.start_node("A", "127.0.0.2", args)
+        b = self.start_node("B", "127.0.0.3", args)
+        self.wait_workers(4, world=4)
+        c = self.start_node("C", "127.0.0.4", args)
+        self.wait_nodes([a, b, c], 40)
+        for n in (a, b, c):
+            self.assertEqual(n.rc, 0, self.describe())
+        rounds = self.rounds()
+        self.assertEqual(len(rounds), 2, "exactly one restart" + self.describe())
+        self.check_round(rounds[0], 4, ["127.0.0.2", "127.0.0.3"], restarts=0)
+        self.check_round(rounds[1], 6, ["127.0.0.2", "127.0.0.3", "127.0.0.4"], restarts=0)
+        self.assertNotEqual(rounds[0][0]["env"]["MASTER_PORT"], rounds[1][0]["env"]["MASTER_PORT"])
+        self.assertEqual(self.group_rank_of(rounds[1]), {0: [0, 1], 1: [2, 3], 2: [4, 5]})
+        for n in (a, b):
+            self.assertRegex(n.stderr(), r"round 0 ended \(a node is waiting to join .*127\.0\.0\.4.*\): forming "
+                                         r"the next round \(not counted as a restart\)")
+        self.assertNotIn("error", c.stderr())
+
+    def test_s2_worker_failure_restarts_then_fails(self):
+        # Rank 3 (on B) exits 7 in every round; --max-restarts 1: round 1 is the same world
+        # with TORCHELASTIC_RESTART_COUNT 1 on every node, and its failure ends the job.
+        summary = self.path("b_summary.json")
+        args = ["--sleep", "30", "--fail-rank", "3", "--fail-code", "7", "--fail-after", "0.5"]
+        a = self.start_node("A", "127.0.0.2", args, nnodes="2", extra=["--max-restarts", "1"])
+        b = self.start_node("B", "127.0.0.3", args, nnodes="2",
+                            extra=["--max-restarts", "1", "--summary-json", summary])
+        self.wait_nodes([a, b], 40)
+        rounds = self.rounds()
+        self.assertEqual(len(rounds), 2, self.describe())
+        self.check_round(rounds[0], 4, ["127.0.0.2", "127.0.0.3"], restarts=0)
+        self.check_round(rounds[1], 4, ["127.0.0.2", "127.0.0.3"], restarts=1)
+        self.assertEqual(self.group_rank_of(rounds[1]), {0: [0, 1], 1: [2, 3]})
+        for r in rounds[1]:
+            self.assertEqual(r["env"]["TORCHELASTIC_MAX_RESTARTS"], "1")
+        # The failing node exits with the worker's code and names the root cause.
+        self.assertEqual(b.rc, 7, self.describe())
+        block = self.summary_block(b.stderr())
+        self.assertRegex(block, r"Root Cause[^\n]*\n\[0\]:\n(.*\n)*?  rank      : 3 \(local_rank: 1\)\n"
+                                r"  round     : 1\n  exitcode  : 7 ")
+        self.assertIn("no restart left (1 of --max-restarts 1 used)", b.stderr())
+        # The other node stops too, naming the failure on B.
+        self.assertNotEqual(a.rc, 0, self.describe())
+        self.assertRegex(a.stderr(), r"the job failed on another node: node \S+ \(127\.0\.0\.3, [^)]*\): rank 3 .*"
+                                     r"exited with 7")
+        s = self.load_json(summary)
+        self.assertEqual(s["status"], "failed")
+        self.assertEqual(s["exit_code"], 7)
+        self.assertEqual(s["restarts"], 1)
+        by_round = {}
+        for w in s["workers"]:
+            by_round.setdefault(w["round"], []).append(w)
+        self.assertEqual(sorted(by_round), [0, 1], s["workers"])
+        failed = [w for w in s["workers"] if w["state"] == "failed"]
+        self.assertEqual(sorted((w["round"], w["rank"], w["exit_code"]) for w in failed), [(0, 3, 7), (1, 3, 7)])
+
+    def test_s3_sigkill_non_host_survivors_reform(self):
+        # A hosts the store; B is SIGKILLed (ddprun only): its workers die with it, A and C
+        # form round 1 without it (a counted restart).
+        # A round of 2 of --nnodes 1:3 completes a last call after it has MIN: 0.3 s here.
+        conf = CONF.replace("last_call_timeout=1", "last_call_timeout=0.3")
+        args = ["--sleep", "30", "--sleep-at-world", "4=0.5"]
+        a = self.start_node("A", "127.0.0.2", args, conf=conf + ",is_host=1", extra=["--max-restarts", "1"])
+        b = self.start_node("B", "127.0.0.3", args, conf=conf + ",is_host=0", extra=["--max-restarts", "1"])
+        c = self.start_node("C", "127.0.0.4", args, conf=conf + ",is_host=0", extra=["--max-restarts", "1"])
+        r0 = self.wait_workers(6, world=6)
+        b_workers = [r["pid"] for r in r0 if r["env"]["GROUP_RANK"] == "1"]
+        self.assertEqual(len(b_workers), 2)
+        t_kill = time.time()
+        b.proc.send_signal(signal.SIGKILL)
+        self.wait_for(lambda: not any(pid_alive(p) for p in b_workers), hang(5), "B's workers to die with it")
+        r1 = self.wait_workers(4, world=4)
+        reform = min(r["t"] for r in r1) - t_kill
+        # The issue's bound; a quiet machine takes about 0.4 s, 0.3 s of it the last call
+        # (the store sees B's lease connection close at once).
+        self.assertLess(reform, 2.0, self.describe())
+        self.wait_nodes([a, c], 30)
+        self.assertEqual((a.rc, c.rc), (0, 0), self.describe())
+        self.check_round(r1, 4, ["127.0.0.2", "127.0.0.4"], restarts=1)
+        self.assertEqual(self.group_rank_of(r1), {0: [0, 1], 1: [2, 3]})
+        self.assertRegex(a.stderr(), r"node .*127\.0\.0\.3.* was lost")
+        print(f"\nS3: SIGKILL of a non-host node to the survivors' new workers: {reform:.2f} s", file=sys.stderr)
+
+    def test_s3_sigkill_below_min_stops_naming_the_lost_node(self):
+        # --nnodes 2: without B no round can form, restarts or not: A stops and says why.
+        args = ["--sleep", "30"]
+        a = self.start_node("A", "127.0.0.2", args, nnodes="2", conf=CONF + ",is_host=1", extra=["--max-restarts", "3"])
+        b = self.start_node("B", "127.0.0.3", args, nnodes="2", conf=CONF + ",is_host=0", extra=["--max-restarts", "3"])
+        r0 = self.wait_workers(4, world=4)
+        t_kill = time.time()
+        b.proc.send_signal(signal.SIGKILL)
+        self.wait_nodes([a], 20)
+        # A learns of it when the store closes B's connection: far less than the keep-alive.
+        self.assertLess(a.exited_at - t_kill, 5, self.describe())
+        self.assertNotEqual(a.rc, 0)
+        err = a.stderr()
+        self.assertRegex(err, r"not restarting: node .*127\.0\.0\.3.* was lost.*only 1 node remains, fewer than the 2 "
+                              r"the job needs", self.describe())
+        for r in r0:
+            self.assertFalse(pid_alive(r["pid"]), f"worker {r['pid']} outlived the job")
+        self.assertEqual(len(self.rounds()), 1)
+
+    @unittest.expectedFailure
+    def test_s3_second_loss_while_reforming_stops_at_once(self):
+        # BUG (issue 10, "survivors re-form ... if at least MIN remain, else stop naming the
+        # lost node"): B is lost, A and C start to re-form (a last call: 2 of --nnodes 2:3);
+        # C is lost too before the round completes. Only A remains, below MIN: A should stop
+        # at once naming the lost nodes. It waits in the join until join_timeout instead
+        # (with the default join_timeout, 10 minutes), then says "1 of the 2 nodes needed
+        # joined". The same race makes a partitioned store host wait (test_c10d_netns S7).
+        conf = CONF.replace("join_timeout=20", "join_timeout=6") + ",is_host=0"
+        args = ["--sleep", "30"]
+        kw = dict(nnodes="2:3", extra=["--max-restarts", "3"])
+        a = self.start_node("A", "127.0.0.2", args, conf=CONF.replace("join_timeout=20", "join_timeout=6")
+                            + ",is_host=1", **kw)
+        b = self.start_node("B", "127.0.0.3", args, conf=conf, **kw)
+        c = self.start_node("C", "127.0.0.4", args, conf=conf, **kw)
+        self.wait_workers(6, world=6)
+        b.proc.send_signal(signal.SIGKILL)
+        self.wait_for(lambda: "forming the next round" in a.stderr(), hang(5), "A to re-form")
+        time.sleep(0.2)  # A and C are in the next round's last call
+        t_kill = time.time()
+        c.proc.send_signal(signal.SIGKILL)
+        self.wait_nodes([a], 20)
+        self.assertNotEqual(a.rc, 0)
+        self.assertEqual(len(self.rounds()), 1, "no round of 1 node may form")
+        # Typically 0.1 s: the store closes C's lease connection at once.
+        self.assertLess(a.exited_at - t_kill, 3, self.describe())
+        self.assertRegex(a.stderr(), r"only 1 node remains, fewer than the 2 the job needs", self.describe())
+        self.assertRegex(a.stderr(), r"127\.0\.0\.4", self.describe())
+
+    def test_s4_sigkill_store_host_stops_the_others(self):
+        args = ["--sleep", "30"]
+        a = self.start_node("A", "127.0.0.2", args, conf=CONF + ",is_host=1", extra=["--max-restarts", "3"])
+        b = self.start_node("B", "127.0.0.3", args, conf=CONF + ",is_host=0", extra=["--max-restarts", "3"])
+        r0 = self.wait_workers(4, world=4)
+        t_kill = time.time()
+        a.proc.send_signal(signal.SIGKILL)
+        self.wait_nodes([b], 20)
+        # "At once": the store's connections close with A. Typically 0.1 s.
+        self.assertLess(b.exited_at - t_kill, 3, self.describe())
+        self.assertNotEqual(b.rc, 0)
+        self.assertRegex(b.stderr(), r"lost the rendezvous at the c10d store at 127\.0\.0\.1:\d+", self.describe())
+        self.assertRegex(b.stderr(), r"accepts no connection any more: it stopped", self.describe())
+        self.assertNotIn("PyTorch", b.stderr(), "the store host died: it did not turn into PyTorch's")
+        self.assertIn("ddp-store-server", b.stderr(), "the error should say how to avoid it")
+        b_workers = [r["pid"] for r in r0 if r["env"]["GROUP_RANK"] == "1"]
+        self.wait_for(lambda: not any(pid_alive(p) for p in b_workers), hang(5), "B's workers to stop")
+
+    def test_s4_separate_store_server_survivors_reform(self):
+        # The endpoint is a ddp-store-server of its own: losing A (rank 0, which hosts the
+        # round's worker store) re-forms B and C with B as rank 0; then the job is closed
+        # for a latecomer.
+        port = self.store_server()
+        ep = f"127.0.0.1:{port}"
+        args = ["--sleep", "30", "--sleep-at-world", "4=0.5"]
+        conf = CONF.replace("last_call_timeout=1", "last_call_timeout=0.3")
+        kw = dict(conf=conf + ",is_host=0", extra=["--max-restarts", "1"], endpoint=ep)
+        a = self.start_node("A", "127.0.0.2", args, **kw)
+        b = self.start_node("B", "127.0.0.3", args, **kw)
+        c = self.start_node("C", "127.0.0.4", args, **kw)
+        self.wait_workers(6, world=6)
+        t_kill = time.time()
+        a.proc.send_signal(signal.SIGKILL)
+        r1 = self.wait_workers(4, world=4)
+        self.assertLess(min(r["t"] for r in r1) - t_kill, 2.0, self.describe())
+        self.wait_nodes([b, c], 30)
+        self.assertEqual((b.rc, c.rc), (0, 0), self.describe())
+        self.check_round(r1, 4, ["127.0.0.3", "127.0.0.4"], restarts=1)
+        # The job is over and its rendezvous closed: a node that comes now is told so.
+        late = self.start_node("late", "127.0.0.5", args, **kw)
+        self.wait_nodes([late], 20)
+        self.assertNotEqual(late.rc, 0)
+        self.assertRegex(late.stderr(), r"rendezvous 'job' at .* is closed \(its job succeeded\)", self.describe())
+
+    def test_s5_node_beyond_max_waits_and_times_out_alone(self):
+        # A and B fill --nnodes 1:2. C waits (join_timeout 2 s) and gives up alone. The job is
+        # not closed by it: rank 0 then fails once (after C left), and the restart works.
+        c_gone = self.path("c_gone")
+        args = ["--sleep", "1", "--fail-rank", "0", "--fail-restarts", "0", "--fail-when", c_gone,
+                "--fail-after", "0"]
+        kw = dict(nnodes="1:2", extra=["--max-restarts", "1"])
+        a = self.start_node("A", "127.0.0.2", args, **kw)
+        b = self.start_node("B", "127.0.0.3", args, **kw)
+        r0 = self.wait_workers(4, world=4)
+        c = self.start_node("C", "127.0.0.4", args, conf=CONF.replace("join_timeout=20", "join_timeout=2"), **kw)
+        t0 = time.time()
+        self.wait_nodes([c], 20)
+        open(c_gone, "w").close()
+        self.assertNotEqual(c.rc, 0)
+        self.assertLess(c.exited_at - t0, 2 + 5, self.describe())
+        self.assertRegex(c.stderr(), r"the job 'job' is full: its 2 nodes \(the maximum, --nnodes 1:2\) are running "
+                                     r"\(.*127\.0\.0\.2.*127\.0\.0\.3.*\); this node waited join_timeout 2", self.describe())
+        self.assertIn("the running job is not affected", c.stderr())
+        # While C waited, round 0's workers ran on: still the same 4 processes, no new round.
+        self.assertEqual([r["pid"] for r in self.rounds()[0]], [r["pid"] for r in r0])
+        self.wait_nodes([a, b], 30)
+        self.assertEqual((a.rc, b.rc), (0, 0), self.describe())
+        rounds = self.rounds()
+        self.assertEqual(len(rounds), 2, self.describe())
+        self.check_round(rounds[1], 4, ["127.0.0.2", "127.0.0.3"], restarts=1)
+        self.assertNotIn("closed", a.stderr() + b.stderr())
+
+    def test_s5_waiting_node_takes_a_lost_nodes_place(self):
+        # C waits while --nnodes 1:2 is full; B is SIGKILLed: the next round is A and C.
+        args = ["--sleep", "30", "--sleep-at-world", "4=0.5"]
+        kw = dict(nnodes="1:2", extra=["--max-restarts", "1"])
+        a = self.start_node("A", "127.0.0.2", args, conf=CONF + ",is_host=1", **kw)
+        b = self.start_node("B", "127.0.0.3", args, conf=CONF + ",is_host=0", **kw)
+        r0 = self.wait_workers(4, world=4)
+        c = self.start_node("C", "127.0.0.4", args, conf=CONF + ",is_host=0", **kw)
+        self.wait_for(lambda: "this node waits for a place" in c.stderr(), hang(10), "C to wait" + self.describe())
+        b.proc.send_signal(signal.SIGKILL)
+        self.wait_nodes([a, c], 30)
+        self.assertEqual((a.rc, c.rc), (0, 0), self.describe())
+        rounds = self.rounds()
+        self.assertEqual(len(rounds), 2, self.describe())
+        self.assertEqual([r["pid"] for r in rounds[0]], [r["pid"] for r in r0])
+        self.check_round(rounds[1], 4, ["127.0.0.2", "127.0.0.4"], restarts=1)
+
+    def test_sigterm_on_one_node_the_others_go_on(self):
+        # A signal stops only that node (exit 128+15): the rendezvous is not closed, the
+        # others re-form without it (a counted restart) and finish.
+        args = ["--sleep", "30", "--sleep-at-world", "4=0.5"]
+        kw = dict(extra=["--max-restarts", "1"])
+        a = self.start_node("A", "127.0.0.2", args, conf=CONF + ",is_host=1", **kw)
+        b = self.start_node("B", "127.0.0.3", args, conf=CONF + ",is_host=0", **kw)
+        c = self.start_node("C", "127.0.0.4", args, conf=CONF + ",is_host=0", **kw)
+        r0 = self.wait_workers(6, world=6)
+        c.proc.send_signal(signal.SIGTERM)
+        self.wait_nodes([a, b, c], 30)
+        self.assertEqual(c.rc, 128 + signal.SIGTERM, self.describe())
+        self.assertEqual((a.rc, b.rc), (0, 0), self.describe())
+        for r in r0:
+            self.assertFalse(pid_alive(r["pid"]))
+        rounds = self.rounds()
+        self.assertEqual(len(rounds), 2, self.describe())
+        self.check_round(rounds[1], 4, ["127.0.0.2", "127.0.0.3"], restarts=1)
+        self.assertRegex(a.stderr(), r"node \S+ \(127\.0\.0\.4, [^)]*\) left: ddprun on \S+ received SIGTERM")
+        self.assertNotIn("closed", a.stderr() + b.stderr())
+
+    def test_s8_fewer_than_min_nodes(self):
+        # Two of the three nodes needed come; both give up after join_timeout, naming who
+        # was there. The first to give up (A, which also hosts the store) names both; B may
+        # find A gone already (it left the round when it gave up) but still gets its own
+        # join_timeout error, not a lost store: A keeps the store up until B has left.
+        conf = CONF.replace("join_timeout=20", "join_timeout=2")
+        a = self.start_node("A", "127.0.0.2", nnodes="3:4", conf=conf + ",is_host=1")
+        b = self.start_node("B", "127.0.0.3", nnodes="3:4", conf=conf + ",is_host=0")
+        t0 = time.time()
+        self.wait_nodes([a, b], 20)
+        counts = {}
+        for n in (a, b):
+            self.assertNotEqual(n.rc, 0)
+            self.assertLess(n.exited_at - t0, 2 + 5, self.describe())
+            err = n.stderr()
+            m = re.search(r"no round of job 'job' formed at the c10d store at 127\.0\.0\.1:\d+ within join_timeout 2 s "
+                          r"\(--rdzv-conf join_timeout=SECONDS\): (\d) of the 3 nodes needed \(--nnodes 3:4\) joined: "
+                          r"(.*)", err)
+            self.assertTrue(m, self.describe())
+            counts[n.name] = int(m.group(1))
+            self.assertRegex(m.group(2), rf"\({re.escape(n.addr)}, {re.escape(n.addr)}_{n.proc.pid}_[0-9a-f]{{8}}\)")
+            self.assertEqual(len([l for l in err.splitlines() if "error" in l]), 1, err)
+        self.assertEqual(counts["A"], 2, self.describe())
+        self.assertIn(counts["B"], (1, 2))
+        self.assertRegex(a.stderr(), r"\(127\.0\.0\.3, 127\.0\.0\.3_\d+_[0-9a-f]{8}\)")
+        self.assertEqual(self.records(), [], "no worker may start without a round")
+
+
+class RoundShapeTest(C10dTestCase):
+    def test_env_exactly_as_torchrun(self):
+        # Started in reverse --local-addr order, with 1, 2 and 1 workers: node ranks follow
+        # --local-addr, global ranks follow node ranks.
+        nodes = []
+        # C also says --node-rank 0, which the dynamic rendezvous ignores (with a warning).
+        for name, addr, nproc in (("C", "127.0.0.4", 1), ("B", "127.0.0.3", 2), ("A", "127.0.0.2", 1)):
+            extra = ["--max-restarts", "2"] + (["--node-rank", "0"] if name == "C" else [])
+            nodes.append(self.start_node(name, addr, nnodes="3", nproc=nproc, extra=extra))
+            time.sleep(0.2)
+        self.wait_nodes(nodes, 20)
+        for n in nodes:
+            self.assertEqual(n.rc, 0, self.describe())
+        rounds = self.rounds()
+        self.assertEqual(len(rounds), 1)
+        env = {int(r["env"]["RANK"]): r["env"] for r in rounds[0]}
+        self.assertEqual(sorted(env), [0, 1, 2, 3])
+        expect = {  # RANK: (GROUP_RANK, LOCAL_RANK, LOCAL_WORLD_SIZE)
+            0: ("0", "0", "1"), 1: ("1", "0", "2"), 2: ("1", "1", "2"), 3: ("2", "0", "1")}
+        port = env[0]["MASTER_PORT"]
+        for rank, e in env.items():
+            g, lr, lws = expect[rank]
+            with self.subTest(rank=rank):
+                self.assertEqual(e["RANK"], str(rank))
+                self.assertEqual(e["GROUP_RANK"], g)
+                self.assertEqual(e["LOCAL_RANK"], lr)
+                self.assertEqual(e["LOCAL_WORLD_SIZE"], lws)
+                self.assertEqual(e["ROLE_RANK"], str(rank))
+                self.assertEqual(e["ROLE_NAME"], "default")
+                self.assertEqual(e["WORLD_SIZE"], "4")
+                self.assertEqual(e["ROLE_WORLD_SIZE"], "4")
+                self.assertEqual(e["GROUP_WORLD_SIZE"], "3")
+                self.assertEqual(e["MASTER_ADDR"], "127.0.0.2")
+                self.assertEqual(e["MASTER_PORT"], port)
+                self.assertNotEqual(e["MASTER_PORT"], str(self.port), "the worker store is not the rendezvous's")
+                self.assertEqual(e["TORCHELASTIC_RESTART_COUNT"], "0")
+                self.assertEqual(e["TORCHELASTIC_MAX_RESTARTS"], "2")
+                self.assertEqual(e["TORCHELASTIC_RUN_ID"], "job")
+                self.assertEqual(e["TORCHELASTIC_USE_AGENT_STORE"], "True")
+                self.assertEqual(e["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1")
+                self.assertTrue(e["TORCHELASTIC_ERROR_FILE"].endswith("error.json"), e["TORCHELASTIC_ERROR_FILE"])
+                if lws == "2":
+                    self.assertEqual(e["OMP_NUM_THREADS"], "1")
+        self.assertTrue(all(r["store_reachable"] for r in rounds[0]))
+        warned = [l for l in nodes[0].stderr().splitlines() if "--node-rank" in l]
+        self.assertEqual(len(warned), 1, nodes[0].stderr())
+        self.assertIn("warning", warned[0])
+        # Each node prints the round once, with every member in node-rank order.
+        for n in nodes:
+            lines = [l for l in n.stderr().splitlines() if "rendezvous: round 0 of job 'job': node rank" in l]
+            self.assertEqual(len(lines), 1, n.stderr())
+            self.assertRegex(lines[0], r"\(\S+ \(127\.0\.0\.2, [^)]*\), \S+ \(127\.0\.0\.3, [^)]*\), "
+                                       r"\S+ \(127\.0\.0\.4, [^)]*\)\)")
+
+    def test_mismatched_settings_are_refused(self):
+        conf = CONF.replace("join_timeout=20", "join_timeout=3")
+        a = self.start_node("A", "127.0.0.2", nnodes="2", conf=conf + ",is_host=1", extra=["--max-restarts", "1"])
+        time.sleep(0.3)  # A's settings are the job's
+        b = self.start_node("B", "127.0.0.3", nnodes="2", conf=conf + ",is_host=0", extra=["--max-restarts", "2"])
+        self.wait_nodes([a, b], 30)
+        self.assertEqual(b.rc, 2, self.describe())
+        self.assertRegex(b.stderr(), r"ddprun: error: rendezvous: this node has --nnodes 2:2 --max-restarts 2, but "
+                                     r"the job 'job' at .* has --nnodes 2:2 --max-restarts 1: every node must be given "
+                                     r"the same values")
+        # A waits for a second node that never comes.
+        self.assertNotEqual(a.rc, 0)
+        self.assertIn("1 of the 2 nodes needed", a.stderr())
+        self.assertEqual(self.records(), [])
+
+
+class StoreHostTest(C10dTestCase):
+    def test_explicit_is_host(self):
+        a = self.start_node("A", "127.0.0.2", nnodes="2", conf=CONF + ",is_host=1")
+        b = self.start_node("B", "127.0.0.3", nnodes="2", conf=CONF + ",is_host=0")
+        self.wait_nodes([a, b], 20)
+        self.assertEqual((a.rc, b.rc), (0, 0), self.describe())
+        self.assertRegex(a.stderr(), rf"this node hosts the c10d store on port {self.port} \(--rdzv-conf is_host=1\)")
+        self.assertRegex(b.stderr(), rf"joining the c10d store at 127\.0\.0\.1:{self.port} \(not hosting it: "
+                                     r"--rdzv-conf is_host=0\)")
+
+    def test_pet_environment_spelling(self):
+        # B is configured by PET_* variables only (torchrun's environment spelling).
+        a = self.start_node("A", "127.0.0.2", nnodes="2", conf=CONF + ",is_host=1")
+        env = clean_env(PET_RDZV_BACKEND="c10d", PET_RDZV_ENDPOINT=self.endpoint, PET_RDZV_ID="job", PET_NNODES="2",
+                        PET_NPROC_PER_NODE="2", PET_LOCAL_ADDR="127.0.0.3", PET_RDZV_CONF=CONF + ",is_host=0")
+        out, err = open(self.path("B.stdout"), "wb"), open(self.path("B.stderr"), "wb")
+        self._files += [out, err]
+        b = Node("B", "127.0.0.3", self.start([worker("rdzv_env.py"), self.rec], env=env, stdout=out, stderr=err),
+                 out.name, err.name)
+        self.nodes.append(b)
+        self.wait_nodes([a, b], 20)
+        self.assertEqual((a.rc, b.rc), (0, 0), self.describe())
+        rs = self.rounds()[0]
+        self.check_round(rs, 4, ["127.0.0.2", "127.0.0.3"], restarts=0)
+
+    def test_ipv6_endpoint(self):
+        try:
+            with socket.socket(socket.AF_INET6) as s6:
+                s6.bind(("::1", 0))
+        except OSError as e:
+            self.skipTest(f"no IPv6 loopback: {e}")
+        ep = f"[::1]:{self.port}"
+        a = self.start_node("A", "", nnodes="2", endpoint=ep)
+        b = self.start_node("B", "", nnodes="2", endpoint=ep)
+        self.wait_nodes([a, b], 20)
+        self.assertEqual((a.rc, b.rc), (0, 0), self.describe())
+        rs = self.rounds()[0]
+        self.assertEqual(len(rs), 4)
+        for r in rs:
+            # Without --local-addr: the address this node reaches the endpoint from.
+            self.assertEqual(r["env"]["MASTER_ADDR"], "::1")
+            self.assertTrue(r["store_reachable"])
+        self.assertTrue(any(f"hosts the c10d store on port {self.port} ('::1' is this machine's loopback)" in n.stderr()
+                            for n in (a, b)), self.describe())
+
+    def test_inferred_host_first_to_bind(self):
+        a = self.start_node("A", "127.0.0.2", nnodes="2")
+        b = self.start_node("B", "127.0.0.3", nnodes="2")
+        self.wait_nodes([a, b], 20)
+        self.assertEqual((a.rc, b.rc), (0, 0), self.describe())
+        hosts = [n for n in (a, b) if "this node hosts the c10d store" in n.stderr()]
+        self.assertEqual(len(hosts), 1, self.describe())
+        self.assertIn("'127.0.0.1' is this machine's loopback", hosts[0].stderr())
+        other = a if hosts[0] is b else b
+        self.assertRegex(other.stderr(), rf"port {self.port} is already taken by pid {hosts[0].proc.pid} \(ddprun\): "
+                                         r"joining that store as a client")
+
+    def test_is_host_1_on_a_taken_port(self):
+        port = self.store_server()
+        n = self.start_node("A", "127.0.0.2", nnodes="1:2", conf=CONF + ",is_host=1", endpoint=f"127.0.0.1:{port}")
+        self.wait_nodes([n], 20)
+        self.assertNotEqual(n.rc, 0)
+        self.assertRegex(n.stderr(), rf"cannot host the rendezvous store \(--rdzv-conf is_host=1\): port {port} is "
+                                     r"already in use")
+
+    def test_unreachable_endpoint_fails_within_read_timeout(self):
+        # Nobody listens at the port; this node does not host (is_host=0, or a name that is
+        # not this machine): it gives up after read_timeout, saying where and why.
+        port = free_port()
+        cases = [("is_host=0", f"127.0.0.1:{port}", r"127\.0\.0\.1:%d" % port, r"--rdzv-conf is_host=0"),
+                 ("inferred", f"no-such-host.invalid:{port}", r"no-such-host\.invalid:%d" % port,
+                  r"'no-such-host\.invalid' does not resolve")]
+        for name, ep, where, why in cases:
+            with self.subTest(name):
+                conf = CONF + ",read_timeout=2" + (",is_host=0" if name == "is_host=0" else "")
+                n = self.start_node(name, "127.0.0.2", nnodes="1:2", conf=conf, endpoint=ep)
+                t0 = time.time()
+                self.wait_nodes([n], 30)
+                self.assertNotEqual(n.rc, 0)
+                self.assertLess(n.exited_at - t0, 2 + 5, n.stderr())
+                err = n.stderr()
+                self.assertRegex(err, rf"cannot reach the c10d store at {where} \(--rdzv-endpoint\) within "
+                                      r"read_timeout 2", err)
+                self.assertRegex(err, rf"this node did not host it because {why}", err)
+                self.assertEqual(self.records(), [])
+
+
+class TorchrunStateTest(C10dTestCase):
+    def test_torchrun_agent_state_is_refused(self):
+        # A real torchrun 1.13 agent waits at a ddp-store-server for a second node; a ddprun
+        # with the same endpoint and --rdzv-id is refused and leaves torchrun's state alone.
+        if not os.path.exists(TORCHRUN113):
+            self.skipTest(f"no {TORCHRUN113}")
+        port = self.store_server()
+        env = clean_env()
+        tr_out = open(self.path("torchrun.out"), "wb")
+        self._files.append(tr_out)
+        tr = subprocess.Popen(
+            [PYTHON, TORCHRUN113, "--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d",
+             "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "job", "--rdzv_conf", "is_host=0,join_timeout=60",
+             "--no_python", "true"], env=env, stdout=tr_out,
+            stderr=subprocess.STDOUT, start_new_session=True, cwd=self.tmp)
+        self._procs.append(tr)
+        probe = subprocess.Popen([PYTHON, worker("torch_store_probe.py"), str(port), "torch.rendezvous.job"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 start_new_session=True)
+        self._procs.append(probe)
+        self._files += [probe.stdin, probe.stdout, probe.stderr]
+        first = probe.stdout.readline().decode().strip()
+        self.assertTrue(first.startswith("value gASV"), f"torchrun's state: {first!r} "
+                                                        f"{read_text(self.path('torchrun.out'))}")
+        n = self.start_node("A", "127.0.0.2", nnodes="2", conf=CONF + ",is_host=0", endpoint=f"127.0.0.1:{port}")
+        self.wait_nodes([n], 20)
+        self.assertNotEqual(n.rc, 0)
+        err = n.stderr()
+        self.assertRegex(err, rf"the c10d store at 127\.0\.0\.1:{port} holds a torchrun agent's rendezvous state for "
+                              r"this --rdzv-id .*ddprun and torchrun cannot share a rendezvous", err)
+        self.assertEqual(len([l for l in err.splitlines() if "error" in l]), 1, err)
+        probe.stdin.write(b"again\n")
+        probe.stdin.flush()
+        again = probe.stdout.readline().decode().strip()
+        self.assertTrue(again.startswith("value gASV"), again)
+        self.assertIsNone(tr.poll(), "the torchrun agent still waits for its second node")
+        self.assertEqual(self.records(), [])
+
+
+# Every malformed value that reaches the c10d path, given with an otherwise valid launch
+# line: (name, flags replacing defaults, text the one error line must contain).
+BAD = [
+    ("endpoint empty", {"--rdzv-endpoint": ""}, "--rdzv-endpoint"),
+    ("endpoint port empty", {"--rdzv-endpoint": "127.0.0.1:"}, "--rdzv-endpoint"),
+    ("endpoint no host", {"--rdzv-endpoint": ":29400"}, "--rdzv-endpoint"),
+    ("endpoint port letters", {"--rdzv-endpoint": "127.0.0.1:abc"}, "--rdzv-endpoint"),
+    ("endpoint port zero", {"--rdzv-endpoint": "127.0.0.1:0"}, "--rdzv-endpoint"),
+    ("endpoint port too big", {"--rdzv-endpoint": "127.0.0.1:65536"}, "--rdzv-endpoint"),
+    ("endpoint port negative", {"--rdzv-endpoint": "127.0.0.1:-1"}, "--rdzv-endpoint"),
+    ("endpoint two colons", {"--rdzv-endpoint": "a:1:2"}, "--rdzv-endpoint"),
+    ("endpoint bare ipv6", {"--rdzv-endpoint": "::1"}, "brackets"),
+    ("endpoint unclosed ipv6", {"--rdzv-endpoint": "[::1:29400"}, "--rdzv-endpoint"),
+    ("endpoint ipv6 junk after", {"--rdzv-endpoint": "[::1]x29400"}, "--rdzv-endpoint"),
+    ("endpoint space", {"--rdzv-endpoint": "a b:1"}, "--rdzv-endpoint"),
+    ("conf no value", {"--rdzv-conf": "join_timeout"}, "--rdzv-conf"),
+    ("conf empty value", {"--rdzv-conf": "join_timeout="}, "--rdzv-conf"),
+    ("conf empty key", {"--rdzv-conf": "=3"}, "--rdzv-conf"),
+    ("conf not a number", {"--rdzv-conf": "read_timeout=soon"}, "read_timeout"),
+    ("conf negative", {"--rdzv-conf": "last_call_timeout=-1"}, "last_call_timeout"),
+    ("conf nan", {"--rdzv-conf": "keep_alive_interval=nan"}, "keep_alive_interval"),
+    ("conf zero interval", {"--rdzv-conf": "keep_alive_interval=0"}, "keep_alive_interval"),
+    ("conf attempts zero", {"--rdzv-conf": "keep_alive_max_attempt=0"}, "keep_alive_max_attempt"),
+    ("conf attempts fraction", {"--rdzv-conf": "keep_alive_max_attempt=2.5"}, "keep_alive_max_attempt"),
+    ("conf is_host word", {"--rdzv-conf": "is_host=maybe"}, "is_host"),
+    ("conf join below last call", {"--rdzv-conf": "join_timeout=5,last_call_timeout=10"}, "join_timeout"),
+    ("nnodes zero", {"--nnodes": "0"}, "--nnodes"),
+    ("nnodes min zero", {"--nnodes": "0:2"}, "--nnodes"),
+    ("nnodes reversed", {"--nnodes": "3:2"}, "--nnodes"),
+    ("nnodes open max", {"--nnodes": "1:"}, "--nnodes"),
+    ("nnodes open min", {"--nnodes": ":2"}, "--nnodes"),
+    ("nnodes letters", {"--nnodes": "a:b"}, "--nnodes"),
+    ("nnodes three parts", {"--nnodes": "1:2:3"}, "--nnodes"),
+    ("nnodes negative", {"--nnodes": "-1:2"}, "--nnodes"),
+    ("max restarts negative", {"--max-restarts": "-1"}, "--max-restarts"),
+    ("monitor interval zero", {"--monitor-interval": "0"}, "--monitor-interval"),
+]
+
+
+class BadInputTest(C10dTestCase):
+    def test_each_bad_input_exits_2_with_one_line(self):
+        marker = self.path("marker")
+        for name, change, expect in BAD:
+            with self.subTest(name):
+                flags = {"--rdzv-backend": "c10d", "--rdzv-endpoint": self.endpoint, "--rdzv-id": "job",
+                         "--nnodes": "1:2", "--rdzv-conf": "join_timeout=5,last_call_timeout=1"}
+                flags.update(change)
+                args = [x for kv in flags.items() for x in kv] + [worker("marker.py"), marker]
+                res = self.run_ddprun(args, timeout=hang(15))
+                self.assertEqual(res.rc, 2, res)
+                lines = res.stderr.splitlines()
+                self.assertEqual(len(lines), 1, f"exactly one line expected on stderr: {res}")
+                self.assertTrue(lines[0].startswith("ddprun: error:"), res)
+                self.assertIn(expect, lines[0])
+                self.assertFalse(os.path.exists(marker), "a worker was started")
+
+    def test_pet_spelling_of_a_bad_value(self):
+        env = clean_env(PET_RDZV_BACKEND="c10d", PET_RDZV_ENDPOINT="127.0.0.1:99999", PET_NNODES="1:2")
+        res = self.run_ddprun([worker("marker.py"), self.path("marker")], env=env, timeout=hang(15))
+        self.assertEqual(res.rc, 2, res)
+        self.assertEqual(len(res.stderr.splitlines()), 1, res)
+        self.assertRegex(res.stderr, r"^ddprun: error: .*PET_RDZV_ENDPOINT")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
