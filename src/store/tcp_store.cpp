@@ -680,7 +680,7 @@ void TcpStore::release_lease() {
   std::lock_guard lk(impl_->mu);
   auto r = proto::request(proto::Op::kLease);
   r.i64 = -1;
-  extension_call(impl_->addr, "LEASE", [&] {
+  extension_call(*impl_, "LEASE", [&] {
     return impl_->call(r, timeout(), [&](auto d, const std::string& w) { return impl_->recv_value<uint8_t>(d, w); });
   });
 }
