@@ -4,7 +4,8 @@ find_package(fmt REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
-find_package(Boost 1.74 REQUIRED)  # Asio is header-only
+find_package(Boost 1.74 REQUIRED)  # Asio and Beast are header-only
+find_package(OpenSSL 3 REQUIRED)  # https to etcd (the etcd rendezvous)
 
 set(DDP_HAVE_NCCL OFF)
 if(DDP_WITH_NCCL)
