@@ -232,15 +232,16 @@ auto Client::failover(Deadline deadline, const char* what, Attempt&& attempt) {
   const size_t n = sessions_.size();
   const auto start = Clock::now();
   const auto total = std::chrono::duration_cast<milliseconds>(deadline - start);
-  // One member gets at most a third of the time when there are others to try.
-  const auto budget = std::max(milliseconds(1000), total / static_cast<int>(std::min<size_t>(n, 3)));
+  // One try gets a third of the time, between 1 and 3 s: a member that lost its leader
+  // holds a write for up to 7 s before it says so, while a new leader is elected in 1-2.
+  const auto budget = std::clamp(total / 3, milliseconds(1000), milliseconds(3000));
   std::vector<std::string> last(n);
   bool repeated = false, all_fatal = true;
   size_t tried = 0;
   int passes = 0;
   while (true) {
     size_t i = current_;
-    Deadline d = n == 1 ? deadline : std::min(deadline, Clock::now() + budget);
+    Deadline d = std::min(deadline, Clock::now() + budget);
     bool fatal = false;
     try {
       return attempt(*sessions_[i], d, repeated);

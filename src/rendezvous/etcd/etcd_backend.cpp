@@ -174,8 +174,16 @@ class EtcdBackend final : public Backend {
       out.current.state = kv->value;
       out.current.token.value = std::to_string(kv->mod_revision);
     }
-    // An earlier try of ours went through but its answer was lost: the state is our value.
-    out.ok = t.maybe_repeated && out.current.state == value;
+    // A try whose answer was lost may have gone through: it did if the first write after
+    // the expected version is ours (only one write can follow a given version).
+    if (t.maybe_repeated) {
+      if (cmp.target == Compare::Target::mod) {
+        auto next = first_change_after(key, cmp.number, d);
+        out.ok = next ? !next->deleted && next->kv.value == value : out.current.state == value;
+      } else {
+        out.ok = out.current.state == value;
+      }
+    }
     return out;
   }
 
@@ -213,6 +221,7 @@ class EtcdBackend final : public Backend {
                                       describe(), ddp::format_duration(lease_ttl_)));
   }
 
+  std::optional<WatchEvent> first_change_after(const std::string& key, int64_t revision, Deadline d);
   void ensure_run_lease(Deadline d);
   TxnResult with_run_lease(Deadline d, const std::function<TxnResult(int64_t)>& f);
   bool append_values(const Lines& lines, const std::vector<Compare>& extra_cmp, const std::vector<Request>& extra_ops,
@@ -236,6 +245,22 @@ class EtcdBackend final : public Backend {
   std::map<std::string, size_t> next_index_;          // where each log's next line goes, as far as we know
   std::map<std::string, KeyValue> counters_;           // the last counter keys we wrote or saw
 };
+
+// The first change of `key` after `revision`, from etcd's history (nullopt when etcd has
+// compacted it away, or nothing came in time).
+std::optional<WatchEvent> EtcdBackend::first_change_after(const std::string& key, int64_t revision, Deadline d) {
+  try {
+    auto watch = client_->watch({{key, {}, revision + 1, false, false}}, d, "looking up an earlier write");
+    while (true) {
+      auto evs = watch->next(d);
+      if (!evs || evs->empty()) return std::nullopt;  // timed out, or cancelled (compacted)
+      for (const auto& e : *evs)
+        if (e.kv.key == key) return e;
+    }
+  } catch (const ddp::Error&) {
+    return std::nullopt;
+  }
+}
 
 // ---- the run lease -----------------------------------------------------------------------
 
@@ -400,6 +425,18 @@ int64_t EtcdBackend::add(const std::string& counter, int64_t delta) {
     if (t.succeeded) {
       counters_[key] = KeyValue{key, text, 0, t.revision, 0, 0};
       return c.value;
+    }
+    // A try whose answer was lost may have gone through: it did if the first write after
+    // the version it expected is ours (exact while etcd keeps that history), or if our op
+    // is among the counter's last ones.
+    if (t.maybe_repeated && cmp.target == Compare::Target::mod) {
+      if (auto next = first_change_after(key, cmp.number, d); next && !next->deleted) {
+        auto c2 = CounterValue::parse(next->kv.value);
+        if (!c2.recent.empty() && c2.recent.front().first == op) {
+          counters_.erase(key);
+          return c2.recent.front().second;
+        }
+      }
     }
     seen = first(t, 0);
     if (seen) {

@@ -144,10 +144,15 @@ std::string remaining_text(Clock::time_point start, Deadline deadline) {
 
 // Why a TLS handshake failed, in terms of what the user configured.
 std::string explain_tls(const Endpoint& ep, const error_code& ec, long verify) {
-  if (verify != X509_V_OK)
-    return fmt::format("TLS with {}: the member's certificate is not accepted: {} (cacert must be the CA that "
-                       "signed the etcd members' certificates, and the certificate must name {})",
-                       ep.str(), X509_verify_cert_error_string(verify), ep.host);
+  if (verify != X509_V_OK) {
+    const char* hint = "cacert must be the CA that signed the etcd members' certificates";
+    if (verify == X509_V_ERR_HOSTNAME_MISMATCH || verify == X509_V_ERR_IP_ADDRESS_MISMATCH)
+      hint = "the certificate must name the host or address in the endpoint";
+    else if (verify == X509_V_ERR_CERT_HAS_EXPIRED || verify == X509_V_ERR_CERT_NOT_YET_VALID)
+      hint = "the member needs a valid certificate, or this machine's clock is wrong";
+    return fmt::format("TLS with {}: the member's certificate is not accepted: {} ({})", ep.str(),
+                       X509_verify_cert_error_string(verify), hint);
+  }
   std::string reason = ec.message();
   if (contains(reason, "wrong version number") || contains(reason, "packet length too long") ||
       contains(reason, "unknown protocol") || contains(reason, "record layer failure") ||
@@ -160,8 +165,8 @@ std::string explain_tls(const Endpoint& ep, const error_code& ec, long verify) {
                        "signed by a CA it trusts (check cert and key)",
                        ep.str(), reason);
   if (ec == asio::ssl::error::stream_truncated || ec == asio::error::eof || ec == asio::error::connection_reset)
-    return fmt::format("TLS with {}: the member closed the connection during the handshake ({}); does it want a "
-                       "client certificate (cert and key)?",
+    return fmt::format("TLS with {}: the member does not answer in TLS (it dropped the handshake: {}); is it a "
+                       "plain-http etcd? then use protocol=http",
                        ep.str(), reason);
   return fmt::format("TLS handshake with {} failed: {}", ep.str(), reason);
 }
@@ -213,6 +218,8 @@ class TlsContext {
     if (ec) throw bad("cert", c.cert, ec.message() + " (expected a PEM certificate)");
     check_dates(c.cert);
     ctx.use_private_key_file(key, ssl::context::pem, ec);
+    if (ec && ec.message().find("mismatch") != std::string::npos)
+      throw ddp::UsageError(fmt::format("etcd TLS: key {} does not belong to cert {}", key, c.cert));
     if (ec) throw bad("key", key, ec.message() + " (expected an unencrypted PEM private key)");
     if (SSL_CTX_check_private_key(ctx.native_handle()) != 1)
       throw ddp::UsageError(fmt::format("etcd TLS: key {} does not belong to cert {}", key, c.cert));
@@ -364,16 +371,34 @@ struct HttpSession::Impl {
     auto start = Clock::now();
     lowest().expires_at(deadline);
     error_code ec = run([&](auto h) { with_stream([&](auto& s) { http::async_write(s, req, h); }); });
+    if (!ec) return;
+    close();
     if (ec == beast::error::timeout)
       throw ExchangeError(Kind::timeout, true, fmt::format("{} took no request within {}", ep.str(), remaining_text(start, deadline)));
-    if (ec) throw ExchangeError(Kind::broken, true, fmt::format("sending to {}: {}", ep.str(), ec.message()));
+    refused_after_handshake(ec);
+    bool dropped = ec == asio::error::connection_reset || ec == asio::error::broken_pipe || ec == asio::error::eof ||
+                   ec == asio::ssl::error::stream_truncated;
+    throw ExchangeError(dropped ? Kind::closed : Kind::broken, true, fmt::format("sending to {}: {}", ep.str(), ec.message()));
+  }
+
+  // TLS 1.3 completes the client's handshake before the member checks its certificate: a
+  // refusal arrives as an alert on the first read or write.
+  void refused_after_handshake(const error_code& ec) {
+    if (!tls || ec.message().find("alert") == std::string::npos) return;
+    close();
+    throw ExchangeError(Kind::fatal, false, explain_tls(ep, ec, X509_V_OK));
   }
 
   [[noreturn]] void read_failed(const error_code& ec, Clock::time_point start, Deadline deadline, bool got_bytes) {
     close();
     if (ec == beast::error::timeout)
       throw ExchangeError(Kind::timeout, true, fmt::format("no answer from {} within {}", ep.str(), remaining_text(start, deadline)));
-    throw ExchangeError(Kind::broken, got_bytes, fmt::format("reading from {}: {}", ep.str(), ec.message()));
+    refused_after_handshake(ec);
+    bool silent = !got_bytes && (ec == http::error::end_of_stream || ec == asio::error::eof ||
+                                 ec == asio::error::connection_reset || ec == asio::ssl::error::stream_truncated);
+    // Sent in full: the member may have applied it before it went away.
+    throw ExchangeError(silent ? Kind::closed : Kind::broken, true,
+                        fmt::format("reading from {}: {}", ep.str(), ec.message()));
   }
 
   // A plain-http request answered by a TLS member (Go says so in a 400).
@@ -413,20 +438,25 @@ void HttpSession::close() { impl_->close(); }
 
 HttpResponse HttpSession::post(const std::string& target, const std::string& body, Deadline deadline) {
   Impl& s = *impl_;
-  bool reused = s.open;
   if (!s.open) s.connect(deadline);
   try {
     return s.exchange(target, body, deadline);
   } catch (const ExchangeError& e) {
-    // A kept-alive connection that the member closed while idle: once more on a fresh one.
-    // (It may still have been a member that died with the request: say it may be applied.)
-    if (!reused || e.kind() != Kind::broken || e.maybe_delivered()) throw;
-    try {
-      s.connect(deadline);
-      return s.exchange(target, body, deadline);
-    } catch (const ExchangeError& again) {
-      throw ExchangeError(again.kind(), true, again.what());
-    }
+    if (e.kind() != Kind::closed) throw;
+  }
+  // Closed without an answer: a kept-alive connection the member had closed while idle, a
+  // member that went away with the request, or one that speaks another protocol (etcd
+  // drops plain http on its TLS port). Once more on a fresh connection to tell.
+  try {
+    s.connect(deadline);
+    return s.exchange(target, body, deadline);
+  } catch (const ExchangeError& again) {
+    if (again.kind() == Kind::closed)
+      throw ExchangeError(Kind::fatal, true,
+                          fmt::format("{} closes connections without answering ({}); {}", s.ep.str(), again.what(),
+                                      s.tls ? "does it refuse this client certificate? check cert and key"
+                                            : "is it a TLS etcd? then use protocol=https"));
+    throw ExchangeError(again.kind(), true, again.what());  // the first try may have been applied
   }
 }
 

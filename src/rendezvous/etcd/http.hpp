@@ -44,7 +44,8 @@ class ExchangeError : public ddp::NetworkError {
   enum class Kind {
     connect,   // no connection (refused, unreachable, name unknown, connect timeout)
     timeout,   // connected, but no (complete) answer before the deadline
-    broken,    // the connection closed or failed mid-exchange
+    broken,    // the connection failed mid-exchange
+    closed,    // the member closed the connection without a byte of answer
     fatal,     // retrying this member cannot help: TLS refused, wrong protocol
   };
   ExchangeError(Kind kind, bool maybe_delivered, const std::string& what)
