@@ -213,6 +213,39 @@ TYPED_TEST_P(BackendContract, LogsReadInAppendOrder) {
   EXPECT_EQ(b->clone()->read("events", 0), all);
 }
 
+TYPED_TEST_P(BackendContract, LogsReadFromAnyLine) {
+  auto b = this->make(this->run_id());
+  auto other = b->clone();
+  for (int i = 0; i < 5; ++i) other->append("log", std::to_string(i));
+  EXPECT_EQ(b->read("log", 0).size(), 5u);
+  for (int i = 5; i < 9; ++i) other->append("log", std::to_string(i));
+  EXPECT_EQ(b->read("log", 5), (std::vector<std::string>{"5", "6", "7", "8"}));
+  EXPECT_EQ(b->read("log", 2), (std::vector<std::string>{"2", "3", "4", "5", "6", "7", "8"}));
+  EXPECT_EQ(b->read("log", 8), std::vector<std::string>{"8"});
+  EXPECT_TRUE(b->read("log", 9).empty());
+  other->append("log", "9");
+  EXPECT_EQ(b->read("log", 7), (std::vector<std::string>{"7", "8", "9"}));
+  EXPECT_EQ(b->wait("log", 9, milliseconds(5000)), std::vector<std::string>{"9"});
+  auto fresh = b->clone();
+  EXPECT_EQ(fresh->read("log", 6), (std::vector<std::string>{"6", "7", "8", "9"}));
+  EXPECT_EQ(fresh->read("log", 0).size(), 10u);
+}
+
+TYPED_TEST_P(BackendContract, WaitSkipsToTheLineAskedFor) {
+  auto run = this->run_id();
+  auto waiter = this->make(run);
+  auto writer = waiter->clone();
+  std::thread t([&] {
+    for (int i = 0; i < 4; ++i) {
+      std::this_thread::sleep_for(milliseconds(50));
+      writer->append("log", std::to_string(i));
+    }
+  });
+  auto got = waiter->wait("log", 3, scale(milliseconds(10000)));
+  t.join();
+  EXPECT_EQ(got, std::vector<std::string>{"3"}) << "earlier lines wake it, but it returns from line 3";
+}
+
 TYPED_TEST_P(BackendContract, LogsAreSeparate) {
   auto b = this->make(this->run_id());
   const std::vector<std::string> names{"a", "a/b", "a b", "a/", "b", "%2F", "ä"};
@@ -515,7 +548,7 @@ TYPED_TEST_P(BackendContract, EveryCallIsBoundedWhenTheServerIsDown) {
 
 REGISTER_TYPED_TEST_SUITE_P(BackendContract, StateStartsEmpty, CasWithEmptyTokenCreatesOnce, CasWithFreshTokenReplaces,
                             CasWithStaleTokenLosesAndSeesTheWinner, CasRaceHasExactlyOneWinner, StateIsOpaqueBytes,
-                            LogsReadInAppendOrder, LogsAreSeparate, LinesKeepTheirText, WaitReturnsWhatIsThereAtOnce,
+                            LogsReadInAppendOrder, LogsReadFromAnyLine, WaitSkipsToTheLineAskedFor, LogsAreSeparate, LinesKeepTheirText, WaitReturnsWhatIsThereAtOnce,
                             WaitTimesOutEmpty, WaitWakesOnAnAppendFromAnotherClone, ConcurrentAppendersSeeOneOrder,
                             CountersAdd, ConcurrentAddsGiveDistinctValues, RunsAreSeparate, LeaseLinesOnClose,
                             KeepAliveHoldsTheLease, LeaseEndsWithoutKeepAlive, LeaseEndsWhenTheProcessDies,

@@ -102,6 +102,11 @@ json to_json(const Range& r) {
   json j{{"key", b64(r.key)}};
   if (!r.end.empty()) j["range_end"] = b64(r.end);
   if (r.keys_only) j["keys_only"] = true;
+  if (r.by_creation) {
+    j["sort_order"] = "ASCEND";
+    j["sort_target"] = "CREATE";
+  }
+  if (r.min_create_revision) j["min_create_revision"] = std::to_string(r.min_create_revision);
   if (r.count_only) j["count_only"] = true;
   return j;
 }

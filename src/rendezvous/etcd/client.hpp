@@ -65,6 +65,8 @@ struct Range {
   std::string end;          // empty: just `key`
   bool count_only = false;  // only the number of keys
   bool keys_only = false;   // no values
+  bool by_creation = false;          // sorted by create revision (else by key)
+  int64_t min_create_revision = 0;   // only keys created at or after it (0: all)
 };
 struct Put {
   std::string key, value;

@@ -3,7 +3,9 @@
 //   members           rewritten by every open_lease (the last close checks it)
 //   state             the rendezvous state; its token is the key's mod revision
 //   ctr/<name>        a counter: "<value> <op>:<value>..." (the last ops, to recognise a retry)
-//   log/<name>/<i>    line i of a log (20 digits from 0): "<op> <line>"
+//   log/<name>/<op>   a line of a log, under a name no other write uses (a retried append
+//                     writes the same key again: never twice); the lines' order is their
+//                     create revisions' (then their keys', within one transaction)
 //   alive/<lease>     one per open node lease, attached to that lease: gone when it ends
 //   pending/<lease>   that lease's end lines (JSON); deleted in the transaction that
 //                     appends them, so they are appended exactly once
@@ -18,6 +20,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -57,8 +60,6 @@ std::string random_op() {
   return hex(static_cast<int64_t>(rng()));
 }
 
-std::string strip_op(const std::string& value) { return value.size() > 17 ? value.substr(17) : std::string(); }
-
 struct Keys {
   std::string p;  // "<prefix>/<run id>/"
   std::string run_lease() const { return p + "run-lease"; }
@@ -66,7 +67,9 @@ struct Keys {
   std::string state() const { return p + "state"; }
   std::string counter(const std::string& name) const { return p + "ctr/" + escape(name); }
   std::string log_dir(const std::string& log) const { return p + "log/" + escape(log) + "/"; }
-  std::string log_key(const std::string& log, size_t i) const { return log_dir(log) + fmt::format("{:020}", i); }
+  std::string log_key(const std::string& log, const std::string& op, size_t i) const {
+    return log_dir(log) + fmt::format("{}{:04}", op, i);
+  }
   std::string alive_dir() const { return p + "alive/"; }
   std::string alive(int64_t lease) const { return alive_dir() + hex(lease); }
   std::string pending_dir() const { return p + "pending/"; }
@@ -80,27 +83,6 @@ Range whole(const std::string& dir, bool count_only = false, bool keys_only = fa
 std::optional<KeyValue> first(const TxnResult& t, size_t i) {
   if (i >= t.ranges.size() || t.ranges[i].kvs.empty()) return std::nullopt;
   return t.ranges[i].kvs[0];
-}
-
-// Does compare `c` hold for `kv` (nullopt: no such key)? As etcd evaluates it.
-bool holds(const Compare& c, const std::optional<KeyValue>& kv) {
-  if (c.target == Compare::Target::value) {
-    if (!kv) return false;
-    int r = kv->value.compare(c.value);
-    return c.result == Compare::Result::equal ? r == 0 : c.result == Compare::Result::not_equal ? r != 0
-                                                      : c.result == Compare::Result::greater   ? r > 0
-                                                                                               : r < 0;
-  }
-  int64_t v = !kv ? 0 : c.target == Compare::Target::version ? kv->version
-                    : c.target == Compare::Target::create    ? kv->create_revision
-                                                             : kv->mod_revision;
-  switch (c.result) {
-    case Compare::Result::equal: return v == c.number;
-    case Compare::Result::not_equal: return v != c.number;
-    case Compare::Result::greater: return v > c.number;
-    case Compare::Result::less: return v < c.number;
-  }
-  return false;
 }
 
 // "<value> <op>:<value> ...": the counter and the results of its last few adds.
@@ -188,7 +170,9 @@ class EtcdBackend final : public Backend {
   }
 
   void append(const std::string& log, const std::string& line) override {
-    append_values({{log, random_op() + " " + line}}, {}, {}, deadline(), "appending to log '" + log + "'");
+    Deadline d = deadline();
+    const std::string key = keys_.log_key(log, random_op(), 0), what = "appending to log '" + log + "'";
+    with_run_lease(d, [&](int64_t run) { return client_->txn({}, {Put{key, line, run}}, {}, d, what.c_str()); });
   }
 
   std::vector<std::string> read(const std::string& log, size_t from) override {
@@ -205,7 +189,7 @@ class EtcdBackend final : public Backend {
   void close() override;
 
  private:
-  using Lines = std::vector<std::pair<std::string, std::string>>;  // (log, stored value)
+  using Lines = std::vector<std::pair<std::string, std::string>>;  // (log, line)
 
   Deadline deadline() const { return Clock::now() + opts_.op_timeout; }
 
@@ -224,8 +208,6 @@ class EtcdBackend final : public Backend {
   std::optional<WatchEvent> first_change_after(const std::string& key, int64_t revision, Deadline d);
   void ensure_run_lease(Deadline d);
   TxnResult with_run_lease(Deadline d, const std::function<TxnResult(int64_t)>& f);
-  bool append_values(const Lines& lines, const std::vector<Compare>& extra_cmp, const std::vector<Request>& extra_ops,
-                     Deadline d, const std::string& what);
   std::vector<std::string> read_at(const std::string& log, size_t from, Deadline d, int64_t* revision);
   bool reap(int64_t lease, const std::string* reason, Deadline d);
   bool reap_ended(Deadline d);
@@ -242,7 +224,9 @@ class EtcdBackend final : public Backend {
   bool lease_over_ = false;
   Lines end_lines_;           // (log, line) registered with on_lease_end
   int64_t pending_mod_ = 0;   // mod revision of our pending/<lease> record
-  std::map<std::string, size_t> next_index_;          // where each log's next line goes, as far as we know
+  // Per log, the (create revision, key) of the lines read so far: a read from line i asks
+  // only for lines created since line i-1.
+  std::map<std::string, std::vector<std::pair<int64_t, std::string>>> seen_lines_;
   std::map<std::string, KeyValue> counters_;           // the last counter keys we wrote or saw
 };
 
@@ -316,84 +300,61 @@ TxnResult EtcdBackend::with_run_lease(Deadline d, const std::function<TxnResult(
 
 // ---- logs ----------------------------------------------------------------------------------
 
-// Puts the values at the ends of their logs, together with extra requests, in one
-// transaction that holds only if each line's slot is free and follows the previous line
-// (so no line is overwritten and no gap opens) and the extra compares hold. Returns false
-// when an extra compare failed: then nothing was written.
-bool EtcdBackend::append_values(const Lines& lines, const std::vector<Compare>& extra_cmp,
-                                const std::vector<Request>& extra_ops, Deadline d, const std::string& what) {
-  while (true) {
-    std::vector<Compare> cmp = extra_cmp;
-    std::vector<Request> fail;
-    std::vector<std::string> logs;  // in the order of their first line
-    std::map<std::string, size_t> at;
-    std::vector<std::string> keys;
-    for (const auto& [log, value] : lines) {
-      if (!at.count(log)) {
-        size_t n = next_index_[log];
-        at[log] = n;
-        logs.push_back(log);
-        cmp.push_back(Compare::absent(keys_.log_key(log, n)));
-        if (n > 0) cmp.push_back(Compare::exists(keys_.log_key(log, n - 1)));
-        fail.push_back(whole(keys_.log_dir(log), true));
-      }
-      keys.push_back(keys_.log_key(log, at[log]++));
-    }
-    for (const auto& k : keys) fail.push_back(Range(k));
-    for (const auto& c : extra_cmp) fail.push_back(Range(c.key));
-    TxnResult t = with_run_lease(d, [&](int64_t run) {
-      std::vector<Request> ops = extra_ops;
-      for (size_t i = 0; i < lines.size(); ++i) ops.push_back(Put{keys[i], lines[i].second, run});
-      return client_->txn(cmp, ops, fail, d, what.c_str());
-    });
-    if (t.succeeded) {
-      for (const auto& [log, n] : at) next_index_[log] = n;
-      return true;
-    }
-    for (size_t i = 0; i < logs.size(); ++i) next_index_[logs[i]] = static_cast<size_t>(t.ranges.at(i).count);
-    // Every slot holds our value: an earlier try went through and its answer was lost.
-    bool ours = true;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      auto kv = first(t, logs.size() + i);
-      ours = ours && kv && kv->value == lines[i].second;
-    }
-    if (ours) return true;
-    for (size_t i = 0; i < extra_cmp.size(); ++i)
-      if (!holds(extra_cmp[i], first(t, logs.size() + keys.size() + i))) return false;
-    if (Clock::now() >= d) throw ddp::TimeoutError(fmt::format("{}: {}: too much contention", describe(), what));
-  }
-}
-
 // One read of the log from line `from` (and a look for ended leases whose lines are not
 // appended yet: there are more pending records than live leases). `revision`: the store's
 // revision of the read, to watch from.
 std::vector<std::string> EtcdBackend::read_at(const std::string& log, size_t from, Deadline d, int64_t* revision) {
+  auto& seen = seen_lines_[log];
   for (int pass = 0;; ++pass) {
-    TxnResult t = client_->txn({},
-                               {Range(keys_.log_key(log, from), prefix_end(keys_.log_dir(log))),
-                                whole(keys_.pending_dir(), true), whole(keys_.alive_dir(), true)},
-                               {}, d, "reading a log");
+    // Only lines after the last one we know of before `from` (or all, knowing none).
+    const size_t base = from > 0 ? std::min(from, seen.size()) : 0;
+    Range lines = whole(keys_.log_dir(log));
+    lines.by_creation = true;
+    if (base > 0) lines.min_create_revision = seen[base - 1].first;
+    TxnResult t = client_->txn({}, {lines, whole(keys_.pending_dir(), true), whole(keys_.alive_dir(), true)}, {}, d,
+                               "reading a log");
     if (pass == 0 && t.ranges.at(1).count > t.ranges.at(2).count && reap_ended(d)) continue;
-    std::vector<std::string> lines;
-    for (const auto& kv : t.ranges.at(0).kvs) lines.push_back(strip_op(kv.value));
-    if (!lines.empty()) next_index_[log] = std::max(next_index_[log], from + lines.size());
+    auto& kvs = t.ranges.at(0).kvs;
+    // One transaction's lines share a create revision: their keys order them.
+    std::sort(kvs.begin(), kvs.end(), [](const KeyValue& a, const KeyValue& b) {
+      return std::tie(a.create_revision, a.key) < std::tie(b.create_revision, b.key);
+    });
+    size_t skip = 0;
+    if (base > 0) {
+      const auto& last = seen[base - 1];
+      while (skip < kvs.size() && std::make_pair(kvs[skip].create_revision, kvs[skip].key) <= last) ++skip;
+    }
+    seen.resize(base);  // line base is kvs[skip]
+    std::vector<std::string> out;
+    for (size_t i = skip; i < kvs.size(); ++i) {
+      if (seen.size() >= from) out.push_back(std::move(kvs[i].value));
+      seen.emplace_back(kvs[i].create_revision, kvs[i].key);
+    }
     if (revision) *revision = t.revision;
-    return lines;
+    return out;
   }
 }
 
+// Reads; when there is nothing yet, watches the log (and the live leases, whose end may
+// bring lines) from the read's revision on, and reads again after each change, on the same
+// watch, until lines come or the time is up.
 std::vector<std::string> EtcdBackend::wait(const std::string& log, size_t from, milliseconds timeout) {
   const Deadline end = Clock::now() + timeout;
   while (true) {
     int64_t rev = 0;
     auto lines = read_at(log, from, deadline(), &rev);
     if (!lines.empty() || Clock::now() >= end) return lines;
-    // Woken by a new line in the log, or by a lease that ended (its lines may be for this log).
-    std::vector<WatchSpec> specs{{keys_.log_key(log, from), prefix_end(keys_.log_dir(log)), rev + 1, false, true},
+    std::vector<WatchSpec> specs{{keys_.log_dir(log), prefix_end(keys_.log_dir(log)), rev + 1, false, true},
                                  {keys_.alive_dir(), prefix_end(keys_.alive_dir()), rev + 1, true, false}};
     try {
       auto watch = client_->watch(specs, std::min(end, deadline()), "watching a log");
-      if (!watch->next(end)) return {};
+      while (true) {
+        auto events = watch->next(end);
+        if (!events) return {};
+        if (events->empty()) break;  // the member cancelled it: read and watch anew
+        lines = read_at(log, from, deadline(), nullptr);
+        if (!lines.empty()) return lines;
+      }
     } catch (const ddp::TimeoutError&) {
       if (Clock::now() >= end) return {};
       throw;
@@ -545,11 +506,20 @@ bool EtcdBackend::reap(int64_t lease, const std::string* reason, Deadline d) {
   json rec = json::parse(kv.value, nullptr, false);
   if (rec.is_discarded() || !rec.is_object()) rec = json::object();
   std::string why = reason ? *reason : fmt::format("no keep-alive for {}", ddp::format_duration(milliseconds(rec.value("ttl_ms", int64_t(0)))));
-  Lines lines;
+  // One transaction: the lines (in registration order: one op, numbered keys) and the
+  // record's deletion, if the record is still as read.
+  const std::string op = random_op();
+  std::vector<Request> ops{Delete{keys_.pending(lease), {}}};
+  size_t i = 0;
   for (const auto& e : rec.value("lines", json::array()))
-    lines.emplace_back(e.value("log", ""), random_op() + " " + e.value("line", "") + " " + why);
-  std::vector<Compare> cmp{Compare::mod_is(keys_.pending(lease), kv.mod_revision)};
-  return append_values(lines, cmp, {Delete{keys_.pending(lease), {}}}, d, "appending the lines of an ended lease");
+    ops.push_back(Put{keys_.log_key(e.value("log", ""), op, i++), e.value("line", "") + " " + why, 0});
+  TxnResult t = with_run_lease(d, [&](int64_t run) {
+    for (auto& r : ops)
+      if (auto* put = std::get_if<Put>(&r)) put->lease = run;
+    return client_->txn({Compare::mod_is(keys_.pending(lease), kv.mod_revision)}, ops, {}, d,
+                        "appending the lines of an ended lease");
+  });
+  return t.succeeded;
 }
 
 // Appends the lines of every lease that has ended (pending record, no alive key).
