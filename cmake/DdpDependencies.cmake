@@ -4,7 +4,12 @@ find_package(fmt REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
-find_package(Boost 1.74 REQUIRED)  # Asio is header-only
+find_package(Boost 1.74 REQUIRED)  # Asio and Beast are header-only
+# https to etcd (the etcd rendezvous). Static by default: loading libssl and libcrypto
+# dynamically costs every ddprun start about 1 ms in the loader (docs/design.md).
+option(DDP_STATIC_OPENSSL "Link OpenSSL statically into the etcd rendezvous" ON)
+set(OPENSSL_USE_STATIC_LIBS ${DDP_STATIC_OPENSSL})
+find_package(OpenSSL 3 REQUIRED)
 
 set(DDP_HAVE_NCCL OFF)
 if(DDP_WITH_NCCL)

@@ -10,6 +10,8 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libboost-dev libgtest-dev
+  libssl-dev openssl    # https to etcd; the etcd tests make their certificates
+  etcd-server etcd-client  # a real etcd for the etcd rendezvous tests
   python3-torch        # real PyTorch for the integration tests and the anchors
   clang libclang-rt-dev  # libFuzzer target of the store's request parser
   iproute2 util-linux procps time

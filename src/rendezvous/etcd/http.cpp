@@ -1,0 +1,506 @@
+// Boost.Beast over one io_context per session. Each operation starts the async call with
+// the stream's expiry set to the deadline and runs the context until its handler ran:
+// Beast closes the socket when the expiry passes, so no call outlives its deadline.
+#include "rendezvous/etcd/http.hpp"
+
+#include <netdb.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <openssl/x509_vfy.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <ctime>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+#include <fmt/format.h>
+
+namespace ddprun::rdzv::etcd {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace ssl = asio::ssl;
+using tcp = asio::ip::tcp;
+using boost::system::error_code;
+using Kind = ExchangeError::Kind;
+
+namespace {
+
+bool is_address(const std::string& host) {
+  error_code ec;
+  asio::ip::make_address(host, ec);
+  return !ec;
+}
+
+bool contains(const std::string& s, const char* what) { return s.find(what) != std::string::npos; }
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
+uint16_t parse_port(const std::string& s, const std::string& item) {
+  bool digits = !s.empty() && s.size() <= 5 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  int port = digits ? std::stoi(s) : 0;
+  if (port < 1 || port > 65535)
+    throw ddp::UsageError(fmt::format("etcd endpoint '{}': the port must be a number from 1 to 65535", item));
+  return static_cast<uint16_t>(port);
+}
+
+Endpoint parse_one(std::string item, bool https, const std::string& original) {
+  for (auto [scheme, tls] : {std::pair{"http://", false}, std::pair{"https://", true}}) {
+    if (item.rfind(scheme, 0) != 0) continue;
+    if (tls != https)
+      throw ddp::UsageError(fmt::format("etcd endpoint '{}' says {} but protocol={}", original,
+                                        tls ? "https" : "http", https ? "https" : "http"));
+    item = item.substr(std::strlen(scheme));
+  }
+  while (!item.empty() && item.back() == '/') item.pop_back();
+  Endpoint ep;
+  std::string port;
+  if (!item.empty() && item[0] == '[') {
+    size_t close = item.find(']');
+    if (close == std::string::npos || (close + 1 < item.size() && item[close + 1] != ':'))
+      throw ddp::UsageError(fmt::format("etcd endpoint '{}': expected [address]:port", original));
+    ep.host = item.substr(1, close - 1);
+    if (close + 1 < item.size()) port = item.substr(close + 2);
+    if (close + 1 < item.size() && port.empty())
+      throw ddp::UsageError(fmt::format("etcd endpoint '{}': the port is missing after ':'", original));
+  } else {
+    size_t colon = item.find(':');
+    if (colon != std::string::npos && item.find(':', colon + 1) != std::string::npos)
+      throw ddp::UsageError(fmt::format("etcd endpoint '{}': write an IPv6 address in brackets, [addr]:port", original));
+    ep.host = item.substr(0, colon);
+    if (colon != std::string::npos) {
+      port = item.substr(colon + 1);
+      if (port.empty()) throw ddp::UsageError(fmt::format("etcd endpoint '{}': the port is missing after ':'", original));
+    }
+  }
+  auto ok = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == ':' || c == '%'; };
+  if (ep.host.empty() || !std::all_of(ep.host.begin(), ep.host.end(), ok))
+    throw ddp::UsageError(fmt::format("etcd endpoint '{}': bad host name", original));
+  if (!port.empty()) ep.port = parse_port(port, original);
+  return ep;
+}
+
+// getaddrinfo on a helper thread, so that a stuck resolver cannot hold a call past its
+// deadline (the thread finishes on its own later).
+std::vector<tcp::endpoint> resolve(const Endpoint& ep, Deadline deadline) {
+  error_code ec;
+  auto addr = asio::ip::make_address(ep.host, ec);
+  if (!ec) return {tcp::endpoint(addr, ep.port)};
+  struct Shared {
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+    int rc = 0;
+    std::vector<tcp::endpoint> out;
+  };
+  auto s = std::make_shared<Shared>();
+  std::thread([s, host = ep.host, port = std::to_string(ep.port)] {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
+    std::vector<tcp::endpoint> out;
+    for (addrinfo* p = rc == 0 ? res : nullptr; p; p = p->ai_next) {
+      tcp::endpoint e;
+      std::memcpy(e.data(), p->ai_addr, p->ai_addrlen);
+      e.resize(p->ai_addrlen);
+      out.push_back(e);
+    }
+    if (res) freeaddrinfo(res);
+    std::lock_guard<std::mutex> lk(s->m);
+    s->rc = rc;
+    s->out = std::move(out);
+    s->done = true;
+    s->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lk(s->m);
+  if (!s->cv.wait_until(lk, deadline, [&] { return s->done; }))
+    throw ExchangeError(Kind::connect, false, fmt::format("resolving {}: no answer from the name service in time", ep.host));
+  if (s->rc != 0 || s->out.empty())
+    throw ExchangeError(Kind::connect, false, fmt::format("cannot resolve {}: {}", ep.host, gai_strerror(s->rc)));
+  return s->out;
+}
+
+std::string remaining_text(Clock::time_point start, Deadline deadline) {
+  return ddp::format_duration(std::chrono::duration_cast<milliseconds>(deadline - start));
+}
+
+// Why a TLS handshake failed, in terms of what the user configured.
+std::string explain_tls(const Endpoint& ep, const error_code& ec, long verify) {
+  if (verify != X509_V_OK) {
+    const char* hint = "cacert must be the CA that signed the etcd members' certificates";
+    if (verify == X509_V_ERR_HOSTNAME_MISMATCH || verify == X509_V_ERR_IP_ADDRESS_MISMATCH)
+      hint = "the certificate must name the host or address in the endpoint";
+    else if (verify == X509_V_ERR_CERT_HAS_EXPIRED || verify == X509_V_ERR_CERT_NOT_YET_VALID)
+      hint = "the member needs a valid certificate, or this machine's clock is wrong";
+    return fmt::format("TLS with {}: the member's certificate is not accepted: {} ({})", ep.str(),
+                       X509_verify_cert_error_string(verify), hint);
+  }
+  std::string reason = ec.message();
+  if (contains(reason, "wrong version number") || contains(reason, "packet length too long") ||
+      contains(reason, "unknown protocol") || contains(reason, "record layer failure") ||
+      contains(reason, "http request"))
+    return fmt::format("TLS with {}: the member does not answer in TLS ({}); is it a plain-http etcd? then "
+                       "use protocol=http",
+                       ep.str(), reason);
+  if (contains(reason, "alert"))
+    return fmt::format("TLS with {}: the member refused the connection ({}): it wants a client certificate "
+                       "signed by a CA it trusts (check cert and key)",
+                       ep.str(), reason);
+  if (ec == asio::ssl::error::stream_truncated || ec == asio::error::eof || ec == asio::error::connection_reset)
+    return fmt::format("TLS with {}: the member does not answer in TLS (it dropped the handshake: {}); is it a "
+                       "plain-http etcd? then use protocol=http",
+                       ep.str(), reason);
+  return fmt::format("TLS handshake with {} failed: {}", ep.str(), reason);
+}
+
+}  // namespace
+
+std::string Endpoint::str() const {
+  if (host.find(':') != std::string::npos) return fmt::format("[{}]:{}", host, port);
+  return fmt::format("{}:{}", host, port);
+}
+
+std::vector<Endpoint> parse_endpoints(const std::string& list, bool https) {
+  std::vector<Endpoint> out;
+  size_t pos = 0;
+  while (true) {
+    size_t comma = list.find(',', pos);
+    std::string item = trim(list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
+    if (item.empty()) throw ddp::UsageError(fmt::format("etcd endpoints '{}': an empty entry", list));
+    out.push_back(parse_one(item, https, item));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+// ---- TLS settings --------------------------------------------------------------------
+
+class TlsContext {
+ public:
+  explicit TlsContext(const TlsConfig& c) : ctx(ssl::context::tls_client) {
+    ctx.set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 | ssl::context::no_sslv3 |
+                    ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1);
+    ctx.set_verify_mode(ssl::verify_peer);
+    error_code ec;
+    if (c.cacert.empty()) {
+      ctx.set_default_verify_paths(ec);
+    } else {
+      readable("cacert", c.cacert);
+      ctx.load_verify_file(c.cacert, ec);
+      if (ec) throw bad("cacert", c.cacert, ec.message() + " (expected PEM certificates)");
+    }
+    if (c.cert.empty() && !c.key.empty())
+      throw ddp::UsageError("etcd TLS: key is given without cert (the client certificate)");
+    if (c.cert.empty()) return;
+    std::string key = c.key.empty() ? c.cert : c.key;
+    readable("cert", c.cert);
+    readable("key", key);
+    ctx.use_certificate_chain_file(c.cert, ec);
+    if (ec) throw bad("cert", c.cert, ec.message() + " (expected a PEM certificate)");
+    check_dates(c.cert);
+    ctx.use_private_key_file(key, ssl::context::pem, ec);
+    if (ec && ec.message().find("mismatch") != std::string::npos)
+      throw ddp::UsageError(fmt::format("etcd TLS: key {} does not belong to cert {}", key, c.cert));
+    if (ec) throw bad("key", key, ec.message() + " (expected an unencrypted PEM private key)");
+    if (SSL_CTX_check_private_key(ctx.native_handle()) != 1)
+      throw ddp::UsageError(fmt::format("etcd TLS: key {} does not belong to cert {}", key, c.cert));
+  }
+
+  ssl::context ctx;
+
+ private:
+  static ddp::UsageError bad(const char* what, const std::string& path, const std::string& why) {
+    return ddp::UsageError(fmt::format("etcd TLS: cannot use {} {}: {}", what, path, why));
+  }
+  static void readable(const char* what, const std::string& path) {
+    if (::access(path.c_str(), R_OK) != 0) throw bad(what, path, ddp::errno_text(errno));
+  }
+  // An expired (or not yet valid) client certificate is refused by every member: say so
+  // here, naming the dates, rather than as a handshake failure later.
+  void check_dates(const std::string& path) {
+    X509* cert = SSL_CTX_get0_certificate(ctx.native_handle());
+    if (!cert) return;
+    auto date = [](const ASN1_TIME* t) {
+      tm out{};
+      if (!t || ASN1_TIME_to_tm(t, &out) != 1) return std::string("?");
+      char buf[64];
+      std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &out);
+      return std::string(buf);
+    };
+    if (X509_cmp_current_time(X509_get0_notAfter(cert)) < 0)
+      throw bad("cert", path, "the certificate expired on " + date(X509_get0_notAfter(cert)));
+    if (X509_cmp_current_time(X509_get0_notBefore(cert)) > 0)
+      throw bad("cert", path, "the certificate is not valid before " + date(X509_get0_notBefore(cert)));
+  }
+};
+
+std::shared_ptr<TlsContext> make_tls_context(const TlsConfig& c) {
+  if (!c.enabled) return nullptr;
+  return std::make_shared<TlsContext>(c);
+}
+
+// ---- one connection ------------------------------------------------------------------
+
+struct HttpSession::Impl {
+  Endpoint ep;
+  std::shared_ptr<TlsContext> tls;
+  milliseconds connect_timeout;
+  asio::io_context ioc{1};
+  std::optional<beast::tcp_stream> plain;
+  std::optional<beast::ssl_stream<beast::tcp_stream>> secure;
+  beast::flat_buffer buffer;
+  std::optional<http::response_parser<http::string_body>> stream;
+  std::string chunk;  // streamed body bytes not handed out yet
+  std::function<size_t(uint64_t, beast::string_view, error_code&)> on_chunk = [this](uint64_t, beast::string_view body,
+                                                                                      error_code&) {
+    chunk.append(body.data(), body.size());
+    return body.size();
+  };
+  bool open = false;
+
+  beast::tcp_stream& lowest() { return secure ? beast::get_lowest_layer(*secure) : *plain; }
+
+  template <class F>
+  void with_stream(F&& f) {
+    if (secure)
+      f(*secure);
+    else
+      f(*plain);
+  }
+
+  // Starts one async operation and runs the context until its handler has run.
+  template <class Start>
+  error_code run(Start&& start) {
+    error_code result;
+    bool done = false;
+    start([&](error_code ec, auto&&...) {
+      result = ec;
+      done = true;
+    });
+    ioc.restart();
+    while (!done && ioc.run_one() > 0) {
+    }
+    return done ? result : asio::error::interrupted;
+  }
+
+  void close() {
+    if (plain) plain->close();
+    if (secure) beast::get_lowest_layer(*secure).close();
+    plain.reset();
+    secure.reset();
+    stream.reset();
+    buffer.clear();
+    chunk.clear();
+    open = false;
+  }
+
+  void connect(Deadline deadline) {
+    close();
+    auto start = Clock::now();
+    Deadline d = std::min(deadline, start + connect_timeout);
+    auto addrs = resolve(ep, d);
+    if (tls)
+      secure.emplace(ioc, tls->ctx);
+    else
+      plain.emplace(ioc);
+    lowest().expires_at(d);
+    error_code ec = run([&](auto h) { lowest().async_connect(addrs, h); });
+    if (ec == beast::error::timeout)
+      throw ExchangeError(Kind::connect, false, fmt::format("no connection to {} within {}", ep.str(), remaining_text(start, d)));
+    if (ec) throw ExchangeError(Kind::connect, false, fmt::format("cannot connect to {}: {}", ep.str(), ec.message()));
+    lowest().socket().set_option(tcp::no_delay(true), ec);
+    if (secure) handshake(start, d);
+    open = true;
+  }
+
+  void handshake(Clock::time_point start, Deadline d) {
+    SSL* s = secure->native_handle();
+    X509_VERIFY_PARAM* param = SSL_get0_param(s);
+    if (is_address(ep.host)) {
+      X509_VERIFY_PARAM_set1_ip_asc(param, ep.host.c_str());
+    } else {
+      X509_VERIFY_PARAM_set1_host(param, ep.host.c_str(), 0);
+      SSL_set_tlsext_host_name(s, ep.host.c_str());
+    }
+    error_code ec = run([&](auto h) { secure->async_handshake(ssl::stream_base::client, h); });
+    if (ec == beast::error::timeout)
+      throw ExchangeError(Kind::connect, false,
+                          fmt::format("no TLS handshake with {} within {}", ep.str(), remaining_text(start, d)));
+    if (ec) {
+      long verify = SSL_get_verify_result(s);
+      close();
+      throw ExchangeError(Kind::fatal, false, explain_tls(ep, ec, verify));
+    }
+  }
+
+  http::request<http::string_body> request(const std::string& target, const std::string& body) {
+    http::request<http::string_body> req{http::verb::post, target, 11};
+    req.set(http::field::host, ep.str());
+    req.set(http::field::content_type, "application/json");
+    req.set(http::field::user_agent, "ddprun");
+    req.keep_alive(true);
+    req.body() = body;
+    req.prepare_payload();
+    return req;
+  }
+
+  void send(const std::string& target, const std::string& body, Deadline deadline) {
+    auto req = request(target, body);
+    // A stream (watch) ends when its member loses the cluster's leader, rather than going
+    // silent (etcd's "hasleader" metadata, passed through by the gateway).
+    if (stream) req.set("Grpc-Metadata-hasleader", "true");
+    auto start = Clock::now();
+    lowest().expires_at(deadline);
+    error_code ec = run([&](auto h) { with_stream([&](auto& s) { http::async_write(s, req, h); }); });
+    if (!ec) return;
+    close();
+    if (ec == beast::error::timeout)
+      throw ExchangeError(Kind::timeout, true, fmt::format("{} took no request within {}", ep.str(), remaining_text(start, deadline)));
+    refused_after_handshake(ec);
+    bool dropped = ec == asio::error::connection_reset || ec == asio::error::broken_pipe || ec == asio::error::eof ||
+                   ec == asio::ssl::error::stream_truncated;
+    throw ExchangeError(dropped ? Kind::closed : Kind::broken, true, fmt::format("sending to {}: {}", ep.str(), ec.message()));
+  }
+
+  // TLS 1.3 completes the client's handshake before the member checks its certificate: a
+  // refusal arrives as an alert on the first read or write.
+  void refused_after_handshake(const error_code& ec) {
+    if (!tls || ec.message().find("alert") == std::string::npos) return;
+    close();
+    throw ExchangeError(Kind::fatal, false, explain_tls(ep, ec, X509_V_OK));
+  }
+
+  [[noreturn]] void read_failed(const error_code& ec, Clock::time_point start, Deadline deadline, bool got_bytes) {
+    close();
+    if (ec == beast::error::timeout)
+      throw ExchangeError(Kind::timeout, true, fmt::format("no answer from {} within {}", ep.str(), remaining_text(start, deadline)));
+    refused_after_handshake(ec);
+    bool silent = !got_bytes && (ec == http::error::end_of_stream || ec == asio::error::eof ||
+                                 ec == asio::error::connection_reset || ec == asio::ssl::error::stream_truncated);
+    // Sent in full: the member may have applied it before it went away.
+    throw ExchangeError(silent ? Kind::closed : Kind::broken, true,
+                        fmt::format("reading from {}: {}", ep.str(), ec.message()));
+  }
+
+  // A plain-http request answered by a TLS member (Go says so in a 400).
+  void check_not_tls(int status, const std::string& body) {
+    if (!tls && status == 400 && contains(body, "HTTPS"))
+      throw ExchangeError(Kind::fatal, false,
+                          fmt::format("{} speaks TLS: use protocol=https (with cacert, cert and key)", ep.str()));
+  }
+
+  HttpResponse exchange(const std::string& target, const std::string& body, Deadline deadline) {
+    send(target, body, deadline);
+    auto start = Clock::now();
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(64u << 20);
+    error_code ec = run([&](auto h) { with_stream([&](auto& s) { http::async_read(s, buffer, parser, h); }); });
+    if (ec) read_failed(ec, start, deadline, parser.got_some());
+    auto res = parser.release();
+    if (!res.keep_alive()) close();
+    HttpResponse out{static_cast<int>(res.result_int()), std::move(res.body())};
+    check_not_tls(out.status, out.body);
+    return out;
+  }
+};
+
+HttpSession::HttpSession(Endpoint ep, std::shared_ptr<TlsContext> tls, milliseconds connect_timeout)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->ep = std::move(ep);
+  impl_->tls = std::move(tls);
+  impl_->connect_timeout = connect_timeout;
+}
+
+HttpSession::~HttpSession() = default;
+
+const Endpoint& HttpSession::endpoint() const { return impl_->ep; }
+
+void HttpSession::close() { impl_->close(); }
+
+HttpResponse HttpSession::post(const std::string& target, const std::string& body, Deadline deadline) {
+  Impl& s = *impl_;
+  if (!s.open) s.connect(deadline);
+  try {
+    return s.exchange(target, body, deadline);
+  } catch (const ExchangeError& e) {
+    if (e.kind() != Kind::closed) throw;
+  }
+  // Closed without an answer: a kept-alive connection the member had closed while idle, a
+  // member that went away with the request, or one that speaks another protocol (etcd
+  // drops plain http on its TLS port). Once more on a fresh connection to tell.
+  try {
+    s.connect(deadline);
+    return s.exchange(target, body, deadline);
+  } catch (const ExchangeError& again) {
+    if (again.kind() == Kind::closed)
+      throw ExchangeError(Kind::fatal, true,
+                          fmt::format("{} closes connections without answering ({}); {}", s.ep.str(), again.what(),
+                                      s.tls ? "does it refuse this client certificate? check cert and key"
+                                            : "is it a TLS etcd? then use protocol=https"));
+    throw ExchangeError(again.kind(), true, again.what());  // the first try may have been applied
+  }
+}
+
+HttpResponse HttpSession::start_stream(const std::string& target, const std::string& body, Deadline deadline) {
+  Impl& s = *impl_;
+  s.connect(deadline);
+  s.stream.emplace();
+  s.stream->body_limit(boost::none);
+  s.stream->on_chunk_body(s.on_chunk);
+  s.send(target, body, deadline);
+  auto start = Clock::now();
+  error_code ec = s.run([&](auto h) { s.with_stream([&](auto& st) { http::async_read_header(st, s.buffer, *s.stream, h); }); });
+  if (ec) s.read_failed(ec, start, deadline, true);
+  int status = static_cast<int>(s.stream->get().result_int());
+  if (status == 200) return {status, {}};
+  // An error: read the whole body (chunked bodies arrive through on_chunk).
+  ec = s.run([&](auto h) { s.with_stream([&](auto& st) { http::async_read(st, s.buffer, *s.stream, h); }); });
+  if (ec) s.read_failed(ec, start, deadline, true);
+  std::string text = s.chunk.empty() ? s.stream->get().body() : s.chunk;
+  s.close();
+  s.check_not_tls(status, text);
+  return {status, text};
+}
+
+bool HttpSession::read_stream(std::string& out, Deadline deadline) {
+  Impl& s = *impl_;
+  if (!s.stream) throw ExchangeError(Kind::broken, true, fmt::format("no stream open to {}", s.ep.str()));
+  if (s.chunk.empty()) {
+    if (s.stream->is_done()) {
+      s.close();
+      throw ExchangeError(Kind::broken, true, fmt::format("{} ended the stream", s.ep.str()));
+    }
+    auto start = Clock::now();
+    s.lowest().expires_at(deadline);
+    error_code ec = s.run([&](auto h) { s.with_stream([&](auto& st) { http::async_read_some(st, s.buffer, *s.stream, h); }); });
+    if (ec == beast::error::timeout) {
+      s.close();
+      return false;
+    }
+    if (ec) s.read_failed(ec, start, deadline, true);
+  }
+  out += s.chunk;
+  s.chunk.clear();
+  return true;
+}
+
+}  // namespace ddprun::rdzv::etcd
