@@ -161,3 +161,13 @@ def skip_or_fail_without_podman(pm):
     why = pm.unusable()
     if why:
         raise unittest.SkipTest(why)
+
+
+def main():
+    """unittest.main for these files; exits 77 (ctest: skipped) when everything was skipped."""
+    prog = unittest.main(module="__main__", exit=False, verbosity=2)
+    r = prog.result
+    if not r.wasSuccessful():
+        raise SystemExit(1)
+    if r.skipped and len(r.skipped) >= r.testsRun:
+        raise SystemExit(77)

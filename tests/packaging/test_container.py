@@ -273,4 +273,4 @@ class BadInput(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    pkgtest.main()
