@@ -2,6 +2,7 @@
 # Prints the path of a clean Debian 12 root (debootstrap --variant=minbase bookworm) that also
 # carries PACKAGE..., building it first if the cache does not have it yet.
 #   scripts/debian-root.sh PACKAGE...       e.g. scripts/debian-root.sh python3 procps
+#   DDP_ROOT_SUITE=bullseye scripts/debian-root.sh python3    another release (older glibc)
 # The cache lives outside any checkout: $DDP_TEST_CACHE (default /var/cache/ddprun-tests),
 # one folder per package set (roots/bookworm-<hash>). A root is built in a scratch folder and
 # renamed into place when complete, under a lock, so a half-built root is never used and two
@@ -9,7 +10,7 @@
 set -euo pipefail
 
 cache=${DDP_TEST_CACHE:-/var/cache/ddprun-tests}
-suite=bookworm
+suite=${DDP_ROOT_SUITE:-bookworm}
 recipe=1  # bump to rebuild every cached root
 packages=$(printf '%s\n' "$@" | sort -u | paste -sd, -)
 key=$(printf '%s %s minbase %s\n' "$recipe" "$suite" "$packages" | sha256sum | cut -c1-16)

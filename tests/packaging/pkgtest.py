@@ -48,8 +48,13 @@ def run(cmd, timeout, check=True, **kw):
 
 def debian_root(*packages):
     """A cached clean Debian 12 minbase root with these packages (scripts/debian-root.sh)."""
+    return debian_root_suite("bookworm", *packages)
+
+
+def debian_root_suite(suite, *packages):
+    """The same for another Debian release (e.g. bullseye: an older C library)."""
     p = run([os.path.join(SRC, "scripts/debian-root.sh"), *packages], timeout=900,
-            env={**os.environ, "DDP_TEST_CACHE": CACHE})
+            env={**os.environ, "DDP_TEST_CACHE": CACHE, "DDP_ROOT_SUITE": suite})
     return p.stdout.strip().splitlines()[-1]
 
 

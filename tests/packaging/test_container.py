@@ -6,6 +6,7 @@ The base image and the ddprun image are built once and cached by content (the ro
 set; the Containerfile and what the packages install). Containers and the network carry this
 run's unique TAG and are removed at the end; podman's state stays under DDP_TEST_CACHE.
 """
+import hashlib
 import os
 import re
 import shutil
@@ -32,7 +33,6 @@ def setUpModule():
     debs = pkgtest.debs()
     with open(os.path.join(pkgtest.SRC, "docker/Containerfile"), "rb") as f:
         containerfile = f.read()
-    import hashlib
     key = hashlib.sha256(containerfile + base.encode() + pkgtest.payload_hash(debs.values()).encode()).hexdigest()[:16]
     with tempfile.TemporaryDirectory(prefix=f"{TAG}-ctx") as ctx:
         os.makedirs(os.path.join(ctx, "packages"))
@@ -258,6 +258,36 @@ class TwoNodes(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         pm("network", "rm", "-f", cls.net, check=False)
+
+
+class PytorchVariant(unittest.TestCase):
+    """docker/Containerfile.pytorch layers ddprun on another distribution's image. A PyTorch
+    image is not reachable here; Debian 11's python3 (glibc 2.31, older than the 2.36 ddprun
+    is built against, like the Ubuntu of the official PyTorch images) stands in for it."""
+
+    @classmethod
+    def setUpClass(cls):
+        foreign = pm.base_image(pkgtest.debian_root_suite("bullseye", "python3"))
+        with open(os.path.join(pkgtest.SRC, "docker/Containerfile.pytorch"), "rb") as f:
+            key = hashlib.sha256(f.read() + IMAGE.encode() + foreign.encode()).hexdigest()[:16]
+        with tempfile.TemporaryDirectory(prefix=f"{TAG}-ctx") as ctx:
+            cls.image = pm.build_cached("localhost/ddprun-test-pytorch", key,
+                                        ["-f", os.path.join(pkgtest.SRC, "docker/Containerfile.pytorch"),
+                                         "--build-arg", f"DDPRUN_IMAGE={IMAGE}",
+                                         "--build-arg", f"PYTORCH_IMAGE={foreign}"], ctx)
+
+    def test_runs_on_an_older_c_library(self):
+        p = pm("run", "--rm", "--network", "none", "--entrypoint", "ldd", self.image, "--version")
+        self.assertIn("2.31", p.stdout.splitlines()[0])
+        p = pm("run", "--rm", *run_args(), self.image, "--nproc-per-node", "2", "/w/job.py", "hello", check=False)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        for r in range(2):
+            self.assertRegex(p.stdout, rf"\[rank{r}\]:env RANK={r} LOCAL_RANK={r} WORLD_SIZE=2 .* ppid=1 ")
+        p = pm("run", "--rm", *run_args(), self.image, "--nproc-per-node", "2", "/w/job.py", "hello",
+               "--exit-rank", "1", "--exit-code", "3", check=False)
+        self.assertEqual(p.returncode, 3, p.stdout + p.stderr)
+        p = pm("run", "--rm", "--network", "none", "--entrypoint", "ddprun", self.image, "--version")
+        self.assertRegex(p.stdout, r"^ddprun \d+\.\d+\.\d+ \(commit ")
 
 
 class BadInput(unittest.TestCase):
