@@ -155,7 +155,7 @@ class Podman:
         """podman build once per content key: repo:key; older tags of repo are removed."""
         ref = f"{repo}:{key}"
         if not self.exists(ref):
-            self("build", "--pull=never", "--network", "none", "-t", ref, *args, context, timeout=600)
+            self("build", "--pull=never", "--layers=false", "--network", "none", "-t", ref, *args, context, timeout=600)
             for line in self("images", "--format", "{{.Repository}}:{{.Tag}}", repo).stdout.split():
                 if line != ref:
                     self("rmi", line, check=False)  # in use by another run: kept
