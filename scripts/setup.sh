@@ -15,7 +15,10 @@ packages=(
   python3-torch        # real PyTorch for the integration tests and the anchors
   clang libclang-rt-dev  # libFuzzer target of the store's request parser
   iproute2 util-linux procps time
-  debootstrap          # scripts/torch2-chroot.sh: the torch 2.x (Debian 13) chroot for the tests
+  # packaging and container tests (tests/packaging): cpack's .debs, a clean Debian root,
+  # rootful podman with runc (crun refuses this kind of hybrid-cgroup host), inits, completions
+  dpkg-dev file git man-db zsh python3-yaml debootstrap
+  podman runc conmon netavark aardvark-dns iptables catatonit tini
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -50,7 +50,7 @@ int run_main(const std::vector<std::string>& args) {
       return 0;
     }
     if (o.version) {
-      fmt::print("ddprun {}\n", kVersion);
+      fmt::print("ddprun {} (commit {})\n", version(), git_commit());
       return 0;
     }
     setup_logging(o.log_level);

@@ -61,7 +61,16 @@ std::string random_suffix() {
 
 void block_supervised_signals(const Options& o) {
   sigset_t set = supervised_set(o);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // A parent (a container runtime, an init, a shell) may leave signals ignored or blocked,
+  // and both survive exec. An ignored SIGCHLD would make the kernel reap the workers before
+  // ddprun sees their status, an ignored SIGTERM would never reach the signalfd: the
+  // supervised signals get their default disposition back, and the mask is exactly them.
+  for (int s = 1; s < NSIG; ++s) {
+    struct sigaction old {};
+    if (sigismember(&set, s) == 1 && sigaction(s, nullptr, &old) == 0 && old.sa_handler == SIG_IGN)
+      signal(s, SIG_DFL);
+  }
+  pthread_sigmask(SIG_SETMASK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the launcher
 }
 

@@ -1,0 +1,179 @@
+"""Shared by the packaging and container tests: paths, timeouts, cached Debian roots and a
+podman that keeps its state private.
+
+Environment (set by tests/packaging/CMakeLists.txt):
+  DDP_SOURCE_DIR, DDP_BUILD_DIR   the checkout and its build
+  DDP_DEBS_DIR                    the .debs (fixture package.build_debs)
+  DDP_TEST_CACHE                  cached Debian roots and podman storage, outside any checkout
+                                  (default /var/cache/ddprun-tests)
+  DDP_TEST_TIMEOUT_SCALE          multiplies every hang-guard timeout (default 1)
+"""
+import hashlib
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+SRC = os.environ.get("DDP_SOURCE_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "../..")))
+BUILD = os.environ.get("DDP_BUILD_DIR", os.path.join(SRC, "build"))
+DEBS = os.environ.get("DDP_DEBS_DIR", os.path.join(BUILD, "test-debs"))
+CACHE = os.environ.get("DDP_TEST_CACHE", "/var/cache/ddprun-tests")
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKERS = os.path.join(HERE, "workers")
+# Unique per run: containers, networks and temp folders carry it.
+TAG = f"ddp12-{os.getpid()}-{secrets.token_hex(2)}"
+
+
+sys.path.insert(0, os.path.join(HERE, "..", "common"))
+from test_timeouts import SCALE, scaled  # noqa: E402,F401  (DDP_TEST_TIMEOUT_SCALE)
+
+
+def timeout_scale():
+    return SCALE
+
+
+def run(cmd, timeout, check=True, **kw):
+    """subprocess.run with text capture and a scaled hang guard; a failure shows everything."""
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=scaled(timeout), **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{cmd} exited {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+    return p
+
+
+def debian_root(*packages):
+    """A cached clean Debian 12 minbase root with these packages (scripts/debian-root.sh)."""
+    return debian_root_suite("bookworm", *packages)
+
+
+def debian_root_suite(suite, *packages):
+    """The same for another Debian release (e.g. bullseye: an older C library)."""
+    p = run([os.path.join(SRC, "scripts/debian-root.sh"), *packages], timeout=900,
+            env={**os.environ, "DDP_TEST_CACHE": CACHE, "DDP_ROOT_SUITE": suite})
+    return p.stdout.strip().splitlines()[-1]
+
+
+def debs():
+    found = {}
+    for name in os.listdir(DEBS):
+        if name.endswith(".deb"):
+            found[name.split("_")[0]] = os.path.join(DEBS, name)
+    for pkg in ("ddprun", "libddp0", "libddp-dev"):
+        if pkg not in found:
+            raise AssertionError(f"{pkg}_*.deb missing in {DEBS} (fixture package.build_debs)")
+    return found
+
+
+def payload_hash(deb_paths):
+    """Hash of what the packages install (names, modes, contents; not cpack's timestamps)."""
+    h = hashlib.sha256()
+    with tempfile.TemporaryDirectory(prefix=TAG) as tmp:
+        for deb in sorted(deb_paths):
+            run(["dpkg-deb", "-x", deb, tmp], timeout=60)
+            h.update(run(["dpkg-deb", "-f", deb], timeout=30).stdout.encode())
+        for dirpath, dirnames, files in os.walk(tmp):
+            dirnames.sort()
+            for f in sorted(files):
+                path = os.path.join(dirpath, f)
+                h.update(os.path.relpath(path, tmp).encode() + b"\0")
+                if os.path.islink(path):
+                    h.update(os.readlink(path).encode())
+                else:
+                    with open(path, "rb") as fh:
+                        h.update(fh.read())
+    return h.hexdigest()[:16]
+
+
+class Podman:
+    """Rootful podman with private storage under CACHE/podman: the host's /var/lib/containers
+    and containers.conf are never used. The settings this VM needs (shared/reference/
+    containers.md): runc (crun refuses a hybrid cgroup host), cgroupfs and file events (no
+    systemd), and ulimits no higher than this process's own (no CAP_SYS_RESOURCE)."""
+
+    def __init__(self):
+        self.dir = os.path.join(CACHE, "podman")
+        try:
+            os.makedirs(os.path.join(self.dir, "tmp"), exist_ok=True)
+        except OSError:
+            pass  # unusable() says why
+        nofile = subprocess.run(["sh", "-c", "ulimit -Hn"], capture_output=True, text=True).stdout.strip()
+        nofile = "1048576" if nofile in ("", "unlimited") else nofile
+        with open("/proc/sys/kernel/pid_max") as f:
+            nproc = min(int(f.read()), 32768)
+        conf = (f'[containers]\ndefault_ulimits = ["nofile={nofile}:{nofile}", "nproc={nproc}:{nproc}"]\n'
+                '[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n')
+        self.conf = os.path.join(self.dir, f"containers-{hashlib.sha256(conf.encode()).hexdigest()[:12]}.conf")
+        if not os.path.exists(self.conf) and os.access(self.dir, os.W_OK):
+            tmp = f"{self.conf}.{os.getpid()}"
+            with open(tmp, "w") as f:
+                f.write(conf)
+            os.replace(tmp, self.conf)
+        d = self.dir
+        self.base = ["podman", "--root", f"{d}/root", "--runroot", f"{d}/run", "--tmpdir", f"{d}/tmp",
+                     "--network-config-dir", f"{d}/net", "--storage-driver", "overlay",
+                     "--cgroup-manager", "cgroupfs", "--events-backend", "file", "--runtime", "runc"]
+        self.env = {**os.environ, "CONTAINERS_CONF": self.conf}
+
+    def __call__(self, *args, timeout=120, check=True, input=None):
+        p = subprocess.run(self.base + list(args), capture_output=True, text=True, input=input,
+                           timeout=scaled(timeout), env=self.env)
+        if check and p.returncode != 0:
+            raise AssertionError(f"podman {' '.join(args)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
+        return p
+
+    def unusable(self):
+        """Why podman cannot run here, or None."""
+        if os.geteuid() != 0:
+            return "the container tests need root (rootful podman)"
+        if not shutil.which("podman"):
+            return "podman is not installed (scripts/setup.sh installs it)"
+        if not shutil.which("runc"):
+            return "runc is not installed (scripts/setup.sh installs it)"
+        p = self("info", "--format", "{{.Host.OCIRuntime.Name}}", check=False, timeout=60)
+        if p.returncode != 0:
+            return f"podman info failed: {p.stderr.strip()[-300:]}"
+        return None
+
+    def exists(self, image):
+        return self("image", "exists", image, check=False).returncode == 0
+
+    def base_image(self, root):
+        """The Debian root as a local image (no registry): localhost/ddprun-test-base:<root key>."""
+        ref = f"localhost/ddprun-test-base:{os.path.basename(root).split('-')[-1]}"
+        if not self.exists(ref):
+            tar = subprocess.Popen(["tar", "-C", root, "--exclude=./debootstrap.log", "-c", "."],
+                                   stdout=subprocess.PIPE)
+            p = subprocess.run(self.base + ["import", "-", ref], stdin=tar.stdout, capture_output=True,
+                               text=True, timeout=scaled(300), env=self.env)
+            tar.stdout.close()
+            tar.wait()
+            if p.returncode != 0:
+                raise AssertionError(f"podman import failed: {p.stderr}")
+        return ref
+
+    def build_cached(self, repo, key, args, context):
+        """podman build once per content key: repo:key; older tags of repo are removed."""
+        ref = f"{repo}:{key}"
+        if not self.exists(ref):
+            self("build", "--pull=never", "--layers=false", "--network", "none", "-t", ref, *args, context, timeout=600)
+            for line in self("images", "--format", "{{.Repository}}:{{.Tag}}", repo).stdout.split():
+                if line != ref:
+                    self("rmi", line, check=False)  # in use by another run: kept
+        return ref
+
+
+def skip_or_fail_without_podman(pm):
+    why = pm.unusable()
+    if why:
+        raise unittest.SkipTest(why)
+
+
+def main():
+    """unittest.main for these files; exits 77 (ctest: skipped) when everything was skipped."""
+    prog = unittest.main(module="__main__", exit=False, verbosity=2)
+    r = prog.result
+    if not r.wasSuccessful():
+        raise SystemExit(1)
+    if r.skipped and len(r.skipped) >= r.testsRun:
+        raise SystemExit(77)

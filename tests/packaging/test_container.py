@@ -1,0 +1,306 @@
+"""ddprun as a container's ENTRYPOINT under a real runtime: rootful podman (runc), the image
+built by docker/Containerfile from a Debian 12 base made by debootstrap (no registry) and the
+ddprun .deb. Plain python workers (tests/packaging/workers/job.py), no torch.
+
+The base image and the ddprun image are built once and cached by content (the root's package
+set; the Containerfile and what the packages install). Containers and the network carry this
+run's unique TAG and are removed at the end; podman's state stays under DDP_TEST_CACHE.
+"""
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+import time
+import unittest
+
+import pkgtest
+from pkgtest import TAG, WORKERS, scaled
+
+# The 2-node test runs once per rendezvous backend listed here.
+# HOOK(c10d): add "c10d" once ddprun's c10d rendezvous lands; rdzv_env() already sets the
+# PET_RDZV_* variables a PyTorchJob with an elastic policy passes.
+RDZV_BACKENDS = ("static",)
+
+pm = pkgtest.Podman()
+IMAGE = None
+
+
+def setUpModule():
+    global IMAGE
+    pkgtest.skip_or_fail_without_podman(pm)
+    base = pm.base_image(pkgtest.debian_root("python3", "procps"))
+    debs = pkgtest.debs()
+    with open(os.path.join(pkgtest.SRC, "docker/Containerfile"), "rb") as f:
+        containerfile = f.read()
+    key = hashlib.sha256(containerfile + base.encode() + pkgtest.payload_hash(debs.values()).encode()).hexdigest()[:16]
+    with tempfile.TemporaryDirectory(prefix=f"{TAG}-ctx") as ctx:
+        os.makedirs(os.path.join(ctx, "packages"))
+        for deb in debs.values():
+            shutil.copy(deb, os.path.join(ctx, "packages"))
+        IMAGE = pm.build_cached("localhost/ddprun-test", key,
+                                ["-f", os.path.join(pkgtest.SRC, "docker/Containerfile"),
+                                 "--build-arg", f"BASE={base}", "--build-arg", "DEBS=prebuilt"], ctx)
+
+
+def tearDownModule():
+    ids = pm("ps", "-aq", "--filter", f"name={TAG}", check=False).stdout.split()
+    if ids:
+        pm("rm", "-f", "-t", "0", *ids, check=False)
+    for net in pm("network", "ls", "-q", "--filter", f"name={TAG}", check=False).stdout.split():
+        pm("network", "rm", "-f", net, check=False)
+
+
+_n = 0
+
+
+def name(what):
+    global _n
+    _n += 1
+    return f"{TAG}-{what}-{_n}"
+
+
+def run_args(*extra, network="none"):
+    return ["--network", network, "--no-hosts", "-v", f"{WORKERS}:/w:ro", *extra]
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + scaled(timeout)
+    while time.monotonic() < deadline:
+        v = predicate()
+        if v:
+            return v
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {scaled(timeout):.0f} s waiting for {what}")
+
+
+def logs(c):
+    p = pm("logs", c, check=False)
+    return p.stdout + p.stderr
+
+
+def exit_code(c):
+    return int(pm("wait", c, timeout=60).stdout.strip())
+
+
+class Pid1(unittest.TestCase):
+    def test_pid1_rank_tagged_output_exit_0(self):
+        p = pm("run", "--rm", *run_args(), IMAGE, "--nproc-per-node", "4", "/w/job.py", "hello", check=False)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        for r in range(4):
+            line = [l for l in p.stdout.splitlines() if l.startswith(f"[rank{r}]:env ")]
+            self.assertEqual(len(line), 1, p.stdout)
+            self.assertIn(f"RANK={r} LOCAL_RANK={r} WORLD_SIZE=4", line[0])
+            # ddprun is PID 1 and the workers' parent
+            self.assertIn("ppid=1 pid1=ddprun", line[0])
+
+    def test_worker_exit_3_is_the_container_exit_status(self):
+        p = pm("run", "--rm", *run_args(), IMAGE, "--nproc-per-node", "2", "/w/job.py", "hello",
+               "--exit-rank", "1", "--exit-code", "3", check=False)
+        self.assertEqual(p.returncode, 3, p.stdout + p.stderr)
+        self.assertIn("[rank1]:rank 1 fails with 3", p.stderr)
+        self.assertIn("Root Cause", p.stderr)
+
+    def test_missing_entrypoint_argument_one_clear_line(self):
+        p = pm("run", "--rm", *run_args(), IMAGE, check=False)
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertEqual(p.stderr.strip().splitlines(),
+                         ["ddprun: error: the following argument is required: training_script (see ddprun --help)"])
+
+    def test_version(self):
+        p = pm("run", "--rm", "--network", "none", IMAGE, "--version")
+        self.assertRegex(p.stdout, r"^ddprun \d+\.\d+\.\d+ \(commit [^)]+\)\n$")
+
+
+class Stop(unittest.TestCase):
+    """podman stop -t 10: one SIGTERM per worker, exit 143 well within the grace period, and
+    every line the workers wrote (also during the grace period) in the --log-dir files."""
+
+    def stop_and_check(self, *run_extra, entry_args=()):
+        logdir = tempfile.mkdtemp(prefix=f"{TAG}-logs")
+        self.addCleanup(shutil.rmtree, logdir, True)
+        c = name("stop")
+        pm("run", "-d", "--name", c, *run_args("-v", f"{logdir}:/logs", *run_extra), IMAGE, *entry_args,
+           "--nproc-per-node", "2", "--log-dir", "/logs", "--tee", "3", "/w/job.py", "term")
+        wait_for(lambda: logs(c).count("]:ready") == 2, 30, f"both workers ready in {c}")
+        t0 = time.monotonic()
+        pm("stop", "-t", "10", c, timeout=60)
+        elapsed = time.monotonic() - t0
+        out = logs(c)
+        self.assertEqual(exit_code(c), 143, out)
+        self.assertLess(elapsed, 8.0, f"stop took {elapsed:.1f} s of the 10 s grace period\n{out}")
+        for r in range(2):
+            self.assertIn(f"[rank{r}]:bye sigterms=1", out)
+        files = sorted(os.path.join(d, f) for d, _, fs in os.walk(logdir) for f in fs if f == "stdout.log")
+        self.assertEqual(len(files), 2, files)
+        for path in files:
+            with open(path) as f:
+                lines = f.read().splitlines()
+            self.assertEqual(lines[0], "ready")
+            self.assertEqual(lines[1], "got SIGTERM 1")
+            self.assertEqual(lines[2:-1], [f"line {i} after SIGTERM" for i in range(200)])
+            self.assertEqual(lines[-1], "bye sigterms=1")
+        pm("rm", c)
+        return out
+
+    def test_podman_stop_sigterm_once_143_logs_complete(self):
+        out = self.stop_and_check()
+        self.assertIn("received SIGTERM: forwarding it to the workers", out)
+
+    def test_init_catatonit_above_ddprun(self):
+        self.stop_and_check("--init")
+
+    def test_init_tini_above_ddprun(self):
+        tini = shutil.which("tini-static")
+        if not tini:
+            self.skipTest("tini-static is not installed (scripts/setup.sh installs tini)")
+        self.stop_and_check("--init", "--init-path", tini)
+
+    def test_inherited_signal_mask_and_ignored_signals(self):
+        # The entrypoint leaves every signal blocked and SIGTERM/SIGCHLD ignored, then execs
+        # ddprun: ddprun must still see the stop and its workers' exits.
+        self.stop_and_check("--entrypoint", '["python3", "/w/sigwrap.py", "ddprun"]')
+
+    def test_inherited_signal_mask_exit_status(self):
+        p = pm("run", "--rm", *run_args("--entrypoint", '["python3", "/w/sigwrap.py", "ddprun"]'), IMAGE,
+               "--nproc-per-node", "2", "/w/job.py", "hello", "--exit-rank", "0", "--exit-code", "3",
+               check=False, timeout=60)
+        self.assertEqual(p.returncode, 3, p.stdout + p.stderr)
+
+    def test_init_exit_status_passes_through(self):
+        p = pm("run", "--rm", "--init", *run_args(), IMAGE, "--nproc-per-node", "2", "/w/job.py", "hello",
+               "--exit-rank", "1", "--exit-code", "3", check=False)
+        self.assertEqual(p.returncode, 3, p.stdout + p.stderr)
+
+
+class Signals(unittest.TestCase):
+    def test_usr1_forwarded_job_keeps_running(self):
+        c = name("usr1")
+        pm("run", "-d", "--name", c, *run_args(), IMAGE, "--nproc-per-node", "2", "/w/job.py", "usr1")
+        wait_for(lambda: logs(c).count("]:ready") == 2, 30, "both workers ready")
+        pm("kill", "-s", "USR1", c)
+        self.assertEqual(exit_code(c), 0, logs(c))
+        out = logs(c)
+        for r in range(2):
+            self.assertIn(f"[rank{r}]:got SIGUSR1", out)
+            self.assertIn(f"[rank{r}]:done", out)
+        pm("rm", c)
+
+    def test_orphaned_grandchild_reaped_no_zombie(self):
+        c = name("orphan")
+        pm("run", "-d", "--name", c, *run_args(), IMAGE, "--nproc-per-node", "2", "/w/job.py", "orphan",
+           "--seconds", "1.5")
+        wait_for(lambda: "orphan started" in logs(c), 30, "the orphan")
+
+        def ps():
+            rows = pm("exec", c, "ps", "-eo", "pid=,ppid=,stat=,args=").stdout.splitlines()
+            return [r.split(None, 3) for r in rows]
+
+        orphan = [r for r in ps() if r[3] == "sleep 1.5"]
+        self.assertEqual(len(orphan), 1, ps())
+        self.assertEqual(orphan[0][1], "1", "the orphan is reparented to ddprun, PID 1")
+        wait_for(lambda: not any(r[3] == "sleep 1.5" for r in ps()), 10, "the orphan to exit")
+        time.sleep(0.3)
+        rows = ps()
+        self.assertFalse([r for r in rows if r[2].startswith("Z")], f"zombies: {rows}")
+        self.assertEqual(exit_code(c), 0, logs(c))
+        pm("rm", c)
+
+
+def rdzv_env(backend, master):
+    if backend == "static":
+        return {"PET_MASTER_ADDR": master, "PET_MASTER_PORT": "29500"}
+    return {"PET_RDZV_BACKEND": backend, "PET_RDZV_ENDPOINT": f"{master}:29400", "PET_RDZV_ID": TAG}
+
+
+class TwoNodes(unittest.TestCase):
+    """Two containers on one podman network, one 2-node job, configured as a Kubernetes
+    PyTorchJob configures its pods: PET_* variables and no flags. The pods' own RANK,
+    WORLD_SIZE, LOCAL_RANK (as the operator sets them) must not reach the workers."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.net = f"{TAG}-net"
+        pm("network", "create", cls.net)
+
+    def test_two_nodes(self):
+        for backend in RDZV_BACKENDS:
+            with self.subTest(backend=backend):
+                self.two_nodes(backend)
+
+    def two_nodes(self, backend):
+        master = name(f"{backend}-n0")
+        nodes = [master, name(f"{backend}-n1")]
+        for i, c in enumerate(nodes):
+            env = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": str(i),
+                   **rdzv_env(backend, master), "RANK": str(7 + i), "WORLD_SIZE": "2", "LOCAL_RANK": "5",
+                   "MASTER_ADDR": "pod-leak.invalid", "PYTHONUNBUFFERED": "1"}
+            envargs = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
+            pm("run", "-d", "--name", c, "--hostname", c, *run_args(*envargs, network=self.net), IMAGE,
+               "/w/job.py", "hello")
+        outs = []
+        for c in nodes:
+            rc = exit_code(c)
+            outs.append(logs(c))
+            self.assertEqual(rc, 0, outs[-1])
+        seen = {}
+        for i, out in enumerate(outs):
+            for m in re.finditer(r"\[rank(\d)\]:env RANK=(\d+) LOCAL_RANK=(\d+) WORLD_SIZE=(\d+) "
+                                 r"LOCAL_WORLD_SIZE=2 GROUP_RANK=(\d+) GROUP_WORLD_SIZE=2 MASTER_ADDR=(\S+)", out):
+                tag, rank, local, world, group, maddr = m.groups()
+                self.assertEqual(tag, rank)
+                self.assertEqual((world, group, int(local)), ("4", str(i), int(rank) - 2 * i))
+                self.assertNotEqual(maddr, "pod-leak.invalid")
+                seen[int(rank)] = i
+        self.assertEqual(seen, {0: 0, 1: 0, 2: 1, 3: 1}, outs)
+        pm("rm", *nodes)
+
+    @classmethod
+    def tearDownClass(cls):
+        pm("network", "rm", "-f", cls.net, check=False)
+
+
+class PytorchVariant(unittest.TestCase):
+    """docker/Containerfile.pytorch layers ddprun on another distribution's image. A PyTorch
+    image is not reachable here; Debian 11's python3 (glibc 2.31, older than the 2.36 ddprun
+    is built against, like the Ubuntu of the official PyTorch images) stands in for it."""
+
+    @classmethod
+    def setUpClass(cls):
+        foreign = pm.base_image(pkgtest.debian_root_suite("bullseye", "python3"))
+        with open(os.path.join(pkgtest.SRC, "docker/Containerfile.pytorch"), "rb") as f:
+            key = hashlib.sha256(f.read() + IMAGE.encode() + foreign.encode()).hexdigest()[:16]
+        with tempfile.TemporaryDirectory(prefix=f"{TAG}-ctx") as ctx:
+            cls.image = pm.build_cached("localhost/ddprun-test-pytorch", key,
+                                        ["-f", os.path.join(pkgtest.SRC, "docker/Containerfile.pytorch"),
+                                         "--build-arg", f"DDPRUN_IMAGE={IMAGE}",
+                                         "--build-arg", f"PYTORCH_IMAGE={foreign}"], ctx)
+
+    def test_runs_on_an_older_c_library(self):
+        p = pm("run", "--rm", "--network", "none", "--entrypoint", "ldd", self.image, "--version")
+        self.assertIn("2.31", p.stdout.splitlines()[0])
+        p = pm("run", "--rm", *run_args(), self.image, "--nproc-per-node", "2", "/w/job.py", "hello", check=False)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        for r in range(2):
+            self.assertRegex(p.stdout, rf"\[rank{r}\]:env RANK={r} LOCAL_RANK={r} WORLD_SIZE=2 .* ppid=1 ")
+        p = pm("run", "--rm", *run_args(), self.image, "--nproc-per-node", "2", "/w/job.py", "hello",
+               "--exit-rank", "1", "--exit-code", "3", check=False)
+        self.assertEqual(p.returncode, 3, p.stdout + p.stderr)
+        p = pm("run", "--rm", "--network", "none", "--entrypoint", "ddprun", self.image, "--version")
+        self.assertRegex(p.stdout, r"^ddprun \d+\.\d+\.\d+ \(commit ")
+
+
+class BadInput(unittest.TestCase):
+    def test_log_dir_on_read_only_mount_one_clear_line(self):
+        ro = tempfile.mkdtemp(prefix=f"{TAG}-ro")
+        self.addCleanup(shutil.rmtree, ro, True)
+        p = pm("run", "--rm", *run_args("-v", f"{ro}:/logs:ro"), IMAGE, "--log-dir", "/logs", "/w/job.py",
+               "hello", check=False)
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+        self.assertEqual(len(p.stderr.strip().splitlines()), 1, p.stderr)
+        self.assertRegex(p.stderr, r"^ddprun: error: --log-dir: cannot create /logs/\S+: Read-only file system\n$")
+        self.assertEqual(os.listdir(ro), [])
+
+
+if __name__ == "__main__":
+    pkgtest.main()
