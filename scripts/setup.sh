@@ -13,6 +13,7 @@ packages=(
   python3-torch        # real PyTorch for the integration tests and the anchors
   clang libclang-rt-dev  # libFuzzer target of the store's request parser
   iproute2 util-linux procps time
+  slurmctld slurmd slurm-client munge  # a real Slurm cluster on one host for tests/slurm
 )
 missing=()
 for p in "${packages[@]}"; do
