@@ -329,5 +329,9 @@ FirstJobId={self.first_job_id}
             time.sleep(0.2)
 
     def output(self, name):
-        with open(os.path.join(self.root, "jobs", name, "out.txt"), errors="replace") as f:
-            return f.read()
+        """The job's output so far ("" before it starts)."""
+        try:
+            with open(os.path.join(self.root, "jobs", name, "out.txt"), errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
