@@ -12,7 +12,9 @@ every job is an sbatch job; the training ones are 4-rank gloo DDP jobs of Debian
 - ddprun in the batch shell, and several tasks per node: a clear warning.
 """
 import os
+import re
 import shlex
+import time
 
 import slurm_testlib as lib
 
@@ -177,6 +179,58 @@ srun --ntasks-per-node=1 $DDPRUN --nproc-per-node 2 $WORKERS/where.py {d} --wait
         out = self.job_output(name)
         self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
         self.assertEqual(out.count("runs 2 tasks on 1 node"), 2, out)
+
+    # ------------------------------------------------------------------ examples/slurm
+
+    def submit_example(self, name, example, **env):
+        """Submits examples/slurm/<example> as a user would (from that folder), minus its GPU
+        request (this cluster has none); the job runs in its own folder."""
+        with open(os.path.join(lib.SOURCE_DIR, "examples", "slurm", example)) as f:
+            text = "".join(line for line in f if "--gpus-per-node" not in line)
+        path_env = os.path.dirname(lib.DDPRUN) + ":" + os.environ.get("PATH", "/usr/bin:/bin")
+        job_env = self.cluster.env(PATH=path_env, PYTHON_EXEC=lib.PYTHON, OMP_NUM_THREADS=1,
+                                   PYTHONUNBUFFERED=1, PYTHONDONTWRITEBYTECODE=1,
+                                   TRAIN=lib.TRAIN, **env)
+        job_env["SRUN_EXPORT_ENV"] = f"ALL,{lib.STEP_MARKER}={name}"
+        return self.cluster.sbatch(text, name=name, env=job_env)
+
+    def test_example_multi_node(self):
+        name = "ex_multi"
+        job = self.submit_example(name, "multi_node.sbatch", NPROC=2)
+        info = self.cluster.wait(job, lib.scaled(180))
+        out = self.job_output(name)
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
+        self.assertIn("training on 4 ranks", out)
+        self.assertIn("parameters identical on all 4 ranks", out)
+        self.assertTrue(os.path.exists(os.path.join(self.job_dir(name), "checkpoint.pt")))
+        self.assert_nothing_left(name)
+
+    def test_example_preempt_requeue_resumes(self):
+        name = "ex_preempt"
+        worker = os.path.join(lib.SOURCE_DIR, "examples", "slurm", "checkpoint_train.py")
+        job = self.submit_example(name, "preempt.sbatch", NPROC=2, EPOCHS=30, WORKER=worker,
+                                  WORKER_ARGS="--epoch-seconds 0.3")
+        deadline = time.monotonic() + lib.scaled(120)
+        while "epoch 3 loss" not in self.job_output(name):
+            self.assertLess(time.monotonic(), deadline, self.job_output(name))
+            time.sleep(0.2)
+        self.cluster.run("scancel", "-s", "USR1", str(job))  # what --signal=USR1@120 sends
+        deadline = time.monotonic() + lib.scaled(180)
+        while True:
+            info = self.cluster.job(job)
+            if info["JobState"] in ("COMPLETED", "FAILED", "TIMEOUT") and int(info.get("Restarts", 0)) >= 1:
+                break
+            self.assertLess(time.monotonic(), deadline, f"{info}\n{self.job_output(name)}")
+            time.sleep(0.5)
+        out = self.job_output(name)
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
+        saved = re.search(r"SIGUSR1: saved epoch (\d+)", out)
+        self.assertTrue(saved, out)
+        self.assertIn(f"requeued job {job}", out)
+        self.assertIn(f"run 1: starting at epoch {saved.group(1)} of 30", out)  # resumed, same job id
+        self.assertIn("done: 30 epochs", out)
+        self.assertEqual(info["Restarts"], "1")
+        self.assert_nothing_left(name)
 
 
 if __name__ == "__main__":
