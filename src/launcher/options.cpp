@@ -196,7 +196,9 @@ void read_nodes(Options& o, const Flags& g) {
       GpuCount gpus = n.value == "cpu" ? GpuCount{} : visible_gpus(!g.flag("no-slurm"));
       if (n.value == "gpu" && gpus.n == 0)
         throw UsageError(fmt::format("{}: 'gpu' but no GPU is visible ({})", n.source, gpus.from));
-      if (gpus.n > 0) o.infos.push_back(fmt::format("{} {}: {} GPUs ({})", n.source, n.value, gpus.n, gpus.from));
+      if (gpus.n > 0)
+        o.infos.push_back(fmt::format("{} {}: {} worker{}, one per GPU ({})", n.source, n.value, gpus.n,
+                                      gpus.n > 1 ? "s" : "", gpus.from));
       o.nproc_per_node = gpus.n > 0 ? gpus.n : static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
     } else {
       throw UsageError(fmt::format("{}: expected a positive integer or auto, cpu, gpu; got '{}'", n.source, n.value));

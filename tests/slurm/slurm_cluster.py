@@ -71,8 +71,9 @@ def parse_scontrol_record(line):
 
 
 class SlurmCluster:
-    def __init__(self, nodes=3, cpus=4, kill_wait=5, proctrack="linuxproc", name="ddptest"):
+    def __init__(self, nodes=3, cpus=4, kill_wait=5, proctrack="linuxproc", name="ddptest", gpus=0):
         self.nodes = nodes
+        self.gpus = gpus  # per node: gres/gpu on stand-in device files (character devices like /dev/null)
         self.cpus = cpus
         self.kill_wait = kill_wait
         self.proctrack = proctrack
@@ -122,10 +123,18 @@ class SlurmCluster:
             f.write(hosts)
         n = self.nodes
         ports = [free_port() for _ in range(n)]
+        gres = f" Gres=gpu:{self.gpus}" if self.gpus else ""
         node_lines = "".join(
             f"NodeName={name} NodeHostname={name} NodeAddr={self.node_addr(name)} Port={port} "
-            f"CPUs={self.cpus} RealMemory=1000 State=UNKNOWN\n"
+            f"CPUs={self.cpus} RealMemory=1000{gres} State=UNKNOWN\n"
             for name, port in zip(self.node_names(), ports))
+        if self.gpus:
+            # Slurm hands out gres/gpu by device file; it needs the files to exist, not to be GPUs.
+            os.makedirs(os.path.join(r, "dev"), exist_ok=True)
+            for i in range(self.gpus):
+                os.mknod(os.path.join(r, "dev", f"nvidia{i}"), 0o666 | 0o020000, os.makedev(1, 3))
+            with open(os.path.join(r, "gres.conf"), "w") as f:
+                f.write(f"AutoDetect=off\nName=gpu File={r}/dev/nvidia[0-{self.gpus - 1}]\n")
         conf = f"""ClusterName={self.name}
 SlurmctldHost={socket.gethostname()}(127.0.0.1)
 SlurmctldPort={self.ctld_port}
@@ -142,6 +151,7 @@ SlurmdPidFile={r}/run/slurmd-%n.pid
 SlurmctldLogFile={r}/log/slurmctld.log
 SlurmdLogFile={r}/log/slurmd-%n.log
 SlurmdDebug=debug2
+{"GresTypes=gpu" if self.gpus else ""}
 ProctrackType=proctrack/{self.proctrack}
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -245,6 +255,7 @@ FirstJobId={self.first_job_id}
         for pid in self.marked_pids():
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+        self._remove_cgroups()
         if self._slot_file:
             self._slot_file.close()
             self._slot_file = None
@@ -253,6 +264,30 @@ FirstJobId={self.first_job_id}
         else:
             shutil.rmtree(self.root, ignore_errors=True)
         self.root = None
+
+    def _remove_cgroups(self):
+        """proctrack/cgroup leaves empty slurm_n<i> folders in the cgroup hierarchies: removed
+        when no other test cluster runs (their slots are free), deepest first; a folder still
+        in use cannot be removed (rmdir fails), so nothing live is touched."""
+        if self.proctrack != "cgroup" or not os.path.isdir("/sys/fs/cgroup"):
+            return
+        for slot in range(SLOTS):
+            if slot == self.slot:
+                continue
+            with open(os.path.join(SLOT_DIR, f"slot{slot}.lock"), "w") as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    return  # another cluster runs
+                fcntl.flock(f, fcntl.LOCK_UN)
+        for controller in os.listdir("/sys/fs/cgroup"):
+            for name in self.node_names():
+                top = os.path.join("/sys/fs/cgroup", controller, f"slurm_{name}")
+                if not os.path.isdir(top):
+                    continue
+                for dirpath, _, _ in sorted(os.walk(top), key=lambda w: -w[0].count("/")):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(dirpath)
 
     def marked_pids(self, value=None, key=MARKER):
         """Processes whose environment has key=value (default: this cluster's marker)."""

@@ -59,6 +59,7 @@ class SlurmTestCase(unittest.TestCase):
     NODES = 3
     PROCTRACK = "cgroup"
     KILL_WAIT = 5
+    GPUS = 0  # gres/gpu per node (stand-in device files: Slurm's bookkeeping, not real GPUs)
     NEEDS_TORCH = False
     cluster = None
 
@@ -74,7 +75,7 @@ class SlurmTestCase(unittest.TestCase):
                                capture_output=True, text=True, timeout=scaled(120))
             if r.returncode != 0:
                 raise unittest.SkipTest(f"{PYTHON} has no torch with gloo")
-        cls.cluster = SlurmCluster(nodes=cls.NODES, proctrack=cls.PROCTRACK, kill_wait=cls.KILL_WAIT)
+        cls.cluster = SlurmCluster(nodes=cls.NODES, proctrack=cls.PROCTRACK, kill_wait=cls.KILL_WAIT, gpus=cls.GPUS)
         t0 = time.monotonic()
         cls.cluster.start()
         print(f"slurm cluster ({cls.NODES} nodes, proctrack/{cls.PROCTRACK}) up in {time.monotonic() - t0:.1f} s",

@@ -25,6 +25,7 @@ C10D_MULTINODE_READY = False
 
 class SlurmJobs(lib.SlurmTestCase):
     NEEDS_TORCH = True
+    GPUS = 2
 
     def where(self, name):
         recs = self.read_json_files(name, "where_")
@@ -164,6 +165,25 @@ srun --ntasks-per-node=1 $DDPRUN --nproc-per-node 2 $WORKERS/where.py {d} --wait
             self.assert_nothing_left(name)
         self.assertEqual(len(os.listdir(meet)), 8)
         self.assertEqual(len(ports), 2, ports)  # one store port per job, on the same node
+
+    def test_nproc_gpu_counts_the_steps_gpus(self):
+        # Each node has 2 (stand-in) GPUs; the job asks for 1 per node: 1 worker per node.
+        name = "gpus"
+        d = self.job_dir(name)
+        job, info = self.run_job(name, f"""
+srun --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node gpu --no-python \\
+     bash -c 'echo "$RANK $WORLD_SIZE $CUDA_VISIBLE_DEVICES" > {d}/rank_$RANK'
+""", "-N2", "--gpus-per-node=1")
+        out = self.job_output(name)
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
+        self.assertEqual(sorted(f for f in os.listdir(d) if f.startswith("rank_")), ["rank_0", "rank_1"], out)
+        self.assertEqual(self.read(name, "rank_1").split(), ["1", "2", "0"])
+        self.assertIn("--nproc-per-node gpu: 1 worker, one per GPU (CUDA_VISIBLE_DEVICES=0)", out)
+        # No GPU asked for: none counted (not the node's 2), and a clear error.
+        job, info = self.run_job("nogpus", "srun $DDPRUN --nproc-per-node gpu --no-python true", "-N1")
+        out = self.job_output("nogpus")
+        self.assertEqual(info["ExitCode"], "2:0", out)
+        self.assertIn("Slurm gave this job no GPU", out)
 
     def test_batch_shell_warns_and_runs_one_node(self):
         name = "batchshell"
