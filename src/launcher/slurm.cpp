@@ -314,11 +314,17 @@ void in_batch_shell(Options& o, const Env& s) {
   one_node(o, s, "job");
 }
 
-void check_counts(Options& o, const Env& s) {
-  if (given(o, "nnodes") && o.min_nodes == o.max_nodes && o.max_nodes != s.nnodes)
-    o.warnings.push_back(fmt::format("{} {} but Slurm step {} has {} node{} ({}={})", o.given.at("nnodes"),
-                                     o.max_nodes, s.step_name(), s.nnodes, s.nnodes > 1 ? "s" : "", s.nnodes_var,
-                                     s.nnodes));
+// True when the job is this step (its node count, given or not, is the step's). Otherwise
+// (--nnodes 2 in a 1-node step: one srun per node) its other nodes run in other steps, so
+// nothing step-specific (rank, head, port, run id) may be derived; warns when it differs.
+bool job_is_the_step(Options& o, const Env& s) {
+  if (!given(o, "nnodes") || (o.min_nodes == s.nnodes && o.max_nodes == s.nnodes)) return true;
+  if (o.min_nodes == o.max_nodes)
+    o.warnings.push_back(fmt::format("{} {} but Slurm step {} has {} node{} ({}={}): nothing but {} derived from "
+                                     "Slurm",
+                                     o.given.at("nnodes"), o.max_nodes, s.step_name(), s.nnodes, s.nnodes > 1 ? "s" : "",
+                                     s.nnodes_var, s.nnodes, o.max_nodes == 1 ? "a free port is" : "is"));
+  return false;
 }
 
 // The step's nodes, checked against its node count and this node's index.
@@ -339,8 +345,9 @@ void apply_static(Options& o, const Env& s, const Resolver& resolve) {
     o.min_nodes = o.max_nodes = s.nnodes;
     flags.push_back(fmt::format("--nnodes {}", s.nnodes));
   }
-  check_counts(o, s);
+  const bool whole = job_is_the_step(o, s);
   if (o.max_nodes == 1) return one_node(o, s, "step");
+  if (!whole) return;
   const std::vector<std::string> nodes = step_nodes(s);
   if (!given(o, "node-rank")) {
     o.node_rank = s.node_id;
@@ -382,8 +389,7 @@ void apply_c10d(Options& o, const Env& s, const Resolver& resolve) {
     o.min_nodes = o.max_nodes = s.nnodes;
     flags.push_back(fmt::format("--nnodes {}", s.nnodes));
   }
-  check_counts(o, s);
-  if (!given(o, "rdzv-id")) {
+  if (job_is_the_step(o, s) && !given(o, "rdzv-id")) {
     o.rdzv_id = s.step_name();
     flags.push_back(fmt::format("--rdzv-id {}", o.rdzv_id));
   }

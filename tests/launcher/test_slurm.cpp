@@ -191,6 +191,15 @@ bool mentions(const std::vector<std::string>& lines, const std::string& what) {
   return false;
 }
 
+Options c10d(const std::string& endpoint, std::map<std::string, std::string> given = {}) {
+  given["rdzv-backend"] = "--rdzv-backend";
+  given["rdzv-endpoint"] = "--rdzv-endpoint";
+  Options o = parsed(std::move(given));
+  o.rdzv_backend = "c10d";
+  o.rdzv_endpoint = endpoint;
+  return o;
+}
+
 TEST(SlurmDerive, StepWithOneTaskPerNode) {
   Options o = applied(parsed(), step_env("n[1-2]", 2, 1));
   EXPECT_EQ(o.min_nodes, 2);
@@ -241,6 +250,35 @@ TEST(SlurmDerive, NnodesThatDisagreesIsKeptAndWarned) {
   o = applied(o, step_env("n[1-2]", 2, 0));
   EXPECT_EQ(o.max_nodes, 3);
   EXPECT_TRUE(mentions(o.warnings, "--nnodes 3 but Slurm step 77.0 has 2 nodes")) << ::testing::PrintToString(o.warnings);
+  EXPECT_EQ(o.master_port, 29500);  // the other node runs in another step: nothing step-specific
+  EXPECT_EQ(o.rdzv_id, "none");
+  EXPECT_EQ(o.node_rank, 0);
+}
+
+TEST(SlurmDerive, OneSrunPerNodeKeepsTheGivenLine) {
+  // srun -N1 -w n2 ddprun --nnodes 2 --node-rank 1 --master-addr n1 ... (a step per node)
+  Options o = parsed({{"nnodes", "--nnodes"}, {"node-rank", "--node-rank"}, {"master-addr", "--master-addr"}});
+  o.min_nodes = o.max_nodes = 2;
+  o.node_rank = 1;
+  o.master_addr = "n1";
+  o = applied(o, step_env("n2", 1, 0));
+  EXPECT_EQ(o.node_rank, 1);
+  EXPECT_EQ(o.master_addr, "n1");
+  EXPECT_EQ(o.master_port, 29500);
+  EXPECT_EQ(o.rdzv_id, "none");
+  EXPECT_FALSE(mentions(o.warnings, "disagrees"));
+  Options c = c10d("n1:29500", {{"nnodes", "--nnodes"}});
+  c.min_nodes = c.max_nodes = 2;
+  c = applied(c, step_env("n2", 1, 0));
+  EXPECT_EQ(c.rdzv_id, "none");
+}
+
+TEST(SlurmDerive, OneNodeJobsInAMultiNodeStep) {
+  Options o = parsed({{"nnodes", "--nnodes"}});
+  o = applied(o, step_env("n[1-2]", 2, 1));  // --nnodes 1: each node its own job
+  EXPECT_EQ(o.max_nodes, 1);
+  EXPECT_EQ(o.node_rank, 0);
+  EXPECT_EQ(o.master_port, 0);
 }
 
 TEST(SlurmDerive, NoSlurmAndStandaloneTurnItOff) {
@@ -303,15 +341,6 @@ TEST(SlurmDerive, MalformedListIsAUsageErrorNamingTheVariable) {
     EXPECT_NE(m.find("SLURM_STEP_NODELIST"), std::string::npos) << m;
     EXPECT_NE(m.find("n[2-1]"), std::string::npos) << m;
   }
-}
-
-Options c10d(const std::string& endpoint, std::map<std::string, std::string> given = {}) {
-  given["rdzv-backend"] = "--rdzv-backend";
-  given["rdzv-endpoint"] = "--rdzv-endpoint";
-  Options o = parsed(std::move(given));
-  o.rdzv_backend = "c10d";
-  o.rdzv_endpoint = endpoint;
-  return o;
 }
 
 TEST(SlurmDerive, C10dEndpointOnTheFirstNodeHostsOnNodeZero) {

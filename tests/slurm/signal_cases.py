@@ -65,8 +65,40 @@ srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
         deadline = time.monotonic() + lib.scaled(budget + 10)
         while self.step_pids(name) and time.monotonic() < deadline:
             time.sleep(0.05)
-        self.assert_nothing_left(name, within=0)
+        if self.step_pids(name):
+            self.fail(f"step of {name} still running {time.monotonic() - since:.1f} s on: "
+                      f"{lib.describe(self.step_pids(name))}\n{self.diagnostics(name)}")
         return time.monotonic() - since
+
+    def wait_all_signalled(self, d, sig, timeout):
+        """Waits until every worker has logged sig; returns when the first one did (monotonic)."""
+        deadline = time.monotonic() + lib.scaled(timeout)
+        while True:
+            firsts = []
+            for r in range(2 * self.NPROC):
+                with open(os.path.join(d, f"sig_{r}.log")) as f:
+                    t = [float(line.split()[0]) for line in f if f" {sig} " in line]
+                firsts.append(t[0] if t else None)
+            if all(firsts):
+                return min(firsts)
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.1)
+
+    def diagnostics(self, name):
+        """The job's output, ddprun's logs and the slurmd logs' ends, for a failure message."""
+        d = self.job_dir(name)
+        parts = [f"--- job output\n{self.job_output(name)}"]
+        for f in sorted(os.listdir(d)):
+            if f.endswith((".err", ".log")):
+                with open(os.path.join(d, f), errors="replace") as fh:
+                    parts.append(f"--- {f}\n{fh.read()[-3000:]}")
+        logdir = os.path.join(self.cluster.root, "log")
+        for f in sorted(os.listdir(logdir)):
+            if f.endswith(".log") and f.startswith(("slurmd", "slurmctld")):
+                with open(os.path.join(logdir, f), errors="replace") as fh:
+                    parts.append(f"--- {f} (end)\n" + "".join(fh.readlines()[-25:]))
+        return "\n".join(parts)
 
     def test_scancel_one_sigterm_per_worker_exit_143(self):
         name = "scancel"
@@ -109,7 +141,11 @@ srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
         job, d = self.start_signal_job(name, "hold", "--time=1", "--signal=USR1@45")
         info = self.cluster.wait(job, lib.scaled(150), states=("TIMEOUT", "COMPLETED", "FAILED", "CANCELLED"))
         self.assertEqual(info["JobState"], "TIMEOUT", self.job_output(name))
-        self.wait_gone(name, time.monotonic(), self.KILL_WAIT)
+        # Slurm's SIGTERM follows the TIMEOUT state; from it, the step must end within KillWait.
+        term = self.wait_all_signalled(d, "SIGTERM", 60)
+        self.assertIsNotNone(term, f"no SIGTERM reached every worker after the time limit\n{self.diagnostics(name)}")
+        took = self.wait_gone(name, term, self.KILL_WAIT)
+        self.assertLess(took, self.KILL_WAIT - 1, "the step outlived most of KillWait: Slurm's SIGKILL did the work")
         for rank, sigs in self.signals(d).items():
             usr1 = [s for s in sigs if s[1] == "SIGUSR1"]
             terms = [s for s in sigs if s[1] == "SIGTERM"]
