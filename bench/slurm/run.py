@@ -5,11 +5,12 @@ cluster of tests/slurm (3 slurmd, proctrack/cgroup).
 
     scripts/setup.sh && /usr/bin/python3 bench/slurm/run.py [--reps 5] [--nodes 2 3]
 
-Each sbatch job (one per node count) runs the launchers alternately, REPS times each, as
+Each sbatch job (one per node count) runs the launchers in turn, REPS times each, as
 separate srun steps with 2 workers per node; bench/slurm/stamp.py records when each worker
-started. Measured per step: srun start -> last worker started ("all running"), and srun
+started. The floor: srun starting the same workers itself, as its tasks (no launcher). Measured per step: srun start -> last worker started ("all running"), and srun
 start -> srun returned ("step done"). Medians, and torchrun's time over ddprun's.
 
+  srun:     srun --ntasks-per-node=2 python3 stamp.py DIR                          (the floor)
   ddprun:   srun --ntasks-per-node=1 ddprun --nproc-per-node 2 stamp.py DIR        (no flags)
   torchrun: srun --ntasks-per-node=1 python3 torchrun113.py --nnodes N --nproc_per_node 2 \\
               --rdzv_backend c10d --rdzv_endpoint $HEAD:PORT --rdzv_id $SLURM_JOB_ID.R stamp.py DIR
@@ -42,18 +43,21 @@ def job_script(nodes, reps, ddprun, torchrun, stamp, outdir):
     lines = ["#!/bin/bash", f"export PYTHON_EXEC={PYTHON} OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=1",
              'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)']
     for r in range(reps):
-        order = ["ddprun", "torchrun"] if r % 2 == 0 else ["torchrun", "ddprun"]
+        order = ["srun", "ddprun", "torchrun"] if r % 2 == 0 else ["torchrun", "ddprun", "srun"]
         for launcher in order:
             if launcher == "torchrun" and not torchrun:
                 continue
             d = f"{outdir}/{launcher}-{r}"
-            if launcher == "ddprun":
+            per_node = 1
+            if launcher == "srun":
+                cmd, per_node = f"{PYTHON} {stamp} {d}", 2
+            elif launcher == "ddprun":
                 cmd = f"{shlex.quote(ddprun)} --nproc-per-node 2 {stamp} {d}"
             else:
                 cmd = (f"{PYTHON} {shlex.quote(torchrun)} --nnodes {nodes} --nproc_per_node 2 --rdzv_backend c10d "
                        f"--rdzv_endpoint $HEAD:{free_port()} --rdzv_id $SLURM_JOB_ID.{r} {stamp} {d}")
             lines += [f"mkdir -p {d}", f"date +%s.%N > {d}.start",
-                      f"srun --ntasks-per-node=1 {cmd} > {d}.log 2>&1; echo $? > {d}.rc",
+                      f"srun -n {nodes * per_node} --ntasks-per-node={per_node} {cmd} > {d}.log 2>&1; echo $? > {d}.rc",
                       f"date +%s.%N > {d}.end"]
     return "\n".join(lines) + "\n"
 
@@ -66,12 +70,12 @@ def read_float(path):
 def measure(cluster, nodes, reps, ddprun, torchrun):
     outdir = cluster.job_dir(f"bench{nodes}")
     script = job_script(nodes, reps, ddprun, torchrun, os.path.join(HERE, "stamp.py"), outdir)
-    job = cluster.sbatch(script, f"-N{nodes}", name=f"bench{nodes}")
+    job = cluster.sbatch(script, f"-N{nodes}", "--ntasks-per-node=2", name=f"bench{nodes}")
     info = cluster.wait(job, 60 + reps * 60 * nodes)
     if info["JobState"] != "COMPLETED":
         sys.exit(f"benchmark job {job} ended {info['JobState']}: see {outdir}")
     results = {}
-    for launcher in ("ddprun", "torchrun"):
+    for launcher in ("srun", "ddprun", "torchrun"):
         running, done = [], []
         for r in range(reps):
             d = f"{outdir}/{launcher}-{r}"
@@ -108,16 +112,17 @@ def main():
     try:
         print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {args.reps} runs each, medians; "
               f"load average {os.getloadavg()[0]:.2f}\n")
-        print("| nodes x workers | ddprun: srun to all running | torchrun c10d | ratio | ddprun: srun to step done "
-              "| torchrun | ratio |")
-        print("|---|---|---|---|---|---|---|")
+        print("| nodes x workers | srun alone: srun to all running | ddprun | torchrun c10d | torchrun/ddprun "
+              "| ddprun: srun to step done | torchrun | torchrun/ddprun |")
+        print("|---|---|---|---|---|---|---|---|")
         for n in args.nodes:
             res = measure(cluster, n, args.reps, args.ddprun, torchrun)
             d = res["ddprun"]
             t = res.get("torchrun")
             fmt = lambda s: f"{s * 1000:.0f} ms" if s < 1 else f"{s:.2f} s"  # noqa: E731
             ratio = lambda a, b: f"{a / b:.1f}x" if b > 0 else "-"  # noqa: E731
-            print(f"| {n} x 2 | {fmt(d[0])} | {fmt(t[0]) if t else '-'} | {ratio(t[0], d[0]) if t else '-'} "
+            print(f"| {n} x 2 | {fmt(res['srun'][0])} | {fmt(d[0])} | {fmt(t[0]) if t else '-'} "
+                  f"| {ratio(t[0], d[0]) if t else '-'} "
                   f"| {fmt(d[1])} | {fmt(t[1]) if t else '-'} | {ratio(t[1], d[1]) if t else '-'} |", flush=True)
             for name, r in res.items():
                 print(f"  {name} {n} nodes, all running: " + " ".join(f"{x:.3f}" for x in r[2]) +

@@ -5,5 +5,6 @@ import sys
 import time
 
 t = time.time()
-with open(os.path.join(sys.argv[1], os.environ.get("RANK", "x")), "w") as f:
+name = os.environ.get("RANK") or os.environ.get("SLURM_PROCID", "x")  # srun alone: its task id
+with open(os.path.join(sys.argv[1], name), "w") as f:
     f.write(f"{t:.6f}\n")

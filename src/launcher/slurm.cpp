@@ -47,7 +47,8 @@ class Malformed {
 };
 
 bool all_digits(const std::string& s) {
-  return !s.empty() && s.size() <= 18 && std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
+  return !s.empty() && s.size() <= 18 &&
+         std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
 }
 
 // "1-3,07" -> ranges.
@@ -166,9 +167,11 @@ namespace {
 using EnvMap = std::map<std::string, std::string>;
 
 // The first of names that is set (and not empty): {name, value}.
-std::optional<std::pair<std::string, std::string>> first_set(const EnvMap& env, std::initializer_list<const char*> names) {
+std::optional<std::pair<std::string, std::string>> first_set(const EnvMap& env,
+                                                             std::initializer_list<const char*> names) {
   for (const char* n : names)
-    if (auto it = env.find(n); it != env.end() && !it->second.empty()) return std::make_pair(std::string(n), it->second);
+    if (auto it = env.find(n); it != env.end() && !it->second.empty())
+      return std::make_pair(std::string(n), it->second);
   return std::nullopt;
 }
 
@@ -236,8 +239,9 @@ std::vector<std::string> resolve_host(const std::string& host) {
   if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return out;
   for (addrinfo* a = res; a; a = a->ai_next) {
     char buf[INET6_ADDRSTRLEN] = {0};
-    const void* src = a->ai_family == AF_INET ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr)
-                                              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
+    const void* src = a->ai_family == AF_INET
+                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr)
+                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
     if (inet_ntop(a->ai_family, src, buf, sizeof buf)) out.emplace_back(buf);
   }
   freeaddrinfo(res);
@@ -272,7 +276,6 @@ bool same_host(const std::string& endpoint, const std::string& node, const Resol
   return qualified(e) != qualified(n) && short_name(e) == short_name(n);
 }
 
-
 // ------------------------------------------------------------------ deriving the job
 
 namespace {
@@ -288,9 +291,10 @@ bool free_port_for_one_node(Options& o) {
 
 void one_node(Options& o, const Env& s, const std::string& where) {
   if (free_port_for_one_node(o))
-    o.infos.push_back(fmt::format("Slurm {} {}: one node, so the store takes a free port (as if --master-port 0; "
-                                  "--no-slurm turns this off)",
-                                  where, s.step_name()));
+    o.infos.push_back(
+        fmt::format("Slurm {} {}: one node, so the store takes a free port (as if --master-port 0; "
+                    "--no-slurm turns this off)",
+                    where, s.step_name()));
 }
 
 // Several ddprun per node (or in the batch shell): no multi-node job can be derived.
@@ -307,9 +311,9 @@ void not_one_per_node(Options& o, const Env& s) {
 void in_batch_shell(Options& o, const Env& s) {
   if (s.nnodes > 1 && !given(o, "nnodes"))
     o.warnings.push_back(fmt::format(
-        "Slurm job {} has {} nodes ({}={}), but ddprun runs in its batch script, not in an srun step "
-        "(SLURM_STEP_ID is unset): this is a 1-node job on {} alone. To use every node, start one ddprun per node: "
-        "srun --ntasks-per-node=1 ddprun ...",
+        "Slurm job {} has {} nodes ({}={}), but ddprun runs in its batch script (or salloc shell), not in an "
+        "srun step (SLURM_STEP_ID is unset): this is a 1-node job on {} alone. To use every node, start one ddprun "
+        "per node: srun --ntasks-per-node=1 ddprun ...",
         s.job_id, s.nnodes, s.nodelist_var, s.nodelist, s.nodename.empty() ? "this node" : s.nodename));
   one_node(o, s, "job");
 }
@@ -320,10 +324,12 @@ void in_batch_shell(Options& o, const Env& s) {
 bool job_is_the_step(Options& o, const Env& s) {
   if (!given(o, "nnodes") || (o.min_nodes == s.nnodes && o.max_nodes == s.nnodes)) return true;
   if (o.min_nodes == o.max_nodes)
-    o.warnings.push_back(fmt::format("{} {} but Slurm step {} has {} node{} ({}={}): nothing but {} derived from "
-                                     "Slurm",
-                                     o.given.at("nnodes"), o.max_nodes, s.step_name(), s.nnodes, s.nnodes > 1 ? "s" : "",
-                                     s.nnodes_var, s.nnodes, o.max_nodes == 1 ? "a free port is" : "is"));
+    o.warnings.push_back(fmt::format("{} {} but Slurm step {} has {} node{} ({}={}): {}", o.given.at("nnodes"),
+                                     o.max_nodes, s.step_name(), s.nnodes, s.nnodes > 1 ? "s" : "", s.nnodes_var,
+                                     s.nnodes,
+                                     o.max_nodes == 1 ? "each node runs a 1-node job of its own"
+                                                      : "the other nodes run in other steps, so nothing else is "
+                                                        "derived from Slurm"));
   return false;
 }
 
@@ -401,8 +407,9 @@ void apply_c10d(Options& o, const Env& s, const Resolver& resolve) {
     const std::vector<std::string> nodes = step_nodes(s);
     if (same_host(host, nodes[0], resolve)) {
       o.rdzv_conf.is_host = s.node_id == 0;
-      flags.push_back(fmt::format("--rdzv-conf is_host={} (the endpoint {} is the step's first node {}; this is node {})",
-                                  s.node_id == 0 ? 1 : 0, host, nodes[0], s.node_id));
+      flags.push_back(
+          fmt::format("--rdzv-conf is_host={} (the endpoint {} is the step's first node {}; this is node {})",
+                      s.node_id == 0 ? 1 : 0, host, nodes[0], s.node_id));
     }
   }
   if (!flags.empty())

@@ -30,13 +30,13 @@ struct Env {
   std::string nnodes_var;       // the variable nnodes came from
   int ntasks = 1;               // tasks of the step
   std::string ntasks_var;
-  std::string nodelist_var;     // SLURM_STEP_NODELIST, or the job's list outside a step
-  std::string nodelist;         // its text (expand() it)
-  std::string nodename;         // SLURMD_NODENAME
+  std::string nodelist_var;  // SLURM_STEP_NODELIST, or the job's list outside a step
+  std::string nodelist;      // its text (expand() it)
+  std::string nodename;      // SLURMD_NODENAME
 
   bool in_step() const { return step_id.has_value(); }
-  std::string step_name() const;                // "12.0" (Slurm's notation), "12" outside a step
-  std::vector<std::string> nodes() const;       // nodelist expanded; throws UsageError if malformed
+  std::string step_name() const;           // "12.0" (Slurm's notation), "12" outside a step
+  std::vector<std::string> nodes() const;  // nodelist expanded; throws UsageError if malformed
 };
 
 // nullopt outside a Slurm job. Throws ddp::UsageError naming the variable for a malformed

@@ -152,8 +152,9 @@ bool SlurmSignals::workers_got(int sig, pid_t sender) {
     if (!read_reports(0)) return false;  // no probe: unknown, forward
     if (take()) {
       direct_ = Direct::kYes;
-      spdlog::info("Slurm signals every process of this step (proctrack/linuxproc): ddprun does not pass its "
-                   "signals on to the workers, which get them from Slurm");
+      spdlog::info(
+          "Slurm signals every process of this step (proctrack/linuxproc): ddprun does not pass its "
+          "signals on to the workers, which get them from Slurm");
       return true;
     }
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());

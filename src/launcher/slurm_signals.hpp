@@ -63,9 +63,9 @@ class SlurmSignals {
   void stop_probe();
 
   const Options& o_;
-  pid_t stepd_ = -1;         // the slurmstepd that sent a signal, once seen
+  pid_t stepd_ = -1;  // the slurmstepd that sent a signal, once seen
   pid_t probe_ = -1;
-  int probe_fd_ = -1;        // the probe's reports: {signal, sender pid} pairs
+  int probe_fd_ = -1;  // the probe's reports: {signal, sender pid} pairs
   enum class Direct { kUnknown, kYes, kNo } direct_ = Direct::kUnknown;
   bool stopping_ = false;    // a stop signal from Slurm was taken
   int pending_[64][2] = {};  // reports read, not yet matched

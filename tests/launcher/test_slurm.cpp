@@ -114,7 +114,7 @@ TEST(SlurmPort, DeterministicAndCollisionProperties) {
       for (long s2 = 0; s2 < 8; ++s2) EXPECT_NE(derived_port("5000", s1), derived_port(std::to_string(5000 + d), s2));
   EXPECT_EQ(derived_port("10", 1), derived_port(std::to_string(10 + 1595), 1));  // the cycle
   EXPECT_EQ(derived_port("10", 1), derived_port("10", 9));                       // 8 steps apart
-  int hashed = derived_port("12345_7", 0);  // not a number: hashed, still in range
+  int hashed = derived_port("12345_7", 0);                                       // not a number: hashed, still in range
   EXPECT_GE(hashed, 20000);
   EXPECT_LT(hashed, 32768);
 }
@@ -241,7 +241,8 @@ TEST(SlurmDerive, NodeRankThatDisagreesIsKeptAndWarned) {
   o.node_rank = 0;
   o = applied(o, step_env("n[1-2]", 2, 1));
   EXPECT_EQ(o.node_rank, 0);
-  ASSERT_TRUE(mentions(o.warnings, "--node-rank 0 disagrees with SLURM_NODEID=1")) << ::testing::PrintToString(o.warnings);
+  ASSERT_TRUE(mentions(o.warnings, "--node-rank 0 disagrees with SLURM_NODEID=1"))
+      << ::testing::PrintToString(o.warnings);
 }
 
 TEST(SlurmDerive, NnodesThatDisagreesIsKeptAndWarned) {
@@ -249,7 +250,8 @@ TEST(SlurmDerive, NnodesThatDisagreesIsKeptAndWarned) {
   o.min_nodes = o.max_nodes = 3;
   o = applied(o, step_env("n[1-2]", 2, 0));
   EXPECT_EQ(o.max_nodes, 3);
-  EXPECT_TRUE(mentions(o.warnings, "--nnodes 3 but Slurm step 77.0 has 2 nodes")) << ::testing::PrintToString(o.warnings);
+  EXPECT_TRUE(mentions(o.warnings, "--nnodes 3 but Slurm step 77.0 has 2 nodes"))
+      << ::testing::PrintToString(o.warnings);
   EXPECT_EQ(o.master_port, 29500);  // the other node runs in another step: nothing step-specific
   EXPECT_EQ(o.rdzv_id, "none");
   EXPECT_EQ(o.node_rank, 0);

@@ -190,7 +190,7 @@ srun --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node gpu --no-pyth
         job, info = self.run_job(name, "$DDPRUN --nproc-per-node 2 --no-python true", "-N2")
         out = self.job_output(name)
         self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
-        self.assertIn("ddprun runs in its batch script, not in an srun step", out)
+        self.assertIn("ddprun runs in its batch script (or salloc shell), not in an srun step", out)
         self.assertIn("srun --ntasks-per-node=1 ddprun", out)
 
     def test_several_tasks_per_node_warn(self):
