@@ -24,7 +24,7 @@ class SignalCases:
     NPROC = 2
 
     def sender(self):
-        return "ddprun" if self.PROCTRACK == "cgroup" else "slurmstepd"
+        return "slurmstepd" if self.PROCTRACK == "linuxproc" else "ddprun"
 
     def start_signal_job(self, name, mode, *sbatch_options):
         d = self.job_dir(name)
@@ -153,7 +153,7 @@ srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
             self.assertEqual(usr1[0][2], self.sender(), f"rank {rank}: {sigs}")
             self.assertTrue(terms, f"rank {rank} never got SIGTERM: {sigs}")
             self.assertTrue(all(s[2] == self.sender() for s in terms), f"rank {rank}: {sigs}")
-            if self.PROCTRACK == "cgroup":
+            if self.PROCTRACK != "linuxproc":
                 self.assertEqual(len(terms), 1, f"rank {rank}: {sigs}")  # Slurm's second TERM stops at ddprun
             self.assertGreater(terms[0][0] - usr1[0][0], 5, f"rank {rank} did not run on after USR1: {sigs}")
             self.assertTrue(any(s[1] == "EXIT" for s in sigs), f"rank {rank} was killed, not stopped: {sigs}")

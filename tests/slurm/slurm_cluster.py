@@ -55,6 +55,14 @@ def unavailable_reason():
     return None
 
 
+def cgroup_tracking_available():
+    """proctrack/cgroup as tested here: the cgroup v1 freezer hierarchy, writable (root).
+    Elsewhere (cgroup v2 only) the tests use proctrack/pgid, whose signal delivery ddprun
+    sees the same way (only ddprun's process group)."""
+    path = "/sys/fs/cgroup/freezer"
+    return os.path.isdir(path) and os.access(path, os.W_OK) and os.path.exists(os.path.join(path, "tasks"))
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
