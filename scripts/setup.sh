@@ -19,6 +19,7 @@ packages=(
   # rootful podman with runc (crun refuses this kind of hybrid-cgroup host), inits, completions
   dpkg-dev file git man-db zsh python3-yaml debootstrap
   podman runc conmon netavark aardvark-dns iptables catatonit tini
+  slurmctld slurmd slurm-client munge  # a real Slurm cluster on one host for tests/slurm
 )
 missing=()
 for p in "${packages[@]}"; do

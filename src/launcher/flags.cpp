@@ -37,6 +37,9 @@ const FlagSpec kFlags[] = {
     {"rdzv-endpoint", 0, K::kValue, "", "Rendezvous",
      "host[:port] of the rendezvous store (c10d default port 29400; IPv6 as [addr]:port)", nullptr, "",
      "HOST[:PORT]"},
+    {"no-slurm", 0, K::kFlag, "", "Rendezvous",
+     "ignore SLURM_*: in an srun step ddprun otherwise takes the node count, node rank, store host (the step's "
+     "first node), a port from the job and step ids and the run id from Slurm"},
     {"rdzv-id", 0, K::kValue, "none", "Rendezvous", "job id shared by all nodes", nullptr, "", "ID"},
     {"rdzv-conf", 0, K::kValue, "", "Rendezvous",
      "k=v,...: join_timeout=600 last_call_timeout=30 close_timeout=30 read_timeout=60 keep_alive_interval=5 "

@@ -55,6 +55,7 @@ int run_main(const std::vector<std::string>& args) {
     }
     setup_logging(o.log_level);
     for (const auto& w : o.warnings) spdlog::warn("{}", w);
+    for (const auto& i : o.infos) spdlog::info("{}", i);
     block_supervised_signals(o);
     // Forked first, while ddprun is small and has no other thread: cheap, and the only
     // moment a fork of a multithreaded process is avoided entirely.

@@ -18,6 +18,7 @@
 #include "launcher/flags.hpp"
 #include "launcher/gpu.hpp"
 #include "launcher/process.hpp"
+#include "launcher/slurm.hpp"
 #include "launcher/version.hpp"
 
 extern char** environ;
@@ -197,10 +198,13 @@ void read_nodes(Options& o, const Flags& g) {
             fmt::format("{}: expected a positive integer or auto, cpu, gpu; got '{}'", n.source, n.value));
       o.nproc_per_node = count;
     } else if (n.value == "cpu" || n.value == "auto" || n.value == "gpu") {
-      int gpus = n.value == "cpu" ? 0 : gpu_count();
-      if (n.value == "gpu" && gpus == 0)
-        throw UsageError(fmt::format("{}: 'gpu' but no GPU is visible (CUDA_VISIBLE_DEVICES, driver)", n.source));
-      o.nproc_per_node = gpus > 0 ? gpus : static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+      GpuCount gpus = n.value == "cpu" ? GpuCount{} : visible_gpus(!g.flag("no-slurm"));
+      if (n.value == "gpu" && gpus.n == 0)
+        throw UsageError(fmt::format("{}: 'gpu' but no GPU is visible ({})", n.source, gpus.from));
+      if (gpus.n > 0)
+        o.infos.push_back(fmt::format("{} {}: {} worker{}, one per GPU ({})", n.source, n.value, gpus.n,
+                                      gpus.n > 1 ? "s" : "", gpus.from));
+      o.nproc_per_node = gpus.n > 0 ? gpus.n : static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
     } else {
       throw UsageError(fmt::format("{}: expected a positive integer or auto, cpu, gpu; got '{}'", n.source, n.value));
     }
@@ -210,6 +214,7 @@ void read_nodes(Options& o, const Flags& g) {
 
 void read_rendezvous(Options& o, const Flags& g) {
   o.standalone = g.flag("standalone");
+  o.no_slurm = g.flag("no-slurm");
   if (g.has("master-addr")) o.master_addr = g.value("master-addr");
   if (o.master_addr.empty()) throw UsageError(fmt::format("{}: expected a host name or address", g.source("master-addr")));
   if (g.has("master-port")) o.master_port = parse_int(g.at("master-port"), 0, 65535, "a port number 0..65535");
@@ -583,6 +588,8 @@ Options parse_options(const std::vector<std::string>& args, const std::map<std::
   read_supervision(o, g);
   read_worker_command(o, g);
   read_output(o, g);
+  for (const auto& [name, given] : g.m) o.given[name] = given.source;
+  slurm::apply(o, env);  // what the command line left open, from an srun step's SLURM_*
   check_worker_command(o, g);
   check_rendezvous(o, g);
   check_target(o, env);

@@ -47,6 +47,7 @@ struct Options {
   std::string rdzv_id = "none";
   RdzvConf rdzv_conf;
   bool standalone = false;
+  bool no_slurm = false;  // --no-slurm: nothing derived from SLURM_* (launcher/slurm.hpp)
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string local_addr;
@@ -77,6 +78,10 @@ struct Options {
   bool help = false, version = false;
   std::string help_text;
   std::vector<std::string> warnings;  // printed once logging is set up (e.g. an ignored flag)
+  std::vector<std::string> infos;     // printed at info level once logging is set up
+  // The flags given explicitly (command line or PET_*): canonical name -> how, e.g.
+  // "node-rank" -> "--node-rank" or "PET_NODE_RANK". Anything absent took its default.
+  std::map<std::string, std::string> given;
 
   bool dynamic() const { return rdzv_backend != "static"; }
 };

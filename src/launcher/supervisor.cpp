@@ -25,6 +25,7 @@
 #include "launcher/process.hpp"
 #include "launcher/random.hpp"
 #include "launcher/rendezvous.hpp"
+#include "launcher/slurm_signals.hpp"
 
 namespace ddprun {
 
@@ -90,6 +91,7 @@ struct Supervisor::Impl {
   Rendezvous& rdzv;
   int notify_tag = 0;  // epoll tag of the rendezvous's notify fd
   bool notify_registered = false;
+  std::unique_ptr<SlurmSignals> slurm;  // inside a Slurm job: its signals taken once
 
   int epfd = -1, sigfd = -1, wakefd = -1, stdin_fd = -1;
   std::unique_ptr<ConsoleWriter> out_writer, err_writer;
@@ -126,6 +128,7 @@ struct Supervisor::Impl {
 
   void setup() {
     become_subreaper();
+    slurm = SlurmSignals::create(o);
     sigset_t set = supervised_set(o);
     sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
     if (sigfd < 0) throw ddp::SystemError("signalfd", errno);
@@ -213,6 +216,7 @@ struct Supervisor::Impl {
   }
 
   void start_attempt() {
+    if (slurm) slurm->attempt_starting();
     workers.clear();
     streams.clear();
     live = open_streams = 0;
@@ -350,6 +354,7 @@ struct Supervisor::Impl {
         continue;
       }
       bool stops = std::find(o.signals_to_handle.begin(), o.signals_to_handle.end(), sig) != o.signals_to_handle.end();
+      if (slurm && on_slurm_signal(slurm->classify(si, stops), sig)) continue;
       if (!stops) {  // SIGUSR1/SIGUSR2: Slurm's pre-emption notice, passed on
         spdlog::info("forwarding {} to the workers", signal_name(sig));
         signal_live(sig, false);
@@ -367,6 +372,19 @@ struct Supervisor::Impl {
       stopping = false;  // begin_stop sends this signal, not SIGTERM
       begin_stop(sig);
     }
+  }
+
+  // A signal Slurm sent (launcher/slurm_signals.hpp decides what it means); false when it
+  // did not come from Slurm. No other node is told: Slurm signals every node of the step.
+  bool on_slurm_signal(SlurmSignals::Act act, int sig) {
+    using A = SlurmSignals::Act;
+    if (act == A::kNotSlurm) return false;
+    if (act == A::kForward) signal_live(sig, false);
+    if (act == A::kStop || act == A::kStopQuiet) {
+      if (!got_signal) got_signal = sig;
+      if (!stopping) begin_stop(act == A::kStop ? sig : 0);  // 0: nothing sent, the SIGKILL deadline set
+    }
+    return true;
   }
 
   void on_stream(Stream& s) {

@@ -12,6 +12,7 @@ import hashlib
 import os
 import secrets
 import shutil
+import sys
 import subprocess
 import tempfile
 import unittest

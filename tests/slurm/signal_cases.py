@@ -1,0 +1,166 @@
+"""Slurm's signals and ddprun, as test cases shared by the proctrack/cgroup and
+proctrack/linuxproc clusters (test_slurm_signals*.py). What Slurm delivers to whom differs
+(see src/launcher/slurm_signals.hpp); what must hold under both:
+
+- scancel: each worker gets exactly one SIGTERM; ddprun exits 143 on both nodes; no process
+  of the step is left on any node, well within KillWait;
+- scancel -s USR2: each worker gets USR2 exactly once and the job runs on (and succeeds);
+- --signal=USR1@N with a 1-minute limit: each worker sees USR1 once and keeps running until
+  the time limit's SIGTERM; ddprun is not made to kill at once by Slurm's second SIGTERM and
+  exits 143.
+
+Under proctrack/cgroup Slurm signals ddprun alone, so the workers' signals come from ddprun.
+Under proctrack/linuxproc Slurm signals every process itself, so they come from slurmstepd
+and ddprun must add none (at a time limit Slurm itself sends its SIGTERM twice).
+"""
+import os
+import sys
+import time
+
+import slurm_testlib as lib
+
+
+class SignalCases:
+    NPROC = 2
+
+    def sender(self):
+        return "slurmstepd" if self.PROCTRACK == "linuxproc" else "ddprun"
+
+    def start_signal_job(self, name, mode, *sbatch_options):
+        d = self.job_dir(name)
+        job = self.submit(name, f"""
+srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
+     $DDPRUN --log-level info --nproc-per-node {self.NPROC} $WORKERS/sig_worker.py {d} {mode}
+""", "-N2", *sbatch_options)
+        ranks = 2 * self.NPROC
+        deadline = time.monotonic() + lib.scaled(60)
+        while not all(os.path.exists(os.path.join(d, f"ready_{r}")) for r in range(ranks)):
+            info = self.cluster.job(job)
+            self.assertIn(info["JobState"], ("PENDING", "RUNNING"), self.job_output(name))
+            self.assertLess(time.monotonic(), deadline, f"workers never got ready: {self.job_output(name)}")
+            time.sleep(0.1)
+        return job, d
+
+    def signals(self, d):
+        """rank -> [(time, signal, sender comm)]; printed, as the measured record."""
+        out = {}
+        for r in range(2 * self.NPROC):
+            with open(os.path.join(d, f"sig_{r}.log")) as f:
+                rows = [line.split() for line in f if line.strip()]
+            out[r] = [(float(t[0]), t[1], t[3] if len(t) > 3 else "") for t in rows]
+            t0 = out[r][0][0] if out[r] else 0
+            seen = ", ".join(f"+{t - t0:.2f}s {s} from {who}" if who else f"+{t - t0:.2f}s {s}" for t, s, who in out[r])
+            print(f"  proctrack/{self.PROCTRACK} {self._testMethodName}: rank {r}: {seen}", file=sys.stderr)
+        return out
+
+    def ddprun_logs(self, d):
+        logs = []
+        for t in range(2):
+            with open(os.path.join(d, f"task_{t}.err"), errors="replace") as f:
+                logs.append(f.read())
+        return logs
+
+    def wait_gone(self, name, since, budget):
+        """Asserts that no process of the step is left budget - 1 s after `since` (before
+        Slurm's SIGKILL at KillWait could do it); returns how long it took."""
+        deadline = time.monotonic() + lib.scaled(budget + 10)
+        late = None  # what was still running when it should all have been gone
+        while self.step_pids(name) and time.monotonic() < deadline:
+            if late is None and time.monotonic() > since + budget - 1:
+                late = lib.describe(self.step_pids(name))
+            time.sleep(0.05)
+        took = time.monotonic() - since
+        if self.step_pids(name) or late:
+            self.fail(f"the step of {name} ran on {took:.1f} s after Slurm's signal (KillWait {budget} s); "
+                      f"at {budget - 1} s: {late}\n{self.diagnostics(name)}")
+        return took
+
+    def wait_all_signalled(self, d, sig, timeout):
+        """Waits until every worker has logged sig; returns when the first one did (monotonic)."""
+        deadline = time.monotonic() + lib.scaled(timeout)
+        while True:
+            firsts = []
+            for r in range(2 * self.NPROC):
+                with open(os.path.join(d, f"sig_{r}.log")) as f:
+                    t = [float(line.split()[0]) for line in f if f" {sig} " in line]
+                firsts.append(t[0] if t else None)
+            if all(firsts):
+                return min(firsts)
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.1)
+
+    def diagnostics(self, name):
+        """The job's output, ddprun's logs and the slurmd logs' ends, for a failure message."""
+        d = self.job_dir(name)
+        parts = [f"--- job output\n{self.job_output(name)}"]
+        for f in sorted(os.listdir(d)):
+            if f.endswith((".err", ".log", ".out")):
+                with open(os.path.join(d, f), errors="replace") as fh:
+                    parts.append(f"--- {f}\n{fh.read()[-3000:]}")
+        logdir = os.path.join(self.cluster.root, "log")
+        for f in sorted(os.listdir(logdir)):
+            if f.endswith(".log") and f.startswith(("slurmd", "slurmctld")):
+                with open(os.path.join(logdir, f), errors="replace") as fh:
+                    parts.append(f"--- {f} (end)\n" + "".join(fh.readlines()[-25:]))
+        return "\n".join(parts)
+
+    def test_scancel_one_sigterm_per_worker_exit_143(self):
+        name = "scancel"
+        job, d = self.start_signal_job(name, "term")
+        t0 = time.monotonic()
+        self.cluster.run("scancel", str(job))
+        self.wait_gone(name, t0, self.KILL_WAIT)
+        for rank, sigs in self.signals(d).items():
+            terms = [s for s in sigs if s[1] == "SIGTERM"]
+            self.assertEqual(len(terms), 1, f"rank {rank}: {sigs}")
+            self.assertEqual(terms[0][2], self.sender(), f"rank {rank}: {sigs}")
+            self.assertFalse([s for s in sigs if s[2] == "ddprun" and s[1] != "SIGTERM"], sigs)
+        for t, log in enumerate(self.ddprun_logs(d)):
+            self.assertIn("Slurm sent SIGTERM", log, f"task {t}")
+            self.assertIn("exiting with 143", log, f"task {t}: {log}")
+            self.assertNotIn("killing the workers now", log)
+        info = self.cluster.wait(job, lib.scaled(30))
+        self.assertEqual(info["JobState"], "CANCELLED")
+
+    def test_scancel_usr2_reaches_each_worker_once_and_job_runs_on(self):
+        name = "usr2"
+        job, d = self.start_signal_job(name, "notify")
+        self.cluster.run("scancel", "-s", "USR2", str(job))
+        info = self.cluster.wait(job, lib.scaled(60))
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), self.job_output(name))
+        for rank, sigs in self.signals(d).items():
+            usr2 = [s for s in sigs if s[1] == "SIGUSR2"]
+            self.assertEqual(len(usr2), 1, f"rank {rank}: {sigs}")
+            self.assertEqual(usr2[0][2], self.sender(), f"rank {rank}: {sigs}")
+        for t, log in enumerate(self.ddprun_logs(d)):
+            self.assertIn("Slurm sent SIGUSR2", log, f"task {t}")
+            self.assertNotIn("stopped after", log)
+        self.assert_nothing_left(name)
+
+    def test_time_limit_usr1_then_one_stop(self):
+        # A 1-minute limit: Slurm checks every 30 s, so USR1 (45 s before the end) comes 15-45 s
+        # in and the time limit's SIGTERM 60-90 s in.
+        name = "timelimit"
+        job, d = self.start_signal_job(name, "hold", "--time=1", "--signal=USR1@45")
+        info = self.cluster.wait(job, lib.scaled(150), states=("TIMEOUT", "COMPLETED", "FAILED", "CANCELLED"))
+        self.assertEqual(info["JobState"], "TIMEOUT", self.job_output(name))
+        # Slurm's SIGTERM follows the TIMEOUT state; from it, the step must end within KillWait.
+        term = self.wait_all_signalled(d, "SIGTERM", 60)
+        self.assertIsNotNone(term, f"no SIGTERM reached every worker after the time limit\n{self.diagnostics(name)}")
+        self.wait_gone(name, term, self.KILL_WAIT)
+        for rank, sigs in self.signals(d).items():
+            usr1 = [s for s in sigs if s[1] == "SIGUSR1"]
+            terms = [s for s in sigs if s[1] == "SIGTERM"]
+            self.assertEqual(len(usr1), 1, f"rank {rank}: {sigs}")
+            self.assertEqual(usr1[0][2], self.sender(), f"rank {rank}: {sigs}")
+            self.assertTrue(terms, f"rank {rank} never got SIGTERM: {sigs}")
+            self.assertTrue(all(s[2] == self.sender() for s in terms), f"rank {rank}: {sigs}")
+            if self.PROCTRACK != "linuxproc":
+                self.assertEqual(len(terms), 1, f"rank {rank}: {sigs}")  # Slurm's second TERM stops at ddprun
+            self.assertGreater(terms[0][0] - usr1[0][0], 5, f"rank {rank} did not run on after USR1: {sigs}")
+            self.assertTrue(any(s[1] == "EXIT" for s in sigs), f"rank {rank} was killed, not stopped: {sigs}")
+        for t, log in enumerate(self.ddprun_logs(d)):
+            self.assertIn("Slurm sent SIGUSR1", log, f"task {t}")
+            self.assertIn("exiting with 143", log, f"task {t}: {log}")
+            self.assertNotIn("killing the workers now", log)

@@ -1,0 +1,257 @@
+#!/usr/bin/python3
+"""`srun ddprun train.py` on a real Slurm cluster (three slurmd on this host, proctrack/cgroup):
+every job is an sbatch job; the training ones are 4-rank gloo DDP jobs of Debian's torch 1.13.
+
+- no rendezvous flags: ranks, hosts, store address and port all come from the step;
+- the static line users already have, and the classic mistake in it (the node rank expanded
+  in the batch shell): a warning naming both values and a clear failure, not a hang;
+- the c10d line (skipped until ddprun's c10d runtime is merged);
+- a step on 2 of the job's 3 nodes meets on the step's first node;
+- a worker exiting 3 on the second node stops both nodes; Slurm records 3;
+- two jobs sharing their nodes at the same time, no flags: no port clash;
+- ddprun in the batch shell, and several tasks per node: a clear warning.
+"""
+import os
+import re
+import shlex
+import time
+
+import slurm_testlib as lib
+
+# ddprun's c10d rendezvous runtime is being written (the lead's branch). Until it is merged,
+# ddprun cannot run the c10d line across nodes; set to True (or DDP_TEST_SLURM_C10D=1) then.
+C10D_MULTINODE_READY = False
+
+
+class SlurmJobs(lib.SlurmTestCase):
+    NEEDS_TORCH = True
+    GPUS = 2
+
+    def where(self, name):
+        recs = self.read_json_files(name, "where_")
+        return {int(r["RANK"]): r for r in recs}
+
+    def assert_four_ranks_on(self, name, job, nodes, master):
+        where = self.where(name)
+        self.assertEqual(sorted(where), [0, 1, 2, 3], self.job_output(name))
+        for rank, r in where.items():
+            node = nodes[rank // 2]
+            self.assertEqual(r["WORLD_SIZE"], "4")
+            self.assertEqual(r["LOCAL_RANK"], str(rank % 2))
+            self.assertEqual(r["GROUP_RANK"], str(rank // 2))
+            self.assertEqual(r["SLURMD_NODENAME"], node, r)
+            self.assertEqual(r["hostname"], node, r)
+            self.assertEqual(r["MASTER_ADDR"], master, r)
+            self.assertEqual(r["SLURM_JOB_ID"], str(job))
+        return where
+
+    def test_no_rendezvous_flags_two_nodes_train(self):
+        name = "noflags"
+        d = self.job_dir(name)
+        job, info = self.run_job(name, f"""
+srun --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node 2 $WORKERS/where.py {d} \\
+     --train --epochs 3 --checkpoint {d}/ckpt.pt""", "-N2")
+        out = self.job_output(name)
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
+        where = self.assert_four_ranks_on(name, job, ["n1", "n2"], "n1")
+        # The port and run id derived from job and step (the batch script's first srun: step 0).
+        self.assertEqual({r["MASTER_PORT"] for r in where.values()}, {str(lib.derived_port(job, 0))})
+        self.assertEqual({r["TORCHELASTIC_RUN_ID"] for r in where.values()}, {f"{job}.0"})
+        self.assertIn("epoch 2 loss", out)
+        self.assertIn("parameters identical on all 4 ranks", out)
+        self.assertGreater(os.path.getsize(os.path.join(d, "ckpt.pt")), 0)
+        # One info line per node says what came from Slurm.
+        self.assertEqual(out.count(f"Slurm step {job}.0 (SLURM_STEP_NODELIST=n[1-2]"), 2, out)
+        self.assertIn("--node-rank 1 --master-addr n1", out)
+        self.assert_nothing_left(name)
+
+    def test_static_line_with_rank_and_master(self):
+        name = "static"
+        d = self.job_dir(name)
+        port = lib.derived_port(self.cluster.first_job_id + 90, 5)  # this cluster's own range
+        job, info = self.run_job(name, f"""
+HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+srun --ntasks-per-node=1 bash -c "exec $DDPRUN --nnodes 2 --node-rank \\$SLURM_NODEID --master-addr $HEAD \\
+     --master-port {port} --nproc-per-node 2 $WORKERS/where.py {d} --train --epochs 2 --checkpoint {d}/ckpt.pt"
+""", "-N2")
+        out = self.job_output(name)
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
+        where = self.assert_four_ranks_on(name, job, ["n1", "n2"], "n1")
+        self.assertEqual({r["MASTER_PORT"] for r in where.values()}, {str(port)})  # explicit flags win
+        self.assertNotIn("disagrees", out)
+        self.assert_nothing_left(name)
+
+    def test_static_line_rank_expanded_in_batch_shell(self):
+        # The classic mistake: $SLURM_NODEID expands in the batch script (0 there), so every
+        # node claims rank 0. ddprun names both values, and one node fails at once (here, on
+        # one host, the second store cannot bind; on separate hosts the second node finds
+        # rank 0 taken and aborts the rendezvous for all). --kill-on-bad-exit ends the step.
+        name = "rank0everywhere"
+        port = lib.derived_port(self.cluster.first_job_id + 91, 5)
+        job, info = self.run_job(name, f"""
+srun --kill-on-bad-exit=1 --ntasks-per-node=1 $DDPRUN --nnodes 2 --node-rank $SLURM_NODEID \\
+     --master-port {port} --nproc-per-node 1 --no-python true
+""", "-N2", timeout=90)
+        out = self.job_output(name)
+        self.assertIn("--node-rank 0 disagrees with SLURM_NODEID=1", out)
+        # Both nodes claim rank 0: the second is refused (on one host, at binding the port).
+        self.assertTrue("is taken by two nodes" in out or "already in use" in out, out)
+        self.assertEqual(info["JobState"], "FAILED", out)
+        self.assert_nothing_left(name)
+
+    def test_c10d_line(self):
+        if not (C10D_MULTINODE_READY or os.environ.get("DDP_TEST_SLURM_C10D") == "1"):
+            self.skipTest("ddprun's c10d rendezvous runtime (the lead's src/rendezvous) is not merged yet: "
+                          "set C10D_MULTINODE_READY in this file once it is")
+        name = "c10d"
+        d = self.job_dir(name)
+        port = lib.derived_port(self.cluster.first_job_id + 92, 5)
+        job, info = self.run_job(name, f"""
+HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+srun --ntasks-per-node=1 $DDPRUN --log-level info --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d \\
+     --rdzv-endpoint $HEAD.{shlex.quote("ddptest.local")}:{port} --rdzv-id $SLURM_JOB_ID \\
+     $WORKERS/where.py {d} --train --epochs 2 --checkpoint {d}/ckpt.pt
+""", "-N2")
+        out = self.job_output(name)
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
+        where = self.where(name)
+        self.assertEqual(sorted(where), [0, 1, 2, 3], out)
+        self.assertIn("is_host=1", out)  # node 0 hosts: the endpoint (an FQDN) is its own
+        self.assertIn("is_host=0", out)
+        self.assert_nothing_left(name)
+
+    def test_step_on_two_of_three_nodes_meets_on_its_first(self):
+        name = "substep"
+        d = self.job_dir(name)
+        job, info = self.run_job(name, f"""
+srun -N2 -w n2,n3 --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node 2 $WORKERS/where.py {d}
+""", "-N3")
+        out = self.job_output(name)
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
+        self.assert_four_ranks_on(name, job, ["n2", "n3"], "n2")  # not the job's first node, n1
+        self.assertIn("SLURM_STEP_NODELIST=n[2-3]", out)
+        self.assert_nothing_left(name)
+
+    def test_worker_exit_3_on_second_node_stops_both(self):
+        name = "exit3"
+        job, info = self.run_job(name, """
+srun --ntasks-per-node=1 $DDPRUN --nproc-per-node 2 $WORKERS/exit_on_node.py 1 3
+""", "-N2", timeout=60)
+        out = self.job_output(name)
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("FAILED", "3:0"), out)
+        self.assertIn("on node 1: exiting with 3", out)
+        self.assertIn("another node failed", out)  # node 0 stopped because node 1 failed
+        # Both stopped long before the other workers' 120 s sleep ended.
+        self.assertLess(int(info["RunTime"].split(":")[-1]) + 60 * int(info["RunTime"].split(":")[-2]), 30, info)
+        self.assert_nothing_left(name)
+
+    def test_two_jobs_share_nodes_without_flags(self):
+        meet = os.path.join(self.cluster.root, "jobs", "meet")
+        os.makedirs(meet, exist_ok=True)
+        jobs = {}
+        for name in ("share_a", "share_b"):
+            d = self.job_dir(name)
+            # Each rank waits until all 8 ranks of both jobs are up: both stores are open at once.
+            jobs[name] = self.submit(name, f"""
+srun --ntasks-per-node=1 $DDPRUN --nproc-per-node 2 $WORKERS/where.py {d} --wait-for {meet} 8 \\
+     --train --epochs 2 --checkpoint {d}/ckpt.pt""", "-N2", "-w", "n1,n2")
+        ports = set()
+        for name, job in jobs.items():
+            info = self.cluster.wait(job, lib.scaled(240))
+            out = self.job_output(name)
+            self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
+            where = self.assert_four_ranks_on(name, job, ["n1", "n2"], "n1")
+            ports |= {r["MASTER_PORT"] for r in where.values()}
+            self.assert_nothing_left(name)
+        self.assertEqual(len(os.listdir(meet)), 8)
+        self.assertEqual(len(ports), 2, ports)  # one store port per job, on the same node
+
+    def test_nproc_gpu_counts_the_steps_gpus(self):
+        # Each node has 2 (stand-in) GPUs; the job asks for 1 per node: 1 worker per node.
+        name = "gpus"
+        d = self.job_dir(name)
+        job, info = self.run_job(name, f"""
+srun --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node gpu --no-python \\
+     bash -c 'echo "$RANK $WORLD_SIZE $CUDA_VISIBLE_DEVICES" > {d}/rank_$RANK'
+""", "-N2", "--gpus-per-node=1")
+        out = self.job_output(name)
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
+        self.assertEqual(sorted(f for f in os.listdir(d) if f.startswith("rank_")), ["rank_0", "rank_1"], out)
+        self.assertEqual(self.read(name, "rank_1").split(), ["1", "2", "0"])
+        self.assertIn("--nproc-per-node gpu: 1 worker, one per GPU (CUDA_VISIBLE_DEVICES=0)", out)
+        # No GPU asked for: none counted (not the node's 2), and a clear error.
+        job, info = self.run_job("nogpus", "srun $DDPRUN --nproc-per-node gpu --no-python true", "-N1")
+        out = self.job_output("nogpus")
+        self.assertEqual(info["ExitCode"], "2:0", out)
+        self.assertIn("Slurm gave this job no GPU", out)
+
+    def test_batch_shell_warns_and_runs_one_node(self):
+        name = "batchshell"
+        job, info = self.run_job(name, "$DDPRUN --nproc-per-node 2 --no-python true", "-N2")
+        out = self.job_output(name)
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
+        self.assertIn("ddprun runs in its batch script (or salloc shell), not in an srun step", out)
+        self.assertIn("srun --ntasks-per-node=1 ddprun", out)
+
+    def test_several_tasks_per_node_warn(self):
+        name = "twotasks"
+        job, info = self.run_job(name, "srun -N1 -n2 $DDPRUN --nproc-per-node 1 --no-python true", "-N1", "-n2")
+        out = self.job_output(name)
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
+        self.assertEqual(out.count("runs 2 tasks on 1 node"), 2, out)
+
+    # ------------------------------------------------------------------ examples/slurm
+
+    def submit_example(self, name, example, **env):
+        """Submits examples/slurm/<example> as a user would (from that folder), minus its GPU
+        request (this cluster has none); the job runs in its own folder."""
+        with open(os.path.join(lib.SOURCE_DIR, "examples", "slurm", example)) as f:
+            text = "".join(line for line in f if "--gpus-per-node" not in line)
+        path_env = os.path.dirname(lib.DDPRUN) + ":" + os.environ.get("PATH", "/usr/bin:/bin")
+        job_env = self.cluster.env(PATH=path_env, PYTHON_EXEC=lib.PYTHON, OMP_NUM_THREADS=1,
+                                   PYTHONUNBUFFERED=1, PYTHONDONTWRITEBYTECODE=1,
+                                   TRAIN=lib.TRAIN, **env)
+        job_env["SRUN_EXPORT_ENV"] = f"ALL,{lib.STEP_MARKER}={name}"
+        return self.cluster.sbatch(text, name=name, env=job_env)
+
+    def test_example_multi_node(self):
+        name = "ex_multi"
+        job = self.submit_example(name, "multi_node.sbatch", NPROC=2)
+        info = self.cluster.wait(job, lib.scaled(180))
+        out = self.job_output(name)
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
+        self.assertIn("training on 4 ranks", out)
+        self.assertIn("parameters identical on all 4 ranks", out)
+        self.assertTrue(os.path.exists(os.path.join(self.job_dir(name), "checkpoint.pt")))
+        self.assert_nothing_left(name)
+
+    def test_example_preempt_requeue_resumes(self):
+        name = "ex_preempt"
+        worker = os.path.join(lib.SOURCE_DIR, "examples", "slurm", "checkpoint_train.py")
+        job = self.submit_example(name, "preempt.sbatch", NPROC=2, EPOCHS=30, WORKER=worker,
+                                  WORKER_ARGS="--epoch-seconds 0.3")
+        deadline = time.monotonic() + lib.scaled(120)
+        while "epoch 3 loss" not in self.job_output(name):
+            self.assertLess(time.monotonic(), deadline, self.job_output(name))
+            time.sleep(0.2)
+        self.cluster.run("scancel", "-s", "USR1", str(job))  # what --signal=USR1@120 sends
+        deadline = time.monotonic() + lib.scaled(180)
+        while True:
+            info = self.cluster.job(job)
+            if info["JobState"] in ("COMPLETED", "FAILED", "TIMEOUT") and int(info.get("Restarts", 0)) >= 1:
+                break
+            self.assertLess(time.monotonic(), deadline, f"{info}\n{self.job_output(name)}")
+            time.sleep(0.5)
+        out = self.job_output(name)
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
+        saved = re.search(r"SIGUSR1: saved epoch (\d+)", out)
+        self.assertTrue(saved, out)
+        self.assertIn(f"requeued job {job}", out)
+        self.assertIn(f"run 1: starting at epoch {saved.group(1)} of 30", out)  # resumed, same job id
+        self.assertIn("done: 30 epochs", out)
+        self.assertEqual(info["Restarts"], "1")
+        self.assert_nothing_left(name)
+
+
+if __name__ == "__main__":
+    lib.main()
