@@ -13,6 +13,7 @@
 #include "launcher/process.hpp"
 #include "launcher/random.hpp"
 #include "launcher/rendezvous.hpp"
+#include "rendezvous/backend.hpp"
 #include "launcher/supervisor.hpp"
 #include "launcher/version.hpp"
 
@@ -75,6 +76,9 @@ int run_main(const std::vector<std::string>& args) {
   } catch (const ddp::UsageError& e) {
     print_error(e.what());
     return 2;
+  } catch (const rdzv::NotNeeded& e) {
+    spdlog::info("{}", e.what());
+    return 0;
   } catch (const std::exception& e) {
     print_error(e.what());
     return 1;

@@ -122,6 +122,10 @@ struct Supervisor::Impl {
   }
 
   ~Impl() {
+    // Also on an exception out of run(): spdlog must not write through a dead writer.
+    route_logging_through(nullptr);
+    if (out_writer) out_writer->flush();
+    if (err_writer) err_writer->flush();
     for (int fd : {epfd, sigfd, wakefd, stdin_fd})
       if (fd >= 0) close(fd);
   }

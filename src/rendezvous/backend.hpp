@@ -42,6 +42,14 @@ class LeaseEnded : public ddp::NetworkError {
   using ddp::NetworkError::NetworkError;
 };
 
+// next_round's error when the job ended well while this node waited for a place in it
+// (wait or redundancy list): nothing failed, the job did not need it (torchrun 2.x's
+// RendezvousGracefulExitError). ddprun exits 0.
+class NotNeeded : public ddp::Error {
+ public:
+  using ddp::Error::Error;
+};
+
 using std::chrono::milliseconds;
 
 // An opaque version of the state as the backend hands it out (the whole value for a

@@ -119,8 +119,27 @@ void DynamicRendezvous::backoff(int attempt) {
   std::this_thread::sleep_for(std::chrono::microseconds(us(rng)));
 }
 
+// One line when this node starts waiting for a running round (whoever wrote it in).
+void DynamicRendezvous::say_waiting(const State& t) {
+  const auto& j = c_.job;
+  if (State::contains(t.redundancy_list, c_.me.id) && said_waiting_ != 2) {
+    said_waiting_ = 2;
+    spdlog::warn("rendezvous: the job '{}' is full ({} nodes running, --nnodes {}:{}): this node waits for a place",
+                 c_.run_id, t.participants.size(), j.min_nodes, j.max_nodes);
+  } else if (t.complete && State::contains(t.wait_list, c_.me.id) && said_waiting_ != 1) {
+    said_waiting_ = 1;
+    spdlog::info("rendezvous: round {} of job '{}' is running without this node: it restarts with this node within "
+                 "--monitor-interval",
+                 t.round, c_.run_id);
+  }
+}
+
 void DynamicRendezvous::join_failed(JoinAction a, const State& s) {
   const auto& j = c_.job;
+  if (a == JoinAction::kErrorClosed && said_waiting_ && s.closed_reason.empty())
+    throw NotNeeded(fmt::format("rendezvous: the job '{}' succeeded while this node waited for a place in it: "
+                                "nothing for this node to do",
+                                c_.run_id));
   if (a == JoinAction::kErrorClosed)
     throw ddp::Error(fmt::format(
         "rendezvous '{}' at {} is closed ({}): nobody joins a finished job; give a new job its own --rdzv-id",
@@ -175,6 +194,7 @@ bool DynamicRendezvous::join_step(std::optional<Snapshot>& snap, Clock::time_poi
     lc_deadline_ = now + c_.last_call_timeout;
   }
   JoinContext ctx{c_.me, c_.job, now >= deadline, lc_round_ == t.round && now >= lc_deadline_};
+  say_waiting(t);
   JoinAction a = mine ? JoinAction::kWait : decide_join(t, ctx);
   switch (a) {
     case JoinAction::kFinish:
@@ -206,7 +226,9 @@ bool DynamicRendezvous::join_step(std::optional<Snapshot>& snap, Clock::time_poi
     if (a == JoinAction::kRemoveMe) join_failed(JoinAction::kErrorTimeout, s);  // as it was, with this node
     if (mine || a != JoinAction::kWait) return false;  // decide again on what was written
   }
+  say_waiting(t);
   if (a == JoinAction::kFinish) {
+    said_waiting_ = 0;
     spdlog::debug("rendezvous: round {} is complete with {} nodes", t.round, t.participants.size());
     return true;
   }
