@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -67,7 +68,36 @@ std::unique_ptr<SlurmSignals> SlurmSignals::create(const Options& o) {
   return std::unique_ptr<SlurmSignals>(new SlurmSignals(o));
 }
 
-SlurmSignals::SlurmSignals(const Options& o) : o_(o) {}
+SlurmSignals::SlurmSignals(const Options& o) : o_(o) {
+  const char* step = getenv("SLURM_STEP_ID");
+  step_ = fmt::format("{}.{}", getenv("SLURM_JOB_ID"), step && *step ? step : "batch");
+}
+
+namespace {
+std::string stop_marker(const std::string& step) { return fmt::format("Slurm is stopping step {} (signal ", step); }
+}  // namespace
+
+std::string slurm_stop_note(const std::string& step, int sig, const std::string& host) {
+  return fmt::format("{}{}, {}): ddprun on {} got it first", stop_marker(step), sig, signal_name(sig), host);
+}
+
+std::optional<int> slurm_stop_in(const std::string& text, const std::string& step) {
+  const std::string marker = stop_marker(step);
+  size_t at = text.find(marker);
+  if (at == std::string::npos) return std::nullopt;
+  int sig = 0;
+  const char* p = text.data() + at + marker.size();
+  auto [end, ec] = std::from_chars(p, text.data() + text.size(), sig);
+  if (ec != std::errc() || end == text.data() + text.size() || *end != ',' || sig <= 0 || sig >= NSIG)
+    return std::nullopt;
+  return sig;
+}
+
+std::optional<int> SlurmSignals::stopped_elsewhere(const std::string& round_end) {
+  auto sig = slurm_stop_in(round_end, step_);
+  if (sig && !stopping_) stopping_ = peer_stop_ = true;
+  return sig;
+}
 
 SlurmSignals::~SlurmSignals() { stop_probe(); }
 
@@ -178,7 +208,9 @@ SlurmSignals::Act SlurmSignals::classify(const signalfd_siginfo& si, bool stops)
     return direct ? Act::kNoted : Act::kForward;
   }
   if (stopping_) {
-    spdlog::info("Slurm sent {} again: already stopping (a duplicate, not a request to kill at once)", name);
+    spdlog::info("Slurm sent {} {}: already stopping (a duplicate, not a request to kill at once)", name,
+                 peer_stop_ ? "here too, after another node" : "again");
+    peer_stop_ = false;
     return Act::kIgnore;
   }
   stopping_ = true;
