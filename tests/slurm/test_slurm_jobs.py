@@ -227,11 +227,15 @@ srun --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node gpu --no-pyth
 
     # ------------------------------------------------------------------ examples/slurm
 
-    def submit_example(self, name, example, **env):
+    def submit_example(self, name, example, port=None, **env):
         """Submits examples/slurm/<example> as a user would (from that folder), minus its GPU
-        request (this cluster has none); the job runs in its own folder."""
+        request (this cluster has none) and with `port` for its fixed 29500 (the emulated
+        nodes share this machine's ports); the job runs in its own folder."""
         with open(os.path.join(lib.SOURCE_DIR, "examples", "slurm", example)) as f:
             text = "".join(line for line in f if "--gpus-per-node" not in line)
+        if port:
+            self.assertIn(":29500", text)
+            text = text.replace(":29500", f":{port}")
         path_env = os.path.dirname(lib.DDPRUN) + ":" + os.environ.get("PATH", "/usr/bin:/bin")
         job_env = self.cluster.env(PATH=path_env, PYTHON_EXEC=lib.PYTHON, OMP_NUM_THREADS=1,
                                    PYTHONUNBUFFERED=1, PYTHONDONTWRITEBYTECODE=1,
@@ -242,6 +246,18 @@ srun --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node gpu --no-pyth
     def test_example_multi_node(self):
         name = "ex_multi"
         job = self.submit_example(name, "multi_node.sbatch", NPROC=2)
+        info = self.cluster.wait(job, lib.scaled(180))
+        out = self.job_output(name)
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
+        self.assertIn("training on 4 ranks", out)
+        self.assertIn("parameters identical on all 4 ranks", out)
+        self.assertTrue(os.path.exists(os.path.join(self.job_dir(name), "checkpoint.pt")))
+        self.assert_nothing_left(name)
+
+    def test_example_c10d(self):
+        name = "ex_c10d"
+        job = self.submit_example(name, "c10d.sbatch", port=lib.derived_port(self.cluster.first_job_id + 97, 5),
+                                  NPROC=2)
         info = self.cluster.wait(job, lib.scaled(180))
         out = self.job_output(name)
         self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
