@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <string_view>
 
 #include <spdlog/spdlog.h>
 
@@ -75,28 +76,37 @@ SlurmSignals::SlurmSignals(const Options& o) : o_(o) {
 
 namespace {
 std::string stop_marker(const std::string& step) { return fmt::format("Slurm is stopping step {} (signal ", step); }
+constexpr std::string_view kDirect = "; Slurm signals the workers too)";
+constexpr std::string_view kPassedOn = "; Slurm signals ddprun only)";
 }  // namespace
 
-std::string slurm_stop_note(const std::string& step, int sig, const std::string& host) {
-  return fmt::format("{}{}, {}): ddprun on {} got it first", stop_marker(step), sig, signal_name(sig), host);
+std::string slurm_stop_note(const std::string& step, SlurmStop stop, const std::string& host) {
+  return fmt::format("{}{}, {}{}: ddprun on {} got it first", stop_marker(step), stop.sig, signal_name(stop.sig),
+                     stop.direct ? kDirect : kPassedOn, host);
 }
 
-std::optional<int> slurm_stop_in(const std::string& text, const std::string& step) {
+std::optional<SlurmStop> slurm_stop_in(const std::string& text, const std::string& step) {
   const std::string marker = stop_marker(step);
   size_t at = text.find(marker);
   if (at == std::string::npos) return std::nullopt;
-  int sig = 0;
+  SlurmStop stop;
   const char* p = text.data() + at + marker.size();
-  auto [end, ec] = std::from_chars(p, text.data() + text.size(), sig);
-  if (ec != std::errc() || end == text.data() + text.size() || *end != ',' || sig <= 0 || sig >= NSIG)
-    return std::nullopt;
-  return sig;
+  const char* end = text.data() + text.size();
+  auto [after, ec] = std::from_chars(p, end, stop.sig);
+  if (ec != std::errc() || after == end || *after != ',' || stop.sig <= 0 || stop.sig >= NSIG) return std::nullopt;
+  const std::string_view rest(after, static_cast<size_t>(end - after));
+  const size_t close = rest.find(')');
+  if (close == std::string_view::npos) return std::nullopt;
+  const std::string_view inside = rest.substr(0, close + 1);
+  stop.direct = inside.ends_with(kDirect);
+  if (!stop.direct && !inside.ends_with(kPassedOn)) return std::nullopt;
+  return stop;
 }
 
-std::optional<int> SlurmSignals::stopped_elsewhere(const std::string& round_end) {
-  auto sig = slurm_stop_in(round_end, step_);
-  if (sig && !stopping_) stopping_ = peer_stop_ = true;
-  return sig;
+std::optional<SlurmStop> SlurmSignals::stopped_elsewhere(const std::string& round_end) {
+  auto stop = slurm_stop_in(round_end, step_);
+  if (stop && !stopping_) stopping_ = peer_stop_ = true;
+  return stop;
 }
 
 SlurmSignals::~SlurmSignals() { stop_probe(); }

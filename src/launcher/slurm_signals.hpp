@@ -36,10 +36,16 @@ namespace ddprun {
 // its own message). A node that gets it first tells the others with this note (through
 // the rendezvous, as a node leaving), so that one that has not got it yet stops the same
 // way (exit 128+signal) instead of taking the first node's exit for a failure of the job.
-// `step` is "<job>.<step>": only the same step's note counts.
-std::string slurm_stop_note(const std::string& step, int sig, const std::string& host);
-// The signal of `step`'s stop note found in `text` (a round end's description), if any.
-std::optional<int> slurm_stop_in(const std::string& text, const std::string& step);
+// `direct`: Slurm signals the workers itself (proctrack/linuxproc; the same on every node
+// of a cluster), so a node that reads the note sends its workers nothing and lets Slurm's
+// own signal reach them. `step` is "<job>.<step>": only the same step's note counts.
+struct SlurmStop {
+  int sig = 0;
+  bool direct = false;
+};
+std::string slurm_stop_note(const std::string& step, SlurmStop stop, const std::string& host);
+// The stop announced by `step`'s note in `text` (a round end's description), if any.
+std::optional<SlurmStop> slurm_stop_in(const std::string& text, const std::string& step);
 
 class SlurmSignals {
  public:
@@ -68,8 +74,8 @@ class SlurmSignals {
   // Stop notes (slurm_stop_note) for this step: the one this node sends after a stop signal
   // of its own, and whether a round end is another node's (then this node stops too, and
   // Slurm's own signal, when it comes, is a duplicate).
-  std::string stop_note(int sig, const std::string& host) const { return slurm_stop_note(step_, sig, host); }
-  std::optional<int> stopped_elsewhere(const std::string& round_end);
+  std::string stop_note(SlurmStop stop, const std::string& host) const { return slurm_stop_note(step_, stop, host); }
+  std::optional<SlurmStop> stopped_elsewhere(const std::string& round_end);
 
  private:
   explicit SlurmSignals(const Options& o);

@@ -389,7 +389,8 @@ struct Supervisor::Impl {
     if (act == A::kStop || act == A::kStopQuiet) {
       if (!got_signal) {
         got_signal = sig;
-        if (!stopping) rdzv.end_round(RoundEnd::Kind::kLeft, slurm->stop_note(sig, plan.hostname));
+        if (!stopping)
+          rdzv.end_round(RoundEnd::Kind::kLeft, slurm->stop_note({sig, act == A::kStopQuiet}, plan.hostname));
       }
       if (!stopping) begin_stop(act == A::kStop ? sig : 0);  // 0: nothing sent, the SIGKILL deadline set
     }
@@ -397,17 +398,20 @@ struct Supervisor::Impl {
   }
 
   // True when `end` is another node's note that Slurm is stopping this step: this node
-  // stops as if Slurm's signal had come (exit 128+signal); the signal itself, when it
-  // comes, is then a duplicate.
+  // stops as if Slurm's signal had come (exit 128+signal): it sends the signal to its
+  // workers, or, where Slurm signals the workers itself, leaves that to Slurm. The signal
+  // itself, when it comes here, is then a duplicate.
   bool slurm_stopped_elsewhere(const RoundEnd& end) {
     if (!slurm || got_signal) return false;
-    auto sig = slurm->stopped_elsewhere(end.describe());
-    if (!sig) return false;
-    spdlog::warn("{}: Slurm stops every node of the step, so this node stops too ({} to the workers, SIGKILL "
-                 "after {} s)",
-                 end.describe(), signal_name(*sig), o.shutdown_timeout);
-    got_signal = *sig;
-    if (!stopping) begin_stop(*sig);
+    auto stop = slurm->stopped_elsewhere(end.describe());
+    if (!stop) return false;
+    spdlog::warn("{}: Slurm stops every node of the step, so this node stops too ({}, SIGKILL after {} s)",
+                 end.describe(),
+                 stop->direct ? "its workers get " + signal_name(stop->sig) + " from Slurm"
+                              : signal_name(stop->sig) + " to the workers",
+                 o.shutdown_timeout);
+    got_signal = stop->sig;
+    if (!stopping) begin_stop(stop->direct ? 0 : stop->sig);
     return true;
   }
 

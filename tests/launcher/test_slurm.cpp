@@ -418,19 +418,27 @@ TEST(SlurmDerive, ParseOptionsRecordsGivenFlagsAndDerives) {
 TEST(SlurmStopNote, RoundTripsThroughARoundEndAndNamesItsStep) {
   using ddprun::slurm_stop_in;
   using ddprun::slurm_stop_note;
-  const std::string note = slurm_stop_note("12.0", SIGTERM, "n2");
-  EXPECT_EQ(note, "Slurm is stopping step 12.0 (signal 15, SIGTERM): ddprun on n2 got it first");
-  EXPECT_EQ(slurm_stop_in(note, "12.0"), SIGTERM);
-  EXPECT_EQ(slurm_stop_in("node 1: " + note, "12.0"), SIGTERM);            // static
-  EXPECT_EQ(slurm_stop_in("node n2 (n2_7_ab) left: " + note, "12.0"), SIGTERM);  // c10d
-  EXPECT_EQ(slurm_stop_in(slurm_stop_note("12.0", SIGINT, "n1"), "12.0"), SIGINT);
+  const std::string note = slurm_stop_note("12.0", {SIGTERM, false}, "n2");
+  EXPECT_EQ(note, "Slurm is stopping step 12.0 (signal 15, SIGTERM; Slurm signals ddprun only): ddprun on n2 got it first");
+  for (const std::string& wrapped : {note, "node 1: " + note, "node n2 (n2_7_ab) left: " + note}) {  // static, c10d
+    auto stop = slurm_stop_in(wrapped, "12.0");
+    ASSERT_TRUE(stop.has_value()) << wrapped;
+    EXPECT_EQ(stop->sig, SIGTERM);
+    EXPECT_FALSE(stop->direct);
+  }
+  auto direct = slurm_stop_in("node 1: " + slurm_stop_note("12.0", {SIGINT, true}, "n1"), "12.0");
+  ASSERT_TRUE(direct.has_value());
+  EXPECT_EQ(direct->sig, SIGINT);
+  EXPECT_TRUE(direct->direct);  // proctrack/linuxproc: Slurm signals the workers itself
   EXPECT_FALSE(slurm_stop_in(note, "12.1").has_value());   // another step of the job
   EXPECT_FALSE(slurm_stop_in(note, "112.0").has_value());  // another job
   EXPECT_FALSE(slurm_stop_in("node 1: ddprun on n2 received SIGTERM", "12.0").has_value());  // not Slurm's
   EXPECT_FALSE(slurm_stop_in("node 1: rank 3 exited with code 15", "12.0").has_value());
-  EXPECT_FALSE(slurm_stop_in("Slurm is stopping step 12.0 (signal x, SIGTERM)", "12.0").has_value());
+  EXPECT_FALSE(slurm_stop_in("Slurm is stopping step 12.0 (signal x, SIGTERM; Slurm signals ddprun only)", "12.0"));
   EXPECT_FALSE(slurm_stop_in("Slurm is stopping step 12.0 (signal 15", "12.0").has_value());
-  EXPECT_FALSE(slurm_stop_in("Slurm is stopping step 12.0 (signal 999, X)", "12.0").has_value());
+  EXPECT_FALSE(slurm_stop_in("Slurm is stopping step 12.0 (signal 15, SIGTERM", "12.0").has_value());
+  EXPECT_FALSE(slurm_stop_in("Slurm is stopping step 12.0 (signal 15, SIGTERM; who knows)", "12.0").has_value());
+  EXPECT_FALSE(slurm_stop_in("Slurm is stopping step 12.0 (signal 999, X; Slurm signals ddprun only)", "12.0"));
 }
 
 // ------------------------------------------------------------------ GPUs
