@@ -6,6 +6,7 @@ every job is an sbatch job; the training ones are 4-rank gloo DDP jobs of Debian
 - the static line users already have, and the classic mistake in it (the node rank expanded
   in the batch shell): a warning naming both values and a clear failure, not a hang;
 - the c10d line (pytorch/examples'): SLURM_NODEID 0 hosts the store, the other node joins;
+  examples/slurm/c10d.sbatch trains and saves through it;
 - a step on 2 of the job's 3 nodes meets on the step's first node;
 - a worker exiting 3 on the second node stops both nodes; Slurm records 3 (static and c10d);
 - two jobs sharing their nodes at the same time, no flags: no port clash;
@@ -108,8 +109,8 @@ srun --ntasks-per-node=1 $DDPRUN --log-level info --nnodes 2 --nproc-per-node 2 
         name = "c10d"
         d = self.job_dir(name)
         port = lib.derived_port(self.cluster.first_job_id + 92, 5)
-        job, info = self.run_job(name, self.c10d_line(
-            port, f"$WORKERS/where.py {d} --train --epochs 2 --checkpoint {d}/ckpt.pt"), "-N2")
+        # Placement only: test_example_c10d trains a DDP model through the same line.
+        job, info = self.run_job(name, self.c10d_line(port, f"$WORKERS/where.py {d}"), "-N2")
         out = self.job_output(name)
         self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
         where = self.where(name)
@@ -131,8 +132,6 @@ srun --ntasks-per-node=1 $DDPRUN --log-level info --nnodes 2 --nproc-per-node 2 
                                    "this is node 1)"), 1, out)
         self.assertEqual(out.count("this node hosts the c10d store on port"), 1, out)
         self.assertEqual(out.count("joining the c10d store at"), 1, out)
-        self.assertIn("parameters identical on all 4 ranks", out)
-        self.assertGreater(os.path.getsize(os.path.join(d, "ckpt.pt")), 0)
         self.assert_nothing_left(name)
 
     def test_c10d_worker_exit_3_stops_both(self):
