@@ -7,8 +7,7 @@ one worker running `true`; wall time from the first start until every agent has 
 Cases, each for ddprun and its anchors torchrun 1.13 (../shared/anchors/torchrun113.py)
 and torchrun 2.6 (Debian 13's, in the chroot of scripts/torch2-chroot.sh):
   c10d    --nnodes=N --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:PORT --rdzv_id=ID
-          ddprun refuses c10d so far (exit 2, "not supported yet"): its column says so, and
-          the same line measures it, unchanged, once ddprun supports c10d.
+          (no is_host: the first ddprun agent to bind the port hosts the store, the others join)
   static  --nnodes=N --node_rank=i --master_addr=127.0.0.1 --master_port=PORT
 The torchrun 2.6 part runs inside the chroot (this file again, with --torch2-part, through
 tests/torch2/python3), ddprun measured there too, so that nobody pays for entering it.

@@ -7,9 +7,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <string_view>
 
 #include <spdlog/spdlog.h>
 
@@ -67,7 +69,45 @@ std::unique_ptr<SlurmSignals> SlurmSignals::create(const Options& o) {
   return std::unique_ptr<SlurmSignals>(new SlurmSignals(o));
 }
 
-SlurmSignals::SlurmSignals(const Options& o) : o_(o) {}
+SlurmSignals::SlurmSignals(const Options& o) : o_(o) {
+  const char* step = getenv("SLURM_STEP_ID");
+  step_ = fmt::format("{}.{}", getenv("SLURM_JOB_ID"), step && *step ? step : "batch");
+}
+
+namespace {
+std::string stop_marker(const std::string& step) { return fmt::format("Slurm is stopping step {} (signal ", step); }
+constexpr std::string_view kDirect = "; Slurm signals the workers too)";
+constexpr std::string_view kPassedOn = "; Slurm signals ddprun only)";
+}  // namespace
+
+std::string slurm_stop_note(const std::string& step, SlurmStop stop, const std::string& host) {
+  return fmt::format("{}{}, {}{}: ddprun on {} got it first", stop_marker(step), stop.sig, signal_name(stop.sig),
+                     stop.direct ? kDirect : kPassedOn, host);
+}
+
+std::optional<SlurmStop> slurm_stop_in(const std::string& text, const std::string& step) {
+  const std::string marker = stop_marker(step);
+  size_t at = text.find(marker);
+  if (at == std::string::npos) return std::nullopt;
+  SlurmStop stop;
+  const char* p = text.data() + at + marker.size();
+  const char* end = text.data() + text.size();
+  auto [after, ec] = std::from_chars(p, end, stop.sig);
+  if (ec != std::errc() || after == end || *after != ',' || stop.sig <= 0 || stop.sig >= NSIG) return std::nullopt;
+  const std::string_view rest(after, static_cast<size_t>(end - after));
+  const size_t close = rest.find(')');
+  if (close == std::string_view::npos) return std::nullopt;
+  const std::string_view inside = rest.substr(0, close + 1);
+  stop.direct = inside.ends_with(kDirect);
+  if (!stop.direct && !inside.ends_with(kPassedOn)) return std::nullopt;
+  return stop;
+}
+
+std::optional<SlurmStop> SlurmSignals::stopped_elsewhere(const std::string& round_end) {
+  auto stop = slurm_stop_in(round_end, step_);
+  if (stop && !stopping_) stopping_ = peer_stop_ = true;
+  return stop;
+}
 
 SlurmSignals::~SlurmSignals() { stop_probe(); }
 
@@ -178,7 +218,9 @@ SlurmSignals::Act SlurmSignals::classify(const signalfd_siginfo& si, bool stops)
     return direct ? Act::kNoted : Act::kForward;
   }
   if (stopping_) {
-    spdlog::info("Slurm sent {} again: already stopping (a duplicate, not a request to kill at once)", name);
+    spdlog::info("Slurm sent {} {}: already stopping (a duplicate, not a request to kill at once)", name,
+                 peer_stop_ ? "here too, after another node" : "again");
+    peer_stop_ = false;
     return Act::kIgnore;
   }
   stopping_ = true;

@@ -25,10 +25,27 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "launcher/options.hpp"
 
 namespace ddprun {
+
+// Slurm's stop reaches the nodes of a step at different times (each node's slurmd gets
+// its own message). A node that gets it first tells the others with this note (through
+// the rendezvous, as a node leaving), so that one that has not got it yet stops the same
+// way (exit 128+signal) instead of taking the first node's exit for a failure of the job.
+// `direct`: Slurm signals the workers itself (proctrack/linuxproc; the same on every node
+// of a cluster), so a node that reads the note sends its workers nothing and lets Slurm's
+// own signal reach them. `step` is "<job>.<step>": only the same step's note counts.
+struct SlurmStop {
+  int sig = 0;
+  bool direct = false;
+};
+std::string slurm_stop_note(const std::string& step, SlurmStop stop, const std::string& host);
+// The stop announced by `step`'s note in `text` (a round end's description), if any.
+std::optional<SlurmStop> slurm_stop_in(const std::string& text, const std::string& step);
 
 class SlurmSignals {
  public:
@@ -54,6 +71,12 @@ class SlurmSignals {
   // Logs what it decided. May wait up to kProbeWait for the probe (the first time only).
   Act classify(const signalfd_siginfo& si, bool stops);
 
+  // Stop notes (slurm_stop_note) for this step: the one this node sends after a stop signal
+  // of its own, and whether a round end is another node's (then this node stops too, and
+  // Slurm's own signal, when it comes, is a duplicate).
+  std::string stop_note(SlurmStop stop, const std::string& host) const { return slurm_stop_note(step_, stop, host); }
+  std::optional<SlurmStop> stopped_elsewhere(const std::string& round_end);
+
  private:
   explicit SlurmSignals(const Options& o);
   bool from_slurm(pid_t sender);
@@ -63,6 +86,8 @@ class SlurmSignals {
   void stop_probe();
 
   const Options& o_;
+  std::string step_;  // "<SLURM_JOB_ID>.<SLURM_STEP_ID>"
+  bool peer_stop_ = false;  // the stop came from another node's note
   pid_t stepd_ = -1;  // the slurmstepd that sent a signal, once seen
   pid_t probe_ = -1;
   int probe_fd_ = -1;  // the probe's reports: {signal, sender pid} pairs

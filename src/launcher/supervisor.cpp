@@ -379,15 +379,39 @@ struct Supervisor::Impl {
   }
 
   // A signal Slurm sent (launcher/slurm_signals.hpp decides what it means); false when it
-  // did not come from Slurm. No other node is told: Slurm signals every node of the step.
+  // did not come from Slurm. Slurm signals every node of the step, but not at the same
+  // moment: a stop is announced (stop_note) so that a node still waiting for it stops the
+  // same way instead of taking this node's exit for a failure (slurm_stopped_elsewhere).
   bool on_slurm_signal(SlurmSignals::Act act, int sig) {
     using A = SlurmSignals::Act;
     if (act == A::kNotSlurm) return false;
     if (act == A::kForward) signal_live(sig, false);
     if (act == A::kStop || act == A::kStopQuiet) {
-      if (!got_signal) got_signal = sig;
+      if (!got_signal) {
+        got_signal = sig;
+        if (!stopping)
+          rdzv.end_round(RoundEnd::Kind::kLeft, slurm->stop_note({sig, act == A::kStopQuiet}, plan.hostname));
+      }
       if (!stopping) begin_stop(act == A::kStop ? sig : 0);  // 0: nothing sent, the SIGKILL deadline set
     }
+    return true;
+  }
+
+  // True when `end` is another node's note that Slurm is stopping this step: this node
+  // stops as if Slurm's signal had come (exit 128+signal): it sends the signal to its
+  // workers, or, where Slurm signals the workers itself, leaves that to Slurm. The signal
+  // itself, when it comes here, is then a duplicate.
+  bool slurm_stopped_elsewhere(const RoundEnd& end) {
+    if (!slurm || got_signal) return false;
+    auto stop = slurm->stopped_elsewhere(end.describe());
+    if (!stop) return false;
+    spdlog::warn("{}: Slurm stops every node of the step, so this node stops too ({}, SIGKILL after {} s)",
+                 end.describe(),
+                 stop->direct ? "its workers get " + signal_name(stop->sig) + " from Slurm"
+                              : signal_name(stop->sig) + " to the workers",
+                 o.shutdown_timeout);
+    got_signal = stop->sig;
+    if (!stopping) begin_stop(stop->direct ? 0 : stop->sig);
     return true;
   }
 
@@ -440,6 +464,7 @@ struct Supervisor::Impl {
   void on_remote() {
     auto end = rdzv.round_end();
     if (!end || stopping || remote_end) return;
+    if (slurm_stopped_elsewhere(*end)) return;
     remote_end = end;
     using K = RoundEnd::Kind;
     if (end->kind == K::kScaleUp)
@@ -584,7 +609,7 @@ struct Supervisor::Impl {
         outcome.workers.push_back(w);
       }
       auto end = attempt_end();
-      if (!end) break;  // a signal
+      if (!end || slurm_stopped_elsewhere(*end)) break;  // a signal (here, or Slurm's on another node)
       if (end->kind == RoundEnd::Kind::kDone) break;
       if (!root) remote_end = end;  // this node succeeded, the round did not
       stop_reason = refused_early ? *refused_early : rdzv.restart_refused(*end);

@@ -2,6 +2,7 @@
 // 23.02+'s suffixes), the derived port, the SLURM_* variables read, and what ddprun derives
 // inside an srun step, in the batch shell and with several tasks per node; explicit flags
 // and --no-slurm win; the GPUs a step was given.
+#include <csignal>
 #include <map>
 #include <set>
 #include <string>
@@ -13,6 +14,7 @@
 #include "launcher/gpu.hpp"
 #include "launcher/options.hpp"
 #include "launcher/slurm.hpp"
+#include "launcher/slurm_signals.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -407,6 +409,36 @@ TEST(SlurmDerive, ParseOptionsRecordsGivenFlagsAndDerives) {
   Env pet = env;
   pet["PET_NO_SLURM"] = "1";
   EXPECT_EQ(ddprun::parse_options({script}, pet).max_nodes, 1);
+}
+
+// ------------------------------------------------------------------ stop notes
+
+// A node that gets Slurm's stop first tells the others; the note survives the wrapping
+// each rendezvous adds ("node 1: ...", "node n2 (...) left: ...") and names its step.
+TEST(SlurmStopNote, RoundTripsThroughARoundEndAndNamesItsStep) {
+  using ddprun::slurm_stop_in;
+  using ddprun::slurm_stop_note;
+  const std::string note = slurm_stop_note("12.0", {SIGTERM, false}, "n2");
+  EXPECT_EQ(note, "Slurm is stopping step 12.0 (signal 15, SIGTERM; Slurm signals ddprun only): ddprun on n2 got it first");
+  for (const std::string& wrapped : {note, "node 1: " + note, "node n2 (n2_7_ab) left: " + note}) {  // static, c10d
+    auto stop = slurm_stop_in(wrapped, "12.0");
+    ASSERT_TRUE(stop.has_value()) << wrapped;
+    EXPECT_EQ(stop->sig, SIGTERM);
+    EXPECT_FALSE(stop->direct);
+  }
+  auto direct = slurm_stop_in("node 1: " + slurm_stop_note("12.0", {SIGINT, true}, "n1"), "12.0");
+  ASSERT_TRUE(direct.has_value());
+  EXPECT_EQ(direct->sig, SIGINT);
+  EXPECT_TRUE(direct->direct);  // proctrack/linuxproc: Slurm signals the workers itself
+  EXPECT_FALSE(slurm_stop_in(note, "12.1").has_value());   // another step of the job
+  EXPECT_FALSE(slurm_stop_in(note, "112.0").has_value());  // another job
+  EXPECT_FALSE(slurm_stop_in("node 1: ddprun on n2 received SIGTERM", "12.0").has_value());  // not Slurm's
+  EXPECT_FALSE(slurm_stop_in("node 1: rank 3 exited with code 15", "12.0").has_value());
+  EXPECT_FALSE(slurm_stop_in("Slurm is stopping step 12.0 (signal x, SIGTERM; Slurm signals ddprun only)", "12.0"));
+  EXPECT_FALSE(slurm_stop_in("Slurm is stopping step 12.0 (signal 15", "12.0").has_value());
+  EXPECT_FALSE(slurm_stop_in("Slurm is stopping step 12.0 (signal 15, SIGTERM", "12.0").has_value());
+  EXPECT_FALSE(slurm_stop_in("Slurm is stopping step 12.0 (signal 15, SIGTERM; who knows)", "12.0").has_value());
+  EXPECT_FALSE(slurm_stop_in("Slurm is stopping step 12.0 (signal 999, X; Slurm signals ddprun only)", "12.0"));
 }
 
 // ------------------------------------------------------------------ GPUs

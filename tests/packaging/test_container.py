@@ -17,10 +17,9 @@ import unittest
 import pkgtest
 from pkgtest import TAG, WORKERS, scaled
 
-# The 2-node test runs once per rendezvous backend listed here.
-# HOOK(c10d): add "c10d" once ddprun's c10d rendezvous lands; rdzv_env() already sets the
-# PET_RDZV_* variables a PyTorchJob with an elastic policy passes.
-RDZV_BACKENDS = ("static",)
+# The 2-node test runs once per rendezvous backend: the static one (a PyTorchJob's
+# PET_MASTER_*) and c10d (a PyTorchJob with an elasticPolicy: PET_RDZV_*, see rdzv_env()).
+RDZV_BACKENDS = ("static", "c10d")
 
 pm = pkgtest.Podman()
 IMAGE = None
@@ -209,8 +208,11 @@ class Signals(unittest.TestCase):
 
 def rdzv_env(backend, master):
     if backend == "static":
-        return {"PET_MASTER_ADDR": master, "PET_MASTER_PORT": "29500"}
-    return {"PET_RDZV_BACKEND": backend, "PET_RDZV_ENDPOINT": f"{master}:29400", "PET_RDZV_ID": TAG}
+        return {"PET_NNODES": "2", "PET_MASTER_ADDR": master, "PET_MASTER_PORT": "29500"}
+    # elasticPolicy minReplicas:maxReplicas; the endpoint is node 0's service name: the pod
+    # that the name resolves to hosts the store (it is its own hostname), the other joins.
+    return {"PET_NNODES": "2:2", "PET_RDZV_BACKEND": backend, "PET_RDZV_ENDPOINT": f"{master}:29400",
+            "PET_RDZV_ID": TAG, "PET_LOG_LEVEL": "info"}
 
 
 class TwoNodes(unittest.TestCase):
@@ -232,7 +234,7 @@ class TwoNodes(unittest.TestCase):
         master = name(f"{backend}-n0")
         nodes = [master, name(f"{backend}-n1")]
         for i, c in enumerate(nodes):
-            env = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": str(i),
+            env = {"PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": str(i),
                    **rdzv_env(backend, master), "RANK": str(7 + i), "WORLD_SIZE": "2", "LOCAL_RANK": "5",
                    "MASTER_ADDR": "pod-leak.invalid", "PYTHONUNBUFFERED": "1"}
             envargs = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
@@ -252,7 +254,12 @@ class TwoNodes(unittest.TestCase):
                 self.assertEqual((world, group, int(local)), ("4", str(i), int(rank) - 2 * i))
                 self.assertNotEqual(maddr, "pod-leak.invalid")
                 seen[int(rank)] = i
+        # c10d orders the nodes by address (here the hostname), and n0 sorts first.
         self.assertEqual(seen, {0: 0, 1: 0, 2: 1, 3: 1}, outs)
+        if backend == "c10d":
+            self.assertIn("this node hosts the c10d store on port 29400", outs[0])
+            self.assertIn(f"joining the c10d store at {master}:29400", outs[1])
+            self.assertNotIn("hosts the c10d store", outs[1])
         pm("rm", *nodes)
 
     @classmethod

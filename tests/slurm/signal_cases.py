@@ -3,7 +3,8 @@ proctrack/linuxproc clusters (test_slurm_signals*.py). What Slurm delivers to wh
 (see src/launcher/slurm_signals.hpp); what must hold under both:
 
 - scancel: each worker gets exactly one SIGTERM; ddprun exits 143 on both nodes; no process
-  of the step is left on any node, well within KillWait;
+  of the step is left on any node, well within KillWait; the same on the c10d line (node 0
+  hosting the store: the nodes stop together, none re-forms a round without the others);
 - scancel -s USR2: each worker gets USR2 exactly once and the job runs on (and succeeds);
 - --signal=USR1@N with a 1-minute limit: each worker sees USR1 once and keeps running until
   the time limit's SIGTERM; ddprun is not made to kill at once by Slurm's second SIGTERM and
@@ -14,6 +15,7 @@ Under proctrack/linuxproc Slurm signals every process itself, so they come from 
 and ddprun must add none (at a time limit Slurm itself sends its SIGTERM twice).
 """
 import os
+import signal
 import sys
 import time
 
@@ -26,11 +28,12 @@ class SignalCases:
     def sender(self):
         return "slurmstepd" if self.PROCTRACK == "linuxproc" else "ddprun"
 
-    def start_signal_job(self, name, mode, *sbatch_options):
+    def start_signal_job(self, name, mode, *sbatch_options, rdzv=""):
         d = self.job_dir(name)
         job = self.submit(name, f"""
+HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
-     $DDPRUN --log-level info --nproc-per-node {self.NPROC} $WORKERS/sig_worker.py {d} {mode}
+     $DDPRUN --log-level info {rdzv} --nproc-per-node {self.NPROC} $WORKERS/sig_worker.py {d} {mode}
 """, "-N2", *sbatch_options)
         ranks = 2 * self.NPROC
         deadline = time.monotonic() + lib.scaled(60)
@@ -106,20 +109,50 @@ srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
         return "\n".join(parts)
 
     def test_scancel_one_sigterm_per_worker_exit_143(self):
-        name = "scancel"
-        job, d = self.start_signal_job(name, "term")
+        self.scancel_case("scancel")
+
+    def test_scancel_c10d_line_one_sigterm_per_worker_exit_143(self):
+        self.scancel_case("scancel_c10d", rdzv=self.c10d_line(94))
+
+    def c10d_line(self, n):
+        """pytorch/examples' c10d flags; the endpoint on the job's first node (n1), a port of this cluster's."""
+        port = lib.derived_port(self.cluster.first_job_id + n, 5)
+        return f"--nnodes 2 --rdzv-backend c10d --rdzv-endpoint $HEAD:{port} --rdzv-id $SLURM_JOB_ID"
+
+    def scancel_case(self, name, rdzv="", late=None):
+        """scancel of a 2-node job; with `late`, that node's slurmd is held (SIGSTOP) for a
+        second meanwhile, so Slurm's signal reaches it a second after the other node."""
+        job, d = self.start_signal_job(name, "term", rdzv=rdzv)
         t0 = time.monotonic()
-        self.cluster.run("scancel", str(job))
+        if late:
+            slurmd = self.cluster.procs[f"slurmd-{late}"].pid
+            os.kill(slurmd, signal.SIGSTOP)
+            try:
+                self.cluster.run("scancel", str(job))
+                time.sleep(1)
+            finally:
+                os.kill(slurmd, signal.SIGCONT)
+        else:
+            self.cluster.run("scancel", str(job))
         self.wait_gone(name, t0, self.KILL_WAIT)
         for rank, sigs in self.signals(d).items():
             terms = [s for s in sigs if s[1] == "SIGTERM"]
             self.assertEqual(len(terms), 1, f"rank {rank}: {sigs}")
             self.assertEqual(terms[0][2], self.sender(), f"rank {rank}: {sigs}")
             self.assertFalse([s for s in sigs if s[2] == "ddprun" and s[1] != "SIGTERM"], sigs)
+        late_task = {"n1": 0, "n2": 1}.get(late)
         for t, log in enumerate(self.ddprun_logs(d)):
-            self.assertIn("Slurm sent SIGTERM", log, f"task {t}")
+            if t == late_task:  # stopped on the other node's note, maybe before Slurm's signal came
+                self.assertIn("Slurm is stopping step", log, f"task {t}: {log}")
+                self.assertIn("so this node stops too", log, f"task {t}: {log}")
+                self.assertNotIn("failed on another node", log, f"task {t}: {log}")
+            else:
+                self.assertIn("Slurm sent SIGTERM", log, f"task {t}")
             self.assertIn("exiting with 143", log, f"task {t}: {log}")
             self.assertNotIn("killing the workers now", log)
+            if rdzv:  # the host is SLURM_NODEID 0 (task 0); nobody tries another round
+                self.assertIn("this node hosts the c10d store" if t == 0 else "joining the c10d store", log)
+                self.assertNotIn("forming the next", log, f"task {t}")
         info = self.cluster.wait(job, lib.scaled(30))
         self.assertEqual(info["JobState"], "CANCELLED")
 

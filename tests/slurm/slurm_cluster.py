@@ -298,8 +298,11 @@ FirstJobId={self.first_job_id}
                         os.rmdir(dirpath)
 
     def marked_pids(self, value=None, key=MARKER):
-        """Processes whose environment has key=value (default: this cluster's marker)."""
+        """Processes whose environment has key=value (default: this cluster's marker), and
+        this cluster's marker: another cluster's job of the same name (a test file running at
+        the same time in another checkout) is not ours."""
         want = f"{key}={value if value is not None else self.root}".encode()
+        ours = f"{MARKER}={self.root}".encode()
         found = []
         for d in os.listdir("/proc"):
             if not d.isdigit() or int(d) == os.getpid():
@@ -309,7 +312,7 @@ FirstJobId={self.first_job_id}
                     env = f.read().split(b"\0")
             except OSError:
                 continue
-            if want in env:
+            if want in env and ours in env:
                 found.append(int(d))
         return found
 

@@ -18,7 +18,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from slurm_cluster import SlurmCluster, cgroup_tracking_available, unavailable_reason  # noqa: E402
+from slurm_cluster import DOMAIN, SlurmCluster, cgroup_tracking_available, unavailable_reason  # noqa: E402, F401
 
 SOURCE_DIR = os.path.abspath(os.path.join(HERE, "..", ".."))
 WORKERS = os.path.join(HERE, "workers")
@@ -48,6 +48,15 @@ def derived_port(job_id, step_id):
     if port >= 29500:
         port += 1
     return port
+
+
+def seconds(elapsed):
+    """Slurm's [D-]HH:MM:SS (RunTime, Elapsed) in seconds."""
+    days, _, hms = elapsed.rpartition("-")
+    total = 0
+    for part in hms.split(":"):
+        total = total * 60 + int(part)
+    return total + 86400 * int(days or 0)
 
 
 def worker(name):

@@ -5,22 +5,18 @@ every job is an sbatch job; the training ones are 4-rank gloo DDP jobs of Debian
 - no rendezvous flags: ranks, hosts, store address and port all come from the step;
 - the static line users already have, and the classic mistake in it (the node rank expanded
   in the batch shell): a warning naming both values and a clear failure, not a hang;
-- the c10d line (skipped until ddprun's c10d runtime is merged);
+- the c10d line (pytorch/examples'): SLURM_NODEID 0 hosts the store, the other node joins;
+  examples/slurm/c10d.sbatch trains and saves through it;
 - a step on 2 of the job's 3 nodes meets on the step's first node;
-- a worker exiting 3 on the second node stops both nodes; Slurm records 3;
+- a worker exiting 3 on the second node stops both nodes; Slurm records 3 (static and c10d);
 - two jobs sharing their nodes at the same time, no flags: no port clash;
 - ddprun in the batch shell, and several tasks per node: a clear warning.
 """
 import os
 import re
-import shlex
 import time
 
 import slurm_testlib as lib
-
-# ddprun's c10d rendezvous runtime is being written (the lead's branch). Until it is merged,
-# ddprun cannot run the c10d line across nodes; set to True (or DDP_TEST_SLURM_C10D=1) then.
-C10D_MULTINODE_READY = False
 
 
 class SlurmJobs(lib.SlurmTestCase):
@@ -99,25 +95,54 @@ srun --kill-on-bad-exit=1 --ntasks-per-node=1 $DDPRUN --nnodes 2 --node-rank $SL
         self.assertEqual(info["JobState"], "FAILED", out)
         self.assert_nothing_left(name)
 
+    def c10d_line(self, port, rest):
+        """pytorch/examples' c10d line, the endpoint the job's first node by its fully
+        qualified name (the emulated nodes share one network namespace, so torchrun's
+        address matching would make every node think the endpoint is its own)."""
+        return f"""
+HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+srun --ntasks-per-node=1 $DDPRUN --log-level info --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d \\
+     --rdzv-endpoint $HEAD.{lib.DOMAIN}:{port} --rdzv-id $SLURM_JOB_ID {rest}
+"""
+
     def test_c10d_line(self):
-        if not (C10D_MULTINODE_READY or os.environ.get("DDP_TEST_SLURM_C10D") == "1"):
-            self.skipTest("ddprun's c10d rendezvous runtime (the lead's src/rendezvous) is not merged yet: "
-                          "set C10D_MULTINODE_READY in this file once it is")
         name = "c10d"
         d = self.job_dir(name)
         port = lib.derived_port(self.cluster.first_job_id + 92, 5)
-        job, info = self.run_job(name, f"""
-HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-srun --ntasks-per-node=1 $DDPRUN --log-level info --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d \\
-     --rdzv-endpoint $HEAD.{shlex.quote("ddptest.local")}:{port} --rdzv-id $SLURM_JOB_ID \\
-     $WORKERS/where.py {d} --train --epochs 2 --checkpoint {d}/ckpt.pt
-""", "-N2")
+        # Placement only: test_example_c10d trains a DDP model through the same line.
+        job, info = self.run_job(name, self.c10d_line(port, f"$WORKERS/where.py {d}"), "-N2")
         out = self.job_output(name)
         self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
         where = self.where(name)
         self.assertEqual(sorted(where), [0, 1, 2, 3], out)
-        self.assertIn("is_host=1", out)  # node 0 hosts: the endpoint (an FQDN) is its own
-        self.assertIn("is_host=0", out)
+        for rank, r in where.items():
+            self.assertEqual(r["WORLD_SIZE"], "4", r)
+            self.assertEqual(r["TORCHELASTIC_RUN_ID"], str(job), r)
+            self.assertEqual(r["SLURM_JOB_ID"], str(job), r)
+        # Each node's two ranks are on that node, and node n1 (SLURM_NODEID 0) hosts the store:
+        # is_host comes from SLURM_NODEID, not from matching names or addresses.
+        by_node = {}
+        for rank, r in where.items():
+            by_node.setdefault(r["SLURMD_NODENAME"], set()).add(r["GROUP_RANK"])
+        self.assertEqual(sorted(by_node), ["n1", "n2"], where)
+        self.assertTrue(all(len(g) == 1 for g in by_node.values()), where)
+        self.assertEqual(out.count(f"is_host=1 (the endpoint n1.{lib.DOMAIN} is the step's first node n1; "
+                                   "this is node 0)"), 1, out)
+        self.assertEqual(out.count(f"is_host=0 (the endpoint n1.{lib.DOMAIN} is the step's first node n1; "
+                                   "this is node 1)"), 1, out)
+        self.assertEqual(out.count("this node hosts the c10d store on port"), 1, out)
+        self.assertEqual(out.count("joining the c10d store at"), 1, out)
+        self.assert_nothing_left(name)
+
+    def test_c10d_worker_exit_3_stops_both(self):
+        name = "c10d_exit3"
+        port = lib.derived_port(self.cluster.first_job_id + 93, 5)
+        job, info = self.run_job(name, self.c10d_line(port, "$WORKERS/exit_on_node.py 1 3"), "-N2", timeout=60)
+        out = self.job_output(name)
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("FAILED", "3:0"), out)
+        self.assertIn("on node 1: exiting with 3", out)
+        self.assertIn("the job failed on another node", out)  # the other node stopped because of it
+        self.assertLess(lib.seconds(info["RunTime"]), 30, info)  # not the other workers' 120 s
         self.assert_nothing_left(name)
 
     def test_step_on_two_of_three_nodes_meets_on_its_first(self):
@@ -141,8 +166,7 @@ srun --ntasks-per-node=1 $DDPRUN --nproc-per-node 2 $WORKERS/exit_on_node.py 1 3
         self.assertEqual((info["JobState"], info["ExitCode"]), ("FAILED", "3:0"), out)
         self.assertIn("on node 1: exiting with 3", out)
         self.assertIn("the job failed on another node: node 1: rank 2", out)  # node 0 stopped because node 1 failed
-        # Both stopped long before the other workers' 120 s sleep ended.
-        self.assertLess(int(info["RunTime"].split(":")[-1]) + 60 * int(info["RunTime"].split(":")[-2]), 30, info)
+        self.assertLess(lib.seconds(info["RunTime"]), 30, info)  # long before the others' 120 s sleep ended
         self.assert_nothing_left(name)
 
     def test_two_jobs_share_nodes_without_flags(self):
@@ -202,11 +226,15 @@ srun --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node gpu --no-pyth
 
     # ------------------------------------------------------------------ examples/slurm
 
-    def submit_example(self, name, example, **env):
+    def submit_example(self, name, example, port=None, **env):
         """Submits examples/slurm/<example> as a user would (from that folder), minus its GPU
-        request (this cluster has none); the job runs in its own folder."""
+        request (this cluster has none) and with `port` for its fixed 29500 (the emulated
+        nodes share this machine's ports); the job runs in its own folder."""
         with open(os.path.join(lib.SOURCE_DIR, "examples", "slurm", example)) as f:
             text = "".join(line for line in f if "--gpus-per-node" not in line)
+        if port:
+            self.assertIn(":29500", text)
+            text = text.replace(":29500", f":{port}")
         path_env = os.path.dirname(lib.DDPRUN) + ":" + os.environ.get("PATH", "/usr/bin:/bin")
         job_env = self.cluster.env(PATH=path_env, PYTHON_EXEC=lib.PYTHON, OMP_NUM_THREADS=1,
                                    PYTHONUNBUFFERED=1, PYTHONDONTWRITEBYTECODE=1,
@@ -217,6 +245,18 @@ srun --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node gpu --no-pyth
     def test_example_multi_node(self):
         name = "ex_multi"
         job = self.submit_example(name, "multi_node.sbatch", NPROC=2)
+        info = self.cluster.wait(job, lib.scaled(180))
+        out = self.job_output(name)
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
+        self.assertIn("training on 4 ranks", out)
+        self.assertIn("parameters identical on all 4 ranks", out)
+        self.assertTrue(os.path.exists(os.path.join(self.job_dir(name), "checkpoint.pt")))
+        self.assert_nothing_left(name)
+
+    def test_example_c10d(self):
+        name = "ex_c10d"
+        job = self.submit_example(name, "c10d.sbatch", port=lib.derived_port(self.cluster.first_job_id + 97, 5),
+                                  NPROC=2)
         info = self.cluster.wait(job, lib.scaled(180))
         out = self.job_output(name)
         self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)

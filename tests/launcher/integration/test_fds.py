@@ -1,10 +1,12 @@
 """Every descriptor ddprun opens is close-on-exec: a worker starts with exactly its stdin,
 stdout and stderr plus what ddprun itself inherited (here one file the test passes on
-purpose). A leaked descriptor is not harmless: the store's listening socket in a worker (or
+purpose), and ddprun, while the workers run, holds no other descriptor without O_CLOEXEC. A leaked descriptor is not harmless: the store's listening socket in a worker (or
 in a daemon it leaves behind) keeps the port bound and lets it accept() store clients.
 
-Each launch path is one entry of LAUNCHES: (name, nodes, argv of node i). Add a line there
-for a new path (c10d: --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port}).
+Each launch path is one entry of LAUNCHES: (name, nodes, argv of node i). The c10d path runs
+two nodes, node 0 hosting the store and node 1 joining it: the agent holds more than the
+static one (the store's listening socket and its connections on the host, a lease
+connection and an event connection to the store, eventfds, threads), none of it the workers'.
 """
 import json
 import os
@@ -21,10 +23,18 @@ def static_args(nnodes, node, port):
             "--master-port", str(port), "--rdzv-conf", "join_timeout=20"]
 
 
+def c10d_args(node, port):
+    return ["--log-level", "info", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "fds",
+            "--local-addr", f"127.0.0.{2 + node}", "--rdzv-conf", f"is_host={int(node == 0)},join_timeout=20"]
+
+
+# (name, nodes, argv of node i, what node i's stderr says: the path really taken)
 LAUNCHES = [
-    ("static single-node", 1, lambda node, port: static_args(1, node, port)),
-    ("standalone", 1, lambda node, port: ["--standalone"]),
-    ("static multi-node", 2, lambda node, port: static_args(2, node, port)),
+    ("static single-node", 1, lambda node, port: static_args(1, node, port), {}),
+    ("standalone", 1, lambda node, port: ["--standalone"], {}),
+    ("static multi-node", 2, lambda node, port: static_args(2, node, port), {}),
+    ("c10d", 2, lambda node, port: c10d_args(node, port),
+     {0: "this node hosts the c10d store", 1: "joining the c10d store"}),
 ]
 
 
@@ -43,7 +53,7 @@ class WorkerDescriptors(DdprunTestCase):
             self.assertEqual(rc, 0, read_text(self.path(f"node{node}.stderr")))
         return nodes * NPROC
 
-    def check_launch(self, name, nodes, argv_of):
+    def check_launch(self, name, nodes, argv_of, says):
         # A descriptor ddprun inherits without close-on-exec stays the workers'.
         inherited = self.path("inherited.txt")
         fd = os.open(inherited, os.O_WRONLY | os.O_CREAT, 0o644)
@@ -51,9 +61,17 @@ class WorkerDescriptors(DdprunTestCase):
             world = self.launch(nodes, argv_of, fd)
         finally:
             os.close(fd)
+        for node, text in says.items():
+            self.assertIn(text, read_text(self.path(f"node{node}.stderr")), f"{name}: node {node}")
         for rank in range(world):
             with open(self.path(f"fds_{rank}.json")) as f:
-                fds = {int(k): v for k, v in json.load(f).items()}
+                fds = json.load(f)
+            # ddprun itself, while its workers run: nothing it opened (store, connections,
+            # eventfds, pipes, log files) could reach a worker it starts later (a restart).
+            parent = {int(k): v for k, v in fds.pop("ddprun").items()}
+            self.assertEqual(sorted(parent), [0, 1, 2, fd], f"{name}: ddprun (of rank {rank}) holds {parent} "
+                                                            "without close-on-exec")
+            fds = {int(k): v for k, v in fds.items()}
             self.assertEqual(sorted(fds), [0, 1, 2, fd],
                              f"{name}: rank {rank} started with descriptors {fds}")
             self.assertEqual(fds[fd], inherited, name)
@@ -63,9 +81,9 @@ class WorkerDescriptors(DdprunTestCase):
             os.unlink(self.path(f"fds_{rank}.json"))
 
     def test_every_launch_path(self):
-        for name, nodes, argv_of in LAUNCHES:
+        for name, nodes, argv_of, says in LAUNCHES:
             with self.subTest(launch=name):
-                self.check_launch(name, nodes, argv_of)
+                self.check_launch(name, nodes, argv_of, says)
 
 
 if __name__ == "__main__":
