@@ -22,6 +22,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -501,6 +502,17 @@ bool HttpSession::read_stream(std::string& out, Deadline deadline) {
   out += s.chunk;
   s.chunk.clear();
   return true;
+}
+
+// Runs in the session's own thread (inside run_one), which owns the stream: cancelling
+// there is safe, and the pending operation's handler then sees operation_aborted.
+void HttpSession::interrupt() {
+  Impl* s = impl_.get();
+  asio::post(s->ioc, [s] {
+    if (!s->plain && !s->secure) return;
+    error_code ec;
+    s->lowest().socket().cancel(ec);
+  });
 }
 
 }  // namespace ddprun::rdzv::etcd
