@@ -584,6 +584,7 @@ void DynamicRendezvous::watcher_loop() {
   std::vector<std::string> seen;
   int64_t r = -1;
   for (;;) {
+    bool fresh = false;  // a round to watch: judge the lines read so far before waiting
     {
       std::unique_lock lk(mu_);
       if (stop_) return;
@@ -591,18 +592,18 @@ void DynamicRendezvous::watcher_loop() {
         r = watched_round_;
         if (r >= 0) {
           reader.start(r, watched_members_);
-          reader.feed(seen);  // events of round r that came before it was watched
+          reader.feed(seen);  // events of round r that came before it was watched (its end, even)
+          fresh = true;
         }
       }
     }
     try {
-      auto more = events_->wait("events", seen.size(), r < 0 ? 200ms : 1s);
-      seen.insert(seen.end(), more.begin(), more.end());
-      if (r < 0) {
-        reader.feed(more);  // remember lost lines
-        continue;
+      if (!fresh) {
+        auto more = events_->wait("events", seen.size(), r < 0 ? 200ms : 1s);
+        seen.insert(seen.end(), more.begin(), more.end());
+        reader.feed(more);  // with no round watched: remembers lost lines
+        if (r < 0) continue;
       }
-      reader.feed(more);
       if (reader.needs_exited()) {
         std::set<std::string> exited, lost;
         for (auto& l : events_->read(exit_log(r), 0)) {

@@ -398,6 +398,7 @@ std::vector<std::string> EtcdBackend::wait(const std::string& log, size_t from, 
       if (Clock::now() >= end) return {};
       throw;
     } catch (const ExchangeError&) {
+      check_interrupted();  // interrupt() aborted the watch: no pause
       // The member went away mid-watch: read again (from another member, if need be).
       std::this_thread::sleep_for(std::min<Clock::duration>(milliseconds(50), std::max<Clock::duration>(end - Clock::now(), {})));
     }
