@@ -493,6 +493,12 @@ void DynamicRendezvous::wait_for_everyone_to_leave(const std::vector<NodeDesc>& 
 void DynamicRendezvous::finish(FinishKind kind, const std::string& reason) {
   worker_store_.reset();
   if (cancel_) return;  // stopping in a hurry: the lease's end tells the others
+  {
+    // Cut off from the backend (partitioned, or it is gone): every call would wait out
+    // read_timeout. The lease's end tells the others.
+    std::lock_guard lk(mu_);
+    if (node_problem_) return;
+  }
   try {
     if (kind == FinishKind::kSucceeded && wrote_done_) close_rendezvous("");
     if (kind == FinishKind::kJobFailed) close_rendezvous(reason.empty() ? "the job failed" : reason);
