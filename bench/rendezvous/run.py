@@ -87,10 +87,12 @@ def workers_restarted(log, t_kill):
 
 def cold_start(tmp):
     """Seconds from `ddprun --standalone` of 2 workers to their first finished step."""
-    log = os.path.join(tmp, "cold.jsonl")
+    # Fresh files each time: an old log's step would count, an old checkpoint would resume.
+    d = tempfile.mkdtemp(dir=tmp)
+    log = os.path.join(d, "cold.jsonl")
     t0 = time.time()
     p = subprocess.Popen([DDPRUN, "--standalone", "--nproc-per-node", "2", TRAIN, "--log", log,
-                          "--ckpt", os.path.join(tmp, "cold.pt"), "--steps", "1"],
+                          "--ckpt", os.path.join(d, "cold.pt"), "--steps", "1"],
                          env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rec = wait_for_line(log, lambda r: r["event"] == "step", 120)
     p.wait(timeout=120)

@@ -51,6 +51,11 @@ class StoreSync {
   }
   ~StoreSync() {
     stop_ = true;
+    {
+      // Wakes the watcher's blocked wait at once: the job's exit does not wait for its slice.
+      std::lock_guard lk(watch_mu_);
+      if (watch_conn_) watch_conn_->interrupt();
+    }
     if (watcher_.joinable()) watcher_.join();
     if (efd_ >= 0) close(efd_);
   }
@@ -92,6 +97,7 @@ class StoreSync {
 
   std::string exit_barrier_reason(int attempt) {
     barrier(fmt::format("exit/{}", attempt), "exit barrier");
+    passed_exit_barrier_ = true;  // every node is here: the host waits for them to leave
     quiet_ = true;
     std::lock_guard lk(mu_);
     std::string fk = key(fmt::format("fail/{}", attempt));
@@ -112,12 +118,14 @@ class StoreSync {
     }
     return "";
   }
-  bool joined = false;
+  bool passed_exit_barrier_ = false;
 
   // Node 0 keeps the store up until every node has left.
   void leave(bool is_host) {
     quiet_ = true;
-    if (!joined) return;  // the rendezvous never completed: nobody to wait for
+    // Only after an exit barrier that every node passed is everybody still there to leave;
+    // they read the attempt's failure key and then leave, so the host's wait is short.
+    if (!passed_exit_barrier_) return;
     try {
       std::lock_guard lk(mu_);
       store_->add(key("left"), 1);
@@ -166,6 +174,18 @@ class StoreSync {
       ddp::TcpStoreOptions wo = so_;
       wo.connect_timeout = std::min<std::chrono::milliseconds>(so_.connect_timeout, 2s);
       ddp::TcpStore w(wo);
+      {
+        std::lock_guard lk(watch_mu_);
+        if (stop_) return;
+        watch_conn_ = &w;
+      }
+      struct Unpublish {
+        StoreSync* s;
+        ~Unpublish() {
+          std::lock_guard lk(s->watch_mu_);
+          s->watch_conn_ = nullptr;
+        }
+      } unpublish{this};
       using Clock = std::chrono::steady_clock;
       std::vector<std::string> beat(static_cast<size_t>(nnodes_));
       std::vector<Clock::time_point> beat_changed(static_cast<size_t>(nnodes_), Clock::now());
@@ -265,6 +285,8 @@ class StoreSync {
   std::chrono::milliseconds keep_alive_{5000};
   int keep_alive_max_ = 3;
   std::thread watcher_;
+  std::mutex watch_mu_;
+  ddp::TcpStore* watch_conn_ = nullptr;  // the watcher's connection while it runs (watch_mu_)
 };
 
 // Static rendezvous: node 0 hosts the store at --master-addr:--master-port; every node

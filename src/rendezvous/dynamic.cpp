@@ -390,7 +390,9 @@ void DynamicRendezvous::end_round(RoundEnd::Kind kind, const std::string& text) 
 // watchers woken for every arrival).
 void DynamicRendezvous::arrive_exit() {
   main_->append(exit_log(round_), c_.me.id);
-  if (main_->add(exit_log(round_) + "/n", 1) == static_cast<int64_t>(members_.size())) {
+  const int64_t n = main_->add(exit_log(round_) + "/n", 1);
+  spdlog::debug("rendezvous: round {}: exit barrier, {} of {} arrived", round_, n, members_.size());
+  if (n == static_cast<int64_t>(members_.size())) {
     main_->append("events", round_event(round_, "done", c_.me.id, ""));
     wrote_done_ = true;
   }
@@ -399,6 +401,8 @@ void DynamicRendezvous::arrive_exit() {
 RoundEnd DynamicRendezvous::wait_end() {
   std::unique_lock lk(mu_);
   cv_.wait(lk, [&] { return node_problem_ || end_ || stop_; });
+  spdlog::debug("rendezvous: round {} ended: {}", round_,
+                node_problem_ ? node_problem_->describe() : end_ ? end_->describe() : "stopping");
   if (node_problem_) return *node_problem_;
   if (end_) return *end_;
   return RoundEnd{RoundEnd::Kind::kClosed, "", "stopping"};
@@ -502,12 +506,15 @@ void DynamicRendezvous::finish(FinishKind kind, const std::string& reason) {
   try {
     if (kind == FinishKind::kSucceeded && wrote_done_) close_rendezvous("");
     if (kind == FinishKind::kJobFailed) close_rendezvous(reason.empty() ? "the job failed" : reason);
+    spdlog::debug("rendezvous: closed");
     // "left" before the lease goes: the last lease to go may take the run's keys with it
     // (etcd), and nothing may be written after that.
     main_->append("left", c_.me.id);
+    spdlog::debug("rendezvous: left");
     if (kind != FinishKind::kNodeStopped) {
       // Leaving a finished job in good order: no "lost" line for anyone to read.
       std::lock_guard lk(lease_mu_);
+      spdlog::debug("rendezvous: releasing");
       lease_->release();
     }
     if (c_.hosts_store) {
@@ -589,8 +596,21 @@ void DynamicRendezvous::watcher_loop() {
   RoundReader reader;
   std::vector<std::string> seen;
   int64_t r = -1;
+  // The round's end, if what was read so far says it ended: then the caller is woken.
+  auto judge = [&] {
+    if (reader.needs_exited()) {
+      std::set<std::string> exited, lost;
+      for (auto& l : events_->read(exit_log(r), 0)) {
+        Event e = parse_event(l);
+        if (e.kind == "lost") lost.insert(e.node);
+        else if (!lost.count(e.kind)) exited.insert(e.kind);
+      }
+      reader.set_exited(exited);
+    }
+    if (auto end = reader.end()) notify_end(r, *end);
+  };
   for (;;) {
-    bool fresh = false;  // a round to watch: judge the lines read so far before waiting
+    bool started = false;
     {
       std::unique_lock lk(mu_);
       if (stop_) return;
@@ -598,28 +618,21 @@ void DynamicRendezvous::watcher_loop() {
         r = watched_round_;
         if (r >= 0) {
           reader.start(r, watched_members_);
-          reader.feed(seen);  // events of round r that came before it was watched (its end, even)
-          fresh = true;
+          started = true;
         }
       }
     }
     try {
-      if (!fresh) {
-        auto more = events_->wait("events", seen.size(), r < 0 ? 200ms : 1s);
-        seen.insert(seen.end(), more.begin(), more.end());
-        reader.feed(more);  // with no round watched: remembers lost lines
-        if (r < 0) continue;
+      if (started) {
+        // Events of round r that came before it was watched may already end it (a round of
+        // `true` workers can be over by now).
+        reader.feed(seen);
+        judge();
       }
-      if (reader.needs_exited()) {
-        std::set<std::string> exited, lost;
-        for (auto& l : events_->read(exit_log(r), 0)) {
-          Event e = parse_event(l);
-          if (e.kind == "lost") lost.insert(e.node);
-          else if (!lost.count(e.kind)) exited.insert(e.kind);
-        }
-        reader.set_exited(exited);
-      }
-      if (auto end = reader.end()) notify_end(r, *end);
+      auto more = events_->wait("events", seen.size(), r < 0 ? 200ms : 1s);
+      seen.insert(seen.end(), more.begin(), more.end());
+      reader.feed(more);  // before a round is watched: remembers lost lines
+      if (r >= 0) judge();
     } catch (const std::exception& e) {
       {
         std::lock_guard lk(mu_);

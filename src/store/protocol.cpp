@@ -83,7 +83,8 @@ std::optional<Op> decode_opcode(Generation g, uint8_t opcode) {
   if (g == Generation::kV1Torch21 && opcode < std::size(kV1Torch21Ops))
     return kV1Torch21Ops[opcode];
   if (g == Generation::kV2 && opcode < std::size(kV2Ops)) return kV2Ops[opcode];
-  if (g == Generation::kV2 && opcode >= kExtensionBase && opcode - kExtensionBase < std::size(kV2Extensions))
+  if (g == Generation::kV2 && opcode >= kExtensionBase &&
+      static_cast<size_t>(opcode - kExtensionBase) < std::size(kV2Extensions))
     return kV2Extensions[opcode - kExtensionBase];
   return std::nullopt;
 }

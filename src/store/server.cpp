@@ -157,6 +157,7 @@ class StoreServer::Impl {
   void store_value(const std::string& key, std::string value, bool wake = true);
   void append_value(const std::string& key, std::string value);
   void wait_grows(Conn& c, const std::string& key, int64_t beyond);
+  void wait_on(Conn& c, const std::string& key, int64_t grows_beyond = -1);
   void barrier(Conn& c, const std::string& key, int64_t world_size);
   void wake_all(const std::string& key);
   void wake_one(const std::string& key);
@@ -559,11 +560,16 @@ void StoreServer::Impl::barrier(Conn& c, const std::string& key, int64_t world_s
     proto::put_u8(out(c), proto::kWaitStopWaiting);
     return;
   }
-  // Waits like a WAIT on this key, so CANCEL_WAIT and closing clean it up.
+  wait_on(c, key);  // like a WAIT on this key, so CANCEL_WAIT and closing clean it up
+}
+
+// c waits on one key (as WAIT does); with grows_beyond >= 0, until its value is longer.
+void StoreServer::Impl::wait_on(Conn& c, const std::string& key, int64_t grows_beyond) {
   auto w = std::make_unique<Wait>();
   w->conn = &c;
   w->keys.push_back(key);
   w->remaining = 1;
+  w->grows_beyond = grows_beyond;
   waiters_[key].push_back(w.get());
   c.waits.push_back(std::move(w));
 }
@@ -613,13 +619,7 @@ void StoreServer::Impl::wait_grows(Conn& c, const std::string& key, int64_t beyo
     proto::put_u8(out(c), proto::kWaitStopWaiting);
     return;
   }
-  auto w = std::make_unique<Wait>();
-  w->conn = &c;
-  w->keys.push_back(key);
-  w->remaining = 1;
-  w->grows_beyond = std::max<int64_t>(beyond, 0);
-  waiters_[key].push_back(w.get());
-  c.waits.push_back(std::move(w));
+  wait_on(c, key, std::max<int64_t>(beyond, 0));
 }
 
 // ---------------------------------------------------------------------------------------

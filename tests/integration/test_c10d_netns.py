@@ -14,8 +14,6 @@ keep_alive_interval x keep_alive_max_attempt + 2 s; nothing hangs.
 Needs root (skipped otherwise). Workers: tests/launcher/integration/workers/rdzv_env.py,
 which records its environment and start time (a round is its MASTER_PORT).
 """
-import glob
-import json
 import os
 import secrets
 import shutil
@@ -27,6 +25,7 @@ import time
 import unittest
 
 import ddprun_testlib as lib
+import jobwatch
 from test_multinode_netns import Node, Topology, ip, netns_unavailable_reason
 
 RECORDER = os.path.join(lib.SOURCE_DIR, "tests", "launcher", "integration", "workers", "rdzv_env.py")
@@ -118,33 +117,20 @@ class C10dNetns(unittest.TestCase):
         return node
 
     def wait_all(self, nodes, timeout):
-        deadline = time.monotonic() + hang(timeout)
-        while time.monotonic() < deadline:
-            for n in nodes:
-                if n.exited_at is None and n.proc.poll() is not None:
-                    n.exited_at = time.time()
-            if all(n.exited_at is not None for n in nodes):
-                return
-            time.sleep(0.02)
-        self.fail(f"nodes still running after {hang(timeout):.0f} s: {[n.rank for n in nodes if n.exited_at is None]}"
-                  + self.describe())
+        running = jobwatch.wait_exited(nodes, hang(timeout))
+        if running:
+            self.fail(f"nodes still running after {hang(timeout):.0f} s: {[n.rank for n in running]}"
+                      + self.describe())
 
     def describe(self):
         return "".join(f"\n--- node {n.rank} ({HOSTNAMES[n.rank]}) rc={n.rc}\nstdout:\n{n.stdout()[-2000:]}\n"
                        f"stderr:\n{n.stderr()[-4000:]}" for n in self.started)
 
     def records(self):
-        out = []
-        for f in glob.glob(os.path.join(self.rec, "start_*.json")):
-            with open(f) as fh:
-                out.append(json.load(fh))
-        return sorted(out, key=lambda r: r["t"])
+        return jobwatch.start_records(self.rec)
 
     def rounds(self):
-        by_port = {}
-        for r in self.records():
-            by_port.setdefault(r["env"]["MASTER_PORT"], []).append(r)
-        return sorted(by_port.values(), key=lambda rs: rs[0]["t"])
+        return jobwatch.rounds(self.records())
 
     def wait_round(self, world, timeout=30):
         deadline = time.monotonic() + hang(timeout)

@@ -25,6 +25,7 @@ import time
 import unittest
 
 import ddprun_testlib as lib
+import jobwatch
 
 MASTER_ADDR = "10.77.0.1"
 MASTER_PORT = 29600
@@ -165,16 +166,9 @@ class MultiNodeNetns(unittest.TestCase):
     def wait_all(self, nodes, timeout):
         """Until every node exited; `timeout` (seconds, scaled here) only guards against a hang."""
         timeout = lib.scaled(timeout)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for n in nodes:
-                if n.exited_at is None and n.proc.poll() is not None:
-                    n.exited_at = time.time()
-            if all(n.exited_at is not None for n in nodes):
-                return
-            time.sleep(0.05)
-        self.fail(f"nodes still running after {timeout} s: {[n.rank for n in nodes if n.exited_at is None]}\n"
-                  + self.describe(nodes))
+        running = jobwatch.wait_exited(nodes, timeout, poll_s=0.05)
+        if running:
+            self.fail(f"nodes still running after {timeout} s: {[n.rank for n in running]}\n" + self.describe(nodes))
 
     @staticmethod
     def describe(nodes):

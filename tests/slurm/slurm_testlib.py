@@ -101,7 +101,7 @@ class SlurmTestCase(unittest.TestCase):
             f"WORKERS={shlex.quote(WORKERS)}\n"
             f"TRAIN={shlex.quote(TRAIN)}\n"
             # ddprun and its workers carry the step marker; srun and the batch shell do not
-            f"export SRUN_EXPORT_ENV=ALL,{STEP_MARKER}={marker}\n"
+            f"export SRUN_EXPORT_ENV=ALL,{STEP_MARKER}={self.step_marker(marker)}\n"
             f"{body}\n")
 
     def submit(self, name, body, *sbatch_options):
@@ -128,8 +128,13 @@ class SlurmTestCase(unittest.TestCase):
                     out.append(json.load(fh))
         return out
 
+    def step_marker(self, name):
+        """The step marker's value: the job's name and this cluster's folder, so that a test
+        run beside another (another checkout's) never counts the other's processes."""
+        return f"{name}@{os.path.basename(self.cluster.root)}"
+
     def step_pids(self, name):
-        return self.cluster.marked_pids(name, key=STEP_MARKER)
+        return self.cluster.marked_pids(self.step_marker(name), key=STEP_MARKER)
 
     def assert_nothing_left(self, name, within=5):
         """No process of the job's steps (ddprun, its workers, the probe) is left on any node."""

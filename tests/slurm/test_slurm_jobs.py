@@ -140,7 +140,7 @@ srun --ntasks-per-node=1 $DDPRUN --nproc-per-node 2 $WORKERS/exit_on_node.py 1 3
         out = self.job_output(name)
         self.assertEqual((info["JobState"], info["ExitCode"]), ("FAILED", "3:0"), out)
         self.assertIn("on node 1: exiting with 3", out)
-        self.assertIn("another node failed", out)  # node 0 stopped because node 1 failed
+        self.assertIn("the job failed on another node: node 1: rank 2", out)  # node 0 stopped because node 1 failed
         # Both stopped long before the other workers' 120 s sleep ended.
         self.assertLess(int(info["RunTime"].split(":")[-1]) + 60 * int(info["RunTime"].split(":")[-2]), 30, info)
         self.assert_nothing_left(name)
@@ -211,7 +211,7 @@ srun --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node gpu --no-pyth
         job_env = self.cluster.env(PATH=path_env, PYTHON_EXEC=lib.PYTHON, OMP_NUM_THREADS=1,
                                    PYTHONUNBUFFERED=1, PYTHONDONTWRITEBYTECODE=1,
                                    TRAIN=lib.TRAIN, **env)
-        job_env["SRUN_EXPORT_ENV"] = f"ALL,{lib.STEP_MARKER}={name}"
+        job_env["SRUN_EXPORT_ENV"] = f"ALL,{lib.STEP_MARKER}={self.step_marker(name)}"
         return self.cluster.sbatch(text, name=name, env=job_env)
 
     def test_example_multi_node(self):

@@ -9,8 +9,6 @@ torchrun 1.13. Time bounds that check speed ("at once", "within 2 s") are the is
 targets, far above what a quiet machine measures (noted at each); hang guards are generous
 and scale with DDP_TEST_TIMEOUT_SCALE.
 """
-import glob
-import json
 import os
 import re
 import signal
@@ -22,6 +20,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ddprun_testlib import DDPRUN, PYTHON, DdprunTestCase, clean_env, free_port, pid_alive, read_text, scaled, worker
+import jobwatch  # noqa: E402  (tests/common, on the path through ddprun_testlib)
 
 STORE_SERVER = os.path.join(os.path.dirname(DDPRUN), "ddp-store-server")
 TORCHRUN113 = "/work/shared/anchors/torchrun113.py"
@@ -100,34 +99,20 @@ class C10dTestCase(DdprunTestCase):
     # -- waiting and reading what happened
 
     def wait_nodes(self, nodes, timeout):
-        deadline = time.monotonic() + hang(timeout)
-        while time.monotonic() < deadline:
-            for n in nodes:
-                if n.exited_at is None and n.proc.poll() is not None:
-                    n.exited_at = time.time()
-            if all(n.exited_at is not None for n in nodes):
-                return
-            time.sleep(0.02)
-        self.fail(f"nodes still running after {hang(timeout):.0f} s: "
-                  f"{[n.name for n in nodes if n.exited_at is None]}{self.describe()}")
+        running = jobwatch.wait_exited(nodes, hang(timeout))
+        if running:
+            self.fail(f"nodes still running after {hang(timeout):.0f} s: {[n.name for n in running]}{self.describe()}")
 
     def describe(self, nodes=None):
         return "".join(f"\n--- {n.name} ({n.addr}) rc={n.rc}\nstdout:\n{n.stdout()[-3000:]}\nstderr:\n"
                        f"{n.stderr()[-4000:]}" for n in (nodes or self.nodes))
 
     def records(self):
-        out = []
-        for f in glob.glob(os.path.join(self.rec, "start_*.json")):
-            with open(f) as fh:
-                out.append(json.load(fh))
-        return sorted(out, key=lambda r: r["t"])
+        return jobwatch.start_records(self.rec)
 
     def rounds(self):
         """Worker records grouped by round (MASTER_PORT), in the order the rounds started."""
-        by_port = {}
-        for r in self.records():
-            by_port.setdefault(r["env"]["MASTER_PORT"], []).append(r)
-        return sorted(by_port.values(), key=lambda rs: rs[0]["t"])
+        return jobwatch.rounds(self.records())
 
     def wait_workers(self, count, world=None, timeout=20):
         """Waits until `count` workers of one round (of WORLD_SIZE world) have started."""

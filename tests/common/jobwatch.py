@@ -1,0 +1,43 @@
+"""What the multi-node integration tests share: waiting for a set of nodes (ddprun
+processes) to exit, and reading the records their workers wrote (rdzv_env.py and friends
+write start_<pid>.json with their environment).
+
+A node here is any object with `proc` (a subprocess.Popen) and `exited_at` (None until it
+exited; then time.time() when this module saw it gone).
+"""
+import glob
+import json
+import os
+import time
+
+
+def wait_exited(nodes, timeout_s, poll_s=0.02):
+    """Polls until every node exited or timeout_s (already scaled) passed; returns the
+    nodes still running (empty when all exited)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for n in nodes:
+            if n.exited_at is None and n.proc.poll() is not None:
+                n.exited_at = time.time()
+        running = [n for n in nodes if n.exited_at is None]
+        if not running or time.monotonic() >= deadline:
+            return running
+        time.sleep(poll_s)
+
+
+def start_records(folder):
+    """The workers' start_*.json records in folder, oldest first."""
+    out = []
+    for f in glob.glob(os.path.join(folder, "start_*.json")):
+        with open(f) as fh:
+            out.append(json.load(fh))
+    return sorted(out, key=lambda r: r["t"])
+
+
+def rounds(records):
+    """Worker records grouped by round (each round has its own MASTER_PORT), in the order
+    the rounds started."""
+    by_port = {}
+    for r in records:
+        by_port.setdefault(r["env"]["MASTER_PORT"], []).append(r)
+    return sorted(by_port.values(), key=lambda rs: rs[0]["t"])
