@@ -32,10 +32,13 @@ const FlagSpec kFlags[] = {
     {"local-addr", 0, K::kValue, "", "Rendezvous",
      "this node's address as other nodes see it (identity, rank order, MASTER_ADDR)", nullptr, "", "HOST"},
     {"rdzv-backend", 0, K::kValue, "static", "Rendezvous",
-     "static, or c10d: dynamic rounds in a store at --rdzv-endpoint (etcd, etcd-v2: not supported yet)", nullptr,
+     "static; c10d: dynamic rounds in a store at --rdzv-endpoint; etcd, etcd-v2: dynamic rounds in etcd (v3 API)",
+     nullptr,
      "static c10d etcd etcd-v2", "NAME"},
     {"rdzv-endpoint", 0, K::kValue, "", "Rendezvous",
-     "host[:port] of the rendezvous store (c10d default port 29400; IPv6 as [addr]:port)", nullptr, "",
+     "host[:port] of the rendezvous store (c10d default port 29400; IPv6 as [addr]:port); etcd: its members, "
+     "host[:port][,host[:port]...] (default port 2379)",
+     nullptr, "",
      "HOST[:PORT]"},
     {"no-slurm", 0, K::kFlag, "", "Rendezvous",
      "ignore SLURM_*: in an srun step ddprun otherwise takes the node count, node rank, store host (the step's "
@@ -43,7 +46,8 @@ const FlagSpec kFlags[] = {
     {"rdzv-id", 0, K::kValue, "none", "Rendezvous", "job id shared by all nodes", nullptr, "", "ID"},
     {"rdzv-conf", 0, K::kValue, "", "Rendezvous",
      "k=v,...: join_timeout=600 last_call_timeout=30 close_timeout=30 read_timeout=60 keep_alive_interval=5 "
-     "keep_alive_max_attempt=3 is_host=0|1 (seconds)",
+     "keep_alive_max_attempt=3 is_host=0|1 (seconds); etcd: protocol=http|https cacert=PEM cert=PEM key=PEM "
+     "timeout=SECONDS (join_timeout)",
      nullptr, "", "K=V,..."},
     {"max-restarts", 0, K::kValue, "0", "Supervision", "restarts of the whole worker group before failing", nullptr,
      "", "N"},

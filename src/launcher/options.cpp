@@ -20,6 +20,7 @@
 #include "launcher/process.hpp"
 #include "launcher/slurm.hpp"
 #include "launcher/version.hpp"
+#include "rendezvous/etcd/http.hpp"
 
 extern char** environ;
 
@@ -343,14 +344,51 @@ void check_static(Options& o, const Flags& g) {
     throw UsageError("--master-port 0 picks a free port, which other nodes cannot know: give a port for --nnodes > 1");
 }
 
-void check_dynamic(Options& o, const Flags& g) {
+double conf_seconds(const std::string& source, const std::string& key, const std::string& v, bool allow_zero);
+
+// --rdzv-backend etcd / etcd-v2 (both over etcd's v3 API): one or more endpoints, torchrun's
+// etcd keys (protocol, cacert, cert, key; "timeout" is its join timeout).
+void check_etcd(Options& o, const Flags& g) {
   const std::string src = g.source("rdzv-backend");
-  if (o.rdzv_backend == "etcd" || o.rdzv_backend == "etcd-v2")
-    throw UsageError(fmt::format("{}: '{}' rendezvous is not supported yet; use c10d (--rdzv-backend c10d "
-                                 "--rdzv-endpoint HOST[:PORT]) or static rendezvous",
-                                 src, o.rdzv_backend));
-  if (o.rdzv_backend != "c10d")
-    throw UsageError(fmt::format("{}: expected static or c10d, got '{}'", src, o.rdzv_backend));
+  if (o.rdzv_endpoint.empty())
+    throw UsageError(fmt::format("{} needs --rdzv-endpoint HOST[:PORT][,HOST[:PORT]...] (the etcd members; port "
+                                 "2379 when left out)",
+                                 src));
+  RdzvConf& c = o.rdzv_conf;
+  auto conf = [&](const char* k) { return c.raw.count(k) ? c.raw.at(k) : std::string(); };
+  const std::string protocol = conf("protocol").empty() ? "http" : conf("protocol");
+  if (protocol != "http" && protocol != "https")
+    throw UsageError(fmt::format("--rdzv-conf: protocol expects http or https, got '{}'", protocol));
+  if (protocol == "http")
+    for (const char* k : {"cacert", "cert", "key"})
+      if (!conf(k).empty())
+        throw UsageError(fmt::format("--rdzv-conf: {} needs protocol=https (TLS to etcd)", k));
+  if (!conf("key").empty() && conf("cert").empty())
+    throw UsageError("--rdzv-conf: key is given without cert (the client certificate it belongs to)");
+  std::vector<rdzv::etcd::Endpoint> eps;
+  try {
+    eps = rdzv::etcd::parse_endpoints(o.rdzv_endpoint, protocol == "https");
+  } catch (const ddp::UsageError& e) {
+    throw UsageError(fmt::format("{}: {}", g.source("rdzv-endpoint"), e.what()));
+  }
+  o.rdzv_host = eps.front().host;  // for this node's outgoing address
+  o.rdzv_port = eps.front().port;
+  if (c.raw.count("timeout") && !c.raw.count("join_timeout"))
+    c.join_timeout = conf_seconds("--rdzv-conf", "timeout", conf("timeout"), false);  // torchrun's etcd name
+  if (c.keep_alive_interval * c.keep_alive_max_attempt < 3)
+    o.warnings.push_back(fmt::format(
+        "--rdzv-conf: the keep-alive window ({} s = keep_alive_interval x keep_alive_max_attempt) is shorter than an "
+        "etcd leader election may take (2-3 s with etcd's default election timeout of 1 s): when the leader fails, "
+        "nodes that cannot renew their lease for that long stop",
+        c.keep_alive_interval * c.keep_alive_max_attempt));
+  if (c.is_host)
+    o.warnings.push_back(fmt::format("--rdzv-conf is_host is ignored with {} rendezvous: etcd hosts the rendezvous, "
+                                     "and each round's node rank 0 hosts its workers' store",
+                                     o.rdzv_backend));
+}
+
+void check_c10d_endpoint(Options& o, const Flags& g) {
+  const std::string src = g.source("rdzv-backend");
   if (o.rdzv_endpoint.empty()) {
     if (o.max_nodes > 1)
       throw UsageError(fmt::format("{} with --nnodes {} needs --rdzv-endpoint HOST[:PORT] (the store every node "
@@ -364,6 +402,16 @@ void check_dynamic(Options& o, const Flags& g) {
       throw UsageError(fmt::format("{}: port 0 cannot be shared with other nodes; give a port 1..65535, got '{}'",
                                    g.source("rdzv-endpoint"), o.rdzv_endpoint));
   }
+}
+
+void check_dynamic(Options& o, const Flags& g) {
+  const std::string src = g.source("rdzv-backend");
+  if (o.rdzv_backend == "etcd" || o.rdzv_backend == "etcd-v2")
+    check_etcd(o, g);
+  else if (o.rdzv_backend == "c10d")
+    check_c10d_endpoint(o, g);
+  else
+    throw UsageError(fmt::format("{}: expected static, c10d, etcd or etcd-v2, got '{}'", src, o.rdzv_backend));
   // Warned only when typed on the command line: PET_* variables are often set for every
   // backend by a scheduler (Kubeflow's PyTorchJob), and saying so each time would be noise.
   auto typed = [&](const char* f) { return g.has(f) && g.at(f).source.starts_with("-"); };

@@ -1,5 +1,8 @@
-// The launcher's side of the dynamic rendezvous (--rdzv-backend c10d): who hosts the
-// store, connecting to it, this node's identity, and the round plans as JobPlans.
+// The launcher's side of the dynamic rendezvous (--rdzv-backend c10d, etcd, etcd-v2): the
+// backend (c10d: who hosts the store, connecting to it; etcd: the members), this node's
+// identity, and the round plans as JobPlans. With either backend each round's node rank 0
+// hosts that round's worker store (DynamicRendezvous), so the workers' store is an agent's:
+// TORCHELASTIC_USE_AGENT_STORE=True.
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,6 +15,7 @@
 #include "launcher/net.hpp"
 #include "launcher/random.hpp"
 #include "launcher/rendezvous.hpp"
+#include "rendezvous/etcd/etcd_backend.hpp"
 #include "rendezvous/store_backend.hpp"
 #include "store/server.hpp"
 
@@ -68,6 +72,8 @@ class DynamicAdapter : public Rendezvous {
   }
 
  private:
+  std::unique_ptr<rdzv::Backend> open_c10d(bool& hosting);
+  std::unique_ptr<rdzv::Backend> open_etcd() const;
   bool decide_host(std::string& why) const;
   bool host_store(bool inferred, const std::string& why);
   std::unique_ptr<rdzv::StoreBackend> connect(bool hosting, const std::string& why);
@@ -154,23 +160,55 @@ rdzv::NodeDesc DynamicAdapter::describe_me(const std::string& connect_host, int 
   return me;
 }
 
-DynamicAdapter::DynamicAdapter(const Options& o, std::string hostname) : o_(o), hostname_(std::move(hostname)) {
+// c10d: the store at the endpoint, hosted by this node when it is the endpoint's.
+std::unique_ptr<rdzv::Backend> DynamicAdapter::open_c10d(bool& hosting) {
   port_ = o_.rdzv_port;
   std::string why;
-  bool hosting = decide_host(why);
+  hosting = decide_host(why);
   if (hosting) hosting = host_store(!o_.rdzv_conf.is_host.has_value(), why);
   else spdlog::info("rendezvous: joining the c10d store at {} (not hosting it: {})", endpoint_text(o_.rdzv_host, port_), why);
-  auto main = connect(hosting, why);
+  return connect(hosting, why);
+}
+
+// etcd: nobody hosts the rendezvous. The node lease is keep_alive_interval x
+// keep_alive_max_attempt; the run's keys outlive the last renewal by a few of those, so a
+// crashed job's keys expire and a reused run id starts clean.
+std::unique_ptr<rdzv::Backend> DynamicAdapter::open_etcd() const {
+  const auto& c = o_.rdzv_conf;
+  auto conf = [&](const char* k) { return c.raw.count(k) ? c.raw.at(k) : std::string(); };
+  rdzv::EtcdOptions e;
+  e.endpoints = o_.rdzv_endpoint;
+  e.run_id = o_.rdzv_id;
+  e.protocol = conf("protocol").empty() ? "http" : conf("protocol");
+  e.cacert = conf("cacert");
+  e.cert = conf("cert");
+  e.key = conf("key");
+  e.op_timeout = seconds(c.read_timeout);
+  e.connect_timeout = std::min(seconds(5), e.op_timeout);
+  const milliseconds ttl = seconds(c.keep_alive_interval * c.keep_alive_max_attempt);
+  e.run_ttl = std::max(milliseconds(60000), 4 * ttl);
+  auto b = rdzv::make_etcd_backend(e);
+  spdlog::info("rendezvous: {} (run '{}', node lease {})", b->describe(), o_.rdzv_id, ddp::format_duration(ttl));
+  return b;
+}
+
+DynamicAdapter::DynamicAdapter(const Options& o, std::string hostname) : o_(o), hostname_(std::move(hostname)) {
+  bool hosting = false;
+  const bool etcd = o_.rdzv_backend == "etcd" || o_.rdzv_backend == "etcd-v2";
+  auto main = etcd ? open_etcd() : open_c10d(hosting);
   rdzv::DynamicConfig c;
   c.run_id = o_.rdzv_id;
   c.job = rdzv::JobSettings{o_.min_nodes, o_.max_nodes, o_.max_restarts};
-  c.me = describe_me(o_.rdzv_host, port_);
+  c.me = describe_me(o_.rdzv_host, o_.rdzv_port > 0 ? o_.rdzv_port : port_);
   c.join_timeout = seconds(o_.rdzv_conf.join_timeout);
   c.last_call_timeout = seconds(o_.rdzv_conf.last_call_timeout);
   c.close_timeout = seconds(o_.rdzv_conf.close_timeout);
   c.keep_alive_interval = seconds(o_.rdzv_conf.keep_alive_interval);
   c.keep_alive_max_attempt = o_.rdzv_conf.keep_alive_max_attempt;
   c.hosts_store = hosting;
+  if (!etcd && !hosting)
+    c.store_lost_hint = " (a c10d store lives in the ddprun of one node: when that node stops, so does the job; a "
+                        "ddp-store-server of its own, or etcd, outlives any node)";
   auto events = main->clone();
   auto lease = main->clone();
   d_ = std::make_unique<rdzv::DynamicRendezvous>(std::move(c), std::move(main), std::move(events), std::move(lease));

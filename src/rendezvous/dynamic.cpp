@@ -497,18 +497,26 @@ void DynamicRendezvous::wait_for_everyone_to_leave(const std::vector<NodeDesc>& 
 void DynamicRendezvous::finish(FinishKind kind, const std::string& reason) {
   worker_store_.reset();
   if (cancel_) return;  // stopping in a hurry: the lease's end tells the others
+  {
+    // Cut off from the backend (partitioned, or it is gone): every call would wait out
+    // read_timeout. The lease's end tells the others.
+    std::lock_guard lk(mu_);
+    if (node_problem_) return;
+  }
   try {
     if (kind == FinishKind::kSucceeded && wrote_done_) close_rendezvous("");
     if (kind == FinishKind::kJobFailed) close_rendezvous(reason.empty() ? "the job failed" : reason);
     spdlog::debug("rendezvous: closed");
+    // "left" before the lease goes: the last lease to go may take the run's keys with it
+    // (etcd), and nothing may be written after that.
+    main_->append("left", c_.me.id);
+    spdlog::debug("rendezvous: left");
     if (kind != FinishKind::kNodeStopped) {
       // Leaving a finished job in good order: no "lost" line for anyone to read.
       std::lock_guard lk(lease_mu_);
       spdlog::debug("rendezvous: releasing");
       lease_->release();
     }
-    main_->append("left", c_.me.id);
-    spdlog::debug("rendezvous: left");
     if (c_.hosts_store) {
       State s = decode(main_->load());
       std::vector<NodeDesc> nodes = members_;
@@ -632,10 +640,7 @@ void DynamicRendezvous::watcher_loop() {
       }
       notify_end(-1, RoundEnd{RoundEnd::Kind::kStoreLost, "",
                               fmt::format("lost the rendezvous at {}: {}{}", backend_name_, e.what(),
-                                          c_.hosts_store ? ""
-                                                         : " (a c10d store lives in the ddprun of one node: when that "
-                                                           "node stops, so does the job; a ddp-store-server of its own, "
-                                                           "or etcd, outlives any node)")});
+                                          c_.store_lost_hint)});
       std::unique_lock lk(mu_);
       cv_.wait(lk, [&] { return stop_; });
       return;

@@ -49,6 +49,7 @@ struct DynamicConfig {
   milliseconds keep_alive_interval{5000};
   int keep_alive_max_attempt = 3;
   bool hosts_store = false;  // this node's ddprun hosts the rendezvous store: it stays until all left
+  std::string store_lost_hint;  // appended to "lost the rendezvous at ...": what would outlive a node
 };
 
 // This node's part in a complete round.

@@ -9,6 +9,29 @@ namespace ddprun::rdzv {
 
 namespace {
 
+// The state's version: every write stores value + "\n@<n>", n one more than the version it
+// replaced, so that the token (the stored bytes) changes with every write, even of the same
+// value (no ABA). A value without it (a torchrun agent's state) is handed out as it is.
+constexpr char kVersionMark[] = "\n@";
+
+std::pair<std::string, int64_t> split_version(const std::string& raw) {
+  size_t at = raw.rfind(kVersionMark);
+  if (at == std::string::npos || at + 2 >= raw.size()) return {raw, 0};
+  int64_t n = 0;
+  for (size_t i = at + 2; i < raw.size(); ++i) {
+    if (raw[i] < '0' || raw[i] > '9' || n > (int64_t{1} << 55)) return {raw, 0};
+    n = n * 10 + (raw[i] - '0');
+  }
+  return {raw.substr(0, at), n};
+}
+
+Snapshot snapshot_of(const std::string& raw) {
+  Snapshot s;
+  if (!raw.empty()) s.state = split_version(raw).first;
+  s.token.value = raw;
+  return s;
+}
+
 std::vector<std::string> lines_from(const std::string& raw, size_t from) {
   std::vector<std::string> out;
   size_t i = 0, start = 0;
@@ -49,45 +72,59 @@ std::string StoreBackend::key(const std::string& name) const { return "ddprun.rd
 // COMPARE_SET(key, "", "") reads the state in one round trip without blocking: it creates
 // an empty value when there is none ("" is never a state).
 Snapshot StoreBackend::load() {
-  std::string v = store_->compare_set(state_key(), "", "");
-  Snapshot s;
-  if (!v.empty()) s.state = v;
-  s.token.value = v;
-  return s;
+  return named([&] { return snapshot_of(store_->compare_set(state_key(), "", "")); });
 }
 
 CasResult StoreBackend::compare_and_set(const std::string& value, const Token& expected) {
-  std::string now = store_->compare_set(state_key(), expected.value, value);
+  const int64_t version = expected.value.empty() ? 0 : split_version(expected.value).second;
+  const std::string desired = value + kVersionMark + std::to_string(version + 1);
+  std::string now = named([&] { return store_->compare_set(state_key(), expected.value, desired); });
   CasResult r;
-  r.ok = now == value;
-  if (!now.empty()) r.current.state = now;
-  r.current.token.value = now;
+  r.ok = now == desired;
+  r.current = snapshot_of(now);
   return r;
 }
 
-void StoreBackend::append(const std::string& log, const std::string& line) { store_->append(key(log), line + "\n"); }
+// APPEND has no reply: the PING after it returns once the server has applied it, so the
+// line is there for every other connection when append() returns.
+void StoreBackend::append(const std::string& log, const std::string& line) {
+  named([&] {
+    store_->append(key(log), line + "\n");
+    store_->ping();
+  });
+}
 
 // MULTI_GET answers "" for a missing key without waiting (GET would wait for it).
-std::string StoreBackend::raw_log(const std::string& log) { return store_->multi_get({key(log)}).at(0); }
+std::string StoreBackend::raw_log(const std::string& log) {
+  return named([&] { return store_->multi_get({key(log)}).at(0); });
+}
 
 std::vector<std::string> StoreBackend::read(const std::string& log, size_t from) {
   return lines_from(raw_log(log), from);
 }
 
+// Until line `from` exists (earlier lines wake the wait, which then waits on) or the timeout.
 std::vector<std::string> StoreBackend::wait(const std::string& log, size_t from, milliseconds timeout) {
-  std::string raw = raw_log(log);
-  auto lines = lines_from(raw, from);
-  if (!lines.empty() || timeout.count() <= 0) return lines;
-  if (!store_->wait_grows(key(log), static_cast<int64_t>(raw.size()), timeout)) return {};
-  return lines_from(raw_log(log), from);
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    std::string raw = raw_log(log);
+    auto lines = lines_from(raw, from);
+    auto left = std::chrono::duration_cast<milliseconds>(end - std::chrono::steady_clock::now());
+    if (!lines.empty() || left.count() <= 0) return lines;
+    if (!named([&] { return store_->wait_grows(key(log), static_cast<int64_t>(raw.size()), left); })) return {};
+  }
 }
 
-int64_t StoreBackend::add(const std::string& counter, int64_t delta) { return store_->add(key(counter), delta); }
+int64_t StoreBackend::add(const std::string& counter, int64_t delta) {
+  return named([&] { return store_->add(key(counter), delta); });
+}
 
 void StoreBackend::open_lease(milliseconds ttl) {
   ddp::TcpStoreOptions so = store_->options();
-  lease_ = std::make_unique<ddp::TcpStore>(so);
-  lease_->lease(ttl);
+  named([&] {
+    lease_ = std::make_unique<ddp::TcpStore>(so);
+    lease_->lease(ttl);
+  });
 }
 
 // The lease is the connection: once a ping fails the connection is dropped (a timeout
@@ -97,13 +134,26 @@ void StoreBackend::keep_alive(milliseconds timeout) {
   try {
     lease_->ping(std::max(timeout, milliseconds(1)));
   } catch (const ddp::Error& e) {
-    throw LeaseEnded(e.what());
+    throw LeaseEnded(name(e.what()));
   }
 }
 
 void StoreBackend::on_lease_end(const std::string& log, const std::string& line) {
   if (!lease_) throw ddp::Error(fmt::format("rendezvous: no lease open on {}", describe()));
-  lease_->on_lease_end(key(log), line + " ");
+  named([&] { lease_->on_lease_end(key(log), line + " "); });
+}
+
+// "store at H:P: ..." (the client's words) as "the c10d store at H:P: ...": every error
+// names the backend as describe() does.
+std::string StoreBackend::name(const std::string& what) const {
+  const std::string d = describe();
+  if (what.find(d) != std::string::npos) return what;
+  const std::string addr = d.substr(d.find(" at ") + 4);
+  for (const std::string& theirs : {"the store at " + addr, "store at " + addr}) {
+    size_t at = what.find(theirs);
+    if (at != std::string::npos) return what.substr(0, at) + d + what.substr(at + theirs.size());
+  }
+  return d + ": " + what;
 }
 
 void StoreBackend::close() { lease_.reset(); }

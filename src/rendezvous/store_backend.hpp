@@ -51,6 +51,24 @@ class StoreBackend : public Backend {
   void interrupt() override;
 
  private:
+  std::string name(const std::string& what) const;
+  // Runs f; an error from the client is rethrown as the same kind, named as describe() does.
+  template <class F>
+  auto named(F&& f) -> decltype(f()) {
+    try {
+      return f();
+    } catch (const ddp::TimeoutError& e) {
+      throw ddp::TimeoutError(name(e.what()));
+    } catch (const ddp::NetworkError& e) {
+      throw ddp::NetworkError(name(e.what()));
+    } catch (const ddp::StoreError& e) {
+      throw ddp::StoreError(name(e.what()));
+    } catch (const ddp::UsageError&) {
+      throw;
+    } catch (const ddp::Error& e) {
+      throw ddp::Error(name(e.what()));
+    }
+  }
   std::string state_key() const;
   std::string key(const std::string& name) const;
   std::string raw_log(const std::string& log);

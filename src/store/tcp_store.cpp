@@ -237,15 +237,17 @@ struct TcpStore::Impl {
     r.op = proto::Op::kValidate;
     r.u32 = proto::kValidationMagic;
     proto::encode_request(gen, r, req);
+    // Give the handshake a few seconds even if connecting used the budget up, but no more
+    // than one call may take (a caller with a short timeout stays bounded by it).
+    const auto grace = std::min<Clock::duration>(std::chrono::seconds(5), std::max(opt.timeout, opt.connect_timeout));
     if (!ping) {
-      send_all(req, std::max(deadline, Clock::now() + std::chrono::seconds(5)), "VALIDATE");
+      send_all(req, std::max(deadline, Clock::now() + grace), "VALIDATE");
       return;
     }
     r.op = proto::Op::kPing;
     r.u32 = nonce;
     proto::encode_request(gen, r, req);
-    // Give the handshake at least a few seconds even if connecting used the budget up.
-    deadline = std::max(deadline, Clock::now() + std::chrono::seconds(5));
+    deadline = std::max(deadline, Clock::now() + grace);
     uint32_t echo = 0;
     try {
       send_all(req, deadline, "handshake");

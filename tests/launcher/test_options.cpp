@@ -315,6 +315,49 @@ TEST_F(LauncherOptions, C10dIgnoresNodeRankAndMasterWithOneWarningEach) {
   EXPECT_NE(n.warnings[0].find("--rdzv-id"), std::string::npos);
 }
 
+TEST_F(LauncherOptions, EtcdEndpointsAndConf) {
+  for (const char* backend : {"etcd", "etcd-v2"}) {  // both names: etcd's v3 API
+    Options a = parse_with_script({"--rdzv-backend", backend, "--rdzv-endpoint", "e1:2379,e2,[::1]:3000", "--nnodes",
+                                   "2:3", "--rdzv-id", "j"});
+    EXPECT_TRUE(a.dynamic());
+    EXPECT_EQ(a.rdzv_backend, backend);
+    EXPECT_EQ(a.rdzv_endpoint, "e1:2379,e2,[::1]:3000");
+    EXPECT_EQ(a.rdzv_host, "e1");  // the first member: this node's outgoing address is towards it
+    EXPECT_EQ(a.rdzv_port, 2379);
+    EXPECT_TRUE(a.warnings.empty()) << a.warnings.front();
+  }
+  Options b = parse_with_script({"--rdzv-backend=etcd", "--rdzv-endpoint=h", "--rdzv-id=j", "--nnodes=2"});
+  EXPECT_EQ(b.rdzv_port, 2379);  // etcd's port when left out
+  // torchrun's etcd keys: no warning; https with its files; "timeout" is the join timeout.
+  Options c = parse_with_script({"--rdzv-backend=etcd", "--rdzv-endpoint=https://h:2379", "--rdzv-id=j",
+                                 "--rdzv-conf", "protocol=https,cacert=/ca.pem,cert=/c.pem,key=/k.pem,timeout=45,"
+                                                "last_call_timeout=2,keep_alive_interval=1"});
+  EXPECT_TRUE(c.warnings.empty()) << c.warnings.front();
+  EXPECT_EQ(c.rdzv_conf.raw.at("cacert"), "/ca.pem");
+  EXPECT_EQ(c.rdzv_conf.raw.at("key"), "/k.pem");
+  EXPECT_EQ(c.rdzv_conf.join_timeout, 45);
+  EXPECT_EQ(c.rdzv_conf.last_call_timeout, 2);
+  EXPECT_EQ(c.rdzv_conf.keep_alive_interval, 1);
+  // join_timeout, when given, wins over timeout.
+  Options d = parse_with_script({"--rdzv-backend=etcd", "--rdzv-endpoint=h", "--rdzv-id=j", "--rdzv-conf",
+                                 "timeout=45,join_timeout=50"});
+  EXPECT_EQ(d.rdzv_conf.join_timeout, 50);
+  // is_host means nothing with etcd: one warning.
+  Options e = parse_with_script({"--rdzv-backend=etcd", "--rdzv-endpoint=h", "--rdzv-id=j", "--rdzv-conf=is_host=1"});
+  ASSERT_EQ(e.warnings.size(), 1u);
+  EXPECT_NE(e.warnings[0].find("is_host is ignored"), std::string::npos) << e.warnings[0];
+  // A keep-alive window shorter than a leader election: one warning.
+  Options g = parse_with_script({"--rdzv-backend=etcd", "--rdzv-endpoint=h", "--rdzv-id=j", "--rdzv-conf",
+                                 "keep_alive_interval=0.5,keep_alive_max_attempt=3"});
+  ASSERT_EQ(g.warnings.size(), 1u);
+  EXPECT_NE(g.warnings[0].find("leader election"), std::string::npos) << g.warnings[0];
+  // PET_* spellings.
+  Options f = parse_with_script({}, {{"PET_RDZV_BACKEND", "etcd-v2"}, {"PET_RDZV_ENDPOINT", "10.0.0.1:2379,10.0.0.2"},
+                                     {"PET_NNODES", "1:2"}, {"PET_RDZV_ID", "job8"}});
+  EXPECT_EQ(f.rdzv_backend, "etcd-v2");
+  EXPECT_EQ(f.rdzv_host, "10.0.0.1");
+}
+
 TEST_F(LauncherOptions, StandaloneStaysStaticWithC10dBackend) {
   Options o = parse_with_script({"--standalone", "--rdzv-backend", "c10d"});
   EXPECT_TRUE(o.standalone);
@@ -376,7 +419,22 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"NoPythonWithModule", {"--no-python", "-m"}, "--no-python"},
         BadCase{"ModuleWithNoPython", {"-m", "--no-python"}, "--module"},
         BadCase{"StandaloneWithNnodes", {"--standalone", "--nnodes", "2"}, "--nnodes"},
-        BadCase{"RdzvEtcd", {"--rdzv-backend", "etcd"}, "not supported yet"},
+        BadCase{"EtcdWithoutEndpoint", {"--rdzv-backend", "etcd"}, "--rdzv-endpoint"},
+        BadCase{"EtcdV2WithoutEndpoint", {"--rdzv-backend", "etcd-v2", "--nnodes", "2"}, "--rdzv-endpoint"},
+        BadCase{"EtcdEmptyEntry", {"--rdzv-backend=etcd", "--rdzv-endpoint", "a:2379,,b"}, "--rdzv-endpoint"},
+        BadCase{"EtcdPortTooBig", {"--rdzv-backend=etcd", "--rdzv-endpoint", "a:2379,b:70000"}, "--rdzv-endpoint"},
+        BadCase{"EtcdPortZero", {"--rdzv-backend=etcd", "--rdzv-endpoint", "a:0"}, "--rdzv-endpoint"},
+        BadCase{"EtcdBareIpv6", {"--rdzv-backend=etcd", "--rdzv-endpoint", "fe80::1"}, "--rdzv-endpoint"},
+        BadCase{"EtcdSchemeMismatch", {"--rdzv-backend=etcd", "--rdzv-endpoint", "https://a:2379"}, "--rdzv-endpoint"},
+        BadCase{"EtcdProtocolFtp", {"--rdzv-backend=etcd", "--rdzv-endpoint=a", "--rdzv-conf=protocol=ftp"}, "protocol"},
+        BadCase{"EtcdCacertWithoutHttps",
+                {"--rdzv-backend=etcd", "--rdzv-endpoint=a", "--rdzv-conf=cacert=/ca.pem"}, "protocol=https"},
+        BadCase{"EtcdKeyWithoutCert",
+                {"--rdzv-backend=etcd", "--rdzv-endpoint=a", "--rdzv-conf=protocol=https,key=/k.pem"}, "cert"},
+        BadCase{"EtcdTimeoutNotSeconds",
+                {"--rdzv-backend=etcd", "--rdzv-endpoint=a", "--rdzv-conf=timeout=soon"}, "timeout"},
+        BadCase{"EtcdJoinBelowLastCall",
+                {"--rdzv-backend=etcd", "--rdzv-endpoint=a", "--nnodes=1:2", "--rdzv-conf=timeout=3"}, "join_timeout"},
         BadCase{"RdzvC10dMultiNodeWithoutEndpoint", {"--rdzv-backend", "c10d", "--nnodes", "2"}, "--rdzv-endpoint"},
         BadCase{"ElasticRangeNeedsC10d", {"--nnodes", "1:3"}, "--rdzv-backend c10d"},
         BadCase{"C10dEndpointPortTooBig", {"--rdzv-backend=c10d", "--rdzv-endpoint", "h:65536"}, "--rdzv-endpoint"},

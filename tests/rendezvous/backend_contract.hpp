@@ -13,6 +13,8 @@
 //     static void thaw();       // ... and answers again, its data intact
 //     static void take_down();  // the server refuses connections (its process gone) ...
 //     static void bring_up();   // ... and serves again (data may be lost: runs are unique)
+//     static constexpr bool kForks = true;  // false: an in-process backend, whose node cannot
+//                                           // be a process of its own (that test is skipped)
 //   };
 //   INSTANTIATE_TYPED_TEST_SUITE_P(Mine, BackendContract, ::testing::Types<MyTraits>);
 //
@@ -428,12 +430,55 @@ TYPED_TEST_P(BackendContract, LeaseEndsWithoutKeepAlive) {
   EXPECT_EQ(lines[0].rfind("silent node ", 0), 0u) << lines[0];
   EXPECT_GE(took, ttl) << "not before the ttl";
   EXPECT_LE(took, ttl + TypeParam::lease_end_slack() + scale(milliseconds(1000)));
-  EXPECT_THROW(node->keep_alive(milliseconds(3000)), ddp::Error);
+  EXPECT_THROW(node->keep_alive(milliseconds(3000)), ddprun::rdzv::LeaseEnded) << "certainly over, and says so";
   std::this_thread::sleep_for(milliseconds(300));
   EXPECT_EQ(other->read("events", 0).size(), 1u) << "exactly once";
 }
 
+TYPED_TEST_P(BackendContract, ReleaseAppendsNothing) {
+  auto run = this->run_id();
+  auto node = this->make(run);
+  auto other = this->observer(run);
+  node->open_lease(TypeParam::lease_ttl());
+  node->on_lease_end("events", "lost node-1");
+  node->on_lease_end("exit/0", "lost node-1");
+  node->release();
+  // Not at once, and not after the ttl either: a released lease never ends "lost".
+  std::this_thread::sleep_for(TypeParam::lease_ttl() + TypeParam::lease_end_slack());
+  EXPECT_TRUE(other->read("events", 0).empty());
+  EXPECT_TRUE(other->read("exit/0", 0).empty());
+  EXPECT_THROW(node->keep_alive(milliseconds(2000)), ddp::Error) << "the lease has ended";
+  other->append("events", "still usable");
+  EXPECT_EQ(other->read("events", 0), std::vector<std::string>{"still usable"});
+}
+
+TYPED_TEST_P(BackendContract, InterruptEndsAWaitAndLaterCalls) {
+  auto run = this->run_id();
+  auto waiter = this->make(run);
+  auto writer = waiter->clone();
+  writer->append("log", "x");
+  std::atomic<bool> returned{false};
+  Clock::time_point t0;
+  std::thread t([&] {
+    try {
+      waiter->wait("log", 1, scale(milliseconds(20000)));
+    } catch (const ddp::Error&) {
+    }
+    returned = true;
+  });
+  std::this_thread::sleep_for(milliseconds(300));  // well inside the wait
+  t0 = Clock::now();
+  waiter->interrupt();
+  t.join();
+  EXPECT_TRUE(returned);
+  EXPECT_LT(since(t0), scale(milliseconds(2000))) << "woken by interrupt(), not by the timeout";
+  EXPECT_THROW(waiter->wait("log", 1, milliseconds(5000)), ddp::Error) << "later calls fail";
+  EXPECT_EQ(writer->read("log", 0), std::vector<std::string>{"x"}) << "other objects are not interrupted";
+  EXPECT_EQ(writer->clone()->read("log", 0).size(), 1u);
+}
+
 TYPED_TEST_P(BackendContract, LeaseEndsWhenTheProcessDies) {
+  if constexpr (!TypeParam::kForks) GTEST_SKIP() << "an in-process backend: no node of its own to kill";
   auto run = this->run_id();
   const auto ttl = TypeParam::lease_ttl();
   int ready[2];
@@ -552,7 +597,8 @@ REGISTER_TYPED_TEST_SUITE_P(BackendContract, StateStartsEmpty, CasWithEmptyToken
                             WaitTimesOutEmpty, WaitWakesOnAnAppendFromAnotherClone, ConcurrentAppendersSeeOneOrder,
                             CountersAdd, ConcurrentAddsGiveDistinctValues, RunsAreSeparate, LeaseLinesOnClose,
                             KeepAliveHoldsTheLease, LeaseEndsWithoutKeepAlive, LeaseEndsWhenTheProcessDies,
-                            LeaseMisuseIsAnError, EveryCallIsBoundedWhenTheServerHangs,
+                            LeaseMisuseIsAnError, ReleaseAppendsNothing, InterruptEndsAWaitAndLaterCalls,
+                            EveryCallIsBoundedWhenTheServerHangs,
                             EveryCallIsBoundedWhenTheServerIsDown);
 
 }  // namespace ddprun_contract

@@ -51,6 +51,7 @@ EtcdOptions options(const EtcdCluster& c, const std::string& run, milliseconds o
 
 template <int N>
 struct EtcdTraits {
+  static constexpr bool kForks = true;
   static void start() {
     if (have_etcd()) cluster(N);
   }

@@ -115,6 +115,8 @@ class Watch {
   // when the member cancelled a watch (e.g. compaction): look again. Throws ExchangeError or
   // EtcdError when the stream breaks.
   std::optional<std::vector<WatchEvent>> next(Deadline deadline);
+  // Makes a next() in progress in another thread throw ExchangeError soon (thread-safe).
+  void interrupt() { session_->interrupt(); }
 
  private:
   std::unique_ptr<HttpSession> session_;

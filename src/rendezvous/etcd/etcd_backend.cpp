@@ -15,7 +15,9 @@
 #include <algorithm>
 #include <cctype>
 #include <functional>
+#include <atomic>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <set>
@@ -117,6 +119,8 @@ struct CounterValue {
   }
 };
 
+class Watching;
+
 class EtcdBackend final : public Backend {
  public:
   EtcdBackend(EtcdOptions o, std::unique_ptr<Client> client)
@@ -129,6 +133,7 @@ class EtcdBackend final : public Backend {
   }
 
   Snapshot load() override {
+    check_interrupted();
     auto r = client_->range({keys_.state()}, deadline(), "reading the state");
     Snapshot s;
     if (!r.kvs.empty()) {
@@ -139,6 +144,7 @@ class EtcdBackend final : public Backend {
   }
 
   CasResult compare_and_set(const std::string& value, const Token& expected) override {
+    check_interrupted();
     Deadline d = deadline();
     const std::string key = keys_.state();
     Compare cmp = expected.value.empty() ? Compare::absent(key) : Compare::mod_is(key, parse_token(expected));
@@ -170,12 +176,14 @@ class EtcdBackend final : public Backend {
   }
 
   void append(const std::string& log, const std::string& line) override {
+    check_interrupted();
     Deadline d = deadline();
     const std::string key = keys_.log_key(log, random_op(), 0), what = "appending to log '" + log + "'";
     with_run_lease(d, [&](int64_t run) { return client_->txn({}, {Put{key, line, run}}, {}, d, what.c_str()); });
   }
 
   std::vector<std::string> read(const std::string& log, size_t from) override {
+    check_interrupted();
     return read_at(log, from, deadline(), nullptr);
   }
 
@@ -187,11 +195,18 @@ class EtcdBackend final : public Backend {
   void keep_alive(milliseconds timeout) override;
   void on_lease_end(const std::string& log, const std::string& line) override;
   void close() override;
+  void release() override;
+  void interrupt() override;
 
  private:
+  friend class Watching;
   using Lines = std::vector<std::pair<std::string, std::string>>;  // (log, line)
 
   Deadline deadline() const { return Clock::now() + opts_.op_timeout; }
+
+  void check_interrupted() const {
+    if (interrupted_) throw ddp::NetworkError(describe() + ": interrupted (this node is stopping)");
+  }
 
   int64_t parse_token(const Token& t) const {
     bool digits = !t.value.empty() && std::all_of(t.value.begin(), t.value.end(), [](char c) { return c >= '0' && c <= '9'; });
@@ -200,7 +215,7 @@ class EtcdBackend final : public Backend {
   }
 
   [[noreturn]] void lease_over() const {
-    throw ddp::StoreError(fmt::format("{}: this node's lease has ended (no keep-alive within {}): the other nodes "
+    throw LeaseEnded(fmt::format("{}: this node's lease has ended (no keep-alive within {}): the other nodes "
                                       "count this node as lost",
                                       describe(), ddp::format_duration(lease_ttl_)));
   }
@@ -228,6 +243,11 @@ class EtcdBackend final : public Backend {
   // only for lines created since line i-1.
   std::map<std::string, std::vector<std::pair<int64_t, std::string>>> seen_lines_;
   std::map<std::string, KeyValue> counters_;           // the last counter keys we wrote or saw
+  // interrupt(): from another thread, it fails every later call and aborts the watch of a
+  // wait() in progress (watching_, set while one runs).
+  std::atomic<bool> interrupted_{false};
+  std::mutex watch_mu_;
+  Watch* watching_ = nullptr;
 };
 
 // The first change of `key` after `revision`, from etcd's history (nullopt when etcd has
@@ -335,12 +355,30 @@ std::vector<std::string> EtcdBackend::read_at(const std::string& log, size_t fro
   }
 }
 
+// Makes the watch of a wait() in progress reachable by interrupt() (another thread).
+class Watching {
+ public:
+  Watching(EtcdBackend& b, Watch& w) : b_(b) {
+    std::lock_guard lk(b_.watch_mu_);
+    b_.watching_ = &w;
+    if (b_.interrupted_) w.interrupt();  // interrupted between the check and now
+  }
+  ~Watching() {
+    std::lock_guard lk(b_.watch_mu_);
+    b_.watching_ = nullptr;
+  }
+
+ private:
+  EtcdBackend& b_;
+};
+
 // Reads; when there is nothing yet, watches the log (and the live leases, whose end may
 // bring lines) from the read's revision on, and reads again after each change, on the same
 // watch, until lines come or the time is up.
 std::vector<std::string> EtcdBackend::wait(const std::string& log, size_t from, milliseconds timeout) {
   const Deadline end = Clock::now() + timeout;
   while (true) {
+    check_interrupted();
     int64_t rev = 0;
     auto lines = read_at(log, from, deadline(), &rev);
     if (!lines.empty() || Clock::now() >= end) return lines;
@@ -348,6 +386,7 @@ std::vector<std::string> EtcdBackend::wait(const std::string& log, size_t from, 
                                  {keys_.alive_dir(), prefix_end(keys_.alive_dir()), rev + 1, true, false}};
     try {
       auto watch = client_->watch(specs, std::min(end, deadline()), "watching a log");
+      Watching guard(*this, *watch);
       while (true) {
         auto events = watch->next(end);
         if (!events) return {};
@@ -359,6 +398,7 @@ std::vector<std::string> EtcdBackend::wait(const std::string& log, size_t from, 
       if (Clock::now() >= end) return {};
       throw;
     } catch (const ExchangeError&) {
+      check_interrupted();  // interrupt() aborted the watch: no pause
       // The member went away mid-watch: read again (from another member, if need be).
       std::this_thread::sleep_for(std::min<Clock::duration>(milliseconds(50), std::max<Clock::duration>(end - Clock::now(), {})));
     }
@@ -368,6 +408,7 @@ std::vector<std::string> EtcdBackend::wait(const std::string& log, size_t from, 
 // ---- counters ------------------------------------------------------------------------------
 
 int64_t EtcdBackend::add(const std::string& counter, int64_t delta) {
+  check_interrupted();
   Deadline d = deadline();
   const std::string key = keys_.counter(counter);
   const std::string op = random_op();
@@ -551,6 +592,25 @@ void EtcdBackend::remove_run_if_last(Deadline d) {
     }
     run_lease_ = 0;
   }
+}
+
+// Leaving in good order: the pending record goes first (nobody appends its lines), then
+// the lease (its alive/ key with it).
+void EtcdBackend::release() {
+  if (lease_ && !lease_over_) {
+    Deadline d = deadline();
+    client_->txn({}, {Delete{keys_.pending(lease_), {}}}, {}, d, "leaving the run in good order");
+    client_->lease_revoke(lease_, d, "ending this node's lease");
+    lease_over_ = true;
+    if (opts_.remove_run_on_last_close) remove_run_if_last(d);
+  }
+  client_->close();
+}
+
+void EtcdBackend::interrupt() {
+  interrupted_ = true;
+  std::lock_guard lk(watch_mu_);
+  if (watching_) watching_->interrupt();
 }
 
 void EtcdBackend::close() {

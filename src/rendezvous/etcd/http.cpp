@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <condition_variable>
@@ -22,6 +23,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -276,6 +278,7 @@ struct HttpSession::Impl {
     return body.size();
   };
   bool open = false;
+  std::atomic<bool> interrupted{false};  // set by interrupt() from another thread
 
   beast::tcp_stream& lowest() { return secure ? beast::get_lowest_layer(*secure) : *plain; }
 
@@ -287,9 +290,12 @@ struct HttpSession::Impl {
       f(*plain);
   }
 
-  // Starts one async operation and runs the context until its handler has run.
+  // Starts one async operation and runs the context until its handler has run. An
+  // interrupt() (another thread) cancels the socket's operation in progress; one that comes
+  // between operations fails the next one before it starts.
   template <class Start>
   error_code run(Start&& start) {
+    if (interrupted.exchange(false)) return asio::error::operation_aborted;
     error_code result;
     bool done = false;
     start([&](error_code ec, auto&&...) {
@@ -297,7 +303,13 @@ struct HttpSession::Impl {
       done = true;
     });
     ioc.restart();
+    bool cancelled = false;
     while (!done && ioc.run_one() > 0) {
+      if (!done && !cancelled && interrupted.exchange(false)) {
+        cancelled = true;
+        error_code ignored;
+        if (plain || secure) lowest().socket().cancel(ignored);
+      }
     }
     return done ? result : asio::error::interrupted;
   }
@@ -501,6 +513,15 @@ bool HttpSession::read_stream(std::string& out, Deadline deadline) {
   out += s.chunk;
   s.chunk.clear();
   return true;
+}
+
+// The flag is acted on by the session's own thread (Impl::run), which owns the stream; the
+// empty handler wakes it if it waits in run_one. (Cancelling from a posted handler alone is
+// not enough: an operation that completes from buffered data has no socket operation in
+// progress to cancel, and the next one would run on.)
+void HttpSession::interrupt() {
+  impl_->interrupted = true;
+  asio::post(impl_->ioc, [] {});
 }
 
 }  // namespace ddprun::rdzv::etcd

@@ -88,6 +88,10 @@ class HttpSession {
 
   void close();
 
+  // Makes the operation in progress on this session (in another thread) fail soon, and the
+  // next one if none is in progress. Callable from any thread while the session lives.
+  void interrupt();
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -1,0 +1,339 @@
+"""Issue 13: the dynamic rendezvous over etcd (--rdzv-backend etcd / etcd-v2, etcd's v3 API)
+with real ddprun agents on loopback (--local-addr 127.0.0.K) and real etcd members
+(Debian's etcd-server) that this file starts once: one member, three members, one TLS
+member (tests/testlib/etcd_cluster.py). Workers are workers/rdzv_env.py, as in
+test_c10d.py (whose helpers this file reuses); a round is told apart by its MASTER_PORT.
+
+With etcd nobody hosts the rendezvous; each round's node rank 0 hosts its workers' store.
+Hang guards scale with DDP_TEST_TIMEOUT_SCALE.
+"""
+import os
+import re
+import signal
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "testlib"))
+from ddprun_testlib import scaled, worker  # noqa: E402
+from test_c10d import C10dTestCase, Node, hang  # noqa: E402
+import etcd_cluster  # noqa: E402
+
+# Short timings: a round closes 1 s after MIN nodes joined; a node lease of 1.5 s (etcd
+# grants whole seconds: 2 s).
+CONF = "last_call_timeout=1,join_timeout=20,keep_alive_interval=0.5,keep_alive_max_attempt=3"
+FAST = CONF.replace("last_call_timeout=1", "last_call_timeout=0.3")
+# With three members the keep-alive window must outlast a leader election (etcd's default
+# election timeout is 1 s; a new leader takes 1-3 s here): 4 s, scaled (a slow machine
+# elects slower; the window is a guard here, not what is tested).
+THREE = ("last_call_timeout=0.3,join_timeout=20,keep_alive_interval=1,"
+         f"keep_alive_max_attempt={max(4, round(scaled(4)))}")
+
+_clusters = {}
+_pki_dir = None
+
+
+def cluster(kind):
+    """The file's etcd members, started on first use: "one", "three" or "tls"."""
+    global _pki_dir
+    if kind not in _clusters:
+        if kind == "tls":
+            _pki_dir = tempfile.mkdtemp(prefix="ddprun-etcd-pki-")
+            _clusters["pki"] = etcd_cluster.TestPki(_pki_dir)
+            _clusters[kind] = etcd_cluster.EtcdCluster(1, tls=_clusters["pki"])
+        else:
+            _clusters[kind] = etcd_cluster.EtcdCluster(1 if kind == "one" else 3)
+        print(f"\n[etcd] {kind}: ready in {_clusters[kind].start_time:.1f} s", file=sys.stderr)
+    return _clusters[kind]
+
+
+def tearDownModule():
+    for k, c in _clusters.items():
+        if k != "pki":
+            c.stop()
+    if _pki_dir:
+        import shutil
+        shutil.rmtree(_pki_dir, ignore_errors=True)
+
+
+class EtcdTestCase(C10dTestCase):
+    members = "one"
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        if not etcd_cluster.find_etcd():
+            raise unittest.SkipTest("no etcd binary (Debian package etcd-server; scripts/setup.sh installs it)")
+
+    def setUp(self):
+        super().setUp()
+        self.etcd = cluster(self.members)
+        self.endpoint = self.etcd.endpoints()
+        self.run_id = f"{self._testMethodName}-{os.getpid()}"
+
+    def start_node(self, name, addr, script_args=(), nnodes="1:3", conf=CONF, extra=(), nproc=2, endpoint=None,
+                   script=None, env=None, backend="etcd"):
+        args = ["--log-level", "info", "--rdzv-backend", backend, "--rdzv-endpoint", endpoint or self.endpoint,
+                "--rdzv-id", self.run_id, "--nnodes", nnodes, "--nproc-per-node", str(nproc), "--local-addr", addr]
+        if conf:
+            args += ["--rdzv-conf", conf]
+        args += list(extra)
+        args += [script or worker("rdzv_env.py")] + ([] if script else [self.rec]) + list(script_args)
+        out = open(self.path(f"{name}.stdout"), "wb")
+        err = open(self.path(f"{name}.stderr"), "wb")
+        self._files += [out, err]
+        proc = self.start(args, env=env, stdout=out, stderr=err)
+        node = Node(name, addr, proc, out.name, err.name)
+        self.nodes.append(node)
+        return node
+
+    def run_keys(self, member=0):
+        return self.etcd.keys(member, f"/ddprun/rdzv/{self.run_id}/")
+
+    def no_secrets(self, text):
+        self.assertNotIn("PRIVATE KEY", text)
+        self.assertNotIn("-----BEGIN", text)
+
+
+class EtcdScenarios(EtcdTestCase):
+    def test_s1_three_nodes_form_one_job(self):
+        args = ["--sleep", "0.3"]
+        nodes = [self.start_node(n, a, args, nnodes="3", conf=FAST)
+                 for n, a in (("C", "127.0.0.4"), ("A", "127.0.0.2"), ("B", "127.0.0.3"))]
+        self.wait_nodes(nodes, 30)
+        self.assertEqual([n.rc for n in nodes], [0, 0, 0], self.describe())
+        rounds = self.rounds()
+        self.assertEqual(len(rounds), 1, self.describe())
+        self.check_round(rounds[0], 6, ["127.0.0.2", "127.0.0.3", "127.0.0.4"], restarts=0)
+        self.assertEqual(self.group_rank_of(rounds[0]), {0: [0, 1], 1: [2, 3], 2: [4, 5]})
+        for r in rounds[0]:
+            e = r["env"]
+            # The workers' store is hosted by rank 0's ddprun: workers are its clients.
+            self.assertEqual(e["TORCHELASTIC_USE_AGENT_STORE"], "True")
+            self.assertEqual(e["TORCHELASTIC_RUN_ID"], self.run_id)
+            self.assertEqual(e["LOCAL_WORLD_SIZE"], "2")
+            self.assertEqual(e["ROLE_WORLD_SIZE"], "6")
+        for n in nodes:
+            self.assertIn(f"rendezvous: etcd at {self.endpoint}", n.stderr())
+            self.assertRegex(n.stderr(), r"round 0 of job '[^']+': node rank \d of 3")
+        # The last node to leave removed the run's keys: a reused run id starts clean.
+        self.wait_for(lambda: not self.run_keys(), hang(5), "the run's keys to go: " + str(self.run_keys()))
+
+    def test_s2_late_node_scales_up(self):
+        args = ["--sleep", "30", "--sleep-at-world", "6=0.3"]
+        a = self.start_node("A", "127.0.0.2", args)
+        b = self.start_node("B", "127.0.0.3", args)
+        self.wait_workers(4, world=4)
+        c = self.start_node("C", "127.0.0.4", args, backend="etcd-v2")  # the other name: the same run
+        self.wait_nodes([a, b, c], 40)
+        self.assertEqual((a.rc, b.rc, c.rc), (0, 0, 0), self.describe())
+        rounds = self.rounds()
+        self.assertEqual(len(rounds), 2, "exactly one restart" + self.describe())
+        self.check_round(rounds[0], 4, ["127.0.0.2", "127.0.0.3"], restarts=0)
+        self.check_round(rounds[1], 6, ["127.0.0.2", "127.0.0.3", "127.0.0.4"], restarts=0)
+        self.assertNotEqual(rounds[0][0]["env"]["MASTER_PORT"], rounds[1][0]["env"]["MASTER_PORT"])
+        for n in (a, b):
+            self.assertRegex(n.stderr(), r"a node is waiting to join .*127\.0\.0\.4.*not counted as a restart")
+
+    def test_s3_worker_failure_restart_counted(self):
+        args = ["--sleep", "0.5", "--fail-rank", "3", "--fail-code", "7", "--fail-after", "0.2", "--fail-restarts", "0"]
+        kw = dict(nnodes="2", conf=FAST, extra=["--max-restarts", "1"])
+        a = self.start_node("A", "127.0.0.2", args, **kw)
+        b = self.start_node("B", "127.0.0.3", args, **kw)
+        self.wait_nodes([a, b], 40)
+        self.assertEqual((a.rc, b.rc), (0, 0), self.describe())
+        rounds = self.rounds()
+        self.assertEqual(len(rounds), 2, self.describe())
+        self.check_round(rounds[0], 4, ["127.0.0.2", "127.0.0.3"], restarts=0)
+        self.check_round(rounds[1], 4, ["127.0.0.2", "127.0.0.3"], restarts=1)
+        for r in rounds[1]:
+            self.assertEqual(r["env"]["TORCHELASTIC_MAX_RESTARTS"], "1")
+
+    def test_s5_node_beyond_max_waits_and_times_out_alone(self):
+        args = ["--sleep", "4"]
+        kw = dict(nnodes="1:2", conf=FAST)
+        a = self.start_node("A", "127.0.0.2", args, **kw)
+        b = self.start_node("B", "127.0.0.3", args, **kw)
+        r0 = self.wait_workers(4, world=4)
+        c = self.start_node("C", "127.0.0.4", args, nnodes="1:2", conf=FAST.replace("join_timeout=20", "join_timeout=1.5"))
+        self.wait_nodes([c], 20)
+        self.assertNotEqual(c.rc, 0)
+        self.assertRegex(c.stderr(), r"the job '[^']+' is full: its 2 nodes \(the maximum, --nnodes 1:2\) are running "
+                                     r"\(.*127\.0\.0\.2.*127\.0\.0\.3.*\); this node waited join_timeout 1\.5",
+                         self.describe())
+        self.wait_nodes([a, b], 30)
+        self.assertEqual((a.rc, b.rc), (0, 0), self.describe())
+        self.assertEqual([r["pid"] for r in self.rounds()[0]], [r["pid"] for r in r0])
+        self.assertEqual(len(self.rounds()), 1, "the waiting node did not disturb the job" + self.describe())
+
+    def test_s8_fewer_than_min_join_timeout_names_who_came(self):
+        # Two of the three nodes needed come; both give up after join_timeout, naming who was
+        # there: the first to give up names both, the other may find it gone already (it
+        # left the round when it gave up), as with c10d.
+        conf = FAST.replace("join_timeout=20", "join_timeout=2")
+        a = self.start_node("A", "127.0.0.2", ["--sleep", "1"], nnodes="3", conf=conf)
+        b = self.start_node("B", "127.0.0.3", ["--sleep", "1"], nnodes="3", conf=conf)
+        t0 = time.time()
+        self.wait_nodes([a, b], 20)
+        counts = []
+        for n in (a, b):
+            self.assertNotEqual(n.rc, 0, self.describe())
+            self.assertLess(n.exited_at - t0, hang(2 + 5), self.describe())
+            err = n.stderr()
+            m = re.search(r"ddprun: error: rendezvous: no round of job '[^']+' formed at etcd at 127\.0\.0\.1:\d+ within "
+                          r"join_timeout 2 s \(--rdzv-conf join_timeout=SECONDS\): (\d) of the 3 nodes needed "
+                          r"\(--nnodes 3:3\) joined: (.*)", err)
+            self.assertTrue(m, self.describe())
+            counts.append(int(m.group(1)))
+            self.assertRegex(m.group(2), rf"\({re.escape(n.addr)}, {re.escape(n.addr)}_{n.proc.pid}_[0-9a-f]{{8}}\)")
+        self.assertEqual(max(counts), 2, self.describe())
+        self.assertEqual(self.records(), [])
+
+    def test_etcd_down_longer_than_join_timeout_clear_error(self):
+        # A waits for a second node; etcd goes away for good: A stops with the endpoint and
+        # the reason, within join_timeout + read_timeout, and leaves no worker behind.
+        conf = FAST.replace("join_timeout=20", "join_timeout=3") + ",read_timeout=2"
+        a = self.start_node("A", "127.0.0.2", ["--sleep", "1"], nnodes="2", conf=conf)
+        self.wait_for(lambda: "rendezvous: etcd at" in a.stderr(), hang(10), "A to start")
+        time.sleep(0.5)
+        t_kill = time.time()
+        self.etcd.kill(0)
+        try:
+            self.wait_nodes([a], 3 + 2 + 5)
+        finally:
+            self.etcd.start(0)
+        self.assertNotEqual(a.rc, 0)
+        self.assertLess(a.exited_at - t_kill, hang(3 + 2 + 3), self.describe())
+        err = a.stderr()
+        self.assertIn(self.endpoint, err.splitlines()[-1] if err.strip() else "", self.describe())
+        self.assertRegex(err, r"(?i)ddprun: error: .*(connection refused|lost contact|cannot connect)", self.describe())
+
+    def test_rank0_host_killed_survivors_reform_under_a_new_rank0(self):
+        # A is node rank 0 and hosts the round's worker store: SIGKILL it (and its workers).
+        # B and C re-form with B as rank 0 and a new store; the rendezvous never was on A.
+        args = ["--sleep", "30", "--sleep-at-world", "4=0.3"]
+        kw = dict(conf=FAST, extra=["--max-restarts", "1"])
+        a = self.start_node("A", "127.0.0.2", args, **kw)
+        b = self.start_node("B", "127.0.0.3", args, **kw)
+        c = self.start_node("C", "127.0.0.4", args, **kw)
+        r0 = self.wait_workers(6, world=6)
+        a_workers = [r["pid"] for r in r0 if r["env"]["GROUP_RANK"] == "0"]
+        t_kill = time.time()
+        for pid in [a.proc.pid] + a_workers:
+            os.kill(pid, signal.SIGKILL)
+        r1 = self.wait_workers(4, world=4)
+        reform = min(r["t"] for r in r1) - t_kill
+        self.wait_nodes([b, c], 30)
+        self.assertEqual((b.rc, c.rc), (0, 0), self.describe())
+        self.check_round(r1, 4, ["127.0.0.3", "127.0.0.4"], restarts=1)
+        self.assertNotEqual(r0[0]["env"]["MASTER_PORT"], r1[0]["env"]["MASTER_PORT"])
+        # etcd sees A's lease expire: 2 s (its ttl, whole seconds) + up to 0.5 s + the last call.
+        self.assertLess(reform, hang(6), self.describe())
+        print(f"\nrank-0 host SIGKILLed -> survivors' new workers: {reform:.2f} s", file=sys.stderr)
+
+
+class EtcdThreeMembers(EtcdTestCase):
+    members = "three"
+    # The agents reconnect to the remaining members; the job carries on (no restart).
+
+    def tearDown(self):
+        for i in range(3):
+            if not self.etcd.running(i):
+                self.etcd.start(i, wait=False)
+        self.etcd.wait_ready(30)
+        super().tearDown()
+
+    def test_leader_killed_during_a_running_job(self):
+        args = ["--sleep", "5"]
+        a = self.start_node("A", "127.0.0.2", args, nnodes="2", conf=THREE)
+        b = self.start_node("B", "127.0.0.3", args, nnodes="2", conf=THREE)
+        self.wait_workers(4, world=4)
+        leader = self.etcd.leader()
+        self.assertGreaterEqual(leader, 0)
+        self.etcd.kill(leader)
+        self.wait_nodes([a, b], 30)
+        self.assertEqual((a.rc, b.rc), (0, 0), self.describe())
+        self.assertEqual(len(self.rounds()), 1, "the job carried on: no restart" + self.describe())
+
+    def test_leader_killed_during_a_round(self):
+        args = ["--sleep", "0.5"]
+        a = self.start_node("A", "127.0.0.2", args, nnodes="3", conf=THREE)
+        b = self.start_node("B", "127.0.0.3", args, nnodes="3", conf=THREE)
+        self.wait_for(lambda: "rendezvous: etcd at" in a.stderr() + b.stderr(), hang(10), "A and B to start")
+        time.sleep(0.3)  # A and B are in the round, waiting for a third
+        leader = self.etcd.leader()
+        self.assertGreaterEqual(leader, 0)
+        self.etcd.kill(leader)
+        c = self.start_node("C", "127.0.0.4", args, nnodes="3", conf=THREE)
+        self.wait_nodes([a, b, c], 40)
+        self.assertEqual((a.rc, b.rc, c.rc), (0, 0, 0), self.describe())
+        rounds = self.rounds()
+        self.assertEqual(len(rounds), 1, self.describe())
+        self.check_round(rounds[0], 6, ["127.0.0.2", "127.0.0.3", "127.0.0.4"], restarts=0)
+
+class EtcdTls(EtcdTestCase):
+    members = "tls"
+
+    def conf(self, **kw):
+        pki = _clusters["pki"]
+        c = dict(protocol="https", cacert=pki.ca, cert=pki.client_cert, key=pki.client_key)
+        c.update(kw)
+        return FAST + "," + ",".join(f"{k}={v}" for k, v in c.items() if v is not None)
+
+    def test_right_certificates_work(self):
+        a = self.start_node("A", "127.0.0.2", ["--sleep", "0.2"], nnodes="2", conf=self.conf())
+        b = self.start_node("B", "127.0.0.3", ["--sleep", "0.2"], nnodes="2", conf=self.conf())
+        self.wait_nodes([a, b], 30)
+        self.assertEqual((a.rc, b.rc), (0, 0), self.describe())
+        self.check_round(self.rounds()[0], 4, ["127.0.0.2", "127.0.0.3"], restarts=0)
+        for n in (a, b):
+            self.assertIn("https", n.stderr())
+            self.no_secrets(n.stderr() + n.stdout())
+
+    def test_wrong_ca_fails_naming_endpoint_and_problem(self):
+        a = self.start_node("A", "127.0.0.2", ["--sleep", "0.2"], nnodes="2",
+                            conf=self.conf(cacert=_clusters["pki"].other_ca))
+        self.wait_nodes([a], 20)
+        self.assertNotEqual(a.rc, 0)
+        err = a.stderr()
+        self.assertRegex(err, r"ddprun: error: .*TLS with 127\.0\.0\.1:\d+: the member's certificate is not accepted",
+                         self.describe())
+        self.no_secrets(err)
+        self.assertEqual(self.records(), [])
+
+    def test_missing_client_certificate_is_refused(self):
+        a = self.start_node("A", "127.0.0.2", ["--sleep", "0.2"], nnodes="2", conf=self.conf(cert=None, key=None))
+        self.wait_nodes([a], 20)
+        self.assertNotEqual(a.rc, 0)
+        self.assertRegex(a.stderr(), r"ddprun: error: .*127\.0\.0\.1:\d+.*(client certificate|refused)", self.describe())
+
+    def test_https_to_a_plain_http_member_fails_clearly(self):
+        plain = cluster("one")
+        a = self.start_node("A", "127.0.0.2", ["--sleep", "0.2"], nnodes="2", conf=self.conf(),
+                            endpoint=plain.endpoints())
+        self.wait_nodes([a], 20)
+        self.assertNotEqual(a.rc, 0)
+        self.assertRegex(a.stderr(), r"ddprun: error: .*TLS with 127\.0\.0\.1:\d+: the member does not answer in TLS",
+                         self.describe())
+
+    def test_http_to_a_tls_member_fails_clearly(self):
+        a = self.start_node("A", "127.0.0.2", ["--sleep", "0.2"], nnodes="2", conf=FAST)
+        self.wait_nodes([a], 20)
+        self.assertNotEqual(a.rc, 0)
+        self.assertRegex(a.stderr(), r"ddprun: error: .*127\.0\.0\.1:\d+.*(speaks TLS|is it a TLS etcd\?).* use protocol=https", self.describe())
+
+    def test_unreadable_key_file_exit_2(self):
+        a = self.start_node("A", "127.0.0.2", ["--sleep", "0.2"], nnodes="2",
+                            conf=self.conf(key="/nonexistent/ddprun-test.key"))
+        self.wait_nodes([a], 20)
+        self.assertEqual(a.rc, 2, self.describe())
+        lines = [l for l in a.stderr().splitlines() if l.startswith("ddprun: error:")]
+        self.assertEqual(len(lines), 1, self.describe())
+        self.assertIn("/nonexistent/ddprun-test.key", lines[0])
+
+
+if __name__ == "__main__":
+    unittest.main()
