@@ -3,6 +3,8 @@
 // Beast closes the socket when the expiry passes, so no call outlives its deadline.
 #include "rendezvous/etcd/http.hpp"
 
+#include <sys/socket.h>
+
 #include <netdb.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
@@ -335,7 +337,24 @@ struct HttpSession::Impl {
     else
       plain.emplace(ioc);
     lowest().expires_at(d);
-    error_code ec = run([&](auto h) { lowest().async_connect(addrs, h); });
+    error_code ec = asio::error::host_not_found;
+    for (const tcp::endpoint& a : addrs) {
+      // Opened here, close-on-exec from the start (Asio's own open() takes no SOCK_CLOEXEC, and
+      // ddprun forks workers while this thread connects): a worker inherits no etcd socket.
+      int fd = ::socket(a.protocol().family(), SOCK_STREAM | SOCK_CLOEXEC, IPPROTO_TCP);
+      if (fd < 0) {
+        ec = error_code(errno, asio::error::get_system_category());
+        continue;
+      }
+      lowest().socket().close(ec);
+      lowest().socket().assign(a.protocol(), fd, ec);
+      if (ec) {
+        ::close(fd);
+        continue;
+      }
+      ec = run([&](auto h) { lowest().async_connect(a, h); });
+      if (!ec || ec == beast::error::timeout || ec == asio::error::operation_aborted) break;
+    }
     if (ec == beast::error::timeout)
       throw ExchangeError(Kind::connect, false, fmt::format("no connection to {} within {}", ep.str(), remaining_text(start, d)));
     if (ec) throw ExchangeError(Kind::connect, false, fmt::format("cannot connect to {}: {}", ep.str(), ec.message()));

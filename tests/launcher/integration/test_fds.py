@@ -7,13 +7,19 @@ Each launch path is one entry of LAUNCHES: (name, nodes, argv of node i). The c1
 two nodes, node 0 hosting the store and node 1 joining it: the agent holds more than the
 static one (the store's listening socket and its connections on the host, a lease
 connection and an event connection to the store, eventfds, threads), none of it the workers'.
+The etcd path (when Debian's etcd is installed) runs the same two nodes against one etcd
+member: HTTP connections to etcd (state, watches, the lease) and, on the round's rank 0, the
+workers' store.
 """
 import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddprun_testlib import DdprunTestCase, free_port, read_text, timeout_scale, worker
+from ddprun_testlib import DdprunTestCase, free_port, read_text, timeout_scale, worker  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "testlib"))
+import etcd_cluster  # noqa: E402
 
 NPROC = 2
 
@@ -26,6 +32,11 @@ def static_args(nnodes, node, port):
 def c10d_args(node, port):
     return ["--log-level", "info", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "fds",
             "--local-addr", f"127.0.0.{2 + node}", "--rdzv-conf", f"is_host={int(node == 0)},join_timeout=20"]
+
+
+def etcd_args(node, endpoints):
+    return ["--log-level", "info", "--nnodes", "2", "--rdzv-backend", "etcd", "--rdzv-endpoint", endpoints,
+            "--rdzv-id", f"fds{os.getpid()}", "--local-addr", f"127.0.0.{2 + node}", "--rdzv-conf", "join_timeout=20"]
 
 
 # (name, nodes, argv of node i, what node i's stderr says: the path really taken)
@@ -84,6 +95,15 @@ class WorkerDescriptors(DdprunTestCase):
         for name, nodes, argv_of, says in LAUNCHES:
             with self.subTest(launch=name):
                 self.check_launch(name, nodes, argv_of, says)
+
+    def test_etcd(self):
+        if not etcd_cluster.find_etcd():
+            self.skipTest("no etcd (Debian's etcd-server; scripts/setup.sh installs it)")
+        cluster = etcd_cluster.EtcdCluster(1)
+        try:
+            self.check_launch("etcd", 2, lambda node, port: etcd_args(node, cluster.endpoints()), {})
+        finally:
+            cluster.stop()
 
 
 if __name__ == "__main__":
