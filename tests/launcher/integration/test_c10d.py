@@ -67,10 +67,17 @@ class C10dTestCase(DdprunTestCase):
 
     # -- starting nodes
 
-    def start_node(self, name, addr, script_args=(), nnodes="1:3", conf=CONF, extra=(), nproc=2, endpoint=None,
-                   script=None, env=None):
-        args = ["--log-level", "info", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint or self.endpoint,
-                "--rdzv-id", "job", "--nnodes", nnodes, "--nproc-per-node", str(nproc)]
+    # What start_node passes unless told otherwise; test_etcd.py's subclass changes them.
+    BACKEND = "c10d"
+    DEFAULT_CONF = CONF
+    run_id = "job"
+
+    def start_node(self, name, addr, script_args=(), nnodes="1:3", conf=None, extra=(), nproc=2, endpoint=None,
+                   script=None, env=None, backend=None):
+        conf = self.DEFAULT_CONF if conf is None else conf
+        args = ["--log-level", "info", "--rdzv-backend", backend or self.BACKEND, "--rdzv-endpoint",
+                endpoint or self.endpoint, "--rdzv-id", self.run_id, "--nnodes", nnodes, "--nproc-per-node",
+                str(nproc)]
         if addr:
             args += ["--local-addr", addr]
         if conf:

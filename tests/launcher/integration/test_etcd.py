@@ -18,8 +18,8 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "testlib"))
-from ddprun_testlib import scaled, worker  # noqa: E402
-from test_c10d import C10dTestCase, Node, hang  # noqa: E402
+from ddprun_testlib import scaled  # noqa: E402
+from test_c10d import C10dTestCase, hang  # noqa: E402
 import etcd_cluster  # noqa: E402
 
 # Short timings: a round closes 1 s after MIN nodes joined; a node lease of 1.5 s (etcd
@@ -61,6 +61,8 @@ def tearDownModule():
 
 class EtcdTestCase(C10dTestCase):
     members = "one"
+    BACKEND = "etcd"
+    DEFAULT_CONF = CONF
 
     @classmethod
     def setUpClass(cls):
@@ -73,22 +75,6 @@ class EtcdTestCase(C10dTestCase):
         self.etcd = cluster(self.members)
         self.endpoint = self.etcd.endpoints()
         self.run_id = f"{self._testMethodName}-{os.getpid()}"
-
-    def start_node(self, name, addr, script_args=(), nnodes="1:3", conf=CONF, extra=(), nproc=2, endpoint=None,
-                   script=None, env=None, backend="etcd"):
-        args = ["--log-level", "info", "--rdzv-backend", backend, "--rdzv-endpoint", endpoint or self.endpoint,
-                "--rdzv-id", self.run_id, "--nnodes", nnodes, "--nproc-per-node", str(nproc), "--local-addr", addr]
-        if conf:
-            args += ["--rdzv-conf", conf]
-        args += list(extra)
-        args += [script or worker("rdzv_env.py")] + ([] if script else [self.rec]) + list(script_args)
-        out = open(self.path(f"{name}.stdout"), "wb")
-        err = open(self.path(f"{name}.stderr"), "wb")
-        self._files += [out, err]
-        proc = self.start(args, env=env, stdout=out, stderr=err)
-        node = Node(name, addr, proc, out.name, err.name)
-        self.nodes.append(node)
-        return node
 
     def run_keys(self, member=0):
         return self.etcd.keys(member, f"/ddprun/rdzv/{self.run_id}/")
