@@ -242,9 +242,8 @@ srun --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node gpu --no-pyth
         job_env["SRUN_EXPORT_ENV"] = f"ALL,{lib.STEP_MARKER}={self.step_marker(name)}"
         return self.cluster.sbatch(text, name=name, env=job_env)
 
-    def test_example_multi_node(self):
-        name = "ex_multi"
-        job = self.submit_example(name, "multi_node.sbatch", NPROC=2)
+    def assert_example_trained(self, name, job):
+        """The example job completed a 4-rank DDP training with a checkpoint, and left nothing."""
         info = self.cluster.wait(job, lib.scaled(180))
         out = self.job_output(name)
         self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
@@ -253,17 +252,16 @@ srun --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node gpu --no-pyth
         self.assertTrue(os.path.exists(os.path.join(self.job_dir(name), "checkpoint.pt")))
         self.assert_nothing_left(name)
 
+    def test_example_multi_node(self):
+        name = "ex_multi"
+        job = self.submit_example(name, "multi_node.sbatch", NPROC=2)
+        self.assert_example_trained(name, job)
+
     def test_example_c10d(self):
         name = "ex_c10d"
         job = self.submit_example(name, "c10d.sbatch", port=lib.derived_port(self.cluster.first_job_id + 97, 5),
                                   NPROC=2)
-        info = self.cluster.wait(job, lib.scaled(180))
-        out = self.job_output(name)
-        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
-        self.assertIn("training on 4 ranks", out)
-        self.assertIn("parameters identical on all 4 ranks", out)
-        self.assertTrue(os.path.exists(os.path.join(self.job_dir(name), "checkpoint.pt")))
-        self.assert_nothing_left(name)
+        self.assert_example_trained(name, job)
 
     def test_example_preempt_requeue_resumes(self):
         name = "ex_preempt"
