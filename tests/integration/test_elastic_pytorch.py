@@ -152,14 +152,22 @@ class ElasticPytorch(unittest.TestCase):
         self.wait_for(lambda: len(self.epochs_done(4)) >= 2 and os.path.exists(self.ckpt), 120,
                       "two epochs at world 4")
         # Host B goes: its ddprun and its workers (ranks 2, 3: node rank 1), at once.
-        b_workers = [r["pid"] for r in self.lines("start") if r["world"] == 4 and r["rank"] in (2, 3)]
-        self.assertEqual(len(b_workers), 2, self.describe())
+        resumed = self.lose_host_and_check_resume(b, (2, 3), a, "127.0.0.2", exact_restarts=True)
+        print(f"\nhost lost -> survivors' workers resumed (torch imported, checkpoint loaded) after {resumed:.1f} s",
+              file=sys.stderr)
+
+    def lose_host_and_check_resume(self, victim, victim_ranks, survivor, master_after, exact_restarts):
+        """SIGKILLs victim's ddprun and its workers (victim_ranks at world 4) at once; the
+        survivor resumes at world 2 from the last checkpoint, its store at master_after, and
+        finishes. Returns the seconds from the kill to the survivor's workers' start."""
+        workers = [r["pid"] for r in self.lines("start") if r["world"] == 4 and r["rank"] in victim_ranks]
+        self.assertEqual(len(workers), 2, self.describe())
         t_kill = time.time()
-        for pid in [b.proc.pid] + b_workers:
+        for pid in [victim.proc.pid] + workers:
             os.kill(pid, signal.SIGKILL)
         last_at_4 = max(self.epochs_done(4))
-        self.wait_exit([a], 120)
-        self.assertEqual(a.proc.returncode, 0, self.describe())
+        self.wait_exit([survivor], 120)
+        self.assertEqual(survivor.proc.returncode, 0, self.describe())
         starts2 = [r for r in self.lines("start") if r["world"] == 2]
         self.assertEqual(sorted(r["rank"] for r in starts2), [0, 1], self.describe())
         for r in starts2:
@@ -167,14 +175,14 @@ class ElasticPytorch(unittest.TestCase):
             # finished, or the one before if the kill came between the two).
             self.assertIn(r["resume_epoch"], (last_at_4, last_at_4 + 1), self.describe())
             self.assertGreaterEqual(r["resume_epoch"], 2)
-            self.assertEqual(r["restart_count"], 1, "losing a host is a counted restart")
-            self.assertEqual(r["master"].split(":")[0], "127.0.0.2")
-        at2 = self.epochs_done(2)
-        self.assertEqual(at2, list(range(starts2[0]["resume_epoch"], EPOCHS)), self.describe())
+            if exact_restarts:
+                self.assertEqual(r["restart_count"], 1, "losing a host is a counted restart")
+            else:
+                self.assertGreaterEqual(r["restart_count"], 1, "losing a host is a counted restart")
+            self.assertEqual(r["master"].split(":")[0], master_after, self.describe())
+        self.assertEqual(self.epochs_done(2), list(range(starts2[0]["resume_epoch"], EPOCHS)), self.describe())
         self.check_finished_at(2)
-        resumed = min(r["t"] for r in starts2) - t_kill
-        print(f"\nhost lost -> survivors' workers resumed (torch imported, checkpoint loaded) after {resumed:.1f} s",
-              file=sys.stderr)
+        return min(r["t"] for r in starts2) - t_kill
 
     def test_add_a_host_world_grows(self):
         a = self.start_node("A", "127.0.0.2", CONF + ",is_host=1")
