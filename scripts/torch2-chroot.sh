@@ -25,8 +25,9 @@
 # /dev (with /dev/pts, /dev/shm), /tmp, this checkout and the folders in $DDP_TORCH2_BIND
 # (colon-separated) are mounted into the chroot at their host paths; they disappear with the
 # last process of that namespace, so nothing leaks, whatever the command does, and any
-# number of commands can use the chroot at once. The network (loopback included), pids and
-# users are the host's. unshare, the mounts and chroot each exec the next, so CMD keeps the
+# number of commands can use the chroot at once. The network (loopback included), name
+# resolution (/etc/hosts, /etc/resolv.conf as the caller sees them), pids and users are the
+# host's. unshare, the mounts and chroot each exec the next, so CMD keeps the
 # pid the caller started (ddprun signals and reaps it as its worker). Needs root.
 set -euo pipefail
 
@@ -121,6 +122,12 @@ enter() {
   mount --bind /sys "$ROOT/sys"
   mount --rbind /dev "$ROOT/dev"
   mount --bind /tmp "$ROOT/tmp"
+  # Names resolve as they do outside: the /etc/hosts and resolv.conf this namespace sees (a
+  # Slurm node's own /etc/hosts, say), not the copies made when the chroot was built.
+  local f
+  for f in /etc/hosts /etc/resolv.conf; do
+    if [[ -f $f && -f $ROOT$f ]]; then mount --bind "$f" "$ROOT$f"; fi
+  done
   local IFS=: p
   for p in $SRC ${DDP_TORCH2_BIND:-}; do
     [[ -d $p && $p != /tmp/* ]] || continue

@@ -3,8 +3,10 @@
 
 On SIGUSR1 (sbatch --signal=USR1@SECONDS, or scancel -s USR1) every rank notes it; at the end
 of the epoch the ranks agree (one all_reduce: the signal reaches them at slightly different
-moments), rank 0 saves a checkpoint and runs `scontrol requeue $SLURM_JOB_ID`, and every
-rank waits for the requeue's SIGTERM. The requeued job starts again with the same job id and
+moments), rank 0 saves a checkpoint and leaves a marker beside it (CHECKPOINT.requeue), and
+every rank exits 0. The batch script (preempt.sbatch) sees the marker once the step has ended
+and runs `scontrol requeue`: the workers need no Slurm commands, so this works as well in a
+container or chroot without them. The requeued job starts again with the same job id and
 SLURM_RESTART_COUNT=1 and resumes at the saved epoch. Without a signal it trains to the end.
 
     srun ddprun --nproc-per-node gpu checkpoint_train.py --epochs 100 --checkpoint ./checkpoint.pt
@@ -12,7 +14,6 @@ SLURM_RESTART_COUNT=1 and resumes at the saved epoch. Without a signal it trains
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -54,19 +55,12 @@ def save(path, model, opt, epoch):
     os.replace(tmp, path)  # a preempted save never leaves a half-written checkpoint
 
 
-def requeue_and_wait():
-    job = os.environ.get("SLURM_ARRAY_JOB_ID") and "{}_{}".format(os.environ["SLURM_ARRAY_JOB_ID"],
-                                                                  os.environ["SLURM_ARRAY_TASK_ID"])
-    job = job or os.environ.get("SLURM_JOB_ID")
+def request_requeue(checkpoint):
+    """The marker preempt.sbatch looks for after the step: written by rank 0, after the save."""
     if dist.get_rank() == 0:
-        if job:
-            r = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
-            print(f"requeued job {job}" if r.returncode == 0 else f"scontrol requeue {job} failed: {r.stderr.strip()}",
-                  flush=True)
-        else:
-            print("not in a Slurm job: stopping after the checkpoint", flush=True)
-    if job:
-        time.sleep(300)  # the requeue ends the job: SIGTERM comes first
+        with open(checkpoint + ".requeue", "w") as f:
+            f.write(os.environ.get("SLURM_JOB_ID", "") + "\n")
+        print(f"requeue requested ({checkpoint}.requeue)", flush=True)
 
 
 def main():
@@ -102,8 +96,9 @@ def main():
             if rank == 0:
                 save(args.checkpoint, model, opt, epoch + 1)
                 print(f"SIGUSR1: saved epoch {epoch + 1} to {args.checkpoint}", flush=True)
-            dist.barrier()  # the checkpoint is on disk before anyone requeues
-            requeue_and_wait()
+                request_requeue(args.checkpoint)
+            dist.barrier()  # the checkpoint is on disk before any rank exits
+            dist.destroy_process_group()
             return 0
     if rank == 0:
         save(args.checkpoint, model, opt, args.epochs)

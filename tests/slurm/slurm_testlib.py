@@ -5,6 +5,7 @@ job left running on any node).
 Environment:
   DDPRUN                  ddprun's path (ctest passes it); default <source>/build/bin/ddprun
   PYTHON_EXEC             the interpreter with torch the workers run under; default /usr/bin/python3
+  DDP_TORCH=torch2        the workers run on torch 2.6 in the chroot instead (torch_runtime.py)
   DDP_TEST_TIMEOUT_SCALE  multiplies every hang-guard timeout (default 1)
   DDP_SLURM_KEEP=1        keep the cluster's folder (logs, every job's files)
 """
@@ -18,13 +19,18 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "testlib"))
+import torch_runtime  # noqa: E402
 from slurm_cluster import DOMAIN, SlurmCluster, cgroup_tracking_available, unavailable_reason  # noqa: E402, F401
 
 SOURCE_DIR = os.path.abspath(os.path.join(HERE, "..", ".."))
 WORKERS = os.path.join(HERE, "workers")
 TRAIN = os.path.join(SOURCE_DIR, "examples", "pytorch", "train.py")
 DDPRUN = os.environ.get("DDPRUN") or os.path.join(SOURCE_DIR, "build", "bin", "ddprun")
-PYTHON = os.environ.get("PYTHON_EXEC") or "/usr/bin/python3"
+# The workers' torch: the host's (PYTHON_EXEC, else /usr/bin/python3), or with DDP_TORCH=torch2
+# Debian 13's torch 2.6 through tests/torch2/python3 (tests/testlib/torch_runtime.py).
+RUNTIME = torch_runtime.current()
+PYTHON = RUNTIME.python
 STEP_MARKER = "DDP_TEST_STEP"  # set for a step's tasks (ddprun) and so their workers
 
 
@@ -63,6 +69,13 @@ def worker(name):
     return os.path.join(WORKERS, name)
 
 
+def torch_workers(test):
+    """Marks a test that also runs on torch 2.6 (DDP_TORCH=torch2: slurm.test_slurm_jobs.torch2):
+    its PyTorch workers do what no other marked test's do. Unmarked tests are skipped there."""
+    test.torch_workers = True
+    return test
+
+
 class SlurmTestCase(unittest.TestCase):
     """A cluster for the whole file; each test submits sbatch jobs to it."""
     NODES = 3
@@ -79,11 +92,8 @@ class SlurmTestCase(unittest.TestCase):
             raise unittest.SkipTest(why)
         if not os.access(DDPRUN, os.X_OK):
             raise unittest.SkipTest(f"no ddprun binary at {DDPRUN} (set DDPRUN)")
-        if cls.NEEDS_TORCH:
-            r = subprocess.run([PYTHON, "-c", "import torch.distributed as d; assert d.is_gloo_available()"],
-                               capture_output=True, text=True, timeout=scaled(120))
-            if r.returncode != 0:
-                raise unittest.SkipTest(f"{PYTHON} has no torch with gloo")
+        if cls.NEEDS_TORCH and RUNTIME.skip_reason():
+            raise unittest.SkipTest(RUNTIME.skip_reason())
         if cls.PROCTRACK == "cgroup" and not cgroup_tracking_available():
             print("no cgroup v1 freezer here: proctrack/pgid stands in for proctrack/cgroup", file=sys.stderr)
             cls.PROCTRACK = "pgid"
@@ -97,6 +107,14 @@ class SlurmTestCase(unittest.TestCase):
     def tearDownClass(cls):
         if cls.cluster:
             cls.cluster.stop()
+
+    def setUp(self):
+        if RUNTIME.is_torch2 and not getattr(getattr(self, self._testMethodName), "torch_workers", False):
+            self.skipTest("not marked @torch_workers: runs on the host's torch only")
+        self.started = time.monotonic()
+
+    def tearDown(self):
+        print(f"{self._testMethodName}: {time.monotonic() - self.started:.1f} s", file=sys.stderr)
 
     # ------------------------------------------------------------------ jobs
 

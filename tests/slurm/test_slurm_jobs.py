@@ -1,6 +1,8 @@
 #!/usr/bin/python3
 """`srun ddprun train.py` on a real Slurm cluster (three slurmd on this host, proctrack/cgroup):
-every job is an sbatch job; the training ones are 4-rank gloo DDP jobs of Debian's torch 1.13.
+every job is an sbatch job; the training ones are 4-rank gloo DDP jobs of Debian's torch 1.13,
+and (slurm.test_slurm_jobs.torch2, DDP_TORCH=torch2) those marked @torch_workers again on
+torch 2.6: the derived static line, the c10d line and preemption with requeue.
 
 - no rendezvous flags: ranks, hosts, store address and port all come from the step;
 - the static line users already have, and the classic mistake in it (the node rank expanded
@@ -41,6 +43,7 @@ class SlurmJobs(lib.SlurmTestCase):
             self.assertEqual(r["SLURM_JOB_ID"], str(job))
         return where
 
+    @lib.torch_workers
     def test_no_rendezvous_flags_two_nodes_train(self):
         name = "noflags"
         d = self.job_dir(name)
@@ -257,12 +260,14 @@ srun --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node gpu --no-pyth
         job = self.submit_example(name, "multi_node.sbatch", NPROC=2)
         self.assert_example_trained(name, job)
 
+    @lib.torch_workers
     def test_example_c10d(self):
         name = "ex_c10d"
         job = self.submit_example(name, "c10d.sbatch", port=lib.derived_port(self.cluster.first_job_id + 97, 5),
                                   NPROC=2)
         self.assert_example_trained(name, job)
 
+    @lib.torch_workers
     def test_example_preempt_requeue_resumes(self):
         name = "ex_preempt"
         worker = os.path.join(lib.SOURCE_DIR, "examples", "slurm", "checkpoint_train.py")
@@ -284,7 +289,8 @@ srun --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node gpu --no-pyth
         self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
         saved = re.search(r"SIGUSR1: saved epoch (\d+)", out)
         self.assertTrue(saved, out)
-        self.assertIn(f"requeued job {job}", out)
+        self.assertIn("requeue requested (./checkpoint.pt.requeue)", out)
+        self.assertIn(f"requeueing job {job}", out)  # by the batch script, after the step
         self.assertIn(f"run 1: starting at epoch {saved.group(1)} of 30", out)  # resumed, same job id
         self.assertIn("done: 30 epochs", out)
         self.assertEqual(info["Restarts"], "1")

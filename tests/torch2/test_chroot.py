@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """The torch 2.x chroot as the tests use it (scripts/torch2-chroot.sh, tests/torch2/python3):
 a drop-in interpreter that keeps the caller's pid, environment and working directory, sees
-/tmp and the checkout at their host paths, has the use_libuv shim unless DDP_TORCH2_SHIM=0,
+/tmp and the checkout at their host paths, resolves names through the caller's /etc/hosts,
+has the use_libuv shim unless DDP_TORCH2_SHIM=0,
 and leaves no mount behind, even when the process in it is killed. Exits 77 without root or
 without the chroot (scripts/torch2-chroot.sh builds it)."""
 import os
@@ -80,6 +81,18 @@ class Torch2Chroot(unittest.TestCase):
         r = self.py(PROBE_LIBUV, DDP_TORCH2_SHIM="0")
         self.assertNotEqual(r.returncode, 0, r.stdout)
         self.assertIn("use_libuv was requested but PyTorch was build without libuv support", r.stderr)
+
+    def test_names_resolve_as_the_caller_sees_them(self):
+        # A Slurm test node is a namespace with its own /etc/hosts (tests/slurm/slurm_cluster.py);
+        # its workers must resolve the node names the same inside the chroot.
+        hosts = os.path.join(self.tmp, "hosts")
+        with open("/etc/hosts") as f, open(hosts, "w") as out:
+            out.write(f.read() + "127.0.0.77 t14-node t14-node.ddptest.local\n")
+        code = "import socket; print(socket.gethostbyname('t14-node.ddptest.local'))"
+        r = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
+                            'mount --bind "$1" /etc/hosts && shift && exec "$@"', "sh", hosts, RT.python, "-c", code],
+                           capture_output=True, text=True, cwd=self.tmp, timeout=TIMEOUT)
+        self.assertEqual((r.returncode, r.stdout.strip()), (0, "127.0.0.77"), r.stderr)
 
     def test_parallel_commands(self):
         t0 = time.monotonic()
