@@ -345,6 +345,13 @@ std::vector<std::string> step_nodes(const Env& s) {
   return nodes;
 }
 
+// One info line per node saying what came from Slurm.
+void note_derived(Options& o, const Env& s, const std::vector<std::string>& flags) {
+  if (!flags.empty())
+    o.infos.push_back(fmt::format("Slurm step {} ({}={}, SLURM_NODEID={}): as if given {} (--no-slurm turns this off)",
+                                  s.step_name(), s.nodelist_var, s.nodelist, s.node_id, fmt::join(flags, " ")));
+}
+
 void apply_static(Options& o, const Env& s, const Resolver& resolve) {
   std::vector<std::string> flags;
   if (!given(o, "nnodes")) {
@@ -383,22 +390,11 @@ void apply_static(Options& o, const Env& s, const Resolver& resolve) {
     o.rdzv_id = s.step_name();
     flags.push_back(fmt::format("--rdzv-id {}", o.rdzv_id));
   }
-  if (!flags.empty())
-    o.infos.push_back(fmt::format("Slurm step {} ({}={}, SLURM_NODEID={}): as if given {} (--no-slurm turns this off)",
-                                  s.step_name(), s.nodelist_var, s.nodelist, s.node_id, fmt::join(flags, " ")));
+  note_derived(o, s, flags);
 }
 
-void apply_c10d(Options& o, const Env& s, const Resolver& resolve) {
-  if (o.rdzv_backend != "c10d" || o.rdzv_endpoint.empty()) return;
-  std::vector<std::string> flags;
-  if (!given(o, "nnodes")) {
-    o.min_nodes = o.max_nodes = s.nnodes;
-    flags.push_back(fmt::format("--nnodes {}", s.nnodes));
-  }
-  if (job_is_the_step(o, s) && !given(o, "rdzv-id")) {
-    o.rdzv_id = s.step_name();
-    flags.push_back(fmt::format("--rdzv-id {}", o.rdzv_id));
-  }
+// c10d's is_host: node 0 hosts the store when the endpoint names the step's first node.
+void apply_c10d_host(Options& o, const Env& s, const Resolver& resolve, std::vector<std::string>& flags) {
   std::string host;
   int port = 0;
   parse_endpoint(o.given.count("rdzv-endpoint") ? o.given.at("rdzv-endpoint") : "--rdzv-endpoint", o.rdzv_endpoint,
@@ -412,9 +408,23 @@ void apply_c10d(Options& o, const Env& s, const Resolver& resolve) {
                       s.node_id == 0 ? 1 : 0, host, nodes[0], s.node_id));
     }
   }
-  if (!flags.empty())
-    o.infos.push_back(fmt::format("Slurm step {} ({}={}, SLURM_NODEID={}): as if given {} (--no-slurm turns this off)",
-                                  s.step_name(), s.nodelist_var, s.nodelist, s.node_id, fmt::join(flags, " ")));
+}
+
+// The dynamic backends (c10d, etcd, etcd-v2): the node count and run id from the step; with
+// c10d also which node hosts the store, when the endpoint is the step's first node.
+void apply_dynamic(Options& o, const Env& s, const Resolver& resolve) {
+  if (o.rdzv_endpoint.empty()) return;
+  std::vector<std::string> flags;
+  if (!given(o, "nnodes")) {
+    o.min_nodes = o.max_nodes = s.nnodes;
+    flags.push_back(fmt::format("--nnodes {}", s.nnodes));
+  }
+  if (job_is_the_step(o, s) && !given(o, "rdzv-id")) {
+    o.rdzv_id = s.step_name();
+    flags.push_back(fmt::format("--rdzv-id {}", o.rdzv_id));
+  }
+  if (o.rdzv_backend == "c10d") apply_c10d_host(o, s, resolve, flags);
+  note_derived(o, s, flags);
 }
 
 }  // namespace
@@ -425,7 +435,7 @@ void apply(Options& o, const std::map<std::string, std::string>& env, const Reso
   if (!s) return;
   if (!s->in_step()) return in_batch_shell(o, *s);
   if (s->ntasks != s->nnodes) return not_one_per_node(o, *s);
-  if (o.dynamic()) return apply_c10d(o, *s, resolve);
+  if (o.dynamic()) return apply_dynamic(o, *s, resolve);
   apply_static(o, *s, resolve);
 }
 

@@ -377,6 +377,28 @@ TEST(SlurmDerive, C10dOtherEndpointsAndExplicitIsHostAreLeftAlone) {
   EXPECT_EQ(e.max_nodes, 4);
 }
 
+TEST(SlurmDerive, EtcdTakesTheNodeCountAndRunIdButHostsNothing) {
+  for (const char* backend : {"etcd", "etcd-v2"}) {
+    Options o = c10d("n1:2379", {{"log-level", "--log-level"}});
+    o.rdzv_backend = backend;
+    o = applied(o, step_env("n[1-2]", 2, 0));
+    EXPECT_EQ(o.min_nodes, 2) << backend;
+    EXPECT_EQ(o.max_nodes, 2) << backend;
+    EXPECT_EQ(o.rdzv_id, "77.0") << backend;  // two jobs on one etcd never share a run id
+    EXPECT_FALSE(o.rdzv_conf.is_host.has_value()) << backend;  // the endpoint is etcd, not a node's store
+    ASSERT_EQ(o.infos.size(), 1u) << backend;
+    EXPECT_NE(o.infos[0].find("as if given --nnodes 2 --rdzv-id 77.0 (--no-slurm"), std::string::npos) << o.infos[0];
+  }
+  Options e = c10d("n1:2379", {{"rdzv-id", "--rdzv-id"}, {"nnodes", "--nnodes"}});
+  e.rdzv_backend = "etcd";
+  e.rdzv_id = "mine";
+  e.min_nodes = 1, e.max_nodes = 3;
+  e = applied(e, step_env("n[1-2]", 2, 1));
+  EXPECT_EQ(e.rdzv_id, "mine");
+  EXPECT_EQ(e.max_nodes, 3);
+  EXPECT_TRUE(e.infos.empty());
+}
+
 TEST(SlurmDerive, SameHost) {
   using ddprun::slurm::same_host;
   EXPECT_TRUE(same_host("n1", "n1", fake_resolve));

@@ -9,6 +9,7 @@ torch 2.6: the derived static line, the c10d line and preemption with requeue.
   in the batch shell): a warning naming both values and a clear failure, not a hang;
 - the c10d line (pytorch/examples'): SLURM_NODEID 0 hosts the store, the other node joins;
   examples/slurm/c10d.sbatch trains and saves through it;
+- the etcd line: node count and run id from the step, as for c10d;
 - a step on 2 of the job's 3 nodes meets on the step's first node;
 - a worker exiting 3 on the second node stops both nodes; Slurm records 3 (static and c10d);
 - two jobs sharing their nodes at the same time, no flags: no port clash;
@@ -19,6 +20,7 @@ import re
 import time
 
 import slurm_testlib as lib
+import etcd_cluster  # noqa: E402 (tests/testlib, on the path through slurm_testlib)
 
 
 class SlurmJobs(lib.SlurmTestCase):
@@ -146,6 +148,28 @@ srun --ntasks-per-node=1 $DDPRUN --log-level info --nnodes 2 --nproc-per-node 2 
         self.assertIn("on node 1: exiting with 3", out)
         self.assertIn("the job failed on another node", out)  # the other node stopped because of it
         self.assertLess(lib.seconds(info["RunTime"]), 30, info)  # not the other workers' 120 s
+        self.assert_nothing_left(name)
+
+    def test_etcd_line_takes_node_count_and_run_id_from_the_step(self):
+        # --rdzv-backend etcd with no --nnodes and no --rdzv-id: both come from the step, so
+        # two jobs on one etcd never meet in one run id (torchrun's default id is "none").
+        if not etcd_cluster.find_etcd():
+            self.skipTest("no etcd binary (Debian package etcd-server)")
+        etcd = etcd_cluster.EtcdCluster(1)
+        self.addCleanup(etcd.stop)
+        name = "etcd"
+        d = self.job_dir(name)
+        job, info = self.run_job(name, f"""
+srun --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node 2 --rdzv-backend etcd \
+     --rdzv-endpoint {etcd.endpoint(0)} $WORKERS/where.py {d}
+""", "-N2")
+        out = self.job_output(name)
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
+        where = self.where(name)
+        self.assertEqual(sorted(where), [0, 1, 2, 3], out)
+        self.assertEqual({r["WORLD_SIZE"] for r in where.values()}, {"4"})
+        self.assertEqual({r["TORCHELASTIC_RUN_ID"] for r in where.values()}, {f"{job}.0"})
+        self.assertEqual(out.count(f"as if given --nnodes 2 --rdzv-id {job}.0 (--no-slurm"), 2, out)
         self.assert_nothing_left(name)
 
     def test_step_on_two_of_three_nodes_meets_on_its_first(self):
