@@ -470,7 +470,7 @@ struct Supervisor::Impl {
     if (end->kind == K::kScaleUp)
       spdlog::warn("round {}: {}: stopping this node's workers to restart them in a bigger round", plan.round,
                    end->describe());
-    else if (end->kind == K::kPartitioned || end->kind == K::kStoreLost)
+    else if (end->node_only())
       spdlog::error("{}: stopping this node's workers", end->describe());
     else
       spdlog::warn("{}: stopping this node's workers", end->describe());
@@ -615,7 +615,9 @@ struct Supervisor::Impl {
       stop_reason = refused_early ? *refused_early : rdzv.restart_refused(*end);
       refused_early.reset();
       if (!stop_reason.empty()) {
-        if (o.max_restarts > 0 || !end->counted()) spdlog::error("not restarting: {}", stop_reason);
+        // A node cut off said why as it stopped its workers, and says it last again: no third line.
+        if ((o.max_restarts > 0 || !end->counted()) && !(end->node_only() && stop_reason == end->text))
+          spdlog::error("not restarting: {}", stop_reason);
         break;
       }
       announce_restart(*end);
@@ -630,9 +632,7 @@ struct Supervisor::Impl {
     using F = FinishKind;
     if (got_signal) return rdzv.finish(F::kNodeStopped, "");
     if (!root && !remote_end) return rdzv.finish(F::kSucceeded, "");
-    const bool node_only = remote_end && (remote_end->kind == RoundEnd::Kind::kPartitioned ||
-                                          remote_end->kind == RoundEnd::Kind::kStoreLost);
-    rdzv.finish(node_only ? F::kNodeStopped : F::kJobFailed, stop_reason);
+    rdzv.finish(remote_end && remote_end->node_only() ? F::kNodeStopped : F::kJobFailed, stop_reason);
   }
 
   void finish() {
@@ -666,7 +666,7 @@ struct Supervisor::Impl {
     } else if (remote_end) {
       outcome.status = "failed";
       outcome.exit_code = 1;
-      if (remote_end->kind == RoundEnd::Kind::kPartitioned || remote_end->kind == RoundEnd::Kind::kStoreLost)
+      if (remote_end->node_only())
         spdlog::error("{}", remote_end->describe());
       else
         spdlog::error("the job failed on another node: {}", remote_end->describe());

@@ -411,7 +411,7 @@ RoundEnd DynamicRendezvous::wait_end() {
 std::string DynamicRendezvous::restart_refused(const RoundEnd& end) {
   using K = RoundEnd::Kind;
   if (end.kind == K::kDone) return "";
-  if (end.kind == K::kPartitioned || end.kind == K::kStoreLost || end.kind == K::kClosed) return end.text;
+  if (end.node_only() || end.kind == K::kClosed) return end.text;
   if (end.kind == K::kLost && end.node == c_.me.id)
     return fmt::format("this node was declared lost by the rendezvous ({})", end.text);
   State s;

@@ -42,6 +42,8 @@ struct RoundEnd {
 
   // A failure: uses one of --max-restarts.
   bool counted() const { return kind == Kind::kFailed || kind == Kind::kLeft || kind == Kind::kLost; }
+  // This node alone is cut off (the others may go on): it stops, and says why once at the end.
+  bool node_only() const { return kind == Kind::kPartitioned || kind == Kind::kStoreLost; }
   std::string describe() const;
 };
 

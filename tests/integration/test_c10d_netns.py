@@ -200,6 +200,8 @@ class C10dNetns(unittest.TestCase):
         self.assertLess(cut_off.exited_at - t_cut, WINDOW + 2, self.describe())
         self.assertRegex(cut_off.stderr(), r"this node lost contact with the c10d store at 10\.77\.0\.1:\d+ for the "
                                            r"keep-alive window", self.describe())
+        # Said as it stops its workers and once more as its last line, not a third time.
+        self.assertEqual(cut_off.stderr().count("lost contact"), 2, cut_off.stderr())
         for r in r0:
             if r["env"]["GROUP_RANK"] == "2":
                 self.assertFalse(lib_pid_alive(r["pid"]), "a worker of the cut-off host still runs")
