@@ -139,9 +139,10 @@ class Podman:
     def exists(self, image):
         return self("image", "exists", image, check=False).returncode == 0
 
-    def base_image(self, root):
-        """The Debian root as a local image (no registry): localhost/ddprun-test-base:<root key>."""
-        ref = f"localhost/ddprun-test-base:{os.path.basename(root).split('-')[-1]}"
+    def base_image(self, root, key=None):
+        """The Debian root as a local image (no registry): localhost/ddprun-test-base:<key>,
+        by default the root's own key (the end of its folder name)."""
+        ref = f"localhost/ddprun-test-base:{key or os.path.basename(root).split('-')[-1]}"
         if not self.exists(ref):
             tar = subprocess.Popen(["tar", "-C", root, "--exclude=./debootstrap.log", "-c", "."],
                                    stdout=subprocess.PIPE)

@@ -1,6 +1,7 @@
 """ddprun as a container's ENTRYPOINT under a real runtime: rootful podman (runc), the image
 built by docker/Containerfile from a Debian 12 base made by debootstrap (no registry) and the
-ddprun .deb. Plain python workers (tests/packaging/workers/job.py), no torch.
+ddprun .deb. Plain python workers (tests/packaging/workers/job.py), no torch, except in
+Torch2Variant: a DDP job on torch 2.6 in docker/Containerfile.pytorch's image.
 
 The base image and the ddprun image are built once and cached by content (the root's package
 set; the Containerfile and what the packages install). Containers and the network carry this
@@ -10,12 +11,20 @@ import hashlib
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import unittest
 
 import pkgtest
 from pkgtest import TAG, WORKERS, scaled
+
+sys.path.insert(0, os.path.join(pkgtest.SRC, "tests", "testlib"))
+import torch_runtime  # noqa: E402
+
+EXAMPLES = os.path.join(pkgtest.SRC, "examples", "pytorch")
+NOLIBUV = os.path.join(pkgtest.SRC, "tests", "torch2", "nolibuv")
 
 # The 2-node test runs once per rendezvous backend: the static one (a PyTorchJob's
 # PET_MASTER_*) and c10d (a PyTorchJob with an elasticPolicy: PET_RDZV_*, see rdzv_env()).
@@ -267,21 +276,26 @@ class TwoNodes(unittest.TestCase):
         pm("network", "rm", "-f", cls.net, check=False)
 
 
+def pytorch_variant(repo, pytorch_image):
+    """docker/Containerfile.pytorch on pytorch_image (a local image standing in for a PyTorch
+    image: no registry here), built once per content as repo:<key>."""
+    containerfile = os.path.join(pkgtest.SRC, "docker/Containerfile.pytorch")
+    with open(containerfile, "rb") as f:
+        key = hashlib.sha256(f.read() + IMAGE.encode() + pytorch_image.encode()).hexdigest()[:16]
+    with tempfile.TemporaryDirectory(prefix=f"{TAG}-ctx") as ctx:
+        return pm.build_cached(repo, key, ["-f", containerfile, "--build-arg", f"DDPRUN_IMAGE={IMAGE}",
+                                           "--build-arg", f"PYTORCH_IMAGE={pytorch_image}"], ctx)
+
+
 class PytorchVariant(unittest.TestCase):
-    """docker/Containerfile.pytorch layers ddprun on another distribution's image. A PyTorch
-    image is not reachable here; Debian 11's python3 (glibc 2.31, older than the 2.36 ddprun
-    is built against, like the Ubuntu of the official PyTorch images) stands in for it."""
+    """docker/Containerfile.pytorch layers ddprun on another distribution's image. Here Debian
+    11's python3 stands in for it: glibc 2.31, older than the 2.36 ddprun is built against,
+    like the Ubuntu of the official PyTorch images. (Torch2Variant: a real torch in it.)"""
 
     @classmethod
     def setUpClass(cls):
-        foreign = pm.base_image(pkgtest.debian_root_suite("bullseye", "python3"))
-        with open(os.path.join(pkgtest.SRC, "docker/Containerfile.pytorch"), "rb") as f:
-            key = hashlib.sha256(f.read() + IMAGE.encode() + foreign.encode()).hexdigest()[:16]
-        with tempfile.TemporaryDirectory(prefix=f"{TAG}-ctx") as ctx:
-            cls.image = pm.build_cached("localhost/ddprun-test-pytorch", key,
-                                        ["-f", os.path.join(pkgtest.SRC, "docker/Containerfile.pytorch"),
-                                         "--build-arg", f"DDPRUN_IMAGE={IMAGE}",
-                                         "--build-arg", f"PYTORCH_IMAGE={foreign}"], ctx)
+        cls.image = pytorch_variant("localhost/ddprun-test-pytorch",
+                                    pm.base_image(pkgtest.debian_root_suite("bullseye", "python3")))
 
     def test_runs_on_an_older_c_library(self):
         p = pm("run", "--rm", "--network", "none", "--entrypoint", "ldd", self.image, "--version")
@@ -295,6 +309,51 @@ class PytorchVariant(unittest.TestCase):
         self.assertEqual(p.returncode, 3, p.stdout + p.stderr)
         p = pm("run", "--rm", "--network", "none", "--entrypoint", "ddprun", self.image, "--version")
         self.assertRegex(p.stdout, r"^ddprun \d+\.\d+\.\d+ \(commit ")
+
+
+class Torch2Variant(unittest.TestCase):
+    """docker/Containerfile.pytorch on an image with a real PyTorch 2.x: the tests' torch 2.6
+    root (Debian 13's python3-torch, scripts/torch2-chroot.sh) imported as a local image.
+    ddprun is PID 1 and trains examples/pytorch/train.py on 2 gloo ranks.
+
+    Debian's torch 2.6 is built without libuv, yet its TCPStore asks for libuv by default, so
+    every worker would fail at init_process_group: the training run mounts the tests' shim
+    (tests/torch2/nolibuv/sitecustomize.py) on PYTHONPATH, as the other torch 2.6 tests do;
+    the run without it checks that ddprun's failure summary names that cause."""
+
+    @classmethod
+    def setUpClass(cls):
+        rt = torch_runtime.torch2()
+        if rt.skip_reason():
+            raise unittest.SkipTest(rt.skip_reason())
+        root = subprocess.run([torch_runtime.CHROOT_SCRIPT, "path"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        with open(os.path.join(root, ".ddprun-torch2"), "rb") as f:  # the root's build stamp
+            key = "torch2-" + hashlib.sha256(f.read()).hexdigest()[:16]
+        cls.image = pytorch_variant("localhost/ddprun-test-torch2", pm.base_image(root, key=key))
+
+    def train(self, *extra):
+        out = tempfile.mkdtemp(prefix=f"{TAG}-train")
+        self.addCleanup(shutil.rmtree, out, True)
+        p = pm("run", "--rm", *run_args("-v", f"{EXAMPLES}:/job:ro", "-v", f"{out}:/out", "-e", "OMP_NUM_THREADS=1",
+                                        *extra),
+               self.image, "--nproc-per-node", "2", "/job/train.py", "--epochs", "2", "--samples", "512",
+               "--checkpoint", "/out/ckpt.pt", check=False, timeout=300)
+        return p, out
+
+    def test_trains_ddp_on_torch2_as_pid1(self):
+        p, out = self.train("-v", f"{NOLIBUV}:/nolibuv:ro", "-e", "PYTHONPATH=/nolibuv")
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertIn("[rank0]:parameters identical on all 2 ranks", p.stdout)
+        self.assertIn("[rank0]:epoch 1", p.stdout)
+        self.assertGreater(os.path.getsize(os.path.join(out, "ckpt.pt")), 0)
+
+    def test_torch_without_libuv_is_named_in_the_summary(self):
+        p, out = self.train()
+        self.assertNotEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertIn("use_libuv was requested but PyTorch was build without libuv support", p.stderr)
+        self.assertIn("hint: this PyTorch was built without libuv", p.stderr)
+        self.assertEqual(os.listdir(out), [])
 
 
 class BadInput(unittest.TestCase):
