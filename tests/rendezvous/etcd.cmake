@@ -13,5 +13,6 @@ foreach(group
   string(REPLACE ";" ":" filter "${parts}")
   add_test(NAME rendezvous.etcd.${name}
     COMMAND test_etcd_backend --gtest_filter=${filter} --gtest_brief=1)
-  set_tests_properties(rendezvous.etcd.${name} PROPERTIES LABELS "rendezvous;etcd" TIMEOUT ${DDP_TEST_TIMEOUT_300})
+  set_tests_properties(rendezvous.etcd.${name} PROPERTIES LABELS "rendezvous;etcd" TIMEOUT ${DDP_TEST_TIMEOUT_300}
+    COST ${DDP_COST_LONG})
 endforeach()
