@@ -280,9 +280,21 @@ struct TcpStore::Impl {
     const auto deadline = Clock::now() + milliseconds(500);
     for (addrinfo* ai = res; ai; ai = ai->ai_next) {
       int err = 0;
-      if (try_connect(ai, deadline, err)) return true;
+      if (Fd s = try_connect(ai, deadline, err)) return stays_open(s, milliseconds(200));
     }
     return false;
+  }
+
+  // A server that is dying (SIGKILL: the kernel closes its sockets one by one) can still
+  // complete a connect from its listening socket's backlog, and resets that connection a
+  // moment later; a live server sends nothing until asked. Open for `quiet`: live.
+  static bool stays_open(const Fd& s, milliseconds quiet) {
+    pollfd p{s.get(), POLLIN | POLLRDHUP, 0};
+    int r;
+    do {
+      r = ::poll(&p, 1, static_cast<int>(quiet.count()));
+    } while (r < 0 && errno == EINTR);
+    return r == 0;
   }
 
   void ensure_connected() {

@@ -596,6 +596,48 @@ TEST(StoreGen2, ServerWithoutPingGetsValidateAlone) {
   EXPECT_EQ(opcodes_after_validate, (std::vector<int>{13, 5}));
 }
 
+// A server that closes the connection on WAIT_GROWS (one of ddprun's extensions) is either
+// not ddprun's (PyTorch's TCPStore drops a client that sends an opcode it does not know) or
+// dying. The client tells them apart by a second connection: a live server accepts it and
+// stays silent; a dying one (SIGKILL: the kernel closes its sockets one by one) may still
+// complete it from its backlog, and resets it at once.
+TEST(StoreGen2, AClosedExtensionCallTellsAForeignServerFromAStoppedOne) {
+  for (bool dying : {false, true}) {
+    uint16_t port = 0;
+    int lfd = listen_loopback(port);
+    std::thread server([&] {
+      int fd = ::accept(lfd, nullptr, nullptr);
+      uint8_t validate[5], ping[5], op = 0;
+      if (read_n(fd, validate, 5) && read_n(fd, ping, 5)) ::send(fd, ping + 1, 4, MSG_NOSIGNAL);
+      read_n(fd, &op, 1);  // WAIT_GROWS: an opcode this server does not serve
+      ::close(fd);
+      int probe = ::accept(lfd, nullptr, nullptr);
+      if (!dying) {
+        char drain;
+        while (::recv(probe, &drain, 1, 0) > 0) {
+        }
+      }
+      ::close(probe);
+    });
+    std::string what;
+    {
+      ddp::TcpStore s(client_options(port, WireGeneration::kV2));
+      try {
+        s.wait_grows("log", 0, 2s);
+      } catch (const ddp::NetworkError& e) {
+        what = e.what();
+      }
+    }
+    server.join();
+    ::close(lfd);
+    if (dying) {
+      EXPECT_NE(what.find("accepts no connection any more: it stopped"), std::string::npos) << what;
+    } else {
+      EXPECT_NE(what.find("does not serve ddprun's WAIT_GROWS: is it PyTorch's TCPStore"), std::string::npos) << what;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Server lifecycle and the client's connection handling
 
