@@ -12,7 +12,6 @@ Environment:
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 import unittest
