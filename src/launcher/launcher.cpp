@@ -3,11 +3,13 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "ddp/error.hpp"
+#include "launcher/background.hpp"
 #include "launcher/log.hpp"
 #include "launcher/options.hpp"
 #include "launcher/process.hpp"
@@ -72,6 +74,13 @@ int run_main(const std::vector<std::string>& args) {
           o.nproc_per_node);
     Supervisor sup(o, env, guardian, *rdzv, host);
     JobOutcome outcome = sup.run();
+    // A goodbye to the rendezvous given up at its deadline may still run on a thread of
+    // its own, using objects that the destructors below would free: end here.
+    if (abandoned_anything()) {
+      spdlog::default_logger()->flush();
+      std::fflush(nullptr);
+      std::_Exit(outcome.exit_code);
+    }
     return outcome.exit_code;
   } catch (const ddp::UsageError& e) {
     print_error(e.what());

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <ifaddrs.h>
 #include <netdb.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -180,6 +181,78 @@ std::string outgoing_address(const std::string& host, int port) {
     if (!local.empty()) return local;
   }
   return "";
+}
+
+namespace {
+
+// The interface of the IPv4 default route (/proc/net/route), "" when there is none.
+std::string default_route_interface() {
+  std::istringstream f(read_file("/proc/net/route").value_or(""));
+  std::string line;
+  std::getline(f, line);
+  while (std::getline(f, line)) {
+    std::istringstream ss(line);
+    std::string iface, dest;
+    ss >> iface >> dest;
+    if (dest == "00000000") return iface;
+  }
+  return "";
+}
+
+// An address of this machine that another host can use: the default route's interface
+// first, then any other interface that is up (IPv4 before IPv6; never loopback or
+// link-local, which would need an interface name on the other side).
+std::string routable_local_address() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  const std::string via = default_route_interface();
+  std::string best;
+  int best_rank = 99;
+  for (ifaddrs* i = list; i; i = i->ifa_next) {
+    if (!i->ifa_addr || !(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK)) continue;
+    const int family = i->ifa_addr->sa_family;
+    if (family != AF_INET && family != AF_INET6) continue;
+    std::string a = address_text(i->ifa_addr);
+    if (a.empty() || is_loopback(a) || lower(a).starts_with("fe80") || a.starts_with("169.254.")) continue;
+    int rank = (via == i->ifa_name ? 0 : 2) + (family == AF_INET ? 0 : 1);
+    if (rank < best_rank) best_rank = rank, best = a;
+  }
+  freeifaddrs(list);
+  return best;
+}
+
+}  // namespace
+
+bool is_loopback_host(const std::string& host) {
+  const std::string h = lower(host);
+  return h == "localhost" || h.ends_with(".localhost") || is_loopback(h) || h == "[::1]";
+}
+
+PublishedAddress address_for_peers(const std::string& endpoint_host, int port) {
+  PublishedAddress r;
+  r.addr = outgoing_address(endpoint_host, port);
+  if (!r.addr.empty() && !is_loopback(r.addr)) return r;
+  if (is_loopback_host(endpoint_host)) {
+    // The endpoint itself is this machine's loopback: every node of the job is here.
+    if (r.addr.empty()) r.addr = "127.0.0.1";
+    return r;
+  }
+  // A name that resolves to loopback here (Debian's "127.0.1.1 <hostname>"), or to nothing
+  // this machine can route to: the other hosts reach this one by an interface's address.
+  const std::string routed = r.addr;
+  r.addr = routable_local_address();
+  if (!r.addr.empty()) {
+    r.note = fmt::format("'{}' leads to {} on this machine, a loopback address other hosts cannot use: publishing "
+                         "{} instead (--local-addr chooses another)",
+                         endpoint_host, routed.empty() ? "no address" : routed, r.addr);
+    return r;
+  }
+  r.addr = routed.empty() ? "127.0.0.1" : routed;
+  r.note = fmt::format("'{}' leads to loopback here and this machine has no other network interface that is up: "
+                       "publishing {}, which only nodes on this machine can reach (--local-addr chooses another)",
+                       endpoint_host, r.addr);
+  r.loopback_only = true;
+  return r;
 }
 
 }  // namespace ddprun

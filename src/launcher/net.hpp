@@ -21,4 +21,19 @@ bool names_this_machine(const std::string& host, const std::string& hostname, st
 // The local address this machine uses to reach host:port (no packet is sent); "" if none.
 std::string outgoing_address(const std::string& host, int port);
 
+// "localhost", "*.localhost", 127.x.y.z, ::1: a name that can only mean this machine.
+bool is_loopback_host(const std::string& host);
+
+struct PublishedAddress {
+  std::string addr;    // what this node publishes for the others (MASTER_ADDR when rank 0)
+  std::string note;    // why it is not the obvious one, for an info/warn line ("" when it is)
+  bool loopback_only = false;  // no address but loopback exists: only this machine's nodes can use it
+};
+
+// The address other nodes reach this one at, given the endpoint they all use: the local
+// address that routes to the endpoint; when that is loopback although the endpoint is not
+// a loopback name (a Debian-style "127.0.1.1 <hostname>" line), the address of the
+// interface of the default route, else of any interface that is up.
+PublishedAddress address_for_peers(const std::string& endpoint_host, int port);
+
 }  // namespace ddprun

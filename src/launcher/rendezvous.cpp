@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <functional>
 #include <set>
 #include <cerrno>
@@ -19,6 +21,7 @@
 
 #include "ddp/error.hpp"
 #include "ddp/tcp_store.hpp"
+#include "launcher/background.hpp"
 #include "launcher/net.hpp"
 #include "launcher/fileio.hpp"
 #include "launcher/random.hpp"
@@ -39,7 +42,98 @@ std::chrono::milliseconds seconds(double s) { return std::chrono::milliseconds(s
 
 }  // namespace
 
-// Multi-node: the nodes meet in node 0's store under "ddprun/<run_id>/".
+std::string unsent_note() {
+  return "rendezvous: the other nodes could not be told in time that this node stops (the rendezvous does not "
+         "answer); they notice its absence within their keep-alive window";
+}
+
+// Store writes that must not hold up the supervisor (a failure note, an exit arrival, a
+// node's goodbye): run in order on a thread of their own, over a connection of their own,
+// each bounded by the connection's per-call timeout. The thread owns everything it
+// touches, so it can be abandoned at a deadline (background.hpp).
+class StorePoster {
+ public:
+  using Job = std::function<void(ddp::TcpStore&)>;
+  explicit StorePoster(ddp::TcpStoreOptions so) : s_(std::make_shared<Shared>()) {
+    s_->so = std::move(so);
+    task_ = BackgroundTask([s = s_] { run(*s); });
+  }
+  ~StorePoster() { stop(std::chrono::steady_clock::now()); }
+
+  void post(std::string what, Job job) {
+    std::lock_guard lk(s_->mu);
+    s_->queue.push_back({std::move(what), std::move(job)});
+    s_->cv.notify_all();
+  }
+  // Every job posted so far has run, or `deadline` passed (false).
+  bool drain(std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock lk(s_->mu);
+    return s_->cv.wait_until(lk, deadline, [&] { return s_->queue.empty() && !s_->busy; });
+  }
+  // Ends the thread: what is still queued is dropped, a call in progress interrupted; a
+  // thread still connecting at `deadline` is abandoned.
+  void stop(std::chrono::steady_clock::time_point deadline) {
+    {
+      std::lock_guard lk(s_->mu);
+      s_->stop = true;
+      s_->queue.clear();
+      if (s_->conn) s_->conn->interrupt();
+      s_->cv.notify_all();
+    }
+    if (!task_.wait_until(std::max(deadline, std::chrono::steady_clock::now() + 50ms))) task_.abandon();
+  }
+
+ private:
+  struct Shared {
+    ddp::TcpStoreOptions so;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::pair<std::string, Job>> queue;
+    bool busy = false, stop = false;
+    ddp::TcpStore* conn = nullptr;  // while connected (mu)
+  };
+
+  static void run(Shared& s) {
+    std::unique_ptr<ddp::TcpStore> conn;
+    std::unique_lock lk(s.mu);
+    for (;;) {
+      s.cv.wait(lk, [&] { return s.stop || !s.queue.empty(); });
+      if (s.stop) break;
+      auto [what, job] = std::move(s.queue.front());
+      s.queue.pop_front();
+      s.busy = true;
+      lk.unlock();
+      try {
+        if (!conn) {
+          conn = std::make_unique<ddp::TcpStore>(s.so);
+          std::lock_guard l2(s.mu);
+          if (s.stop) conn->interrupt();
+          s.conn = conn.get();
+        }
+        job(*conn);
+      } catch (const std::exception& e) {
+        std::lock_guard l2(s.mu);
+        if (!s.stop) spdlog::error("cannot tell the other nodes ({}): {}", what, e.what());
+      }
+      lk.lock();
+      s.busy = false;
+      s.cv.notify_all();
+    }
+    s.conn = nullptr;
+  }
+
+  std::shared_ptr<Shared> s_;
+  BackgroundTask task_;
+};
+
+// Multi-node: the nodes meet in node 0's store under "ddprun/<run_id>/". Keys, per attempt
+// a: fail/<a> (the first failure, "node <i>: <what>"), exit/<a>/count and exit/<a>/done
+// (set when the count reaches every node, or to "failed" with fail/<a>), attempt/<a>/*
+// (the attempt barrier); alive/<i> (heartbeats), lost, closed (a node that stopped for good).
+//
+// Only join (next_round) and leaving a finished job talk to the store on the caller's
+// thread; what happens while workers run goes through the poster (writes) and the watcher
+// (reads, heartbeats), which wake the supervisor through notify_fd.
 class StoreSync {
  public:
   StoreSync(ddp::TcpStoreOptions so, std::string prefix, int node_rank, int nnodes, std::chrono::milliseconds timeout,
@@ -47,6 +141,9 @@ class StoreSync {
       : so_(so), prefix_(std::move(prefix)), node_(node_rank), nnodes_(nnodes), timeout_(timeout),
         keep_alive_(keep_alive), keep_alive_max_(keep_alive_max) {
     store_ = std::make_unique<ddp::TcpStore>(so_);
+    ddp::TcpStoreOptions po = so_;
+    po.connect_timeout = so_.timeout;
+    poster_ = std::make_unique<StorePoster>(po);
     efd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   }
   ~StoreSync() {
@@ -57,6 +154,7 @@ class StoreSync {
       if (watch_conn_) watch_conn_->interrupt();
     }
     if (watcher_.joinable()) watcher_.join();
+    poster_.reset();
     if (efd_ >= 0) close(efd_);
   }
   ddp::Store& store() { return *store_; }
@@ -64,51 +162,45 @@ class StoreSync {
 
   int notify_fd() { return efd_; }
 
-  std::string remote_failure(int attempt) {
+  // How `attempt` ended elsewhere, once the watcher saw it (nullopt: not yet).
+  std::optional<RoundEnd> take_end(int attempt) {
     uint64_t v;
     while (read(efd_, &v, sizeof v) == sizeof v) {
     }
     std::lock_guard lk(mu_);
-    if (seen_attempt_ != attempt) return "";
-    return seen_reason_;
+    if (seen_attempt_ != attempt) return std::nullopt;
+    return seen_end_;
   }
 
+  // Posted: the supervisor goes on at once (its signal must not wait for the store).
   void report_failure(int attempt, const std::string& what) {
-    try {
-      std::string mine = fmt::format("node {}: {}", node_, what);
-      std::lock_guard lk(mu_);
-      store_->compare_set(key(fmt::format("fail/{}", attempt)), "", mine);
-      store_->set(key(fmt::format("exit/{}/done", attempt)), "failed");
-    } catch (const std::exception& e) {
-      spdlog::error("cannot tell the other nodes about the failure: {}", e.what());
-    }
+    poster_->post("failure", [k = failure_keys(attempt), mine = fmt::format("node {}: {}", node_, what)](
+                                 ddp::TcpStore& s) { publish_failure(s, k, mine); });
+  }
+
+  // This node's workers succeeded: counted in the background; the watcher sees the release.
+  void arrive_exit(int attempt) {
+    const std::string count = key(fmt::format("exit/{}/count", attempt));
+    const std::string done = key(fmt::format("exit/{}/done", attempt));
+    poster_->post("exit", [count, done, n = nnodes_](ddp::TcpStore& s) {
+      if (s.add(count, 1) == n) s.set(done, "ok");
+    });
   }
 
   void attempt_barrier(int attempt) {
+    // The failure note of the attempt before goes first: the others must read it before
+    // they meet this node at the next barrier.
+    poster_->drain(std::chrono::steady_clock::now() + so_.timeout);
     {
       std::lock_guard lk(mu_);
       current_ = attempt;
       seen_attempt_ = -1;
-      seen_reason_.clear();
+      seen_end_.reset();
     }
     barrier(fmt::format("attempt/{}", attempt), "attempt barrier");
     if (!watcher_.joinable()) watcher_ = std::thread([this] { watch(); });
   }
 
-  std::string exit_barrier_reason(int attempt) {
-    barrier(fmt::format("exit/{}", attempt), "exit barrier");
-    passed_exit_barrier_ = true;  // every node is here: the host waits for them to leave
-    quiet_ = true;
-    std::lock_guard lk(mu_);
-    std::string fk = key(fmt::format("fail/{}", attempt));
-    if (store_->check({fk})) {
-      std::string why = store_->get(fk);
-      if (!why.starts_with(fmt::format("node {}:", node_))) return why;
-    }
-    return "";
-  }
-  void exit_barrier(int attempt) { last_exit_reason_ = exit_barrier_reason(attempt); }
-  std::string last_exit_reason() const { return last_exit_reason_; }
   std::string node_lost() {
     try {
       std::lock_guard lk(mu_);
@@ -118,7 +210,28 @@ class StoreSync {
     }
     return "";
   }
-  bool passed_exit_barrier_ = false;
+
+  // This node stops for good (a signal, the job failed, no restart): a node already waiting
+  // at the next attempt barrier stops waiting at once.
+  void say_closed(const std::string& why) {
+    poster_->post("closing", [k = key("closed"), v = fmt::format("node {} stopped: {}", node_, why)](
+                                 ddp::TcpStore& s) { s.compare_set(k, "", v); });
+  }
+
+  // A join in progress (the attempt barrier) stops waiting.
+  void cancel() {
+    cancelled_ = true;
+    store_->interrupt();
+    std::lock_guard lk(watch_mu_);
+    if (barrier_conn_) barrier_conn_->interrupt();
+  }
+
+  // What was posted reaches the store by `deadline`, or is given up.
+  bool drain(std::chrono::steady_clock::time_point deadline) {
+    bool ok = poster_->drain(deadline);
+    poster_->stop(deadline);
+    return ok;
+  }
 
   // Node 0 keeps the store up until every node has left.
   void leave(bool is_host) {
@@ -139,19 +252,53 @@ class StoreSync {
   }
 
  private:
-  // All nodes arrive; the last one releases the others (an ADD, one WAIT: no polling).
+  struct FailureKeys {
+    std::string fail, done, lost;
+  };
+  FailureKeys failure_keys(int attempt) const {
+    return {key(fmt::format("fail/{}", attempt)), key(fmt::format("exit/{}/done", attempt)), key("lost")};
+  }
+  // The first failure of an attempt wins; the exit barrier's release wakes every waiter.
+  static void publish_failure(ddp::TcpStore& s, const FailureKeys& k, const std::string& what, bool lost = false) {
+    if (lost) s.compare_set(k.lost, "", what);
+    s.compare_set(k.fail, "", what);
+    s.set(k.done, "failed");
+  }
+
+  // All nodes arrive; the last one releases the others (an ADD, one WAIT in slices: a
+  // node that stopped for good or was lost ends everyone's wait at once).
   void barrier(const std::string& name, const char* what) {
     std::string release = key(name + "/done");
     {
       std::lock_guard lk(mu_);
       if (store_->add(key(name + "/count"), 1) == nnodes_) store_->set(release, "ok");
     }
-    try {
-      std::unique_ptr<ddp::TcpStore> waiter = std::make_unique<ddp::TcpStore>(so_);
-      waiter->wait({release}, timeout_);
-    } catch (const ddp::TimeoutError&) {
-      throw ddp::TimeoutError(fmt::format("{}: not every node arrived within {} ({} of {} nodes)", what,
-                                          ddp::format_duration(timeout_), count(name), nnodes_));
+    auto waiter = std::make_unique<ddp::TcpStore>(so_);
+    {
+      std::lock_guard lk(watch_mu_);
+      barrier_conn_ = waiter.get();
+      if (cancelled_) waiter->interrupt();
+    }
+    struct Unpublish {
+      StoreSync* s;
+      ~Unpublish() {
+        std::lock_guard lk(s->watch_mu_);
+        s->barrier_conn_ = nullptr;
+      }
+    } unpublish{this};
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    for (;;) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0)
+        throw ddp::TimeoutError(fmt::format("{}: not every node arrived within {} ({} of {} nodes)", what,
+                                            ddp::format_duration(timeout_), count(name), nnodes_));
+      try {
+        waiter->wait({release}, std::min<std::chrono::milliseconds>(left, 250ms));
+        return;
+      } catch (const ddp::TimeoutError&) {
+      }
+      for (const char* stop : {"closed", "lost"})
+        if (waiter->check({key(stop)})) throw ddp::Error(fmt::format("{}: {}", what, waiter->get(key(stop))));
     }
   }
   std::string count(const std::string& name) {
@@ -163,11 +310,11 @@ class StoreSync {
     }
   }
 
-  // A second connection blocks on the current attempt's failure key.
-  // The watcher, on a second connection: blocks on the current attempt's failure key, and
-  // beats: every keep_alive_interval it bumps "alive/<node>" and checks the others' beats;
-  // a node silent for keep_alive_max_attempt intervals (SIGKILLed, its host gone) fails the
-  // attempt on every node.
+  // The watcher, on a connection of its own: blocks on the current attempt's exit release
+  // (set when every node arrived, or with a failure), and beats: every keep_alive_interval
+  // it bumps "alive/<node>" and checks the others' beats; a node silent for
+  // keep_alive_max_attempt intervals (SIGKILLed, its host gone) fails the attempt on every
+  // node. A node that waits for slower ones keeps beating: finished is not lost.
   void watch() {
     try {
       // Short connect deadline: a watcher must never hold ddprun's exit for long.
@@ -191,7 +338,7 @@ class StoreSync {
       std::vector<Clock::time_point> beat_changed(static_cast<size_t>(nnodes_), Clock::now());
       long beats = 0;
       auto next_beat = Clock::now();
-      int handled = -1;  // the attempt whose failure was already passed on
+      int handled = -1;  // the attempt whose end was already passed on
       while (!stop_) {
         auto now = Clock::now();
         if (now >= next_beat) {
@@ -206,22 +353,34 @@ class StoreSync {
           std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(slice, 20ms));
           continue;
         }
-        std::string fk = key(fmt::format("fail/{}", attempt));
+        FailureKeys k = failure_keys(attempt);
         try {
-          w.wait({fk}, slice);
+          w.wait({k.done}, slice);
         } catch (const ddp::TimeoutError&) {
           continue;
         }
-        std::string why = w.get(fk);
-        if (!why.starts_with(fmt::format("node {}:", node_))) notify(attempt, why);
+        judge(w, attempt, k);
         handled = attempt;
       }
     } catch (const std::exception& e) {
       if (!stop_) {
         const int attempt = current_attempt();
-        notify(attempt, fmt::format("lost the connection to the store: {}", e.what()));
+        notify(attempt, RoundEnd{RoundEnd::Kind::kFailed, "",
+                                 fmt::format("lost the connection to the store: {}", e.what())});
       }
     }
+  }
+
+  // The attempt's exit release is set: every node arrived, or one failed.
+  void judge(ddp::TcpStore& w, int attempt, const FailureKeys& k) {
+    if (w.check({k.fail})) {
+      std::string why = w.get(k.fail);
+      if (!why.starts_with(fmt::format("node {}:", node_))) notify(attempt, RoundEnd{RoundEnd::Kind::kFailed, "", why});
+      return;
+    }
+    passed_exit_barrier_ = true;  // every node is here: the host waits for them to leave
+    quiet_ = true;
+    notify(attempt, RoundEnd{RoundEnd::Kind::kDone, "", ""});
   }
 
   void check_beats(ddp::TcpStore& w, std::vector<std::string>& beat,
@@ -246,12 +405,11 @@ class StoreSync {
           ddp::format_duration(keep_alive_), keep_alive_max_);
       changed[idx] = now;  // once per silence
       try {
-        std::lock_guard lk(mu_);
-        store_->compare_set(key("lost"), "", why);
-      } catch (const std::exception&) {
+        publish_failure(w, failure_keys(attempt), why, true);
+      } catch (const std::exception& e) {
+        spdlog::error("cannot tell the other nodes (lost node): {}", e.what());
       }
-      report_failure(attempt, why);
-      notify(attempt, why);
+      notify(attempt, RoundEnd{RoundEnd::Kind::kFailed, "", why});
     }
   }
 
@@ -260,12 +418,12 @@ class StoreSync {
     return current_;
   }
 
-  // Wakes this node's supervisor about a failure elsewhere (once per attempt).
-  void notify(int attempt, const std::string& why) {
+  // Wakes this node's supervisor about how the attempt ended (once per attempt).
+  void notify(int attempt, RoundEnd end) {
     std::lock_guard lk(mu_);
     if (attempt != current_ || seen_attempt_ == attempt) return;
     seen_attempt_ = attempt;
-    seen_reason_ = why;
+    seen_end_ = std::move(end);
     uint64_t one = 1;
     ssize_t r = write(efd_, &one, sizeof one);
     (void)r;
@@ -276,17 +434,21 @@ class StoreSync {
   int node_, nnodes_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<ddp::TcpStore> store_;
+  std::unique_ptr<StorePoster> poster_;
   int efd_ = -1;
   std::mutex mu_;
   int current_ = 0, seen_attempt_ = -1;
-  std::string seen_reason_, last_exit_reason_;
+  std::optional<RoundEnd> seen_end_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> quiet_{false};  // past the exit barrier: nodes stop beating as they leave
+  std::atomic<bool> passed_exit_barrier_{false};
   std::chrono::milliseconds keep_alive_{5000};
   int keep_alive_max_ = 3;
   std::thread watcher_;
   std::mutex watch_mu_;
   ddp::TcpStore* watch_conn_ = nullptr;  // the watcher's connection while it runs (watch_mu_)
+  ddp::TcpStore* barrier_conn_ = nullptr;  // a barrier's waiting connection (watch_mu_)
+  std::atomic<bool> cancelled_{false};
 };
 
 // Static rendezvous: node 0 hosts the store at --master-addr:--master-port; every node
@@ -294,7 +456,7 @@ class StoreSync {
 class StaticRendezvous : public Rendezvous {
  public:
   StaticRendezvous(const Options& o, std::string hostname) : o_(o), hostname_(std::move(hostname)) {}
-  ~StaticRendezvous() override { finish(FinishKind::kNodeStopped, ""); }
+  ~StaticRendezvous() override { finish(FinishKind::kNodeStopped, "", std::chrono::steady_clock::now() + 2s); }
 
   JobPlan next_round() override {
     if (attempt_ < 0) plan_ = join();
@@ -305,31 +467,34 @@ class StaticRendezvous : public Rendezvous {
     return plan_;
   }
   int notify_fd() override { return sync_ ? sync_->notify_fd() : -1; }
-  std::optional<RoundEnd> round_end() override {
-    if (!sync_) return std::nullopt;
-    std::string why = sync_->remote_failure(attempt_);
-    if (why.empty()) return std::nullopt;
-    return RoundEnd{RoundEnd::Kind::kFailed, "", why};
-  }
+  std::optional<RoundEnd> round_end() override { return sync_ ? sync_->take_end(attempt_) : std::nullopt; }
   void end_round(RoundEnd::Kind, const std::string& what) override {
     if (sync_) sync_->report_failure(attempt_, what);
   }
   std::optional<RoundEnd> arrive_exit() override {
     if (!sync_) return RoundEnd{RoundEnd::Kind::kDone, "", ""};
-    sync_->exit_barrier(attempt_);
-    std::string why = sync_->last_exit_reason();  // this node succeeded, another did not
-    if (why.empty()) return RoundEnd{RoundEnd::Kind::kDone, "", ""};
-    return RoundEnd{RoundEnd::Kind::kFailed, "", why};
+    sync_->arrive_exit(attempt_);
+    return std::nullopt;  // the watcher sees the release (or a failure): notify_fd
   }
   std::string restart_refused(const RoundEnd& end) override {
     if (attempt_ >= o_.max_restarts)
-      return fmt::format("{}; no restart left ({} of --max-restarts {} used)", end.describe(), attempt_,
+      return fmt::format("{}; no restart left ({} of --max-restarts {} used)", end.describe(), attempt_.load(),
                          o_.max_restarts);
     if (std::string lost = sync_ ? sync_->node_lost() : ""; !lost.empty()) return lost;
     return "";
   }
-  void finish(FinishKind, const std::string&) override {
-    if (sync_) sync_->leave(server_ != nullptr);
+  void cancel() override {
+    std::lock_guard lk(sync_mu_);
+    cancelled_ = true;
+    if (sync_) sync_->cancel();
+  }
+  void finish(FinishKind kind, const std::string& reason, std::optional<Deadline> deadline) override {
+    if (sync_) {
+      if (kind != FinishKind::kSucceeded) sync_->say_closed(reason.empty() ? "stopped" : reason);
+      const auto by = deadline.value_or(std::chrono::steady_clock::now() + 30s);
+      if (!sync_->drain(by) && deadline) spdlog::warn("{}", unsent_note());
+      if (kind == FinishKind::kSucceeded) sync_->leave(server_ != nullptr);
+    }
     sync_.reset();
     if (server_) server_->stop();
   }
@@ -343,7 +508,9 @@ class StaticRendezvous : public Rendezvous {
 
   const Options& o_;
   std::string hostname_;
-  int attempt_ = -1;
+  std::atomic<int> attempt_{-1};
+  std::mutex sync_mu_;  // sync_'s creation against cancel() from another thread
+  bool cancelled_ = false;
   JobPlan plan_;
   std::unique_ptr<ddp::detail::StoreServer> server_;
   std::unique_ptr<StoreSync> sync_;
@@ -373,12 +540,19 @@ void StaticRendezvous::connect_nodes() {
   ddp::TcpStoreOptions so;
   so.host = o_.master_addr;
   so.port = static_cast<uint16_t>(o_.master_port);
-  so.timeout = join_timeout;
+  // Each call is bounded by the keep-alive window (at least 10 s): a store that does not
+  // answer for that long has lost this node anyway. Waits (barriers, the join) take their
+  // own deadlines; the first connection may wait for node 0 the whole join_timeout.
+  so.timeout = std::max<std::chrono::milliseconds>(
+      10s, seconds(o_.rdzv_conf.keep_alive_interval * o_.rdzv_conf.keep_alive_max_attempt));
   so.connect_timeout = join_timeout;
   try {
-    sync_ = std::make_unique<StoreSync>(so, fmt::format("ddprun/{}/", o_.rdzv_id), o_.node_rank, o_.max_nodes,
-                                        join_timeout, seconds(o_.rdzv_conf.keep_alive_interval),
-                                        o_.rdzv_conf.keep_alive_max_attempt);
+    auto sync = std::make_unique<StoreSync>(so, fmt::format("ddprun/{}/", o_.rdzv_id), o_.node_rank, o_.max_nodes,
+                                            join_timeout, seconds(o_.rdzv_conf.keep_alive_interval),
+                                            o_.rdzv_conf.keep_alive_max_attempt);
+    std::lock_guard lk(sync_mu_);
+    if (cancelled_) sync->cancel();
+    sync_ = std::move(sync);
   } catch (const ddp::TimeoutError& e) {
     throw ddp::Error(fmt::format("node {} could not reach node 0's store at {}:{} within {}: {}", o_.node_rank,
                                  o_.master_addr, o_.master_port, ddp::format_duration(join_timeout), e.what()));

@@ -7,8 +7,15 @@
 // A job is a sequence of rounds (static: attempts). For each, the supervisor calls
 // next_round(), runs the workers while watching notify_fd(), and when the round ends
 // (its workers, another node, a signal) asks restart_refused() whether another may follow.
+//
+// Never blocked by the network: while workers run, the supervisor's calls return at once
+// (end_round, arrive_exit, round_end); what they start goes on in the rendezvous's own
+// threads, and how a round ends comes back through notify_fd. next_round() may block (the
+// supervisor runs it on a thread of its own, and cancel() stops it); finish() takes a
+// deadline when the node is stopping on a signal.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +29,7 @@ namespace ddprun {
 
 using rdzv::FinishKind;
 using rdzv::RoundEnd;
+using Deadline = std::chrono::steady_clock::time_point;
 
 class Rendezvous {
  public:
@@ -33,21 +41,32 @@ class Rendezvous {
   // Called when notify_fd is readable: how the round ended (nullopt: a stale wake-up).
   virtual std::optional<RoundEnd> round_end() = 0;
   // This node ends the round: kFailed (a worker failed) or kLeft (a signal). Tells the
-  // other nodes; never throws.
+  // other nodes in the background, before anything this node does in the rendezvous next
+  // (the next round's join); never blocks, never throws.
   virtual void end_round(RoundEnd::Kind kind, const std::string& what) = 0;
   // Every worker of this node succeeded. Returns how the round ended when that is known
-  // now (static rendezvous waits here for every node); nullopt: wait for notify_fd.
+  // now (a single node); nullopt: the node waits, with no fixed timeout, for notify_fd
+  // (every node done, or a failure or loss elsewhere). Never blocks.
   virtual std::optional<RoundEnd> arrive_exit() = 0;
   // "" when another round may follow `end`; else why not (restarts used up, too few
-  // nodes, lost contact...).
+  // nodes, lost contact...). Called once the workers are gone; may wait for the backend
+  // (bounded by its timeout).
   virtual std::string restart_refused(const RoundEnd& end) = 0;
-  // Starts joining the next round now, while this round's workers are being stopped (the
-  // next next_round() returns it). Only after restart_refused() said yes; until next_round()
-  // only end_round() and finish() may be called. Static rendezvous: nothing to do ahead.
-  virtual void prejoin() {}
-  // The job is over for this node. Never throws.
-  virtual void finish(FinishKind kind, const std::string& reason) = 0;
+  // While this round's workers are being stopped, asks in the background whether another
+  // round may follow `end` and, if so, starts joining it (the next next_round() returns
+  // it; restart_refused() then returns the answer). Until next_round() only end_round(),
+  // restart_refused() and finish() may be called. Static rendezvous: nothing to do ahead.
+  virtual void prejoin(const RoundEnd& end) { (void)end; }
+  // Makes a next_round() in progress on another thread stop soon (it throws).
+  virtual void cancel() {}
+  // The job is over for this node. Never throws. With a deadline, returns by then: a note
+  // to the others that has not gone out is given up (they notice this node's absence
+  // within their keep-alive window).
+  virtual void finish(FinishKind kind, const std::string& reason, std::optional<Deadline> deadline) = 0;
 };
+
+// The warning for a note given up at a finish() deadline.
+std::string unsent_note();
 
 // Hosts the store or connects to it, as the options say. hostname: this machine's.
 std::unique_ptr<Rendezvous> make_rendezvous(const Options& o, const std::string& hostname);

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ddp/error.hpp"
+#include "launcher/background.hpp"
 #include "launcher/net.hpp"
 #include "launcher/random.hpp"
 #include "launcher/rendezvous.hpp"
@@ -35,13 +36,7 @@ class DynamicAdapter : public Rendezvous {
  public:
   DynamicAdapter(const Options& o, std::string hostname);
   ~DynamicAdapter() override {
-    if (ahead_.valid()) {
-      d_->cancel();
-      try {
-        ahead_.get();
-      } catch (const std::exception&) {
-      }
-    }
+    if (d_) stop_ahead();
     d_.reset();
     if (server_) server_->stop();
   }
@@ -49,27 +44,52 @@ class DynamicAdapter : public Rendezvous {
   JobPlan next_round() override;
   int notify_fd() override { return d_->notify_fd(); }
   std::optional<RoundEnd> round_end() override { return d_->round_end(); }
-  void end_round(RoundEnd::Kind kind, const std::string& what) override { d_->end_round(kind, what); }
+  // Posted: the notes go out in order, each after the one before, on threads of their own.
+  void end_round(RoundEnd::Kind kind, const std::string& what) override {
+    auto before = note_;
+    note_ = std::make_shared<BackgroundTask>([d = d_.get(), before, kind, what] {
+      if (before) before->wait();
+      d->end_round(kind, what);
+    });
+  }
   std::optional<RoundEnd> arrive_exit() override {
-    d_->arrive_exit();
+    // After this node's own notes; the watcher tells how the round ends (notify_fd).
+    auto before = note_;
+    note_ = std::make_shared<BackgroundTask>([d = d_.get(), before] {
+      if (before) before->wait();
+      try {
+        d->arrive_exit();
+      } catch (const std::exception& e) {
+        spdlog::error("rendezvous: cannot tell the other nodes (exit): {}", e.what());
+      }
+    });
     return std::nullopt;
   }
-  std::string restart_refused(const RoundEnd& end) override { return d_->restart_refused(end); }
-  void prejoin() override {
-    if (!ahead_.valid()) ahead_ = std::async(std::launch::async, [this] { return d_->next_round(); });
+  std::string restart_refused(const RoundEnd& end) override {
+    if (!refusal_.valid()) return d_->restart_refused(end);
+    std::string why = refusal_.get();
+    refusal_ = {};
+    return why;
   }
-  void finish(FinishKind kind, const std::string& reason) override {
-    if (ahead_.valid()) {
-      d_->cancel();
+  void prejoin(const RoundEnd& end) override {
+    if (ahead_.valid()) return;
+    auto refusal = std::make_shared<std::promise<std::string>>();
+    refusal_ = refusal->get_future();
+    ahead_ = std::async(std::launch::async, [this, before = note_, end, refusal]() -> std::optional<rdzv::RoundPlan> {
+      if (before) before->wait();
+      std::string why;
       try {
-        ahead_.get();
-      } catch (const std::exception&) {
+        why = d_->restart_refused(end);
+      } catch (const std::exception& e) {
+        why = fmt::format("{}; and the rendezvous cannot be read: {}", end.describe(), e.what());
       }
-    }
-    d_->finish(kind, reason);
-    d_.reset();
-    if (server_) server_->stop();
+      refusal->set_value(why);
+      if (!why.empty()) return std::nullopt;
+      return d_->next_round();
+    });
   }
+  void cancel() override { d_->cancel(); }
+  void finish(FinishKind kind, const std::string& reason, std::optional<Deadline> deadline) override;
 
  private:
   std::unique_ptr<rdzv::Backend> open_c10d(bool& hosting);
@@ -84,8 +104,54 @@ class DynamicAdapter : public Rendezvous {
   int port_ = 0;  // the store's port (the endpoint's, or the one picked for port 0)
   std::unique_ptr<ddp::detail::StoreServer> server_;
   std::unique_ptr<rdzv::DynamicRendezvous> d_;
-  std::future<rdzv::RoundPlan> ahead_;  // prejoin()'s next_round
+  std::future<std::optional<rdzv::RoundPlan>> ahead_;  // prejoin()'s next_round (nullopt: refused)
+  std::future<std::string> refusal_;                    // prejoin()'s restart_refused
+  std::shared_ptr<BackgroundTask> note_;  // the last note posted (end_round, arrive_exit)
+
+  void stop_ahead() {
+    if (!ahead_.valid()) return;
+    d_->cancel();
+    try {
+      ahead_.get();
+    } catch (const std::exception&) {
+    }
+  }
 };
+
+// With a deadline the whole goodbye runs on a thread of its own; past the deadline it is
+// abandoned, with the rendezvous object (its threads may still be in a call): the process
+// is about to end (background.hpp).
+void DynamicAdapter::finish(FinishKind kind, const std::string& reason, std::optional<Deadline> deadline) {
+  if (!d_) return;
+  // Owns what it uses: nothing of this adapter but the rendezvous, leaked if abandoned.
+  auto goodbye = [d = d_.get(), ahead = std::make_shared<decltype(ahead_)>(std::move(ahead_)),
+                  note = note_, kind, reason] {
+    if (ahead->valid()) {
+      d->cancel();
+      try {
+        ahead->get();
+      } catch (const std::exception&) {
+      }
+    }
+    if (note) note->wait();
+    d->finish(kind, reason);
+  };
+  if (!deadline) {
+    goodbye();
+  } else {
+    BackgroundTask bye(goodbye);
+    if (!bye.wait_until(*deadline)) {
+      spdlog::warn("{}", unsent_note());
+      d_->cancel();
+      bye.abandon();
+      (void)d_.release();
+      if (server_) server_->stop();
+      return;
+    }
+  }
+  d_.reset();
+  if (server_) server_->stop();
+}
 
 // --rdzv-conf is_host when given; else whether the endpoint names this machine.
 bool DynamicAdapter::decide_host(std::string& why) const {
@@ -155,8 +221,12 @@ rdzv::NodeDesc DynamicAdapter::describe_me(const std::string& connect_host, int 
   me.id = fmt::format("{}_{}_{:08x}", me.addr, getpid(), static_cast<uint32_t>(random_u64()));
   me.nproc = o_.nproc_per_node;
   me.master_addr = o_.local_addr;
-  if (me.master_addr.empty()) me.master_addr = outgoing_address(connect_host, port);
-  if (me.master_addr.empty()) me.master_addr = hostname_;
+  if (me.master_addr.empty()) {
+    PublishedAddress a = address_for_peers(connect_host, port);
+    if (a.loopback_only) spdlog::warn("rendezvous: {}", a.note);
+    else if (!a.note.empty()) spdlog::info("rendezvous: {}", a.note);
+    me.master_addr = a.addr;
+  }
   return me;
 }
 
@@ -217,7 +287,13 @@ DynamicAdapter::DynamicAdapter(const Options& o, std::string hostname) : o_(o), 
 JobPlan DynamicAdapter::next_round() {
   rdzv::RoundPlan r;
   try {
-    r = ahead_.valid() ? ahead_.get() : d_->next_round();
+    if (!ahead_.valid()) {
+      r = d_->next_round();
+    } else if (auto joined = ahead_.get()) {
+      r = *joined;
+    } else {
+      throw ddp::Error("rendezvous: no further round may follow (asked to join one after a refusal)");
+    }
   } catch (...) {
     // The store lives in this process: the nodes still joining keep it until they have
     // learnt how their own join ends (or close_timeout), instead of losing it with this one.

@@ -20,12 +20,14 @@
 #include <spdlog/spdlog.h>
 
 #include "ddp/error.hpp"
+#include "launcher/background.hpp"
 #include "launcher/log.hpp"
 #include "launcher/output.hpp"
 #include "launcher/process.hpp"
 #include "launcher/random.hpp"
 #include "launcher/rendezvous.hpp"
 #include "launcher/slurm_signals.hpp"
+#include "launcher/streams.hpp"
 
 namespace ddprun {
 
@@ -44,10 +46,7 @@ sigset_t supervised_set(const Options& o) {
 }
 
 constexpr size_t kConsoleBound = 4 << 20;  // bytes queued per console before readers pause
-constexpr size_t kReadChunk = 256 << 10;
-constexpr int kPipeBytes = 1 << 20;
 constexpr int kTailLines = 20;
-constexpr size_t kTrickleBytes = 16 << 10;
 constexpr long kTricklePauseNs = 1'000'000;
 
 std::string random_suffix() {
@@ -75,15 +74,6 @@ void block_supervised_signals(const Options& o) {
   signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the launcher
 }
 
-struct Stream {
-  int fd = -1;
-  int worker = 0;  // index into workers of the current attempt
-  bool is_stderr = false;
-  bool paused = false;
-  std::unique_ptr<StreamForwarder> fwd;
-  int file_fd = -1;
-};
-
 struct Supervisor::Impl {
   const Options& o;
   JobPlan plan;
@@ -101,18 +91,19 @@ struct Supervisor::Impl {
   std::string log_root;       // <log_dir>/<run_id>_<suffix>
   std::string tmp_root;       // mkdtemp'd when no --log-dir: removed after success
   std::vector<WorkerResult> workers;  // current attempt
-  std::vector<std::unique_ptr<Stream>> streams;
-  int live = 0, open_streams = 0;
+  std::unique_ptr<WorkerStreams> streams;  // this attempt's output pipes
+  int live = 0;
   bool stopping = false;
   std::optional<Clock::time_point> kill_deadline;
   std::optional<Clock::time_point> drain_deadline;
   std::optional<WorkerResult> root;
   int got_signal = 0;
+  Clock::time_point signal_at{};  // when got_signal came
+  bool joining = false;           // join_round() is waiting for the next round
   int attempt = 0;
   std::optional<RoundEnd> remote_end;  // the round ended elsewhere (or the rendezvous ended it)
   std::string stop_reason;             // why no further round followed a failure
-  std::optional<std::string> refused_early;  // restart_refused, asked as the round ended
-  size_t cycle_reads = 0, cycle_bytes = 0;  // stream reads in this loop iteration
+  bool looked_ahead = false;  // this round's prejoin() was asked for
   JobOutcome outcome;
 
   Impl(const Options& opt, std::map<std::string, std::string> env, Guardian& g, Rendezvous& r, std::string host)
@@ -124,6 +115,7 @@ struct Supervisor::Impl {
   ~Impl() {
     // Also on an exception out of run(): spdlog must not write through a dead writer.
     route_logging_through(nullptr);
+    streams.reset();  // its pipes leave the epoll set before it closes
     if (out_writer) out_writer->flush();
     if (err_writer) err_writer->flush();
     for (int fd : {epfd, sigfd, wakefd, stdin_fd})
@@ -141,6 +133,7 @@ struct Supervisor::Impl {
     if (wakefd < 0 || epfd < 0) throw ddp::SystemError("epoll/eventfd", errno);
     add_fd(sigfd, nullptr);
     add_fd(wakefd, &wakefd);
+    streams = std::make_unique<WorkerStreams>(epfd);
     out_writer = std::make_unique<ConsoleWriter>(1, kConsoleBound, wakefd);
     err_writer = std::make_unique<ConsoleWriter>(2, kConsoleBound, wakefd);
     out_console.writer = out_writer.get();
@@ -193,37 +186,25 @@ struct Supervisor::Impl {
 
   // A pipe for one worker stream, its forwarder, log file and console routing.
   int make_stream(int idx, bool is_stderr, const std::string& dir) {
-    int p[2];
-    if (pipe2(p, O_CLOEXEC) != 0) throw ddp::SystemError("pipe", errno);
-    fcntl(p[0], F_SETFL, O_NONBLOCK);
-    // A deeper pipe: a chatty worker blocks less often and ddprun reads bigger batches.
-    fcntl(p[0], F_SETPIPE_SZ, kPipeBytes);
     const int lr = workers[static_cast<size_t>(idx)].local_rank;
     const int bit = is_stderr ? 2 : 1;
     const bool redirect = o.redirects.of(lr) & bit, tee = o.tee.of(lr) & bit;
-    auto s = std::make_unique<Stream>();
-    s->fd = p[0];
-    s->worker = idx;
-    s->is_stderr = is_stderr;
     ForwarderConfig cfg;
-    if (redirect || tee) s->file_fd = cfg.file_fd = open_log(dir + (is_stderr ? "/stderr.log" : "/stdout.log"));
+    int file_fd = -1;
+    if (redirect || tee) file_fd = cfg.file_fd = open_log(dir + (is_stderr ? "/stderr.log" : "/stdout.log"));
     if (!(redirect && !tee) && shown(lr)) cfg.console = is_stderr ? &err_console : &out_console;
     cfg.prefix = expand_prefix(o.log_line_prefix_template.value_or("[rank${rank}]:"),
                                workers[static_cast<size_t>(idx)].rank, lr, o.role, plan.hostname);
     cfg.timestamps = o.log_timestamps;
     cfg.tail_lines = is_stderr ? kTailLines : 0;
-    s->fwd = std::make_unique<StreamForwarder>(std::move(cfg));
-    add_fd(s->fd, s.get());
-    ++open_streams;
-    streams.push_back(std::move(s));
-    return p[1];
+    return streams->open(idx, is_stderr, std::move(cfg), file_fd);
   }
 
   void start_attempt() {
     if (slurm) slurm->attempt_starting();
     workers.clear();
-    streams.clear();
-    live = open_streams = 0;
+    streams->clear();
+    live = 0;
     stopping = false;
     kill_deadline.reset();
     drain_deadline.reset();
@@ -307,8 +288,8 @@ struct Supervisor::Impl {
     root = w;
     const std::string what = fmt::format("rank {} on {} exited with {}", w.rank, w.host,
                                          w.signal ? signal_name(w.signal) : std::to_string(w.exit_code));
+    begin_stop(SIGTERM);  // the workers first: telling the others goes on in the background
     rdzv.end_round(RoundEnd::Kind::kFailed, what);
-    begin_stop(SIGTERM);
     look_ahead(RoundEnd{RoundEnd::Kind::kFailed, "", what});
   }
 
@@ -370,11 +351,13 @@ struct Supervisor::Impl {
         continue;
       }
       got_signal = sig;
+      signal_at = Clock::now();
       spdlog::warn("received {}: forwarding it to the workers, SIGKILL after {} s", signal_name(sig),
                    o.shutdown_timeout);
-      rdzv.end_round(RoundEnd::Kind::kLeft, fmt::format("ddprun on {} received {}", plan.hostname, signal_name(sig)));
       stopping = false;  // begin_stop sends this signal, not SIGTERM
-      begin_stop(sig);
+      begin_stop(sig);   // before anything that talks to the network
+      if (!joining)      // (while joining there is no round to end: join_round cancels the join)
+        rdzv.end_round(RoundEnd::Kind::kLeft, fmt::format("ddprun on {} received {}", plan.hostname, signal_name(sig)));
     }
   }
 
@@ -387,12 +370,14 @@ struct Supervisor::Impl {
     if (act == A::kNotSlurm) return false;
     if (act == A::kForward) signal_live(sig, false);
     if (act == A::kStop || act == A::kStopQuiet) {
+      const bool was_stopping = stopping;
+      if (!stopping) begin_stop(act == A::kStop ? sig : 0);  // 0: nothing sent, the SIGKILL deadline set
       if (!got_signal) {
         got_signal = sig;
-        if (!stopping)
+        signal_at = Clock::now();
+        if (!was_stopping && !joining)
           rdzv.end_round(RoundEnd::Kind::kLeft, slurm->stop_note({sig, act == A::kStopQuiet}, plan.hostname));
       }
-      if (!stopping) begin_stop(act == A::kStop ? sig : 0);  // 0: nothing sent, the SIGKILL deadline set
     }
     return true;
   }
@@ -411,54 +396,16 @@ struct Supervisor::Impl {
                               : signal_name(stop->sig) + " to the workers",
                  o.shutdown_timeout);
     got_signal = stop->sig;
+    signal_at = Clock::now();
     if (!stopping) begin_stop(stop->direct ? 0 : stop->sig);
     return true;
-  }
-
-  void on_stream(Stream& s) {
-    // Not value-initialised: its pages are touched only as output arrives.
-    static thread_local std::unique_ptr<char[]> buf(new char[kReadChunk]);
-    for (int i = 0; i < 4; ++i) {
-      if (s.fwd->console_full()) {
-        epoll_ctl(epfd, EPOLL_CTL_DEL, s.fd, nullptr);
-        s.paused = true;  // the console is behind: the worker blocks on its pipe
-        return;
-      }
-      ssize_t n = read(s.fd, buf.get(), kReadChunk);
-      if (n > 0) {
-        ++cycle_reads;
-        cycle_bytes += static_cast<size_t>(n);
-        s.fwd->feed(buf.get(), static_cast<size_t>(n), SysClock::now());
-        if (static_cast<size_t>(n) < kReadChunk) return;
-        continue;
-      }
-      if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-      close_stream(s);
-      return;
-    }
-  }
-
-  void close_stream(Stream& s) {
-    if (s.fd < 0) return;
-    s.fwd->finish(SysClock::now());
-    if (!s.paused) epoll_ctl(epfd, EPOLL_CTL_DEL, s.fd, nullptr);
-    close(s.fd);
-    s.fd = -1;
-    if (s.file_fd >= 0) close(s.file_fd);
-    s.file_fd = -1;
-    if (s.is_stderr) workers[static_cast<size_t>(s.worker)].stderr_tail = s.fwd->tail();
-    --open_streams;
   }
 
   void resume_paused() {
     uint64_t v;
     while (read(wakefd, &v, sizeof v) == sizeof v) {
     }
-    for (auto& s : streams) {
-      if (s->fd < 0 || !s->paused || s->fwd->console_full()) continue;
-      s->paused = false;
-      add_fd(s->fd, s.get());
-    }
+    streams->resume_paused();
   }
 
   void on_remote() {
@@ -478,12 +425,12 @@ struct Supervisor::Impl {
     look_ahead(*end);
   }
 
-  // Dynamic rendezvous: while the workers stop, already join the next round (its last call
-  // then runs during their teardown instead of after it).
+  // Dynamic rendezvous: while the workers stop, already ask whether another round may
+  // follow and join it (in the background: its last call then runs during their teardown).
   void look_ahead(const RoundEnd& end) {
-    if (!o.dynamic() || refused_early || got_signal) return;
-    refused_early = rdzv.restart_refused(end);
-    if (refused_early->empty()) rdzv.prejoin();
+    if (!o.dynamic() || looked_ahead || got_signal) return;
+    looked_ahead = true;
+    rdzv.prejoin(end);
   }
 
   // Runs one attempt to its end: every worker exited and every stream drained.
@@ -494,51 +441,44 @@ struct Supervisor::Impl {
         kill_leftovers();
         drain_deadline = Clock::now() + std::chrono::seconds(5);
       }
-      if (live == 0 && open_streams == 0) break;
-      if (live == 0 && drain_deadline && Clock::now() >= *drain_deadline) {
-        bool any_paused = false;
-        for (auto& s : streams)
-          if (s->fd >= 0 && !s->paused) close_stream(*s);
-          else if (s->fd >= 0) any_paused = true;
-        if (!any_paused) break;
-      }
-      auto now = Clock::now();
-      auto next = now + std::chrono::seconds(3600);
-      if (kill_deadline) next = std::min(next, *kill_deadline);
-      if (drain_deadline) next = std::min(next, *drain_deadline);
-      for (auto& s : streams)
-        if (s->fd >= 0 && s->fwd->has_partial()) next = std::min(next, s->fwd->last_data() + StreamForwarder::kIdleFlush);
-      int timeout = static_cast<int>(
-          std::max<long>(0, std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1));
+      if (live == 0 && streams->open_count() == 0) break;
+      if (live == 0 && Clock::now() >= *drain_deadline && !streams->close_unpaused()) break;
+      auto next = Clock::now() + std::chrono::seconds(3600);
+      for (auto& d : {kill_deadline, drain_deadline})
+        if (d) next = std::min(next, *d);
+      next = streams->flush_idle(next);
       // Output that trickles in small writes (python -u writes every line on its own) is
       // read in batches: a short pause lets the pipes fill, so a burst of lines costs one
       // wake-up instead of one per line. Floods (full reads) and idle pipes never pause.
-      if (cycle_reads > 0 && cycle_bytes / cycle_reads < kTrickleBytes && !stopping) {
+      if (streams->trickling() && !stopping) {
         timespec pause{0, kTricklePauseNs};
         nanosleep(&pause, nullptr);
       }
-      cycle_reads = cycle_bytes = 0;
-      int n = epoll_wait(epfd, evs, 64, timeout);
+      int n = epoll_wait(epfd, evs, 64, timeout_ms(next));
       if (n < 0 && errno != EINTR) throw ddp::SystemError("epoll_wait", errno);
       for (int i = 0; i < n; ++i) {
         void* tag = evs[i].data.ptr;
         if (tag == nullptr) on_signal();
         else if (tag == &wakefd) resume_paused();
         else if (tag == &notify_tag) on_remote();
-        else on_stream(*static_cast<Stream*>(tag));
+        else streams->on_readable(*static_cast<WorkerStreams::Stream*>(tag));
       }
-      now = Clock::now();
-      for (auto& s : streams)
-        if (s->fd >= 0 && s->fwd->has_partial() && now >= s->fwd->last_data() + StreamForwarder::kIdleFlush)
-          s->fwd->flush_partial(SysClock::now());
-      if (kill_deadline && now >= *kill_deadline) {
-        spdlog::warn("workers still running {} s after the stop signal: sending SIGKILL", o.shutdown_timeout);
-        signal_live(SIGKILL, true);
-        kill_deadline.reset();
-      }
+      escalate_if_due();
     }
-    for (auto& s : streams)
-      if (s->fd >= 0) close_stream(*s);
+    streams->close_all();
+    for (auto& w : workers) w.stderr_tail = streams->stderr_tail(static_cast<int>(&w - workers.data()));
+  }
+
+  static int timeout_ms(Clock::time_point next) {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count();
+    return static_cast<int>(std::max<long>(0, ms + 1));
+  }
+
+  void escalate_if_due() {
+    if (!kill_deadline || Clock::now() < *kill_deadline) return;
+    spdlog::warn("workers still running {} s after the stop signal: sending SIGKILL", o.shutdown_timeout);
+    signal_live(SIGKILL, true);
+    kill_deadline.reset();
   }
 
   // ------------------------------------------------------------------ the job
@@ -554,20 +494,27 @@ struct Supervisor::Impl {
   // to ddprun meanwhile ends the wait; got_signal says so).
   std::optional<RoundEnd> wait_round_end() {
     if (auto end = rdzv.arrive_exit()) return end;
-    epoll_event evs[16];
-    for (;;) {
-      int n = epoll_wait(epfd, evs, 16, -1);
-      if (n < 0 && errno != EINTR) throw ddp::SystemError("epoll_wait", errno);
-      for (int i = 0; i < n; ++i) {
-        void* tag = evs[i].data.ptr;
-        if (tag == nullptr) on_signal();
-        else if (tag == &wakefd) resume_paused();
-        else if (tag == &notify_tag) {
+    while (!got_signal)
+      for (void* tag : wait_between_attempts())
+        if (tag == &notify_tag)
           if (auto end = rdzv.round_end()) return end;
-        }
-      }
-      if (got_signal) return std::nullopt;
+    return std::nullopt;
+  }
+
+  // One wait while no worker runs (joining, waiting for the others at the exit): signals
+  // and the console writers are served here; the tags of other ready fds are returned.
+  std::vector<void*> wait_between_attempts() {
+    epoll_event evs[16];
+    int n = epoll_wait(epfd, evs, 16, -1);
+    if (n < 0 && errno != EINTR) throw ddp::SystemError("epoll_wait", errno);
+    std::vector<void*> ready;
+    for (int i = 0; i < n; ++i) {
+      void* tag = evs[i].data.ptr;
+      if (tag == nullptr) on_signal();
+      else if (tag == &wakefd) resume_paused();
+      else ready.push_back(tag);
     }
+    return ready;
   }
 
   // How this attempt's round ended, seen from this node.
@@ -596,11 +543,58 @@ struct Supervisor::Impl {
                  attempt + 1, o.max_restarts);
   }
 
+  // The next round, joined on a thread of its own while this one still reads signals: a
+  // signal during a join (nodes still missing, a store that does not answer) stops this
+  // node at once (nullopt). The thread owns what it touches (background.hpp).
+  std::optional<JobPlan> join_round() {
+    struct Join {
+      std::optional<JobPlan> plan;
+      std::exception_ptr error;
+      int fd = -1;
+      ~Join() {
+        if (fd >= 0) close(fd);
+      }
+    };
+    auto j = std::make_shared<Join>();
+    j->fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (j->fd < 0) throw ddp::SystemError("eventfd", errno);
+    BackgroundTask task([j, r = &rdzv] {
+      try {
+        j->plan = r->next_round();
+      } catch (...) {
+        j->error = std::current_exception();
+      }
+      uint64_t one = 1;
+      ssize_t n = write(j->fd, &one, sizeof one);
+      (void)n;
+    });
+    add_fd(j->fd, &j->fd);
+    // The last round's end stays unread until the next round runs (level-triggered).
+    if (notify_registered) epoll_ctl(epfd, EPOLL_CTL_DEL, rdzv.notify_fd(), nullptr);
+    joining = true;
+    bool joined = false;
+    while (!joined && !got_signal)
+      for (void* tag : wait_between_attempts()) joined |= tag == &j->fd;
+    epoll_ctl(epfd, EPOLL_CTL_DEL, j->fd, nullptr);
+    if (notify_registered) add_fd(rdzv.notify_fd(), &notify_tag);
+    joining = false;
+    if (!joined) {
+      rdzv.cancel();
+      if (!task.wait_until(Clock::now() + std::chrono::seconds(2))) task.abandon();
+      return std::nullopt;
+    }
+    task.wait();
+    if (j->error) std::rethrow_exception(j->error);
+    return j->plan;
+  }
+
   JobOutcome run() {
     outcome.start = SysClock::now();
     setup();
     for (attempt = 0;; ++attempt) {
-      plan = rdzv.next_round();
+      auto joined = join_round();
+      if (!joined) break;  // a signal while joining
+      plan = *joined;
       watch_rendezvous();
       start_attempt();
       supervise();
@@ -612,8 +606,8 @@ struct Supervisor::Impl {
       if (!end || slurm_stopped_elsewhere(*end)) break;  // a signal (here, or Slurm's on another node)
       if (end->kind == RoundEnd::Kind::kDone) break;
       if (!root) remote_end = end;  // this node succeeded, the round did not
-      stop_reason = refused_early ? *refused_early : rdzv.restart_refused(*end);
-      refused_early.reset();
+      stop_reason = rdzv.restart_refused(*end);  // prejoin's answer when it was asked
+      looked_ahead = false;
       if (!stop_reason.empty()) {
         // A node cut off said why as it stopped its workers, and says it last again: no third line.
         if ((o.max_restarts > 0 || !end->counted()) && !(end->node_only() && stop_reason == end->text))
@@ -628,11 +622,18 @@ struct Supervisor::Impl {
     return outcome;
   }
 
+  // A node stopping on a signal is gone by the time the SIGKILL escalation would have
+  // ended (at least a second after now): the goodbye to the others is bounded by it.
   void finish_rendezvous() {
     using F = FinishKind;
-    if (got_signal) return rdzv.finish(F::kNodeStopped, "");
-    if (!root && !remote_end) return rdzv.finish(F::kSucceeded, "");
-    rdzv.finish(remote_end && remote_end->node_only() ? F::kNodeStopped : F::kJobFailed, stop_reason);
+    if (abandoned_anything()) return;  // a join still runs inside the rendezvous: leave it be
+    if (got_signal) {
+      auto by = std::max(signal_at + std::chrono::milliseconds(static_cast<long>(o.shutdown_timeout * 1000)),
+                         Clock::now() + std::chrono::seconds(1));
+      return rdzv.finish(F::kNodeStopped, "", by);
+    }
+    if (!root && !remote_end) return rdzv.finish(F::kSucceeded, "", std::nullopt);
+    rdzv.finish(remote_end && remote_end->node_only() ? F::kNodeStopped : F::kJobFailed, stop_reason, std::nullopt);
   }
 
   void finish() {

@@ -1,10 +1,13 @@
 #include "rendezvous/dynamic.hpp"
 
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <random>
 
 #include <fmt/format.h>
@@ -35,6 +38,13 @@ std::string describe_nodes(const std::vector<NodeDesc>& nodes) {
   std::vector<std::string> names;
   for (auto& n : nodes) names.push_back(n.describe());
   return fmt::format("{}", fmt::join(names, ", "));
+}
+
+// Test-only fault injection (the issue 19 tests kill a node between two of its writes):
+// DDPRUN_TEST_FAULT=<point> makes this process die with SIGKILL right after that point.
+void fault_point(const char* point) {
+  static const char* fault = std::getenv("DDPRUN_TEST_FAULT");
+  if (fault && std::strcmp(fault, point) == 0) ::raise(SIGKILL);
 }
 
 milliseconds until(std::chrono::steady_clock::time_point t) {
@@ -390,7 +400,9 @@ void DynamicRendezvous::end_round(RoundEnd::Kind kind, const std::string& text) 
 // watchers woken for every arrival).
 void DynamicRendezvous::arrive_exit() {
   main_->append(exit_log(round_), c_.me.id);
+  fault_point("exit-appended");
   const int64_t n = main_->add(exit_log(round_) + "/n", 1);
+  fault_point("exit-counted");
   spdlog::debug("rendezvous: round {}: exit barrier, {} of {} arrived", round_, n, members_.size());
   if (n == static_cast<int64_t>(members_.size())) {
     main_->append("events", round_event(round_, "done", c_.me.id, ""));

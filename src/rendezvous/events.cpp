@@ -1,5 +1,6 @@
 #include "rendezvous/events.hpp"
 
+#include <algorithm>
 #include <charconv>
 
 #include <fmt/format.h>
@@ -136,8 +137,12 @@ std::optional<RoundEnd> RoundReader::reevaluate() {
   for (auto& e : events_)
     if (auto end = judge(e)) {
       end_ = end;
-      break;
+      return end_;
     }
+  // Every member passed the exit barrier: done, whether or not the one that completed the
+  // count lived to write "done" (it may die between its writes; its lost line woke us).
+  if (!members_.empty() && std::all_of(members_.begin(), members_.end(), [&](auto& n) { return exited_.count(n.id); }))
+    end_ = RoundEnd{RoundEnd::Kind::kDone, "", ""};
   return end_;
 }
 

@@ -166,6 +166,26 @@ TEST(RendezvousEvents, LostLinesCountForMembersThatHadNotFinished) {
   EXPECT_NE(b.end()->text.find("no keep-alive for 15 s"), std::string::npos) << b.end()->text;
 }
 
+// Issue 19: the member that completes the exit count may die before it writes "done" (or
+// between its exit line and its count): its lost line wakes every reader, and a round whose
+// every member passed the exit barrier is done, read from the exit log alone.
+TEST(RendezvousEvents, EveryMemberExitedIsDoneWithoutTheDoneLine) {
+  using K = RoundEnd::Kind;
+  RoundReader r;
+  r.start(3, {node("1"), node("2")});
+  EXPECT_FALSE(r.feed({"lost 2 connection closed"}).has_value());
+  ASSERT_TRUE(r.needs_exited());
+  r.set_exited({"1", "2"});
+  ASSERT_TRUE(r.end());
+  EXPECT_EQ(r.end()->kind, K::kDone);
+  // One member still working: its partner's loss after exiting ends nothing.
+  RoundReader w;
+  w.start(3, {node("1"), node("2")});
+  w.feed({"lost 2 connection closed"});
+  w.set_exited({"2"});
+  EXPECT_FALSE(w.end().has_value());
+}
+
 TEST(RendezvousEvents, AMemberLostBeforeItsRoundBeganEndsItAtOnce) {
   RoundReader r;
   r.feed({"lost 2 connection closed"});  // read while no round was watched

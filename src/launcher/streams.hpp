@@ -1,0 +1,57 @@
+// The workers' output during one attempt: one pipe per stream (stdout, stderr), read in the
+// supervisor's epoll loop and forwarded line by line (output.hpp). A stream whose console is
+// behind is taken out of the epoll set (its worker then blocks on the full pipe) until the
+// console's writer drains and wakes the loop.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "launcher/output.hpp"
+
+namespace ddprun {
+
+class WorkerStreams {
+ public:
+  using Clock = std::chrono::steady_clock;
+  struct Stream;  // the epoll tag of a stream's pipe
+
+  explicit WorkerStreams(int epfd);
+  ~WorkerStreams();
+  // A pipe for a stream of worker `worker`; returns the write end for the child (the
+  // caller closes it once the child has it). file_fd: a log file the stream owns, or -1.
+  int open(int worker, bool is_stderr, ForwarderConfig cfg, int file_fd);
+  void clear();  // a new attempt
+
+  // An epoll event whose tag is a Stream.
+  void on_readable(Stream& s);
+  // The console writers drained: streams paused on them are read again.
+  void resume_paused();
+  // Unfinished lines idle for StreamForwarder::kIdleFlush go out; the earliest time the
+  // next one is due (or `limit`).
+  Clock::time_point flush_idle(Clock::time_point limit);
+  // The drain deadline passed: every stream that is not paused is closed. Whether some
+  // paused ones remain.
+  bool close_unpaused();
+  void close_all();
+
+  int open_count() const { return open_; }
+  // stderr's last lines of a worker (for the failure report), once its stream closed.
+  std::deque<std::string> stderr_tail(int worker) const;
+  // Whether the reads since the last call were small (output trickling in lines): the loop
+  // then pauses a moment so that a burst costs one wake-up. Resets the count.
+  bool trickling();
+
+ private:
+  void close(Stream& s);
+
+  int epfd_;
+  std::vector<std::unique_ptr<Stream>> streams_;
+  int open_ = 0;
+  size_t cycle_reads_ = 0, cycle_bytes_ = 0;
+};
+
+}  // namespace ddprun

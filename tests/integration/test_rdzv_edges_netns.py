@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""Issue 19: the rendezvous's edges across real "hosts" (network namespaces, the topology of
+test_multinode_netns.py: 10.77.0.<i+1> per node behind one bridge), on the static line and
+the c10d line.
+
+- A store host that goes silent (its link down: every packet to it is dropped) while
+  another node gets SIGTERM: that node's workers get SIGTERM within 1 s, and ddprun exits
+  within the SIGKILL escalation (--shutdown-timeout), 143. Before: the worker waited 600 s
+  (static: the failure note to the silent store) or 60 s (c10d: the leave note).
+- A Debian-style host (/etc/hosts maps its own hostname to 127.0.1.1) and a hostname
+  endpoint: MASTER_ADDR is the host's reachable address, never loopback, and a real gloo job
+  runs across both hosts. Before: MASTER_ADDR=127.0.0.1 and the other host's workers timed
+  out connecting to it.
+
+Needs root (skipped otherwise). Only the processes started here are signalled, by pid.
+"""
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import unittest
+
+import ddprun_testlib as lib
+import jobwatch
+from test_multinode_netns import Node, Topology, ip, netns_unavailable_reason
+
+EDGE_WORKER = os.path.join(lib.SOURCE_DIR, "tests", "launcher", "integration", "workers", "edge_worker.py")
+PORT = 29500
+SHUTDOWN = 5  # --shutdown-timeout: the SIGKILL escalation ddprun must exit within
+
+
+class EdgeTopology(Topology):
+    def __init__(self, nodes):
+        super().__init__(nodes)
+        self.tag = f"ddpe{os.getpid()}x{secrets.token_hex(2)}"
+        self.bridge = f"{self.tag}_br"
+        self.nodes = [f"{self.tag}_n{i}" for i in range(nodes)]
+
+    def silence(self, i):
+        """Node i's link goes down: whatever the others send it is dropped, no reset."""
+        ip("-n", self.nodes[i], "link", "set", self.ifname(i), "down")
+
+
+class RdzvEdgesNetns(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        why = netns_unavailable_reason()
+        if why:
+            raise unittest.SkipTest(why)
+        if not os.access(lib.DDPRUN, os.X_OK):
+            raise unittest.SkipTest(f"no ddprun binary at {lib.DDPRUN} (set DDPRUN)")
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="ddprun_edges_")
+        self.topo = None
+        self.started = []
+        self.etc_dirs = []
+        self._files = []
+
+    def tearDown(self):
+        try:
+            for n in self.started:
+                if n.proc.poll() is None:
+                    n.proc.send_signal(signal.SIGKILL)
+            for n in self.started:
+                try:
+                    n.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+            for f in os.listdir(self.tmp):  # workers of a SIGKILLed ddprun: the pids they wrote
+                if f.startswith("pid_"):
+                    try:
+                        os.kill(int(lib_read(os.path.join(self.tmp, f))), signal.SIGKILL)
+                    except (ProcessLookupError, ValueError):
+                        pass
+        finally:
+            if self.topo:
+                self.topo.destroy()
+            for d in self.etc_dirs:
+                shutil.rmtree(d, ignore_errors=True)
+            for f in self._files:
+                f.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def make_topology(self, nodes):
+        self.topo = EdgeTopology(nodes)
+        self.topo.create()
+
+    def start_node(self, i, args, hostname=None, env=None):
+        ns = self.topo.nodes[i]
+        prefix = ["ip", "netns", "exec", ns]
+        if hostname:
+            prefix += ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', hostname]
+        out, err = (os.path.join(self.tmp, f"node{i}.{s}") for s in ("out", "err"))
+        fo, fe = open(out, "w"), open(err, "w")
+        self._files += [fo, fe]
+        extra = {"GLOO_SOCKET_IFNAME": self.topo.ifname(i), "TMPDIR": self.tmp, **(env or {})}
+        proc = subprocess.Popen(prefix + [lib.DDPRUN, *args], cwd=self.tmp, stdout=fo, stderr=fe,
+                                stdin=subprocess.DEVNULL, env=lib.job_env(**extra), start_new_session=True)
+        node = Node(i, proc, out, err)
+        self.started.append(node)
+        return node
+
+    def describe(self):
+        return "".join(f"\n--- node {n.rank} rc={n.rc}\nstdout:\n{n.stdout()[-3000:]}\nstderr:\n{n.stderr()[-4000:]}"
+                       for n in self.started)
+
+    def wait_files(self, names, timeout):
+        deadline = time.monotonic() + lib.scaled(timeout)
+        paths = [os.path.join(self.tmp, n) for n in names]
+        while time.monotonic() < deadline:
+            if all(os.path.exists(p) for p in paths):
+                return [float(lib_read(p)) for p in paths]
+            time.sleep(0.01)
+        self.fail(f"missing after {lib.scaled(timeout):.0f} s: "
+                  f"{[n for n, p in zip(names, paths) if not os.path.exists(p)]}" + self.describe())
+
+    # ------------------------------------------------------------------ silent store host
+
+    def check_signal_beats_a_silent_store(self, line):
+        """line(i): node i's ddprun arguments. Ranks 0, 1 on node 0 (the store host), 2, 3 on
+        node 1; every worker sleeps 300 s."""
+        self.make_topology(2)
+        nodes = [self.start_node(i, [*line(i), "--nproc-per-node", "2", "--shutdown-timeout", str(SHUTDOWN),
+                                     EDGE_WORKER, self.tmp, "--sleep", "300"]) for i in range(2)]
+        self.wait_files([f"start_{r}" for r in range(4)], 60)
+        self.topo.silence(0)
+        time.sleep(0.2)
+        signalled = time.time()
+        nodes[1].proc.send_signal(signal.SIGTERM)
+        terms = self.wait_files(["term_2", "term_3"], 30)
+        for t in terms:
+            self.assertLess(t - signalled, 1.0, "node 1's workers must get SIGTERM within 1 s" + self.describe())
+        running = jobwatch.wait_exited([nodes[1]], SHUTDOWN + lib.scaled(3))
+        self.assertEqual(running, [], "ddprun must exit within the SIGKILL escalation" + self.describe())
+        self.assertEqual(nodes[1].rc, 128 + signal.SIGTERM, self.describe())
+        self.assertLess(nodes[1].exited_at - signalled, SHUTDOWN + lib.scaled(3), self.describe())
+
+    def test_static_signal_while_the_store_host_is_silent(self):
+        self.check_signal_beats_a_silent_store(lambda i: [
+            "--nnodes", "2", "--node-rank", str(i), "--master-addr", self.topo.addr(0), "--master-port", str(PORT),
+            "--local-addr", self.topo.addr(i)])
+
+    def test_c10d_signal_while_the_store_host_is_silent(self):
+        self.check_signal_beats_a_silent_store(lambda i: [
+            "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.topo.addr(0)}:{PORT}",
+            "--rdzv-id", "edges", "--local-addr", self.topo.addr(i), "--rdzv-conf", "last_call_timeout=0.3"])
+
+    # ------------------------------------------------------------------ Debian's 127.0.1.1
+
+    def debian_hosts(self, i, names):
+        """/etc/hosts of node i as Debian writes it: its own name on 127.0.1.1, the others by
+        address (ip netns exec mounts /etc/netns/<ns>/hosts over /etc/hosts)."""
+        d = os.path.join("/etc/netns", self.topo.nodes[i])
+        os.makedirs(d, exist_ok=True)
+        self.etc_dirs.append(d)
+        lines = ["127.0.0.1\tlocalhost", f"127.0.1.1\t{names[i]}"]
+        lines += [f"{self.topo.addr(j)}\t{n}" for j, n in enumerate(names) if j != i]
+        with open(os.path.join(d, "hosts"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+    def test_c10d_debian_hosts_file_master_addr_is_reachable(self):
+        self.make_topology(2)
+        names = ["hosta", "hostb"]
+        for i in range(2):
+            self.debian_hosts(i, names)
+        nodes = [self.start_node(i, ["--log-level", "info", "--nnodes", "2", "--nproc-per-node", "2",
+                                     "--rdzv-backend", "c10d", "--rdzv-endpoint", f"hosta:{PORT}", "--rdzv-id", "deb",
+                                     "--rdzv-conf", "last_call_timeout=0.3",
+                                     os.path.join(lib.EXAMPLES, "allreduce.py"), "--debug"], hostname=names[i])
+                 for i in range(2)]
+        running = jobwatch.wait_exited(nodes, lib.scaled(120))
+        self.assertEqual(running, [], self.describe())
+        for n in nodes:
+            self.assertEqual(n.rc, 0, self.describe())
+        out = nodes[0].stdout() + nodes[1].stdout()
+        self.assertIn("all_reduce over 4 ranks: sum = 6", out, self.describe())
+        addrs = {l.split("MASTER_ADDR=")[1].split()[0] for l in out.splitlines() if "MASTER_ADDR=" in l}
+        self.assertEqual(addrs, {self.topo.addr(0)}, self.describe())
+        self.assertIn("a loopback address other hosts cannot use", nodes[0].stderr(), self.describe())
+
+
+def lib_read(path):
+    with open(path) as f:
+        return f.read().strip()
+
+
+if __name__ == "__main__":
+    lib.main()

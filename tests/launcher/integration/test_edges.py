@@ -1,0 +1,152 @@
+"""Issue 19 on loopback: a node that finishes early never harms a node still working, and a
+signal never waits on the rendezvous.
+
+Every node is a ddprun process on this machine; the workers (workers/edge_worker.py) write
+start_<rank>, end_<rank> (finished) or term_<rank> (got SIGTERM), each with the time.
+Short keep-alive windows and join timeouts make the old failure modes quick: before the
+fix, a node that finished first left the exit barrier after join_timeout with exit 1, and
+the other node then SIGTERMed its working rank 0 (static); a signal during a join waited
+for the join timeout.
+"""
+import os
+import signal
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ddprun_testlib import DdprunTestCase, clean_env, free_port, read_text, scaled, worker
+import jobwatch  # noqa: E402
+
+JOIN = scaled(3)          # join_timeout: the old exit barrier's limit
+WORK = JOIN + scaled(4)   # the slow rank works well past it, and past the keep-alive window
+BEAT = "keep_alive_interval=0.5,keep_alive_max_attempt=3"
+
+
+class Node:
+    def __init__(self, name, proc, out, err):
+        self.name, self.proc, self.out_path, self.err_path = name, proc, out, err
+        self.exited_at = None
+
+    @property
+    def rc(self):
+        return self.proc.returncode
+
+
+class EdgeTest(DdprunTestCase):
+    def start_node(self, name, args, env=None):
+        out = open(self.path(f"{name}.stdout"), "wb")
+        err = open(self.path(f"{name}.stderr"), "wb")
+        self._files += [out, err]
+        proc = self.start(["--log-level", "info", "--nproc-per-node", "2", *args], env=env, stdout=out, stderr=err)
+        node = Node(name, proc, out.name, err.name)
+        self.nodes.append(node)
+        return node
+
+    def setUp(self):
+        super().setUp()
+        self.nodes = []
+        self.port = free_port()
+
+    def describe(self):
+        return "".join(f"\n--- {n.name} rc={n.rc}\nstdout:\n{read_text(n.out_path)[-2000:]}\nstderr:\n"
+                       f"{read_text(n.err_path)[-3000:]}" for n in self.nodes)
+
+    def stamp(self, name):
+        p = self.path(name)
+        return float(read_text(p)) if os.path.exists(p) else None
+
+    def work(self, slow_rank):
+        return [worker("edge_worker.py"), self.tmp, "--sleep-rank", f"{slow_rank}={WORK}"]
+
+    def check_early_finisher(self, nodes, slow_rank, early):
+        """Every node exits 0; the slow rank finished its work untouched; the early node
+        stayed until then (it waited, and kept the store up when it hosts it)."""
+        running = jobwatch.wait_exited(nodes, WORK + scaled(30))
+        self.assertEqual(running, [], self.describe())
+        for n in nodes:
+            self.assertEqual(n.rc, 0, self.describe())
+        self.assertIsNotNone(self.stamp(f"end_{slow_rank}"), "the slow rank must finish its work" + self.describe())
+        for r in range(4):
+            self.assertIsNone(self.stamp(f"term_{r}"), f"rank {r} was signalled" + self.describe())
+        self.assertGreaterEqual(early.exited_at, self.stamp(f"end_{slow_rank}") - 0.05, self.describe())
+
+    # ------------------------------------------------------------------ static
+
+    def static_node(self, rank, args, conf=f"join_timeout={JOIN:g},{BEAT}"):
+        return self.start_node(f"node{rank}", ["--nnodes", "2", "--node-rank", str(rank), "--master-addr",
+                                               "127.0.0.1", "--master-port", str(self.port), "--rdzv-conf", conf,
+                                               *args])
+
+    def test_static_early_finisher_store_host_works_longer(self):
+        n0, n1 = (self.static_node(r, self.work(0)) for r in (0, 1))
+        self.check_early_finisher([n0, n1], slow_rank=0, early=n1)
+
+    def test_static_early_finisher_store_host_finishes_first(self):
+        n0, n1 = (self.static_node(r, self.work(2)) for r in (0, 1))
+        self.check_early_finisher([n0, n1], slow_rank=2, early=n0)
+
+    def test_static_signal_while_waiting_for_a_node(self):
+        n0 = self.static_node(0, self.work(0), conf="join_timeout=300")
+        time.sleep(scaled(1))  # node 0 waits for node 1 in the rendezvous
+        t0 = time.time()
+        n0.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(jobwatch.wait_exited([n0], scaled(10)), [], self.describe())
+        self.assertEqual(n0.rc, 128 + signal.SIGTERM, self.describe())
+        self.assertLess(n0.exited_at - t0, scaled(3), "a signal must not wait for the join" + self.describe())
+
+    # ------------------------------------------------------------------ c10d
+
+    def c10d_node(self, name, addr, host, args, conf=f"last_call_timeout=0.3,join_timeout={JOIN:g},{BEAT}"):
+        return self.start_node(name, ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}",
+                                      "--rdzv-id", "edges", "--nnodes", "2", "--local-addr", addr, "--rdzv-conf",
+                                      f"{conf},is_host={host}", *args])
+
+    def c10d_pair(self, slow_rank):
+        # Node ranks follow the addresses: the host (127.0.0.2) is node rank 0 (ranks 0, 1).
+        host = self.c10d_node("host", "127.0.0.2", 1, self.work(slow_rank))
+        other = self.c10d_node("other", "127.0.0.3", 0, self.work(slow_rank))
+        return host, other
+
+    def test_c10d_early_finisher_store_host_works_longer(self):
+        host, other = self.c10d_pair(0)
+        self.check_early_finisher([host, other], slow_rank=0, early=other)
+
+    def test_c10d_early_finisher_store_host_finishes_first(self):
+        host, other = self.c10d_pair(2)
+        self.check_early_finisher([host, other], slow_rank=2, early=host)
+
+    def test_c10d_node_killed_between_its_exit_writes(self):
+        """The node that completes the exit barrier dies right after its exit line, or right
+        after its count (DDPRUN_TEST_FAULT, before it writes "done"): the other node still
+        learns that the round is done, from the exit log, and exits 0 at once."""
+        for fault in ("exit-appended", "exit-counted"):
+            with self.subTest(fault=fault):
+                self.port = free_port()
+                self.nodes = []
+                host = self.c10d_node(f"host-{fault}", "127.0.0.2", 1, [worker("edge_worker.py"), self.tmp])
+                # Its workers finish a moment later: it arrives last, and completes the count.
+                late = self.start_node(f"late-{fault}", [
+                    "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", "edges",
+                    "--nnodes", "2", "--local-addr", "127.0.0.3", "--rdzv-conf",
+                    f"last_call_timeout=0.3,join_timeout={JOIN:g},{BEAT},is_host=0",
+                    worker("edge_worker.py"), self.tmp, "--sleep", "1"], env=clean_env(DDPRUN_TEST_FAULT=fault))
+                late.proc.wait(timeout=scaled(60))
+                self.assertEqual(late.proc.returncode, -signal.SIGKILL, self.describe())
+                killed = time.time()
+                self.assertEqual(jobwatch.wait_exited([host], scaled(10)), [], self.describe())
+                self.assertEqual(host.rc, 0, self.describe())
+                self.assertLess(host.exited_at - killed, scaled(5), self.describe())
+
+    def test_c10d_signal_while_waiting_for_nodes(self):
+        n = self.c10d_node("host", "127.0.0.2", 1, self.work(0), conf="join_timeout=300")
+        time.sleep(scaled(1))  # it waits for a second node
+        t0 = time.time()
+        n.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(jobwatch.wait_exited([n], scaled(10)), [], self.describe())
+        self.assertEqual(n.rc, 128 + signal.SIGTERM, self.describe())
+        self.assertLess(n.exited_at - t0, scaled(3), "a signal must not wait for the join" + self.describe())
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

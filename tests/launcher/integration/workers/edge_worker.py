@@ -1,0 +1,48 @@
+"""A worker for the rendezvous edge tests: records its start, the stop signal it got (if
+any) and its normal end, each with a timestamp (time.time(), shared by every process).
+
+usage: edge_worker.py DIR [--sleep-rank R=S ...] [--sleep S]
+
+Writes DIR/pid_<rank> and DIR/start_<rank> at once; sleeps S seconds (the S given for its RANK, else --sleep,
+default 0) and writes DIR/end_<rank>; on SIGTERM (or SIGINT) writes DIR/term_<rank> and
+exits 143. Each file holds the time it was written.
+"""
+import argparse
+import os
+import signal
+import sys
+import time
+
+p = argparse.ArgumentParser()
+p.add_argument("dir")
+p.add_argument("--sleep", type=float, default=0.0)
+p.add_argument("--sleep-rank", action="append", default=[])
+a = p.parse_args()
+rank = int(os.environ["RANK"])
+
+
+def mark(name):
+    tmp = os.path.join(a.dir, f".{name}_{rank}.tmp")
+    with open(tmp, "w") as f:
+        f.write(repr(time.time()))
+    os.rename(tmp, os.path.join(a.dir, f"{name}_{rank}"))
+
+
+def on_stop(signum, frame):
+    mark("term")
+    os._exit(143)
+
+
+signal.signal(signal.SIGTERM, on_stop)
+signal.signal(signal.SIGINT, on_stop)
+with open(os.path.join(a.dir, f"pid_{rank}"), "w") as f:
+    f.write(str(os.getpid()))
+mark("start")
+sleep = a.sleep
+for spec in a.sleep_rank:
+    r, s = spec.split("=")
+    if int(r) == rank:
+        sleep = float(s)
+time.sleep(sleep)
+mark("end")
+sys.exit(0)
