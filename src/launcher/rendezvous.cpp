@@ -466,6 +466,7 @@ class StaticRendezvous : public Rendezvous {
     plan_.restart_count = attempt_;
     return plan_;
   }
+  bool joins_over_network() const override { return o_.max_nodes > 1; }
   int notify_fd() override { return sync_ ? sync_->notify_fd() : -1; }
   std::optional<RoundEnd> round_end() override { return sync_ ? sync_->take_end(attempt_) : std::nullopt; }
   void end_round(RoundEnd::Kind, const std::string& what) override {

@@ -57,6 +57,9 @@ class Rendezvous {
   // it; restart_refused() then returns the answer). Until next_round() only end_round(),
   // restart_refused() and finish() may be called. Static rendezvous: nothing to do ahead.
   virtual void prejoin(const RoundEnd& end) { (void)end; }
+  // Whether next_round() may wait for other nodes or the network (a single static node
+  // never does: the supervisor then joins on its own thread, paying nothing for a thread).
+  virtual bool joins_over_network() const { return true; }
   // Makes a next_round() in progress on another thread stop soon (it throws).
   virtual void cancel() {}
   // The job is over for this node. Never throws. With a deadline, returns by then: a note

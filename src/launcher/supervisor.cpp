@@ -547,6 +547,7 @@ struct Supervisor::Impl {
   // signal during a join (nodes still missing, a store that does not answer) stops this
   // node at once (nullopt). The thread owns what it touches (background.hpp).
   std::optional<JobPlan> join_round() {
+    if (!rdzv.joins_over_network()) return rdzv.next_round();
     struct Join {
       std::optional<JobPlan> plan;
       std::exception_ptr error;
