@@ -97,9 +97,10 @@ class EdgeTest(DdprunTestCase):
 
     # ------------------------------------------------------------------ c10d
 
-    def c10d_node(self, name, addr, host, args, conf=f"last_call_timeout=0.3,join_timeout={JOIN:g},{BEAT}"):
+    def c10d_node(self, name, addr, host, args, conf=f"last_call_timeout=0.3,join_timeout={JOIN:g},{BEAT}",
+                  nnodes="2"):
         return self.start_node(name, ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}",
-                                      "--rdzv-id", "edges", "--nnodes", "2", "--local-addr", addr, "--rdzv-conf",
+                                      "--rdzv-id", "edges", "--nnodes", nnodes, "--local-addr", addr, "--rdzv-conf",
                                       f"{conf},is_host={host}", *args])
 
     def c10d_pair(self, slow_rank):
@@ -137,6 +138,46 @@ class EdgeTest(DdprunTestCase):
                 self.assertEqual(jobwatch.wait_exited([host], scaled(10)), [], self.describe())
                 self.assertEqual(host.rc, 0, self.describe())
                 self.assertLess(host.exited_at - killed, scaled(5), self.describe())
+
+    def test_c10d_frozen_node_stops_its_stale_workers(self):
+        """A node frozen (SIGSTOP of its ddprun and its workers) past the keep-alive window is
+        lost: the others re-form without it. Thawed (SIGCONT), it learns that its lease ended,
+        stops its stale workers at once and exits 1; it never starts workers beside the
+        re-formed job."""
+        recs = {}
+        nodes = {}
+        for name, addr, host in (("a", "127.0.0.2", 1), ("b", "127.0.0.3", 0), ("c", "127.0.0.4", 0)):
+            recs[name] = self.path(f"rec_{name}")
+            os.mkdir(recs[name])
+            nodes[name] = self.c10d_node(name, addr, host, ["--max-restarts", "3", worker("rdzv_env.py"),
+                                                            recs[name], "--sleep", "300"],
+                                         conf=f"last_call_timeout=1,join_timeout=30,{BEAT}", nnodes="2:3")
+            if host:
+                time.sleep(0.2)  # the host binds the endpoint first
+        self.wait_for(lambda: all(len(jobwatch.start_records(r)) == 2 for r in recs.values()), 60, "a round of 3")
+        frozen = [nodes["c"].proc.pid] + [r["pid"] for r in jobwatch.start_records(recs["c"])]
+        for pid in frozen:
+            self.track_pid(pid)
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            self.wait_for(lambda: all(len(jobwatch.start_records(recs[n])) == 4 for n in "ab"), 30,
+                          "a round of the two others")
+        finally:
+            thawed = time.time()
+            for pid in reversed(frozen):
+                os.kill(pid, signal.SIGCONT)
+        c = nodes["c"]
+        self.assertEqual(jobwatch.wait_exited([c], scaled(10)), [], self.describe())
+        self.assertEqual(c.rc, 1, self.describe())
+        self.assertLess(c.exited_at - thawed, scaled(3), self.describe())
+        self.assertEqual(len(jobwatch.start_records(recs["c"])), 2, "no new worker on the frozen node")
+        for r in jobwatch.start_records(recs["c"]):
+            self.assertFalse(os.path.exists(os.path.join(recs["c"], f"end_{r['pid']}")), "its workers were stopped")
+        self.assertIn("lost contact", read_text(c.err_path), self.describe())
+        rounds = jobwatch.rounds(jobwatch.start_records(recs["a"]) + jobwatch.start_records(recs["b"]))
+        self.assertEqual([rs[0]["env"]["WORLD_SIZE"] for rs in rounds], ["6", "4"], self.describe())
+        for n in "ab":
+            self.assertIsNone(nodes[n].proc.poll(), "the re-formed job trains on" + self.describe())
 
     def test_c10d_signal_while_waiting_for_nodes(self):
         n = self.c10d_node("host", "127.0.0.2", 1, self.work(0), conf="join_timeout=300")
