@@ -129,6 +129,15 @@ void DynamicRendezvous::backoff(int attempt) {
   std::this_thread::sleep_for(std::chrono::microseconds(us(rng)));
 }
 
+// A node on the wait list of a running round asks that round to restart with it, itself:
+// whoever wrote it onto the list also does, but may die before it does (the first "join"
+// line ends the round; a second is ignored).
+void DynamicRendezvous::announce_waiting(const State& t) {
+  if (!t.complete || !State::contains(t.wait_list, c_.me.id) || announced_round_ == t.round) return;
+  announced_round_ = t.round;
+  main_->append("events", round_event(t.round, "join", c_.me.id, c_.me.describe()));
+}
+
 // One line when this node starts waiting for a running round (whoever wrote it in).
 void DynamicRendezvous::say_waiting(const State& t) {
   const auto& j = c_.job;
@@ -237,6 +246,7 @@ bool DynamicRendezvous::join_step(std::optional<Snapshot>& snap, Clock::time_poi
     if (mine || a != JoinAction::kWait) return false;  // decide again on what was written
   }
   say_waiting(t);
+  announce_waiting(t);
   if (a == JoinAction::kFinish) {
     said_waiting_ = 0;
     spdlog::debug("rendezvous: round {} is complete with {} nodes", t.round, t.participants.size());

@@ -105,6 +105,7 @@ class DynamicRendezvous {
   void bump_epoch();
   State decode(const Snapshot& s) const;
   void say_waiting(const State& t);
+  void announce_waiting(const State& t);
   [[noreturn]] void join_failed(JoinAction a, const State& s);
   std::set<std::string> exited_before_lost(int64_t round);
   RoundReader reader_for(int64_t round, const std::vector<NodeDesc>& members);
@@ -133,6 +134,7 @@ class DynamicRendezvous {
   bool wrote_done_ = false;  // this node's arrival completed the exit barrier
   int64_t lc_round_ = -1;
   int said_waiting_ = 0;  // 1: said this node waits on the wait list, 2: on the redundancy list
+  int64_t announced_round_ = -1;  // the running round this node asked to restart with it
   Clock::time_point lc_deadline_{};
 
   // Shared with the watcher and keeper.

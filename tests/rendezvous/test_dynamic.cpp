@@ -84,6 +84,39 @@ TEST(DynamicRendezvous, NodesFormARoundWithRanksWorldAndAWorkerStore) {
   EXPECT_EQ(pb.master_addr, "127.0.0.1");
 }
 
+// Issue 19: the node that writes a newcomer onto the wait list of a running round may die
+// before it appends the "join" line that restarts the round; the newcomer then asks itself.
+// The dead writer is played here by a bare backend: it absorbs c's join request into the
+// state and stops there.
+TEST(DynamicRendezvous, ANewcomerWhoseWriterDiedAsksTheRoundToRestartItself) {
+  Cluster c;
+  c.last_call = 50ms;
+  auto a = c.node("a"), b = c.node("b");
+  all_next_round({a.get(), b.get()});
+  auto writer = c.world->backend("w");
+  NodeDesc me;
+  me.id = "c_1_0";
+  me.addr = me.host = "c";
+  me.master_addr = "127.0.0.1";
+  me.nproc = 2;
+  writer->append("requests", join_request(me, c.job));
+  Snapshot snap = writer->load();
+  State s = decode_state(*snap.state, "test");
+  absorb(s, writer->read("requests", static_cast<size_t>(s.requests_seen)), {});
+  ASSERT_TRUE(State::contains(s.wait_list, me.id));
+  ASSERT_TRUE(writer->compare_and_set(encode_state(s), snap.token).ok);
+  writer->append("events", "state");
+  auto cn = c.node("c");
+  auto joined = std::async(std::launch::async, [&] { return cn->next_round(); });
+  for (auto* n : {a.get(), b.get()}) {
+    auto e = end_within(*n, 5s);
+    ASSERT_TRUE(e) << "the running round never heard of the newcomer";
+    EXPECT_EQ(e->kind, K::kScaleUp);
+  }
+  all_next_round({a.get(), b.get()});
+  EXPECT_EQ(joined.get().group_world_size, 3);
+}
+
 TEST(DynamicRendezvous, WithMinNodesTheRoundCompletesAfterTheLastCall) {
   Cluster c;
   c.last_call = 300ms;
