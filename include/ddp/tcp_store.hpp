@@ -78,6 +78,9 @@ class TcpStore : public Store {
   // Waits until the key's value is longer than `size` bytes (a missing key has 0); false
   // at the timeout.
   bool wait_grows(const std::string& key, int64_t size, std::chrono::milliseconds timeout);
+  // ddprun's GET_FROM: the value's bytes from `offset` on ("" when the key is missing or not
+  // longer than offset), without waiting: an appended log read from where the reader is.
+  std::string get_from(const std::string& key, int64_t offset);
 
   const TcpStoreOptions& options() const { return options_; }
 

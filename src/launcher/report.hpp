@@ -6,7 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
-#include <deque>
+#include <vector>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,7 +26,7 @@ struct WorkerResult {
   bool stopped_by_ddprun = false;  // ddprun signalled it before it exited
   std::chrono::system_clock::time_point start, end;
   std::string exec_error;
-  std::deque<std::string> stderr_tail;
+  std::vector<std::string> stderr_tail;
 
   bool failed() const { return state == State::kFailed || state == State::kExecFailed; }
   // torchrun's exit code: negative signal number when killed.

@@ -128,9 +128,9 @@ void WorkerStreams::close_all() {
     if (s->fd >= 0) close(*s);
 }
 
-std::deque<std::string> WorkerStreams::stderr_tail(int worker) const {
+std::vector<std::string> WorkerStreams::stderr_tail(int worker) const {
   for (auto& s : streams_)
-    if (s->worker == worker && s->is_stderr) return s->fwd->tail();
+    if (s->worker == worker && s->is_stderr) return {s->fwd->tail().begin(), s->fwd->tail().end()};
   return {};
 }
 

@@ -40,7 +40,7 @@ class WorkerStreams {
 
   int open_count() const { return open_; }
   // stderr's last lines of a worker (for the failure report), once its stream closed.
-  std::deque<std::string> stderr_tail(int worker) const;
+  std::vector<std::string> stderr_tail(int worker) const;
   // Whether the reads since the last call were small (output trickling in lines): the loop
   // then pauses a moment so that a burst costs one wake-up. Resets the count.
   bool trickling();

@@ -47,6 +47,7 @@ sigset_t supervised_set(const Options& o) {
 
 constexpr size_t kConsoleBound = 4 << 20;  // bytes queued per console before readers pause
 constexpr int kTailLines = 20;
+constexpr int kHistoryAttempts = 64;  // attempts whose workers --summary-json lists
 constexpr long kTricklePauseNs = 1'000'000;
 
 std::string random_suffix() {
@@ -529,6 +530,17 @@ struct Supervisor::Impl {
     return wait_round_end();
   }
 
+  // --summary-json lists the workers of the last kHistoryAttempts attempts: a job that
+  // restarts a thousand times does not hold a thousand attempts' records. Only a failed
+  // worker's record keeps its stderr (its traceback).
+  void keep_history() {
+    for (auto& w : workers) {
+      outcome.workers.push_back(w);
+      if (!w.failed()) outcome.workers.back().stderr_tail = std::vector<std::string>();
+    }
+    std::erase_if(outcome.workers, [&](const WorkerResult& w) { return w.attempt <= attempt - kHistoryAttempts; });
+  }
+
   void announce_restart(const RoundEnd& end) {
     if (plan.round >= 0) {
       if (end.counted())
@@ -599,10 +611,9 @@ struct Supervisor::Impl {
       watch_rendezvous();
       start_attempt();
       supervise();
-      for (auto& w : workers) {
+      for (auto& w : workers)
         if (root && w.pid == root->pid) root = w;  // now with its stderr tail
-        outcome.workers.push_back(w);
-      }
+      keep_history();
       auto end = attempt_end();
       if (!end || slurm_stopped_elsewhere(*end)) break;  // a signal (here, or Slurm's on another node)
       if (end->kind == RoundEnd::Kind::kDone) break;

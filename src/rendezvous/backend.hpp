@@ -94,9 +94,14 @@ class Backend {
   // timeout. Every node sees the same lines in the same order.
   virtual std::vector<std::string> wait(const std::string& log, size_t from, milliseconds timeout) = 0;
 
+  // Removes a log that nobody reads any more (a finished round's): a long job's state does
+  // not grow with its age. Removing a missing log is no error.
+  virtual void drop_log(const std::string& log) = 0;
+
   // ---- counters ----------------------------------------------------------------------
   // Adds delta to the counter (0 if it does not exist) and returns the new value.
   virtual int64_t add(const std::string& counter, int64_t delta) = 0;
+  virtual void drop_counter(const std::string& counter) = 0;
 
   // ---- this node's lease -------------------------------------------------------------
   // Starts the lease: it ends when this process dies, when close() is called, or when no
@@ -110,6 +115,9 @@ class Backend {
   // "connection closed", "no keep-alive for 15 s"). Lines registered earlier stay
   // registered.
   virtual void on_lease_end(const std::string& log, const std::string& line) = 0;
+  // Forgets the lines registered for `log` (a finished round's): one registration per
+  // round, not one more every round.
+  virtual void drop_lease_end(const std::string& log) = 0;
 
   // Ends the lease now (its lines are appended, as for any end) and closes connections.
   virtual void close() = 0;

@@ -99,24 +99,20 @@ State DynamicRendezvous::decode(const Snapshot& s) const {
   return s.state ? decode_state(*s.state, backend_name_) : State{};
 }
 
-void DynamicRendezvous::read_events() {
-  auto more = main_->read("events", events_log_.size());
-  for (auto& l : more) {
-    Event e = parse_event(l);
-    if (e.kind == "lost") lost_.insert(e.node);
-  }
-  events_log_.insert(events_log_.end(), more.begin(), more.end());
-}
+void DynamicRendezvous::read_events() { take_events(main_->read("events", events_log_.count())); }
 
 // Until something happens to the job (the state changed for waiting nodes, a node was
 // lost, ...), or `t`.
 void DynamicRendezvous::wait_events(Clock::time_point t) {
-  auto more = main_->wait("events", events_log_.size(), until(t));
+  take_events(main_->wait("events", events_log_.count(), until(t)));
+}
+
+void DynamicRendezvous::take_events(const std::vector<std::string>& more) {
   for (auto& l : more) {
     Event e = parse_event(l);
     if (e.kind == "lost") lost_.insert(e.node);
   }
-  events_log_.insert(events_log_.end(), more.begin(), more.end());
+  events_log_.add(more);
 }
 
 void DynamicRendezvous::bump_epoch() { main_->append("events", "state"); }
@@ -286,6 +282,7 @@ RoundPlan DynamicRendezvous::next_round() {
     main_->append("requests", join_request(c_.me, c_.job));
     State s = join(deadline);
     round_ = s.round;
+    events_log_.keep_from(round_);
     members_ = s.participants;
     RoundPlan p;
     p.round = s.round;
@@ -302,8 +299,11 @@ RoundPlan DynamicRendezvous::next_round() {
     {
       // If this node dies after its workers succeeded, its lease line lands in the exit
       // log after its exit: the others can tell (exited_before_lost).
+      // One registration at a time: the last round's is dropped.
       std::lock_guard lk(lease_mu_);
       lease_->on_lease_end(exit_log(round_), lost_event(c_.me.id));
+      if (exit_registered_ >= 0 && exit_registered_ != round_) lease_->drop_lease_end(exit_log(exit_registered_));
+      exit_registered_ = round_;
     }
     {
       std::lock_guard lk(mu_);
@@ -321,10 +321,23 @@ RoundPlan DynamicRendezvous::next_round() {
       spdlog::warn("rendezvous: round {} ended before it started ({}): forming the next", round_, end.describe());
       continue;
     }
+    if (p.group_rank == 0) forget_round(p.round - 1);
     spdlog::info("rendezvous: round {} of job '{}': node rank {} of {} ({}), ranks {}..{} of {}, restarts so far {}",
                  p.round, c_.run_id, p.group_rank, p.group_world_size, describe_nodes(p.members), p.rank_base,
                  p.rank_base + c_.me.nproc - 1, p.world_size, p.restart_count);
     return p;
+  }
+}
+
+// Round r is over for every member of the round after it: its rank 0 removes r's exit log
+// and count, so that a long job's rendezvous holds a few rounds, not all of them.
+void DynamicRendezvous::forget_round(int64_t r) {
+  if (r < 0) return;
+  try {
+    main_->drop_log(exit_log(r));
+    main_->drop_counter(exit_log(r) + "/n");
+  } catch (const std::exception& e) {
+    spdlog::debug("rendezvous: removing round {}'s exit log: {}", r, e.what());
   }
 }
 
@@ -371,9 +384,9 @@ std::set<std::string> DynamicRendezvous::exited_before_lost(int64_t r) {
 // The round's events as this (caller) thread has read them.
 RoundReader DynamicRendezvous::reader_for(int64_t r, const std::vector<NodeDesc>& members) {
   RoundReader reader;
-  reader.feed(events_log_);  // lost lines before the round
+  reader.feed(events_log_.lines());  // lost lines before the round
   reader.start(r, members);
-  reader.feed(events_log_);
+  reader.feed(events_log_.lines());
   if (reader.needs_exited()) reader.set_exited(exited_before_lost(r));
   return reader;
 }
@@ -450,7 +463,7 @@ std::string DynamicRendezvous::restart_refused(const RoundEnd& end) {
   // Who can take part in the next round: this round's members that are not gone or
   // stopping, and whoever waits.
   std::set<std::string> out = lost_;
-  for (auto& l : events_log_) {
+  for (auto& l : events_log_.lines()) {
     Event e = parse_event(l);
     if (e.round == round_ && e.kind == "leave") out.insert(e.node);
   }
@@ -474,7 +487,7 @@ void DynamicRendezvous::cancel() {
 // slowest step); the "closed" event tells the others without that.
 void DynamicRendezvous::close_rendezvous(const std::string& reason) {
   read_events();
-  for (auto& l : events_log_)
+  for (auto& l : events_log_.lines())
     if (l.starts_with("closed")) return;
   const auto deadline = Clock::now() + c_.close_timeout;
   std::optional<Snapshot> snap;
@@ -616,7 +629,7 @@ void DynamicRendezvous::keeper_loop() {
 // through notify_fd.
 void DynamicRendezvous::watcher_loop() {
   RoundReader reader;
-  std::vector<std::string> seen;
+  EventsTail seen;
   int64_t r = -1;
   // The round's end, if what was read so far says it ended: then the caller is woken.
   auto judge = [&] {
@@ -639,6 +652,7 @@ void DynamicRendezvous::watcher_loop() {
       if (watched_round_ != r) {
         r = watched_round_;
         if (r >= 0) {
+          seen.keep_from(r);
           reader.start(r, watched_members_);
           started = true;
         }
@@ -648,11 +662,11 @@ void DynamicRendezvous::watcher_loop() {
       if (started) {
         // Events of round r that came before it was watched may already end it (a round of
         // `true` workers can be over by now).
-        reader.feed(seen);
+        reader.feed(seen.lines());
         judge();
       }
-      auto more = events_->wait("events", seen.size(), r < 0 ? 200ms : 1s);
-      seen.insert(seen.end(), more.begin(), more.end());
+      auto more = events_->wait("events", seen.count(), r < 0 ? 200ms : 1s);
+      seen.add(more);
       reader.feed(more);  // before a round is watched: remembers lost lines
       if (r >= 0) judge();
     } catch (const std::exception& e) {

@@ -100,7 +100,9 @@ class DynamicRendezvous {
   State join(Clock::time_point deadline);
   bool join_step(std::optional<Snapshot>& snap, Clock::time_point deadline, int& conflicts);
   void publish_or_fetch_master(RoundPlan& p);
+  void forget_round(int64_t r);
   void read_events();
+  void take_events(const std::vector<std::string>& more);
   void wait_events(Clock::time_point until);
   void bump_epoch();
   State decode(const Snapshot& s) const;
@@ -126,7 +128,7 @@ class DynamicRendezvous {
   std::atomic<bool> cancel_{false};
 
   // Caller thread.
-  std::vector<std::string> events_log_;  // the "events" log as read so far
+  EventsTail events_log_;  // the "events" log as read so far (what still matters of it)
   std::set<std::string> lost_;
   int64_t round_ = -1;  // the round this node is in (-1: none yet)
   std::vector<NodeDesc> members_;
@@ -135,6 +137,7 @@ class DynamicRendezvous {
   int64_t lc_round_ = -1;
   int said_waiting_ = 0;  // 1: said this node waits on the wait list, 2: on the redundancy list
   int64_t announced_round_ = -1;  // the running round this node asked to restart with it
+  int64_t exit_registered_ = -1;  // the round whose exit log holds this node's lease line
   Clock::time_point lc_deadline_{};
 
   // Shared with the watcher and keeper.

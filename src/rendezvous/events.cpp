@@ -71,6 +71,24 @@ void RoundReader::start(int64_t round, std::vector<NodeDesc> members) {
   reevaluate();
 }
 
+void EventsTail::add(const std::vector<std::string>& lines) {
+  count_ += lines.size();
+  for (auto& l : lines) {
+    Event e = parse_event(l);
+    if (e.kind == "state" || (e.round >= 0 && e.round < keep_from_)) continue;
+    lines_.push_back(l);
+  }
+}
+
+void EventsTail::keep_from(int64_t round) {
+  if (round <= keep_from_) return;
+  keep_from_ = round;
+  std::erase_if(lines_, [&](const std::string& l) {
+    Event e = parse_event(l);
+    return e.round >= 0 && e.round < round;
+  });
+}
+
 bool RoundReader::member(const std::string& id) const {
   for (auto& n : members_)
     if (n.id == id) return true;

@@ -55,6 +55,23 @@ Event parse_event(const std::string& line);
 std::string round_event(int64_t round, const std::string& kind, const std::string& node, const std::string& text);
 std::string lost_event(const std::string& node);  // the lease line (the backend adds why)
 
+// The "events" log as one process needs it: how many lines it has read (where the next read
+// starts) and only the lines that can still matter: lost and closed lines, and the lines of
+// rounds from keep_from() on ("state" wake-ups and older rounds are dropped). So what a
+// process holds does not grow with the job's age.
+class EventsTail {
+ public:
+  size_t count() const { return count_; }
+  void add(const std::vector<std::string>& lines);
+  void keep_from(int64_t round);
+  const std::vector<std::string>& lines() const { return lines_; }
+
+ private:
+  size_t count_ = 0;
+  int64_t keep_from_ = -1;
+  std::vector<std::string> lines_;
+};
+
 // Reads events for one round as they come. Lines of other rounds are skipped; "lost" lines
 // are remembered across rounds (a member lost before its round began still ends it).
 class RoundReader {

@@ -56,6 +56,24 @@ class MemoryBackend : public Backend {
     return tail(log, from);
   }
 
+  void drop_log(const std::string& log) override {
+    std::lock_guard lk(w_->mu_);
+    w_->check(name_);
+    w_->logs_.erase(log);
+  }
+
+  void drop_counter(const std::string& counter) override {
+    std::lock_guard lk(w_->mu_);
+    w_->check(name_);
+    w_->counters_.erase(counter);
+  }
+
+  void drop_lease_end(const std::string& log) override {
+    std::lock_guard lk(w_->mu_);
+    w_->check(name_);
+    std::erase_if(lease()->lines, [&](const auto& l) { return l.first == log; });
+  }
+
   int64_t add(const std::string& counter, int64_t delta) override {
     std::lock_guard lk(w_->mu_);
     w_->check(name_);

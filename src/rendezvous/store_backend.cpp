@@ -32,17 +32,7 @@ Snapshot snapshot_of(const std::string& raw) {
   return s;
 }
 
-std::vector<std::string> lines_from(const std::string& raw, size_t from) {
-  std::vector<std::string> out;
-  size_t i = 0, start = 0;
-  while (start < raw.size()) {
-    size_t nl = raw.find('\n', start);
-    if (nl == std::string::npos) nl = raw.size();
-    if (i++ >= from) out.push_back(raw.substr(start, nl - start));
-    start = nl + 1;
-  }
-  return out;
-}
+constexpr size_t kRememberedLines = 4096;  // per log, where each of the last lines began
 
 }  // namespace
 
@@ -94,24 +84,42 @@ void StoreBackend::append(const std::string& log, const std::string& line) {
   });
 }
 
-// MULTI_GET answers "" for a missing key without waiting (GET would wait for it).
-std::string StoreBackend::raw_log(const std::string& log) {
-  return named([&] { return store_->multi_get({key(log)}).at(0); });
-}
-
+// Reads from where this object's last read of the log ended (GET_FROM): a reader fetches
+// each line once, however long the log grows. A read of an earlier line starts over.
 std::vector<std::string> StoreBackend::read(const std::string& log, size_t from) {
-  return lines_from(raw_log(log), from);
+  if (!cursors_.count(log) && cursors_.size() >= 16) cursors_.clear();  // per-round logs come and go
+  LogCursor& c = cursors_[log];
+  const size_t first_known = c.lines - c.starts.size();
+  if (from < first_known) c = LogCursor{};  // older than what is remembered: from the start
+  // Fetch from line `at`: `from` when its start is known, else the end of what was read.
+  const size_t at = from < c.lines ? from : c.lines;
+  const int64_t offset = at < c.lines ? c.starts[at - (c.lines - c.starts.size())] : c.bytes;
+  std::string raw = named([&] { return store_->get_from(key(log), offset); });
+  std::vector<std::string> out;
+  size_t line = at;
+  int64_t pos = offset;
+  for (size_t start = 0, nl; (nl = raw.find('\n', start)) != std::string::npos; start = nl + 1, ++line) {
+    if (line >= c.lines) {  // a line this cursor had not seen
+      c.starts.push_back(pos);
+      if (c.starts.size() > kRememberedLines) c.starts.pop_front();
+      ++c.lines;
+      c.bytes = pos + static_cast<int64_t>(nl - start + 1);
+    }
+    pos += static_cast<int64_t>(nl - start + 1);
+    if (line >= from) out.push_back(raw.substr(start, nl - start));
+  }
+  return out;
 }
 
 // Until line `from` exists (earlier lines wake the wait, which then waits on) or the timeout.
 std::vector<std::string> StoreBackend::wait(const std::string& log, size_t from, milliseconds timeout) {
   const auto end = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    std::string raw = raw_log(log);
-    auto lines = lines_from(raw, from);
+    auto lines = read(log, from);
     auto left = std::chrono::duration_cast<milliseconds>(end - std::chrono::steady_clock::now());
     if (!lines.empty() || left.count() <= 0) return lines;
-    if (!named([&] { return store_->wait_grows(key(log), static_cast<int64_t>(raw.size()), left); })) return {};
+    const int64_t known = cursors_[log].bytes;
+    if (!named([&] { return store_->wait_grows(key(log), known, left); })) return {};
   }
 }
 
@@ -141,6 +149,22 @@ void StoreBackend::keep_alive(milliseconds timeout) {
 void StoreBackend::on_lease_end(const std::string& log, const std::string& line) {
   if (!lease_) throw ddp::Error(fmt::format("rendezvous: no lease open on {}", describe()));
   named([&] { lease_->on_lease_end(key(log), line + " "); });
+}
+
+// ON_LEASE_END with an empty value drops the key's lines (docs/store.md); a registered line
+// is never empty (it ends with the " " before the reason).
+void StoreBackend::drop_lease_end(const std::string& log) {
+  if (!lease_) throw ddp::Error(fmt::format("rendezvous: no lease open on {}", describe()));
+  named([&] { lease_->on_lease_end(key(log), ""); });
+}
+
+void StoreBackend::drop_log(const std::string& log) {
+  cursors_.erase(log);
+  named([&] { store_->delete_key(key(log)); });
+}
+
+void StoreBackend::drop_counter(const std::string& counter) {
+  named([&] { store_->delete_key(key(counter)); });
 }
 
 // "store at H:P: ..." (the client's words) as "the c10d store at H:P: ...": every error

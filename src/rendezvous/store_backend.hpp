@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -46,6 +47,9 @@ class StoreBackend : public Backend {
   void open_lease(milliseconds ttl) override;
   void keep_alive(milliseconds timeout) override;
   void on_lease_end(const std::string& log, const std::string& line) override;
+  void drop_lease_end(const std::string& log) override;
+  void drop_log(const std::string& log) override;
+  void drop_counter(const std::string& counter) override;
   void close() override;
   void release() override;
   void interrupt() override;
@@ -71,7 +75,15 @@ class StoreBackend : public Backend {
   }
   std::string state_key() const;
   std::string key(const std::string& name) const;
-  std::string raw_log(const std::string& log);
+  // Where this object is in a log: the complete lines read so far, their bytes (where the
+  // next read starts), and where each of the last lines began (a read from a recent line,
+  // such as the first request not yet applied, fetches from there, not from the start).
+  struct LogCursor {
+    size_t lines = 0;
+    int64_t bytes = 0;
+    std::deque<int64_t> starts;  // lines [lines - starts.size(), lines)
+  };
+  std::map<std::string, LogCursor> cursors_;
 
   StoreBackendOptions o_;
   std::unique_ptr<ddp::TcpStore> store_, lease_;

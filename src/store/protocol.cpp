@@ -23,7 +23,7 @@ constexpr Op kV2Ops[] = {Op::kValidate,  Op::kSet,       Op::kCompareSet, Op::kG
                          Op::kDeleteKey, Op::kAppend,    Op::kMultiGet,   Op::kMultiSet,
                          Op::kCancelWait, Op::kPing,     Op::kQueuePush,  Op::kQueuePop,
                          Op::kQueueLen,  Op::kList,      Op::kBarrier};
-constexpr Op kV2Extensions[] = {Op::kLease, Op::kOnLeaseEnd, Op::kWaitGrows};
+constexpr Op kV2Extensions[] = {Op::kLease, Op::kOnLeaseEnd, Op::kWaitGrows, Op::kGetFrom};
 
 // Generation-1 opcodes whose meaning differs between torch <= 2.0 and torch 2.1.
 constexpr uint8_t kV1WatchOrDelete = 7;  // 1.13 WATCH_KEY, 2.1 DELETE_KEY
@@ -74,6 +74,7 @@ const char* op_name(Op op) {
     case Op::kLease: return "LEASE";
     case Op::kOnLeaseEnd: return "ON_LEASE_END";
     case Op::kWaitGrows: return "WAIT_GROWS";
+    case Op::kGetFrom: return "GET_FROM";
   }
   return "?";
 }
@@ -184,6 +185,7 @@ bool RequestParser::begin_op(uint8_t opcode) {
     case Op::kQueueLen: schema(kKey, 1); break;
     case Op::kAdd:
     case Op::kWaitGrows:
+    case Op::kGetFrom:
     case Op::kBarrier: schema(kKeyI64, 2); break;
     case Op::kCheck:
     case Op::kWait:
@@ -431,6 +433,7 @@ void encode_request(Generation g, const Request& r, std::string& out) {
       break;
     case Op::kAdd:
     case Op::kWaitGrows:
+    case Op::kGetFrom:
     case Op::kBarrier:
       need(1, 0);
       put_str(out, r.keys[0]);

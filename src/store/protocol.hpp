@@ -61,6 +61,8 @@ enum class Op : uint8_t {
                 // key (waking its waiters). Reply u8 0.
   kWaitGrows,   // key, i64 n: reply kWaitStopWaiting once the key's value is longer than n
                 // bytes (a missing key is 0 bytes long); CANCEL_WAIT cancels it like a WAIT.
+  kGetFrom,     // key, i64 offset: reply the value's bytes from offset on (a string: "" when
+                // the key is missing or not longer than offset); never waits.
 };
 
 // First opcode of ddprun's extensions in generation 2.
@@ -74,6 +76,7 @@ const char* op_name(Op op);
 //   kV1Torch21  SET0 ... GETNUMKEYS6 DELETE_KEY7 APPEND8 MULTI_GET9 MULTI_SET10 CANCEL_WAIT11
 //   kV2         VALIDATE0 SET1 ... CANCEL_WAIT12 PING13 QUEUE_PUSH14 QUEUE_POP15 QUEUE_LEN16
 //               LIST_KEYS17 BARRIER18, and ddprun's LEASE 0x60 ON_LEASE_END 0x61 WAIT_GROWS 0x62
+//               GET_FROM 0x63
 // The parser does not use the kV1 table as is: it tells torch 2.1 apart per connection (see
 // RequestParser).
 //

@@ -882,12 +882,22 @@ void StoreServer::Impl::handle(Conn& c, proto::Request& r) {
       break;
     case Op::kOnLeaseEnd:
       c.leased = true;  // without LEASE: the lines are written when the connection closes
-      c.lease_lines.emplace_back(std::move(r.keys[0]), std::move(r.values[0]));
+      if (r.values[0].empty())  // drops the key's lines (a finished round's)
+        std::erase_if(c.lease_lines, [&](const auto& l) { return l.first == r.keys[0]; });
+      else
+        c.lease_lines.emplace_back(std::move(r.keys[0]), std::move(r.values[0]));
       proto::put_u8(out(c), 0);
       break;
     case Op::kWaitGrows:
       wait_grows(c, r.keys[0], r.i64);
       break;
+    case Op::kGetFrom: {
+      auto it = kv_.find(r.keys[0]);
+      const size_t from = static_cast<size_t>(std::max<int64_t>(r.i64, 0));
+      if (it == kv_.end() || it->second.size() <= from) proto::put_str(out(c), "");
+      else proto::put_str(out(c), std::string_view(it->second).substr(from));
+      break;
+    }
   }
 }
 

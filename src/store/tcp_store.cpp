@@ -709,6 +709,16 @@ void TcpStore::on_lease_end(const std::string& key, const std::string& value) {
   impl_->leased = true;
 }
 
+std::string TcpStore::get_from(const std::string& key, int64_t offset) {
+  require_v2(options_, "get_from");
+  std::lock_guard lk(impl_->mu);
+  auto r = proto::request(proto::Op::kGetFrom, {key});
+  r.i64 = offset;
+  return extension_call(*impl_, "GET_FROM", [&] {
+    return impl_->call(r, timeout(), [&](auto d, const std::string& w) { return impl_->recv_str(d, w); });
+  });
+}
+
 bool TcpStore::wait_grows(const std::string& key, int64_t size, std::chrono::milliseconds timeout) {
   require_v2(options_, "wait_grows");
   std::lock_guard lk(impl_->mu);

@@ -25,6 +25,15 @@ def wait_exited(nodes, timeout_s, poll_s=0.02):
         time.sleep(poll_s)
 
 
+def highest_round(prefix):
+    """The highest round that workers/fail_round.sh recorded in <prefix>.<group rank>."""
+    last = 0
+    for path in glob.glob(glob.escape(prefix) + ".*"):
+        with open(path) as f:
+            last = max([last] + [int(x) for x in f.read().split()])
+    return last
+
+
 def start_records(folder):
     """The workers' start_*.json records in folder, oldest first."""
     out = []

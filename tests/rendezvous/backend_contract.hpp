@@ -399,6 +399,36 @@ TYPED_TEST_P(BackendContract, LeaseLinesOnClose) {
   EXPECT_THROW(node->keep_alive(milliseconds(2000)), ddp::Error) << "the lease has ended";
 }
 
+// Issue 19: a finished round's log, counter and lease-end registration go, so that a long
+// job's state does not grow with its age; a dropped log starts empty when written again.
+TYPED_TEST_P(BackendContract, FinishedRoundsAreDropped) {
+  auto run = this->run_id();
+  auto node = this->make(run);
+  auto other = this->observer(run);
+  node->open_lease(TypeParam::lease_ttl());
+  node->on_lease_end("exit/1", "lost n");
+  node->on_lease_end("exit/2", "lost n");
+  node->drop_lease_end("exit/1");
+  node->drop_lease_end("never-registered");
+  other->append("exit/1", "n");
+  EXPECT_EQ(other->add("exit/1/n", 1), 1);
+  EXPECT_EQ(node->read("exit/1", 0), std::vector<std::string>{"n"});  // the reader's position, too
+  other->drop_log("exit/1");
+  other->drop_counter("exit/1/n");
+  other->drop_log("no-such-log");
+  EXPECT_TRUE(other->read("exit/1", 0).empty());
+  EXPECT_TRUE(node->read("exit/1", 0).empty());
+  EXPECT_EQ(other->add("exit/1/n", 1), 1);
+  other->append("exit/1", "again");
+  EXPECT_EQ(node->read("exit/1", 0), std::vector<std::string>{"again"});
+  node->close();
+  auto two = this->wait_lines(*other, "exit/2", 1, scale(milliseconds(5000)));
+  ASSERT_EQ(two.size(), 1u);
+  EXPECT_EQ(two[0].rfind("lost n ", 0), 0u) << two[0];
+  std::this_thread::sleep_for(TypeParam::lease_end_slack());
+  EXPECT_EQ(other->read("exit/1", 0), std::vector<std::string>{"again"}) << "the dropped registration wrote nothing";
+}
+
 TYPED_TEST_P(BackendContract, KeepAliveHoldsTheLease) {
   auto run = this->run_id();
   auto node = this->make(run);
@@ -596,6 +626,7 @@ REGISTER_TYPED_TEST_SUITE_P(BackendContract, StateStartsEmpty, CasWithEmptyToken
                             LogsReadInAppendOrder, LogsReadFromAnyLine, WaitSkipsToTheLineAskedFor, LogsAreSeparate, LinesKeepTheirText, WaitReturnsWhatIsThereAtOnce,
                             WaitTimesOutEmpty, WaitWakesOnAnAppendFromAnotherClone, ConcurrentAppendersSeeOneOrder,
                             CountersAdd, ConcurrentAddsGiveDistinctValues, RunsAreSeparate, LeaseLinesOnClose,
+                            FinishedRoundsAreDropped,
                             KeepAliveHoldsTheLease, LeaseEndsWithoutKeepAlive, LeaseEndsWhenTheProcessDies,
                             LeaseMisuseIsAnError, ReleaseAppendsNothing, InterruptEndsAWaitAndLaterCalls,
                             EveryCallIsBoundedWhenTheServerHangs,

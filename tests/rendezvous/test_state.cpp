@@ -186,6 +186,23 @@ TEST(RendezvousEvents, EveryMemberExitedIsDoneWithoutTheDoneLine) {
   EXPECT_FALSE(w.end().has_value());
 }
 
+// What a process keeps of the events log does not grow with the job's age: the count read,
+// lost and closed lines, and the lines of the rounds it may still judge.
+TEST(RendezvousEvents, TheTailKeepsOnlyWhatStillMatters) {
+  EventsTail t;
+  t.add({"state", "0 master 1 a 5", "0 fail 1 x", "lost 2 connection closed", "state"});
+  t.keep_from(1);
+  t.add({"0 leave 1 late", "1 master 1 a 6", "state", "closed"});
+  EXPECT_EQ(t.count(), 9u);
+  EXPECT_EQ(t.lines(), (std::vector<std::string>{"lost 2 connection closed", "1 master 1 a 6", "closed"}));
+  for (int r = 2; r < 1000; ++r) {
+    t.add({"state", std::to_string(r) + " master 1 a 7", std::to_string(r) + " fail 1 y"});
+    t.keep_from(r);
+  }
+  EXPECT_EQ(t.count(), 9u + 998 * 3);
+  EXPECT_EQ(t.lines().size(), 4u);  // lost, closed, and round 999's two lines
+}
+
 TEST(RendezvousEvents, AMemberLostBeforeItsRoundBeganEndsItAtOnce) {
   RoundReader r;
   r.feed({"lost 2 connection closed"});  // read while no round was watched

@@ -209,7 +209,7 @@ TEST_P(StoreGen, GarbageOrOversizedRequestsDisconnectOnlyThatClient) {
   EXPECT_TRUE(waiter.silent_for(50ms));
   {
     RawConn bad(server->port(), gen());
-    bad.send(std::string("\x63junk", 5));  // unknown opcode in both generations
+    bad.send(std::string("\x64junk", 5));  // unknown opcode in both generations
     EXPECT_TRUE(bad.closed_by_peer());
   }
   {
@@ -411,6 +411,22 @@ TEST(StoreGen2, ExtrasAppendMultiListPing) {
   EXPECT_EQ(keys, (std::vector<std::string>{"ap", "m1", "m2"}));
   EXPECT_EQ(s.num_keys(), 3);
   EXPECT_THROW(s.multi_set({"a"}, {}), ddp::StoreError);
+}
+
+// ddprun's GET_FROM: an appended log read from where the reader is, never waiting.
+TEST(StoreGen2, GetFromReadsTheValueFromAnOffset) {
+  auto server = start_server();
+  ddp::TcpStore s(client_options(server->port(), WireGeneration::kV2));
+  EXPECT_EQ(s.get_from("log", 0), "");  // missing: at once, no wait
+  s.append("log", "one\n");
+  s.append("log", "two\n");
+  EXPECT_EQ(s.get_from("log", 0), "one\ntwo\n");
+  EXPECT_EQ(s.get_from("log", 4), "two\n");
+  EXPECT_EQ(s.get_from("log", 8), "");
+  EXPECT_EQ(s.get_from("log", 800), "");
+  EXPECT_EQ(s.get_from("log", -5), "one\ntwo\n");
+  ddp::TcpStore v1(client_options(server->port(), WireGeneration::kV1));
+  EXPECT_THROW(v1.get_from("log", 0), ddp::StoreError);
 }
 
 TEST(StoreGen2, Queues) {

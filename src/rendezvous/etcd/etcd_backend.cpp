@@ -13,6 +13,7 @@
 #include "rendezvous/etcd/etcd_backend.hpp"
 
 #include <algorithm>
+#include <deque>
 #include <cctype>
 #include <functional>
 #include <atomic>
@@ -57,6 +58,8 @@ int64_t unhex(const std::string& s) {
 }
 
 // 16 hex digits naming one operation, so that a retry can recognise its own earlier write.
+constexpr size_t kRememberedLines = 1024;  // per log, the positions of the last lines read
+
 std::string random_op() {
   thread_local std::mt19937_64 rng{(uint64_t(std::random_device{}()) << 32) ^ std::random_device{}()};
   return hex(static_cast<int64_t>(rng()));
@@ -189,11 +192,25 @@ class EtcdBackend final : public Backend {
 
   std::vector<std::string> wait(const std::string& log, size_t from, milliseconds timeout) override;
 
+  void drop_log(const std::string& log) override {
+    check_interrupted();
+    seen_lines_.erase(log);
+    const std::string dir = keys_.log_dir(log);
+    client_->txn({}, {Delete{dir, prefix_end(dir)}}, {}, deadline(), "removing a finished round's log");
+  }
+
   int64_t add(const std::string& counter, int64_t delta) override;
+
+  void drop_counter(const std::string& counter) override {
+    check_interrupted();
+    counters_.erase(keys_.counter(counter));
+    client_->txn({}, {Delete{keys_.counter(counter), {}}}, {}, deadline(), "removing a finished round's counter");
+  }
 
   void open_lease(milliseconds ttl) override;
   void keep_alive(milliseconds timeout) override;
   void on_lease_end(const std::string& log, const std::string& line) override;
+  void drop_lease_end(const std::string& log) override;
   void close() override;
   void release() override;
   void interrupt() override;
@@ -227,6 +244,7 @@ class EtcdBackend final : public Backend {
   bool reap(int64_t lease, const std::string* reason, Deadline d);
   bool reap_ended(Deadline d);
   TxnResult register_lease(int64_t lease, Deadline d);
+  bool put_end_lines(Deadline d);
   void remove_run_if_last(Deadline d);
 
   EtcdOptions opts_;
@@ -239,9 +257,14 @@ class EtcdBackend final : public Backend {
   bool lease_over_ = false;
   Lines end_lines_;           // (log, line) registered with on_lease_end
   int64_t pending_mod_ = 0;   // mod revision of our pending/<lease> record
-  // Per log, the (create revision, key) of the lines read so far: a read from line i asks
-  // only for lines created since line i-1.
-  std::map<std::string, std::vector<std::pair<int64_t, std::string>>> seen_lines_;
+  // Per log, how many lines were read and the (create revision, key) of each of the last
+  // ones: a read from line i asks only for lines created since line i-1 (a read from a line
+  // older than those remembered, for all).
+  struct LineCursor {
+    size_t count = 0;
+    std::deque<std::pair<int64_t, std::string>> last;  // lines [count - last.size(), count)
+  };
+  std::map<std::string, LineCursor> seen_lines_;
   std::map<std::string, KeyValue> counters_;           // the last counter keys we wrote or saw
   // interrupt(): from another thread, it fails every later call and aborts the watch of a
   // wait() in progress (watching_, set while one runs).
@@ -324,13 +347,16 @@ TxnResult EtcdBackend::with_run_lease(Deadline d, const std::function<TxnResult(
 // appended yet: there are more pending records than live leases). `revision`: the store's
 // revision of the read, to watch from.
 std::vector<std::string> EtcdBackend::read_at(const std::string& log, size_t from, Deadline d, int64_t* revision) {
+  if (!seen_lines_.count(log) && seen_lines_.size() >= 16) seen_lines_.clear();  // per-round logs come and go
   auto& seen = seen_lines_[log];
   for (int pass = 0;; ++pass) {
-    // Only lines after the last one we know of before `from` (or all, knowing none).
-    const size_t base = from > 0 ? std::min(from, seen.size()) : 0;
+    // Only lines after the last one known before `from` (or all, knowing none).
+    const size_t first_known = seen.count - seen.last.size();
+    const size_t base = from > first_known ? std::min(from, seen.count) : 0;
+    const std::pair<int64_t, std::string>* after = base > 0 ? &seen.last[base - 1 - first_known] : nullptr;
     Range lines = whole(keys_.log_dir(log));
     lines.by_creation = true;
-    if (base > 0) lines.min_create_revision = seen[base - 1].first;
+    if (after) lines.min_create_revision = after->first;
     TxnResult t = client_->txn({}, {lines, whole(keys_.pending_dir(), true), whole(keys_.alive_dir(), true)}, {}, d,
                                "reading a log");
     if (pass == 0 && t.ranges.at(1).count > t.ranges.at(2).count && reap_ended(d)) continue;
@@ -340,15 +366,17 @@ std::vector<std::string> EtcdBackend::read_at(const std::string& log, size_t fro
       return std::tie(a.create_revision, a.key) < std::tie(b.create_revision, b.key);
     });
     size_t skip = 0;
-    if (base > 0) {
-      const auto& last = seen[base - 1];
-      while (skip < kvs.size() && std::make_pair(kvs[skip].create_revision, kvs[skip].key) <= last) ++skip;
-    }
-    seen.resize(base);  // line base is kvs[skip]
+    if (after)
+      while (skip < kvs.size() && std::make_pair(kvs[skip].create_revision, kvs[skip].key) <= *after) ++skip;
+    if (base == 0) seen = LineCursor{};
     std::vector<std::string> out;
-    for (size_t i = skip; i < kvs.size(); ++i) {
-      if (seen.size() >= from) out.push_back(std::move(kvs[i].value));
-      seen.emplace_back(kvs[i].create_revision, kvs[i].key);
+    for (size_t i = skip, line = base; i < kvs.size(); ++i, ++line) {
+      if (line >= seen.count) {  // a line this cursor had not seen
+        seen.last.emplace_back(kvs[i].create_revision, kvs[i].key);
+        if (seen.last.size() > kRememberedLines) seen.last.pop_front();
+        ++seen.count;
+      }
+      if (line >= from) out.push_back(std::move(kvs[i].value));
     }
     if (revision) *revision = t.revision;
     return out;
@@ -412,6 +440,7 @@ int64_t EtcdBackend::add(const std::string& counter, int64_t delta) {
   Deadline d = deadline();
   const std::string key = keys_.counter(counter);
   const std::string op = random_op();
+  if (!counters_.count(key) && counters_.size() >= 16) counters_.clear();  // per-round counters come and go
   std::optional<KeyValue> seen;
   if (auto it = counters_.find(key); it != counters_.end()) seen = it->second;
   while (true) {
@@ -511,8 +540,26 @@ void EtcdBackend::keep_alive(milliseconds timeout) {
 void EtcdBackend::on_lease_end(const std::string& log, const std::string& line) {
   if (!lease_) throw ddp::Error(describe() + ": on_lease_end before open_lease");
   if (lease_over_) lease_over();
-  Deadline d = deadline();
   end_lines_.emplace_back(log, line);
+  if (!put_end_lines(deadline())) {
+    end_lines_.pop_back();
+    lease_over_ = true;
+    lease_over();
+  }
+}
+
+void EtcdBackend::drop_lease_end(const std::string& log) {
+  if (!lease_) throw ddp::Error(describe() + ": drop_lease_end before open_lease");
+  if (lease_over_) lease_over();
+  if (std::erase_if(end_lines_, [&](const auto& l) { return l.first == log; }) == 0) return;
+  if (!put_end_lines(deadline())) {
+    lease_over_ = true;
+    lease_over();
+  }
+}
+
+// Writes end_lines_ as this lease's pending record; false when the lease is gone.
+bool EtcdBackend::put_end_lines(Deadline d) {
   json rec{{"ttl_ms", lease_ttl_.count()}, {"lines", json::array()}};
   for (const auto& [l, text] : end_lines_) rec["lines"].push_back({{"log", l}, {"line", text}});
   const std::string value = rec.dump(), key = keys_.pending(lease_);
@@ -523,16 +570,12 @@ void EtcdBackend::on_lease_end(const std::string& log, const std::string& line) 
     });
     if (t.succeeded) {
       pending_mod_ = t.revision;
-      return;
+      return true;
     }
-    if (t.ranges.at(1).count == 0) {
-      end_lines_.pop_back();
-      lease_over_ = true;
-      lease_over();
-    }
+    if (t.ranges.at(1).count == 0) return false;
     auto kv = first(t, 0);
     pending_mod_ = kv ? kv->mod_revision : 0;
-    if (kv && kv->value == value) return;  // an earlier try went through
+    if (kv && kv->value == value) return true;  // an earlier try went through
     if (Clock::now() >= d) throw ddp::TimeoutError(describe() + ": registering a lease-end line: too much contention");
   }
 }

@@ -101,15 +101,24 @@ def pid_alive(pid):
     return state not in ("Z", "X")
 
 
-def vm_hwm_kb(pid):
+def vm_status_kb(pid, field):
+    """A size from /proc/<pid>/status ("VmHWM", "VmRSS") in kB; None when gone."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1])
     except (FileNotFoundError, ProcessLookupError):
         return None
     return None
+
+
+def vm_hwm_kb(pid):
+    return vm_status_kb(pid, "VmHWM")
+
+
+def vm_rss_kb(pid):
+    return vm_status_kb(pid, "VmRSS")
 
 
 class Result:

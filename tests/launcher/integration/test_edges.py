@@ -15,12 +15,19 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddprun_testlib import DdprunTestCase, clean_env, free_port, read_text, scaled, worker
+from ddprun_testlib import DdprunTestCase, clean_env, free_port, read_text, scaled, vm_rss_kb, worker
 import jobwatch  # noqa: E402
 
 JOIN = scaled(3)          # join_timeout: the old exit barrier's limit
 WORK = JOIN + scaled(4)   # the slow rank works well past it, and past the keep-alive window
 BEAT = "keep_alive_interval=0.5,keep_alive_max_attempt=3"
+
+
+def torch_store_client(port):
+    """PyTorch's own TCPStore client (torch 1.13 here), to count the store's keys."""
+    from datetime import timedelta
+    from torch.distributed import TCPStore
+    return TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
 
 
 class Node:
@@ -178,6 +185,30 @@ class EdgeTest(DdprunTestCase):
         self.assertEqual([rs[0]["env"]["WORLD_SIZE"] for rs in rounds], ["6", "4"], self.describe())
         for n in "ab":
             self.assertIsNone(nodes[n].proc.poll(), "the re-formed job trains on" + self.describe())
+
+    def test_c10d_a_thousand_rounds_hold_no_more_state(self):
+        """A job's rendezvous state does not grow with its age: two agents whose worker fails
+        at once (every round a counted restart) run 1000 rounds; between 10% and 90% of
+        them the store's key count and the other agent's RSS stay flat (before: two keys more
+        every round, every events line kept in every agent, every attempt's worker records
+        with their stderr). The host's RSS also holds the store, whose events and requests
+        logs still grow by about 1 kB a round (docs/design.md)."""
+        rounds = 1000
+        rec = self.path("rounds")
+        agents = [self.c10d_node(name, addr, host, ["--max-restarts", str(rounds), worker("fail_round.sh"), rec],
+                                 conf="last_call_timeout=1,join_timeout=30")
+                  for name, addr, host in (("host", "127.0.0.2", 1), ("other", "127.0.0.3", 0))]
+        store = torch_store_client(self.port)
+        samples = {}
+        for at in (rounds // 10, rounds * 9 // 10):
+            self.wait_for(lambda: jobwatch.highest_round(rec) >= at, 240, f"round {at}")
+            samples[at] = (store.num_keys(), [vm_rss_kb(a.proc.pid) for a in agents])
+        self.assertEqual(jobwatch.wait_exited(agents, scaled(240)), [], self.describe())
+        (k1, rss1), (k9, rss9) = samples[rounds // 10], samples[rounds * 9 // 10]
+        self.assertLessEqual(k9, k1 + 4, f"store keys at round {rounds // 10}: {k1}, at {rounds * 9 // 10}: {k9}")
+        self.assertLess(rss9[1] - rss1[1], 512, f"the other agent's RSS grew from {rss1[1]} to {rss9[1]} kB over "
+                                                f"{rounds * 8 // 10} rounds")
+        self.assertLess(rss9[0] - rss1[0], 2048, f"the host's RSS grew from {rss1[0]} to {rss9[0]} kB")
 
     def test_c10d_signal_while_waiting_for_nodes(self):
         n = self.c10d_node("host", "127.0.0.2", 1, self.work(0), conf="join_timeout=300")

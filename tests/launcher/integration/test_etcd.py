@@ -18,7 +18,8 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "testlib"))
-from ddprun_testlib import scaled  # noqa: E402
+from ddprun_testlib import scaled, vm_rss_kb  # noqa: E402
+import jobwatch  # noqa: E402
 from test_c10d import C10dTestCase, hang  # noqa: E402
 import etcd_cluster  # noqa: E402
 
@@ -137,6 +138,29 @@ class EtcdScenarios(EtcdTestCase):
         self.check_round(rounds[1], 4, ["127.0.0.2", "127.0.0.3"], restarts=1)
         for r in rounds[1]:
             self.assertEqual(r["env"]["TORCHELASTIC_MAX_RESTARTS"], "1")
+
+    def test_rounds_hold_no_more_state(self):
+        """Issue 19: a job's per-round keys in etcd and its agents' memory do not grow with its
+        age. Two agents whose worker fails at once (every round a counted restart) run 300
+        rounds; between 10% and 90% of them the exit logs' and counters' keys and each agent's
+        RSS stay flat (before: an exit log and counter more every round, and a lease-end line
+        more in every node's pending record). The events and requests logs still grow by a
+        few keys a round (docs/design.md)."""
+        rounds = 300
+        rec = self.path("rounds")
+        kw = dict(nnodes="2", conf=FAST, nproc=1, extra=["--max-restarts", str(rounds), "--no-python"],
+                  script="sh", script_args=[os.path.join(HERE, "workers", "fail_round.sh"), rec])
+        agents = [self.start_node(n, addr, **kw) for n, addr in (("A", "127.0.0.2"), ("B", "127.0.0.3"))]
+        samples = {}
+        for at in (rounds // 10, rounds * 9 // 10):
+            self.wait_for(lambda: jobwatch.highest_round(rec) >= at, 300, f"round {at}")
+            per_round = [k for k in self.run_keys() if "/log/exit" in k or "/ctr/exit" in k]
+            samples[at] = (len(per_round), [vm_rss_kb(a.proc.pid) for a in agents])
+        self.wait_nodes(agents, 300)
+        (k1, rss1), (k9, rss9) = samples[rounds // 10], samples[rounds * 9 // 10]
+        self.assertLessEqual(k9, k1 + 4, f"exit keys at round {rounds // 10}: {k1}, at {rounds * 9 // 10}: {k9}")
+        for before, after, name in zip(rss1, rss9, "AB"):
+            self.assertLess(after - before, 512, f"{name}'s RSS grew from {before} to {after} kB")
 
     def test_s5_node_beyond_max_waits_and_times_out_alone(self):
         args = ["--sleep", "4"]
