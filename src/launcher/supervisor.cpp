@@ -28,6 +28,7 @@
 #include "launcher/rendezvous.hpp"
 #include "launcher/slurm_signals.hpp"
 #include "launcher/streams.hpp"
+#include "launcher/tmpdirs.hpp"
 
 namespace ddprun {
 
@@ -91,6 +92,7 @@ struct Supervisor::Impl {
 
   std::string log_root;       // <log_dir>/<run_id>_<suffix>
   std::string tmp_root;       // mkdtemp'd when no --log-dir: removed after success
+  std::unique_ptr<RunTmpDir> tmp_dir;  // tmp_root, locked while this run lives (tmpdirs.hpp)
   std::vector<WorkerResult> workers;  // current attempt
   std::unique_ptr<WorkerStreams> streams;  // this attempt's output pipes
   int live = 0;
@@ -148,9 +150,9 @@ struct Supervisor::Impl {
       // to make and remove (on a disk file system they were a third of a launch).
       const char* tmp = getenv("TMPDIR");
       std::string dir = tmp && *tmp ? tmp : access("/dev/shm", W_OK | X_OK) == 0 ? "/dev/shm" : "/tmp";
-      std::string tmpl = dir + "/torchelastic_XXXXXX";
-      if (!mkdtemp(tmpl.data())) throw ddp::SystemError("create a temporary folder for error files", errno);
-      tmp_root = base = tmpl;
+      tmp_dir = std::make_unique<RunTmpDir>(dir);
+      tmp_root = base = tmp_dir->path();
+      prune_run_tmp_dirs(dir);  // older finished runs' folders (README, "Using it")
     }
     log_root = base + "/" + plan.run_id + "_" + random_suffix();
     std::error_code ec;

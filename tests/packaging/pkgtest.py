@@ -116,9 +116,9 @@ class Podman:
                      "--cgroup-manager", "cgroupfs", "--events-backend", "file", "--runtime", "runc"]
         self.env = {**os.environ, "CONTAINERS_CONF": self.conf}
 
-    def __call__(self, *args, timeout=120, check=True, input=None):
+    def __call__(self, *args, timeout=120, check=True, input=None, cwd=None):
         p = subprocess.run(self.base + list(args), capture_output=True, text=True, input=input,
-                           timeout=scaled(timeout), env=self.env)
+                           timeout=scaled(timeout), env=self.env, cwd=cwd)
         if check and p.returncode != 0:
             raise AssertionError(f"podman {' '.join(args)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
         return p
@@ -163,6 +163,11 @@ class Podman:
                 if line != ref:
                     self("rmi", line, check=False)  # in use by another run: kept
         return ref
+
+
+def run_args(*extra, network="none"):
+    """podman run's options for a job on the workers (tests/packaging/workers at /w)."""
+    return ["--network", network, "--no-hosts", "-v", f"{WORKERS}:/w:ro", *extra]
 
 
 def skip_or_fail_without_podman(pm):

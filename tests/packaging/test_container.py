@@ -18,7 +18,7 @@ import time
 import unittest
 
 import pkgtest
-from pkgtest import TAG, WORKERS, scaled
+from pkgtest import TAG, run_args, scaled
 
 sys.path.insert(0, os.path.join(pkgtest.SRC, "tests", "testlib"))
 import torch_runtime  # noqa: E402
@@ -66,10 +66,6 @@ def name(what):
     global _n
     _n += 1
     return f"{TAG}-{what}-{_n}"
-
-
-def run_args(*extra, network="none"):
-    return ["--network", network, "--no-hosts", "-v", f"{WORKERS}:/w:ro", *extra]
 
 
 def wait_for(predicate, timeout, what):

@@ -94,6 +94,7 @@ class EtcdCluster {
     std::string name, data, log;
     int client_port = 0, peer_port = 0;
     pid_t pid = -1;
+    bool frozen = false;
   };
 
   // Starts `n` members and waits until each answers and the cluster has a leader.
@@ -157,12 +158,27 @@ class EtcdCluster {
     ::kill(m.pid, SIGKILL);
     ::waitpid(m.pid, nullptr, 0);
     m.pid = -1;
+    m.frozen = false;
   }
+  // SIGSTOP, and returns once every thread of the member has stopped. kill() returns
+  // before that: the stop spreads to the other threads only when the thread that took the
+  // signal runs, and on a busy machine the others go on answering meanwhile.
   void freeze(int i) {
-    if (members_.at(i).pid > 0) ::kill(members_[i].pid, SIGSTOP);
+    Member& m = members_.at(i);
+    if (m.pid <= 0 || m.frozen) return;  // a second stop would never be reported
+    ::kill(m.pid, SIGSTOP);
+    m.frozen = true;
+    int status = 0;
+    while (::waitpid(m.pid, &status, WUNTRACED) == m.pid && !WIFSTOPPED(status)) {
+      if (WIFEXITED(status) || WIFSIGNALED(status)) {
+        m.pid = -1;
+        throw std::runtime_error(fmt::format("etcd member {} exited instead of stopping:\n{}", i, log_tail(i)));
+      }
+    }
   }
   void thaw(int i) {
     if (members_.at(i).pid > 0) ::kill(members_[i].pid, SIGCONT);
+    members_[i].frozen = false;
   }
   // Starts member i again (its data kept) without waiting; restart() waits until ready.
   void start(int i) {

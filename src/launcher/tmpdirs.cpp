@@ -1,0 +1,136 @@
+#include "launcher/tmpdirs.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <ctime>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <string_view>
+#include <tuple>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "ddp/error.hpp"
+
+namespace ddprun {
+
+namespace {
+
+constexpr std::string_view kPrefix = "torchelastic_";
+
+// A descriptor closed when it goes out of scope.
+struct Fd {
+  int fd = -1;
+  Fd() = default;
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// The marker, written once the lock is held; its text is for a person looking at the folder.
+bool write_marker(int dir) {
+  int fd = ::openat(dir, kRunMarker, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  const std::string text =
+      fmt::format("ddprun pid {}: a later ddprun removes this folder some time after this run has ended\n", ::getpid());
+  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  return ::close(fd) == 0 && ok;
+}
+
+// Opens `name` in `parent` into `dir` and locks it when it is the folder of a finished
+// ddprun run of this user; `ended`: its marker's time.
+bool lock_finished(int parent, const char* name, Fd& dir, timespec& ended) {
+  dir.fd = ::openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  struct stat st;
+  if (dir.fd < 0 || ::fstat(dir.fd, &st) != 0 || st.st_uid != ::geteuid()) return false;
+  if (::fstatat(dir.fd, kRunMarker, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) return false;
+  if (::flock(dir.fd, LOCK_EX | LOCK_NB) != 0) return false;  // its run is alive
+  if (::fstatat(dir.fd, kRunMarker, &st, AT_SYMLINK_NOFOLLOW) != 0) return false;
+  ended = st.st_mtim;
+  return true;
+}
+
+struct Finished {
+  std::string name;
+  timespec ended;
+};
+
+// The finished runs' folders in `parent`, newest first.
+std::vector<Finished> finished_runs(DIR* d) {
+  std::vector<Finished> out;
+  while (const dirent* e = ::readdir(d)) {
+    std::string_view name(e->d_name);
+    if (name.substr(0, kPrefix.size()) != kPrefix || (e->d_type != DT_DIR && e->d_type != DT_UNKNOWN)) continue;
+    Fd dir;
+    timespec ended{};
+    if (lock_finished(::dirfd(d), e->d_name, dir, ended)) out.push_back({e->d_name, ended});
+  }
+  std::sort(out.begin(), out.end(), [](const Finished& a, const Finished& b) {
+    return std::tie(a.ended.tv_sec, a.ended.tv_nsec) > std::tie(b.ended.tv_sec, b.ended.tv_nsec);
+  });
+  return out;
+}
+
+// Removes a finished run's folder, checked again under its lock (another ddprun may be
+// pruning the same parent).
+bool remove_finished(DIR* d, const std::string& parent, const std::string& name) {
+  Fd dir;
+  timespec ended{};
+  if (!lock_finished(::dirfd(d), name.c_str(), dir, ended)) return false;
+  std::error_code ec;
+  std::filesystem::remove_all(parent + "/" + name, ec);
+  if (ec) spdlog::debug("could not remove {}/{}: {}", parent, name, ec.message());
+  return !ec;
+}
+
+}  // namespace
+
+RunTmpDir::RunTmpDir(const std::string& parent) {
+  std::string tmpl = parent + "/" + std::string(kPrefix) + "XXXXXX";
+  if (!::mkdtemp(tmpl.data())) throw ddp::SystemError("create a temporary folder for error files", errno);
+  path_ = tmpl;
+  int fd = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0 && write_marker(fd)) {
+    fd_ = fd;
+    return;
+  }
+  spdlog::debug("{}: no lock or marker ({}): later runs leave it alone", path_, ddp::errno_text(errno));
+  if (fd >= 0) ::close(fd);
+}
+
+RunTmpDir::~RunTmpDir() {
+  if (fd_ < 0) return;
+  ::utimensat(fd_, kRunMarker, nullptr, AT_SYMLINK_NOFOLLOW);  // the run's end (no marker left after a success)
+  ::close(fd_);
+}
+
+std::vector<std::string> prune_run_tmp_dirs(const std::string& parent, const PrunePolicy& policy) {
+  std::vector<std::string> removed;
+  try {
+    std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(parent.c_str()), ::closedir);
+    if (!d) return removed;
+    const std::vector<Finished> runs = finished_runs(d.get());
+    const time_t now = ::time(nullptr);
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const bool young = now - runs[i].ended.tv_sec <= policy.max_age.count();
+      if (i < policy.keep && young) continue;
+      if (remove_finished(d.get(), parent, runs[i].name)) removed.push_back(parent + "/" + runs[i].name);
+    }
+    for (const auto& p : removed) spdlog::debug("removed {}, the folder of a finished run", p);
+  } catch (const std::exception& e) {
+    spdlog::debug("pruning old run folders in {}: {}", parent, e.what());
+  }
+  return removed;
+}
+
+}  // namespace ddprun

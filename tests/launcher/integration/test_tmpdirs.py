@@ -1,0 +1,89 @@
+"""Issue 20: without --log-dir, ddprun keeps a failed run's error files in $TMPDIR/torchelastic_*
+(else /dev/shm, /tmp), and each run prunes the folders of finished ddprun runs there: those
+that ended more than a day ago, and all but the newest 10. Never a live run's folder, never
+one ddprun did not make (torchrun's). (The harness points TMPDIR at the test's folder.)"""
+import os
+import signal
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ddprun_testlib import DdprunTestCase, worker
+
+MARKER = ".ddprun-run"  # src/launcher/tmpdirs.hpp
+DAY = 24 * 3600
+SLEEPER = ["--no-python", "/bin/sleep", "300"]
+
+
+class TmpdirPruneTest(DdprunTestCase):
+    def run_dirs(self):
+        return {n for n in os.listdir(self.tmp) if n.startswith("torchelastic_")}
+
+    def fail_once(self):
+        """One failed run; the folder it left."""
+        before = self.run_dirs()
+        res = self.run_ddprun(["--nproc-per-node", "2", "--no-python", worker("exit_code.sh"), "3"])
+        self.assertEqual(res.rc, 3, res)
+        new = self.run_dirs() - before
+        self.assertEqual(len(new), 1, (before, new))
+        return new.pop()
+
+    def start_sleeper(self):
+        """A ddprun whose worker sleeps; its process and its folder."""
+        before = self.run_dirs()
+        p = self.start(SLEEPER)
+        new = self.wait_for(lambda: [n for n in self.run_dirs() - before
+                                     if os.path.exists(os.path.join(self.tmp, n, MARKER))], what="the live run's folder")
+        self.assertEqual(len(new), 1, new)
+        return p, new[0]
+
+    def age(self, name, seconds):
+        """Dates the run's end `seconds` ago."""
+        marker = os.path.join(self.tmp, name, MARKER)
+        self.assertTrue(os.path.isfile(marker), f"{name}: no {MARKER} (ddprun marks the folders it makes)")
+        t = time.time() - seconds
+        os.utime(marker, (t, t))
+
+    def test_old_finished_folders_go_live_and_foreign_ones_stay(self):
+        old = self.fail_once()
+        self.age(old, 2 * DAY)
+        recent = self.fail_once()
+        live_proc, live = self.start_sleeper()
+        self.age(live, 2 * DAY)
+        killed_proc, killed = self.start_sleeper()
+        killed_proc.send_signal(signal.SIGKILL)  # its lock goes with it: finished
+        killed_proc.wait(timeout=30)
+        self.age(killed, 2 * DAY)
+        torchrun = "torchelastic_tr8x0q1z"  # torchrun's own: no marker
+        os.makedirs(os.path.join(self.tmp, torchrun, "none_abc", "attempt_0", "0"))
+        os.utime(os.path.join(self.tmp, torchrun), (time.time() - 2 * DAY,) * 2)
+
+        newest = self.fail_once()
+        self.assertEqual(self.run_dirs(), {recent, live, torchrun, newest})
+        self.assertTrue(os.path.isdir(os.path.join(self.tmp, torchrun, "none_abc", "attempt_0", "0")))
+
+        # The live run ends (SIGTERM: a failure, its folder kept), dated by its end, not its start.
+        live_proc.send_signal(signal.SIGTERM)
+        self.assertEqual(live_proc.wait(timeout=30), 143)
+        self.fail_once()
+        self.assertIn(live, self.run_dirs())
+
+    def test_only_the_newest_ten_finished_folders_stay(self):
+        made = [self.fail_once() for _ in range(12)]
+        # Each run prunes as it starts: the 11th keeps the 10 before it, the 12th drops the first.
+        self.assertEqual(self.run_dirs(), set(made[1:]))
+
+    def test_a_success_leaves_nothing_and_log_dir_runs_prune_nothing(self):
+        old = self.fail_once()
+        self.age(old, 2 * DAY)
+        res = self.run_ddprun(["--log-dir", self.path("logs"), "--nproc-per-node", "2", "--no-python", "/bin/true"])
+        self.assertEqual(res.rc, 0, res)
+        self.assertEqual(self.run_dirs(), {old}, "--log-dir: no folder in TMPDIR, nothing pruned there")
+        res = self.run_ddprun(["--nproc-per-node", "2", "--no-python", "/bin/true"])
+        self.assertEqual(res.rc, 0, res)
+        self.assertEqual(self.run_dirs(), set(), "a success removes its folder and prunes the old one")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
