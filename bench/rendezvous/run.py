@@ -33,14 +33,14 @@ def free_port():
         return s.getsockname()[1]
 
 
-def rendezvous_once(n, torchrun=False):
+def rendezvous_once(n, torchrun=False, binary=None):
     """Seconds from starting n agents to the last one's exit; raises if any failed."""
     port = free_port()
     if torchrun:
         cmd = [PY, TORCHRUN, "--nnodes", str(n), "--nproc_per_node", "1", "--rdzv_backend", "c10d",
                "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "bench", "--no_python", "true"]
     else:
-        cmd = [DDPRUN, "--nnodes", str(n), "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+        cmd = [binary or DDPRUN, "--nnodes", str(n), "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "bench", "--no-python", "true"]
     # A C spawner starts the n agents (Python's Popen would take seconds for 1024 of them).
     r = subprocess.run([SPAWN_N, str(n)] + cmd, env=ENV, capture_output=True, text=True, timeout=900)
@@ -51,8 +51,8 @@ def rendezvous_once(n, torchrun=False):
     return float(dt)
 
 
-def median_runs(runs, n, torchrun=False):
-    return statistics.median(rendezvous_once(n, torchrun) for _ in range(runs))
+def median_runs(runs, n, torchrun=False, binary=None):
+    return statistics.median(rendezvous_once(n, torchrun, binary) for _ in range(runs))
 
 
 # ------------------------------------------------------------------ host loss
@@ -139,20 +139,28 @@ def main():
     ap.add_argument("--no-host-loss", action="store_true")
     ap.add_argument("--big", default="256,1024")
     ap.add_argument("--json")
+    ap.add_argument("--baseline", help="another ddprun binary measured beside build/bin/ddprun (e.g. the last release)")
+    ap.add_argument("--small", default="2,4,8")
     a = ap.parse_args()
     runs = 3 if a.quick else 7
-    res = {"ddprun": {}, "torchrun": {}}
-    for n in (2, 4, 8):
+    res = {"ddprun": {}, "torchrun": {}, "baseline": {}}
+    for n in [int(x) for x in a.small.split(",") if x]:
         res["ddprun"][n] = median_runs(runs, n)
+        if a.baseline:
+            res["baseline"][n] = median_runs(runs, n, binary=a.baseline)
         if not a.no_torchrun:
             res["torchrun"][n] = median_runs(1 if a.quick else 3, n, torchrun=True)
     for n in [int(x) for x in a.big.split(",") if x]:
-        res["ddprun"][n] = median_runs(1 if a.quick or n > 256 else 3, n)
-    print("| agents | ddprun (median) | torchrun 1.13 (median) | torchrun / ddprun |")
-    print("|---|---|---|---|")
+        reps = 1 if a.quick or n > 256 else 3
+        res["ddprun"][n] = median_runs(reps, n)
+        if a.baseline:
+            res["baseline"][n] = median_runs(reps, n, binary=a.baseline)
+    print("| agents | ddprun (median) | baseline (median) | baseline / ddprun | torchrun 1.13 (median) | torchrun / ddprun |")
+    print("|---|---|---|---|---|---|")
     for n, d in res["ddprun"].items():
-        t = res["torchrun"].get(n)
-        print(f"| {n} | {d * 1000:.0f} ms | {f'{t:.2f} s' if t else '-'} | {f'{t / d:.0f}x' if t else '-'} |")
+        t, b = res["torchrun"].get(n), res["baseline"].get(n)
+        print(f"| {n} | {d * 1000:.0f} ms | {f'{b * 1000:.0f} ms' if b else '-'} | {f'{b / d:.2f}x' if b else '-'} | "
+              f"{f'{t:.2f} s' if t else '-'} | {f'{t / d:.0f}x' if t else '-'} |")
     if not a.no_host_loss:
         with tempfile.TemporaryDirectory() as tmp:
             r = 1 if a.quick else 3

@@ -152,7 +152,7 @@ struct Supervisor::Impl {
       std::string dir = tmp && *tmp ? tmp : access("/dev/shm", W_OK | X_OK) == 0 ? "/dev/shm" : "/tmp";
       tmp_dir = std::make_unique<RunTmpDir>(dir);
       tmp_root = base = tmp_dir->path();
-      prune_run_tmp_dirs(dir);  // older finished runs' folders (README, "Using it")
+      if (prune_due(dir)) prune_run_tmp_dirs(dir);  // older finished runs' folders (README, "Using it")
     }
     log_root = base + "/" + plan.run_id + "_" + random_suffix();
     std::error_code ec;

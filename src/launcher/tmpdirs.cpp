@@ -114,6 +114,25 @@ RunTmpDir::~RunTmpDir() {
   ::close(fd_);
 }
 
+bool prune_due(const std::string& parent, std::chrono::seconds every) {
+  const std::string stamp = parent + "/" + kPruneStamp;
+  int fd = ::open(stamp.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return false;
+  bool due = false;
+  struct stat st;
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &st) == 0 && st.st_uid == ::geteuid()) {
+    // A new stamp is empty: due. Else by its time.
+    due = st.st_size == 0 || ::time(nullptr) - st.st_mtime >= every.count();
+    if (due) {
+      ssize_t w = ::pwrite(fd, "1", 1, 0);
+      (void)w;
+      ::futimens(fd, nullptr);
+    }
+  }
+  ::close(fd);  // and its lock
+  return due;
+}
+
 std::vector<std::string> prune_run_tmp_dirs(const std::string& parent, const PrunePolicy& policy) {
   std::vector<std::string> removed;
   try {

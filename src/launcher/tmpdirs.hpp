@@ -44,6 +44,13 @@ struct PrunePolicy {
   size_t keep = 10;
 };
 
+// Whether this run prunes `parent` now: one run at a time (an flock on the stamp file
+// kPruneStamp there), and at most once every `every` (the stamp's time, which the run that
+// prunes renews). A thousand agents that start at once on one machine (the rendezvous
+// benchmark) scan the parent once, not a thousand times.
+inline constexpr const char* kPruneStamp = ".ddprun-pruned";
+bool prune_due(const std::string& parent, std::chrono::seconds every = std::chrono::seconds(5));
+
 // Removes the folders of finished ddprun runs in `parent` that the policy lets go; returns
 // their paths. Best effort: a folder it cannot judge or remove stays, and nothing throws.
 std::vector<std::string> prune_run_tmp_dirs(const std::string& parent, const PrunePolicy& policy = {});

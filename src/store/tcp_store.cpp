@@ -662,6 +662,9 @@ auto extension_call(const Impl& impl, const char* what, F f) {
   try {
     return f();
   } catch (const NetworkError& e) {
+    // This side shut the connection down (interrupt(): a watcher being stopped): nothing to
+    // diagnose, and the probe below would hold the caller's exit for its 200 ms.
+    if (impl.interrupted) throw;
     if (!impl.still_listening())
       throw NetworkError(fmt::format("{} (the store at {} accepts no connection any more: it stopped, or cannot be "
                                      "reached)",

@@ -17,6 +17,20 @@ SLEEPER = ["--no-python", "/bin/sleep", "300"]
 
 
 class TmpdirPruneTest(DdprunTestCase):
+    # Runs prune at most once every 5 s per folder (the stamp's time): each run here that
+    # should prune finds the stamp dated long ago, except where the throttle is tested.
+    throttled = False
+
+    def start(self, *args, **kw):
+        if not self.throttled:
+            self.age_stamp()
+        return super().start(*args, **kw)
+
+    def age_stamp(self):
+        stamp = os.path.join(self.tmp, ".ddprun-pruned")
+        if os.path.exists(stamp):
+            os.utime(stamp, (0, 0))
+
     def run_dirs(self):
         return {n for n in os.listdir(self.tmp) if n.startswith("torchelastic_")}
 
@@ -73,6 +87,18 @@ class TmpdirPruneTest(DdprunTestCase):
         made = [self.fail_once() for _ in range(12)]
         # Each run prunes as it starts: the 11th keeps the 10 before it, the 12th drops the first.
         self.assertEqual(self.run_dirs(), set(made[1:]))
+
+    def test_runs_started_together_prune_once(self):
+        """A second run within 5 s of the last pruning does not scan again (a thousand agents
+        starting at once on one machine); once the stamp is old, the next run prunes."""
+        old = self.fail_once()
+        self.age(old, 2 * DAY)
+        self.throttled = True
+        self.fail_once()
+        self.assertIn(old, self.run_dirs(), "pruned within 5 s of the last pruning")
+        self.throttled = False
+        self.fail_once()
+        self.assertNotIn(old, self.run_dirs())
 
     def test_a_success_leaves_nothing_and_log_dir_runs_prune_nothing(self):
         old = self.fail_once()
