@@ -126,6 +126,26 @@ class StorePoster {
   BackgroundTask task_;
 };
 
+// A connection that another thread may interrupt() while this scope uses it: published
+// in `slot` (under `mu`) for its lifetime.
+class Reachable {
+ public:
+  Reachable(std::mutex& mu, ddp::TcpStore*& slot, ddp::TcpStore& conn) : mu_(mu), slot_(slot) {
+    std::lock_guard lk(mu_);
+    slot_ = &conn;
+  }
+  ~Reachable() {
+    std::lock_guard lk(mu_);
+    slot_ = nullptr;
+  }
+  Reachable(const Reachable&) = delete;
+  Reachable& operator=(const Reachable&) = delete;
+
+ private:
+  std::mutex& mu_;
+  ddp::TcpStore*& slot_;
+};
+
 // Multi-node: the nodes meet in node 0's store under "ddprun/<run_id>/". Keys, per attempt
 // a: fail/<a> (the first failure, "node <i>: <what>"), exit/<a>/count and exit/<a>/done
 // (set when the count reaches every node, or to "failed" with fail/<a>), attempt/<a>/*
@@ -274,18 +294,8 @@ class StoreSync {
       if (store_->add(key(name + "/count"), 1) == nnodes_) store_->set(release, "ok");
     }
     auto waiter = std::make_unique<ddp::TcpStore>(so_);
-    {
-      std::lock_guard lk(watch_mu_);
-      barrier_conn_ = waiter.get();
-      if (cancelled_) waiter->interrupt();
-    }
-    struct Unpublish {
-      StoreSync* s;
-      ~Unpublish() {
-        std::lock_guard lk(s->watch_mu_);
-        s->barrier_conn_ = nullptr;
-      }
-    } unpublish{this};
+    Reachable reachable(watch_mu_, barrier_conn_, *waiter);
+    if (cancelled_) waiter->interrupt();
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     for (;;) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
@@ -321,18 +331,8 @@ class StoreSync {
       ddp::TcpStoreOptions wo = so_;
       wo.connect_timeout = std::min<std::chrono::milliseconds>(so_.connect_timeout, 2s);
       ddp::TcpStore w(wo);
-      {
-        std::lock_guard lk(watch_mu_);
-        if (stop_) return;
-        watch_conn_ = &w;
-      }
-      struct Unpublish {
-        StoreSync* s;
-        ~Unpublish() {
-          std::lock_guard lk(s->watch_mu_);
-          s->watch_conn_ = nullptr;
-        }
-      } unpublish{this};
+      Reachable reachable(watch_mu_, watch_conn_, w);
+      if (stop_) return;
       using Clock = std::chrono::steady_clock;
       std::vector<std::string> beat(static_cast<size_t>(nnodes_));
       std::vector<Clock::time_point> beat_changed(static_cast<size_t>(nnodes_), Clock::now());

@@ -52,7 +52,11 @@ class C10dTopology(Topology):
         ip("-n", self.nodes[i], "link", "set", self.ifname(i), "down")
 
 
-class C10dNetns(unittest.TestCase):
+class NetnsHosts(unittest.TestCase):
+    """Hosts as network namespaces (C10dTopology), the ddprun nodes started on them, and what
+    their workers recorded; everything started is killed and removed in tearDown. No tests
+    of its own: test_rdzv_edges_netns.py builds on it too."""
+
     @classmethod
     def setUpClass(cls):
         why = netns_unavailable_reason()
@@ -100,6 +104,11 @@ class C10dNetns(unittest.TestCase):
         self.topo = C10dTopology(nodes)
         self.topo.create()
 
+    def records(self):
+        return jobwatch.start_records(self.rec)
+
+
+class C10dNetns(NetnsHosts):
     def start_node(self, i, nnodes, script_args, extra=()):
         """ddprun on node i, under its own hostname, with the endpoint on node 0."""
         ns = self.topo.nodes[i]
@@ -125,9 +134,6 @@ class C10dNetns(unittest.TestCase):
     def describe(self):
         return "".join(f"\n--- node {n.rank} ({HOSTNAMES[n.rank]}) rc={n.rc}\nstdout:\n{n.stdout()[-2000:]}\n"
                        f"stderr:\n{n.stderr()[-4000:]}" for n in self.started)
-
-    def records(self):
-        return jobwatch.start_records(self.rec)
 
     def rounds(self):
         return jobwatch.rounds(self.records())

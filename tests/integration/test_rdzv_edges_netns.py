@@ -15,79 +15,32 @@ the c10d line.
 Needs root (skipped otherwise). Only the processes started here are signalled, by pid.
 """
 import os
-import secrets
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
-import unittest
 
 import ddprun_testlib as lib
 import jobwatch
-from test_multinode_netns import Node, Topology, ip, netns_unavailable_reason
+from test_c10d_netns import NetnsHosts
+from test_multinode_netns import Node
 
 EDGE_WORKER = os.path.join(lib.SOURCE_DIR, "tests", "launcher", "integration", "workers", "edge_worker.py")
 PORT = 29500
 SHUTDOWN = 5  # --shutdown-timeout: the SIGKILL escalation ddprun must exit within
 
 
-class EdgeTopology(Topology):
-    def __init__(self, nodes):
-        super().__init__(nodes)
-        self.tag = f"ddpe{os.getpid()}x{secrets.token_hex(2)}"
-        self.bridge = f"{self.tag}_br"
-        self.nodes = [f"{self.tag}_n{i}" for i in range(nodes)]
-
-    def silence(self, i):
-        """Node i's link goes down: whatever the others send it is dropped, no reset."""
-        ip("-n", self.nodes[i], "link", "set", self.ifname(i), "down")
-
-
-class RdzvEdgesNetns(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        why = netns_unavailable_reason()
-        if why:
-            raise unittest.SkipTest(why)
-        if not os.access(lib.DDPRUN, os.X_OK):
-            raise unittest.SkipTest(f"no ddprun binary at {lib.DDPRUN} (set DDPRUN)")
-
+class RdzvEdgesNetns(NetnsHosts):
     def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="ddprun_edges_")
-        self.topo = None
-        self.started = []
+        super().setUp()
         self.etc_dirs = []
-        self._files = []
 
     def tearDown(self):
         try:
-            for n in self.started:
-                if n.proc.poll() is None:
-                    n.proc.send_signal(signal.SIGKILL)
-            for n in self.started:
-                try:
-                    n.proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    pass
-            for f in os.listdir(self.tmp):  # workers of a SIGKILLed ddprun: the pids they wrote
-                if f.startswith("pid_"):
-                    try:
-                        os.kill(int(lib_read(os.path.join(self.tmp, f))), signal.SIGKILL)
-                    except (ProcessLookupError, ValueError):
-                        pass
+            super().tearDown()
         finally:
-            if self.topo:
-                self.topo.destroy()
             for d in self.etc_dirs:
                 shutil.rmtree(d, ignore_errors=True)
-            for f in self._files:
-                f.close()
-            shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def make_topology(self, nodes):
-        self.topo = EdgeTopology(nodes)
-        self.topo.create()
 
     def start_node(self, i, args, hostname=None, env=None):
         ns = self.topo.nodes[i]
@@ -113,7 +66,7 @@ class RdzvEdgesNetns(unittest.TestCase):
         paths = [os.path.join(self.tmp, n) for n in names]
         while time.monotonic() < deadline:
             if all(os.path.exists(p) for p in paths):
-                return [float(lib_read(p)) for p in paths]
+                return [float(read_stamp(p)) for p in paths]
             time.sleep(0.01)
         self.fail(f"missing after {lib.scaled(timeout):.0f} s: "
                   f"{[n for n, p in zip(names, paths) if not os.path.exists(p)]}" + self.describe())
@@ -127,7 +80,7 @@ class RdzvEdgesNetns(unittest.TestCase):
         nodes = [self.start_node(i, [*line(i), "--nproc-per-node", "2", "--shutdown-timeout", str(SHUTDOWN),
                                      EDGE_WORKER, self.tmp, "--sleep", "300"]) for i in range(2)]
         self.wait_files([f"start_{r}" for r in range(4)], 60)
-        self.topo.silence(0)
+        self.topo.cut(0)  # its link down: whatever the others send it is dropped, no reset
         time.sleep(0.2)
         signalled = time.time()
         nodes[1].proc.send_signal(signal.SIGTERM)
@@ -183,7 +136,7 @@ class RdzvEdgesNetns(unittest.TestCase):
         self.assertIn("a loopback address other hosts cannot use", nodes[0].stderr(), self.describe())
 
 
-def lib_read(path):
+def read_stamp(path):
     with open(path) as f:
         return f.read().strip()
 

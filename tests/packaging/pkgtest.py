@@ -170,6 +170,28 @@ def run_args(*extra, network="none"):
     return ["--network", network, "--no-hosts", "-v", f"{WORKERS}:/w:ro", *extra]
 
 
+def check_tagged_job(tc, pm, image, nproc):
+    """ddprun as the image's PID 1 runs nproc workers of workers/job.py: exit 0, one line of
+    each rank's environment, tagged by rank, with ddprun as PID 1 and the workers' parent."""
+    p = pm("run", "--rm", *run_args(), image, "--nproc-per-node", str(nproc), "/w/job.py", "hello", check=False)
+    tc.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+    for r in range(nproc):
+        line = [l for l in p.stdout.splitlines() if l.startswith(f"[rank{r}]:env ")]
+        tc.assertEqual(len(line), 1, p.stdout)
+        tc.assertIn(f"RANK={r} LOCAL_RANK={r} WORLD_SIZE={nproc}", line[0])
+        tc.assertIn("ppid=1 pid1=ddprun", line[0])
+    return p
+
+
+def check_exit_3(tc, pm, image):
+    """A worker's exit 3 is the container's exit status, named on stderr."""
+    p = pm("run", "--rm", *run_args(), image, "--nproc-per-node", "2", "/w/job.py", "hello",
+           "--exit-rank", "1", "--exit-code", "3", check=False)
+    tc.assertEqual(p.returncode, 3, p.stdout + p.stderr)
+    tc.assertIn("[rank1]:rank 1 fails with 3", p.stderr)
+    return p
+
+
 def skip_or_fail_without_podman(pm):
     why = pm.unusable()
     if why:

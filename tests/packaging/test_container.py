@@ -89,20 +89,10 @@ def exit_code(c):
 
 class Pid1(unittest.TestCase):
     def test_pid1_rank_tagged_output_exit_0(self):
-        p = pm("run", "--rm", *run_args(), IMAGE, "--nproc-per-node", "4", "/w/job.py", "hello", check=False)
-        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
-        for r in range(4):
-            line = [l for l in p.stdout.splitlines() if l.startswith(f"[rank{r}]:env ")]
-            self.assertEqual(len(line), 1, p.stdout)
-            self.assertIn(f"RANK={r} LOCAL_RANK={r} WORLD_SIZE=4", line[0])
-            # ddprun is PID 1 and the workers' parent
-            self.assertIn("ppid=1 pid1=ddprun", line[0])
+        pkgtest.check_tagged_job(self, pm, IMAGE, 4)
 
     def test_worker_exit_3_is_the_container_exit_status(self):
-        p = pm("run", "--rm", *run_args(), IMAGE, "--nproc-per-node", "2", "/w/job.py", "hello",
-               "--exit-rank", "1", "--exit-code", "3", check=False)
-        self.assertEqual(p.returncode, 3, p.stdout + p.stderr)
-        self.assertIn("[rank1]:rank 1 fails with 3", p.stderr)
+        p = pkgtest.check_exit_3(self, pm, IMAGE)
         self.assertIn("Root Cause", p.stderr)
 
     def test_missing_entrypoint_argument_one_clear_line(self):

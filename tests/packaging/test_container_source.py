@@ -16,7 +16,7 @@ import time
 import unittest
 
 import pkgtest
-from pkgtest import TAG, run_args
+from pkgtest import TAG
 
 pm = pkgtest.Podman()
 IMAGE = f"localhost/ddprun-test-source:{TAG}"
@@ -78,19 +78,10 @@ def tearDownModule():
 
 class FromSource(unittest.TestCase):
     def test_two_workers_exit_0_tagged_output(self):
-        p = pm("run", "--rm", *run_args(), IMAGE, "--nproc-per-node", "2", "/w/job.py", "hello", check=False)
-        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
-        for r in range(2):
-            line = [l for l in p.stdout.splitlines() if l.startswith(f"[rank{r}]:env ")]
-            self.assertEqual(len(line), 1, p.stdout)
-            self.assertIn(f"RANK={r} LOCAL_RANK={r} WORLD_SIZE=2", line[0])
-            self.assertIn("ppid=1 pid1=ddprun", line[0])
+        pkgtest.check_tagged_job(self, pm, IMAGE, 2)
 
     def test_worker_exit_3_is_the_container_exit_status(self):
-        p = pm("run", "--rm", *run_args(), IMAGE, "--nproc-per-node", "2", "/w/job.py", "hello",
-               "--exit-rank", "1", "--exit-code", "3", check=False)
-        self.assertEqual(p.returncode, 3, p.stdout + p.stderr)
-        self.assertIn("[rank1]:rank 1 fails with 3", p.stderr)
+        pkgtest.check_exit_3(self, pm, IMAGE)
 
     def test_no_build_tree_in_the_image(self):
         p = pm("run", "--rm", "--network", "none", "--entrypoint", "sh", IMAGE, "-c",
