@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <chrono>
 #include <deque>
 #include <mutex>
@@ -121,6 +122,16 @@ struct Conn : std::enable_shared_from_this<Conn> {
 
 }  // namespace
 
+int listen_backlog(int configured) {
+  int kernel = SOMAXCONN;
+  if (std::FILE* f = std::fopen("/proc/sys/net/core/somaxconn", "re")) {
+    int v = 0;
+    if (std::fscanf(f, "%d", &v) == 1 && v > 0) kernel = v;
+    std::fclose(f);
+  }
+  return std::max(configured, kernel);
+}
+
 class StoreServer::Impl {
  public:
   explicit Impl(StoreServerOptions o);
@@ -168,6 +179,7 @@ class StoreServer::Impl {
   void unwatch(Conn& c);
 
   StoreServerOptions opt_;
+  int backlog_ = 0;
   proto::Limits limits_;
   asio::io_context io_{1};
   tcp::acceptor acceptor_{io_};
@@ -198,6 +210,7 @@ StoreServer::Impl::Impl(StoreServerOptions o) : opt_(std::move(o)) {
   limits_.max_payload_bytes = opt_.max_payload_bytes;
   limits_.max_keys_per_request = opt_.max_keys_per_request;
   limits_.max_request_bytes = opt_.max_request_bytes;
+  backlog_ = listen_backlog(opt_.backlog);
   raise_fd_limit();
 
   error_code ec;
@@ -247,7 +260,7 @@ error_code StoreServer::Impl::try_listen(const tcp::endpoint& ep, bool dual_stac
   // Linux copies TCP_NODELAY to accepted sockets: one setsockopt here, none per client.
   acceptor_.set_option(tcp::no_delay(true), ignored);
   acceptor_.bind(ep, ec);
-  if (!ec) acceptor_.listen(opt_.backlog, ec);
+  if (!ec) acceptor_.listen(backlog_, ec);
   if (ec) acceptor_.close(ignored);
   return ec;
 }

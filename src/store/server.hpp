@@ -18,7 +18,10 @@ struct StoreServerOptions {
   // host name to bind.
   std::string host = "0.0.0.0";
   uint16_t port = 0;  // 0 = pick a free port
-  int backlog = 2048;  // the kernel caps it at net.core.somaxconn
+  // Listen backlog: the kernel's maximum (net.core.somaxconn, else SOMAXCONN), or this if
+  // larger (listen_backlog()). Thousands of clients connect at once; a SYN beyond a full
+  // accept queue is dropped and retried only after 1 s, and the kernel caps the value anyway.
+  int backlog = 0;
   size_t max_key_bytes = 8 << 10, max_payload_bytes = 8 << 20,
          max_keys_per_request = 128 << 10;
   // Sum of the declared string lengths of one request. No limit by default, as in PyTorch
@@ -30,6 +33,10 @@ struct StoreServerOptions {
   // written is never counted, however large: a client that reads is never cut off.
   size_t max_pending_output_bytes = size_t{512} << 20;
 };
+
+// The backlog a listener asks for: the larger of `configured` and the kernel's maximum
+// (/proc/sys/net/core/somaxconn; SOMAXCONN where that cannot be read).
+int listen_backlog(int configured);
 
 class StoreServer {
  public:
