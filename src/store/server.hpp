@@ -32,6 +32,21 @@ struct StoreServerOptions {
   // (a client that never reads while wake-ups or watch events pile up). A reply being
   // written is never counted, however large: a client that reads is never cut off.
   size_t max_pending_output_bytes = size_t{512} << 20;
+
+  // Memory budget (docs/store.md, "Memory budget"). A request past one of these is refused:
+  // a warning names the client, and its connection alone is closed (the only error either
+  // wire generation can report). A refused reply is never assembled. The defaults are far
+  // above what torch or ddprun's rendezvous asks at 100k ranks.
+  // One reply (GET, MULTI_GET, COMPARE_SET, LIST, QUEUE_POP), counted before it is built.
+  size_t max_reply_bytes = size_t{1} << 30;
+  // What one connection holds: its unsent replies plus its registrations (pending waits'
+  // keys, watched keys, lease-end lines), when a reply or a registration would add to it.
+  size_t max_connection_bytes = size_t{2} << 30;
+  // Registrations per connection: WAITs, BARRIER arrivals and WAIT_GROWS not yet answered;
+  // WATCH_KEY keys (generation 1); ON_LEASE_END lines.
+  size_t max_pending_waits = size_t{64} << 10;
+  size_t max_watches = size_t{64} << 10;
+  size_t max_lease_lines = size_t{64} << 10;
 };
 
 // The backlog a listener asks for: the larger of `configured` and the kernel's maximum
