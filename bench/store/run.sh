@@ -7,6 +7,13 @@
 #      generation 2 against torch 2.6's.
 #   2. ../shared/anchors/tcpstore_bench.py: PyTorch's own client processes doing set+get
 #      (ops/s; higher is better), torch 1.13's clients and torch 2.6's.
+#   3. First contact: the same store-load barrier, but each measurement against a server
+#      started for it (nothing accepted before): N clients (FRESH_CLIENTS, default 4096 and
+#      16000) connect at once, so the listen backlog decides whether SYNs are dropped and
+#      retried after 1 s. Servers are started before the clock starts; only store-load is
+#      timed. Clients come from 127.0.0.1 .. 127.0.0.K, K = ceil(N / 8000) (store-load
+#      --sources: one address leaves connect() about 14k quick ports). A run gives up after
+#      FRESH_TIMEOUT_S (60); a failed one is left out of the median ("fail" if all failed).
 # torch 2.6 is Debian 13's, in the chroot of scripts/torch2-chroot.sh (tests/torch2/python3;
 # root): its server there is the legacy one (no libuv in Debian's build, see
 # tests/torch2/nolibuv/sitecustomize.py). Without the chroot those columns are skipped.
@@ -16,11 +23,15 @@
 #   bench/store/run.sh [BUILD_DIR]        (default: build; needs store-load, ddp-store-server)
 #   REPS=5 CLIENTS="64 4096" bench/store/run.sh build-store
 #   TORCH2=0 bench/store/run.sh           (torch 1.13 only)
+#   PARTS=fresh FRESH_CLIENTS="4096 16000" bench/store/run.sh build   (first contact only;
+#                                          PARTS is any of "load anchor fresh", default all)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=$(cd "${1:-$root/build}" && pwd)
 reps=${REPS:-3}
 clients=${CLIENTS:-"64 1024 4096"}
+fresh_clients=${FRESH_CLIENTS:-"4096 16000"}
+parts=" ${PARTS:-load anchor fresh} "
 py=/usr/bin/python3
 anchor=${ANCHOR:-$root/../shared/anchors/tcpstore_bench.py}
 load=$build/bin/store-load
@@ -31,15 +42,16 @@ done
 
 tmp=$(mktemp -d)
 pids=()
+fresh_pid=""
 cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}" $fresh_pid; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT
 
-wait_port() {  # FILE -> prints the N of its "port=N" line
-  for _ in $(seq 1 200); do
+wait_port() {  # FILE -> prints the N of its "port=N" line (a torch server imports torch first)
+  for _ in $(seq 1 1200); do
     if grep -q '^port=' "$1" 2>/dev/null; then sed -n 's/^port=//p' "$1" | head -1; return; fi
     sleep 0.05
   done
@@ -79,8 +91,12 @@ cpu_ns() {  # PID -> on-CPU nanoseconds of all its threads
 }
 median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) print "fail"; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a=="fail"||b=="fail"||b==0) print "n/a"; else printf "%.1fx", a/b}'; }
+faster() { local r; r=$(ratio "$1" "$2"); [[ $r == n/a ]] && echo "n/a" || echo "$r faster"; }
+
+has() { [[ $parts == *" $1 "* ]]; }
 
 declare -A res cpu
+if has load; then
 echo "# store-load (ddp :$ddp_port, torch :$torch_port), $reps repetitions" >&2
 for n in $clients; do
   for r in $(seq 1 "$reps"); do
@@ -105,13 +121,15 @@ for n in $clients; do
     done
   done
   for target in $targets; do
-    res[$target-$n]=$(median <"$tmp/load-$target-$n" 2>/dev/null || echo fail)
-    cpu[$target-$n]=$(median <"$tmp/cpu-$target-$n" 2>/dev/null || echo fail)
+    res[$target-$n]=$(median 2>/dev/null <"$tmp/load-$target-$n" || echo fail)
+    cpu[$target-$n]=$(median 2>/dev/null <"$tmp/cpu-$target-$n" || echo fail)
   done
 done
+fi
 
-echo "# tcpstore_bench.py (16 PyTorch client processes, set+get), $reps repetitions" >&2
 ops() { sed -n 's/.*ops_per_s=\([0-9.]*\).*/\1/p'; }
+if has anchor; then
+echo "# tcpstore_bench.py (16 PyTorch client processes, set+get), $reps repetitions" >&2
 for r in $(seq 1 "$reps"); do
   t=$("$py" "$anchor" 2>&1 | tail -1)
   echo "  torch 1.13 clients, torch 1.13 server: $t" >&2
@@ -128,27 +146,97 @@ for r in $(seq 1 "$reps"); do
     ops <<<"$d" >>"$tmp/anchor2-ddp"
   fi
 done
-anchor_torch=$(median <"$tmp/anchor-torch")
-anchor_ddp=$(median <"$tmp/anchor-ddp")
+fi
 
+# First contact: TARGET N -> fresh_line (store-load's line against a server started for it).
+fresh_run() {
+  local target=$1 n=$2 out=$tmp/fresh.out gen=1 port
+  local sources=$(( (n + 7999) / 8000 ))  # past ~14k clients of one address, connect() itself crawls
+  : >"$out"
+  case $target in
+    ddp1|ddp2) "$server" --host 127.0.0.1 >"$out" 2>"$tmp/fresh.err" & ;;
+    torch1) "$py" -c "$torch_server" >"$out" 2>"$tmp/fresh.err" & ;;
+    torch2) "$py2" -c "$torch_server" >"$out" 2>"$tmp/fresh.err" & ;;
+  esac
+  fresh_pid=$!
+  [[ $target == *2 ]] && gen=2
+  port=$(wait_port "$out") || port=""
+  fresh_line="no server: $(tail -c 300 "$tmp/fresh.err")"
+  if [ -n "$port" ]; then
+    fresh_line=$("$load" --gen "$gen" --host 127.0.0.1 --port "$port" --clients "$n" --sources "$sources" \
+                 --timeout-s "${FRESH_TIMEOUT_S:-60}" 2>&1 || true)
+  fi
+  kill "$fresh_pid" 2>/dev/null || true
+  wait "$fresh_pid" 2>/dev/null || true
+  fresh_pid=""
+}
+
+declare -A fres fcon
+if has fresh; then
+echo "# first contact: a fresh server per run, $reps repetitions" >&2
+for n in $fresh_clients; do
+  for r in $(seq 1 "$reps"); do
+    for target in $targets; do
+      fresh_run "$target" "$n"
+      echo "  fresh $target n=$n: $fresh_line" >&2
+      ms=$(sed -n 's/.*total_ms=\([0-9.]*\).*/\1/p' <<<"$fresh_line")
+      cms=$(sed -n 's/.*connect_ms=\([0-9.]*\).*/\1/p' <<<"$fresh_line")
+      if [ -n "$ms" ]; then
+        echo "$ms" >>"$tmp/fresh-$target-$n"
+        echo "$cms" >>"$tmp/fcon-$target-$n"
+      fi
+      sleep 0.5
+    done
+  done
+  for target in $targets; do
+    fres[$target-$n]=$(median 2>/dev/null <"$tmp/fresh-$target-$n" || echo fail)
+    fcon[$target-$n]=$(median 2>/dev/null <"$tmp/fcon-$target-$n" || echo fail)
+  done
+done
+fi
+
+if has load || has anchor; then
 echo
 echo "| benchmark | PyTorch 1.13 server | ddp-store-server | ddp vs torch | server CPU ms, torch | server CPU ms, ddp | CPU ratio |"
 echo "|---|---|---|---|---|---|---|"
+if has load; then
 for n in $clients; do
   echo "| store-load, $n clients, gen 1: all released (ms) | ${res[torch1-$n]} | ${res[ddp1-$n]} | $(ratio "${res[torch1-$n]}" "${res[ddp1-$n]}") faster | ${cpu[torch1-$n]} | ${cpu[ddp1-$n]} | $(ratio "${cpu[torch1-$n]}" "${cpu[ddp1-$n]}") less |"
   echo "| store-load, $n clients, gen 2: all released (ms) | (torch 1.13: gen 1 only) | ${res[ddp2-$n]} | $(ratio "${res[torch1-$n]}" "${res[ddp2-$n]}") faster | | ${cpu[ddp2-$n]} | $(ratio "${cpu[torch1-$n]}" "${cpu[ddp2-$n]}") less |"
 done
-echo "| tcpstore_bench.py, 16 torch clients (set+get ops/s) | $anchor_torch | $anchor_ddp | $(ratio "$anchor_ddp" "$anchor_torch") | | | |"
+fi
+if has anchor; then
+  anchor_torch=$(median <"$tmp/anchor-torch")
+  anchor_ddp=$(median <"$tmp/anchor-ddp")
+  echo "| tcpstore_bench.py, 16 torch clients (set+get ops/s) | $anchor_torch | $anchor_ddp | $(ratio "$anchor_ddp" "$anchor_torch") | | | |"
+fi
 if [[ -n ${torch2_pid:-} ]]; then
-  anchor2_torch=$(median <"$tmp/anchor2-torch")
-  anchor2_ddp=$(median <"$tmp/anchor2-ddp")
   echo
   echo "| benchmark | PyTorch 2.6 server (chroot) | ddp-store-server | ddp vs torch 2.6 | server CPU ms, torch 2.6 | server CPU ms, ddp | CPU ratio |"
   echo "|---|---|---|---|---|---|---|"
+  if has load; then
   for n in $clients; do
     echo "| store-load, $n clients, gen 2: all released (ms) | ${res[torch2-$n]} | ${res[ddp2-$n]} | $(ratio "${res[torch2-$n]}" "${res[ddp2-$n]}") faster | ${cpu[torch2-$n]} | ${cpu[ddp2-$n]} | $(ratio "${cpu[torch2-$n]}" "${cpu[ddp2-$n]}") less |"
   done
-  echo "| tcpstore_bench.py, 16 torch 2.6 clients (set+get ops/s) | $anchor2_torch | $anchor2_ddp | $(ratio "$anchor2_ddp" "$anchor2_torch") | | | |"
+  fi
+  if has anchor; then
+    anchor2_torch=$(median <"$tmp/anchor2-torch")
+    anchor2_ddp=$(median <"$tmp/anchor2-ddp")
+    echo "| tcpstore_bench.py, 16 torch 2.6 clients (set+get ops/s) | $anchor2_torch | $anchor2_ddp | $(ratio "$anchor2_ddp" "$anchor2_torch") | | | |"
+  fi
+fi
+fi
+if has fresh; then
+  echo
+  echo "| first contact: N clients connect at once to a fresh server, ADD + WAIT | PyTorch 1.13 server | ddp-store-server | ddp vs torch | all connected (ms), torch | all connected (ms), ddp |"
+  echo "|---|---|---|---|---|---|"
+  for n in $fresh_clients; do
+    echo "| $n clients, gen 1: all released (ms) | ${fres[torch1-$n]} | ${fres[ddp1-$n]} | $(faster "${fres[torch1-$n]}" "${fres[ddp1-$n]}") | ${fcon[torch1-$n]} | ${fcon[ddp1-$n]} |"
+    echo "| $n clients, gen 2: all released (ms) | (torch 1.13: gen 1 only) | ${fres[ddp2-$n]} | $(faster "${fres[torch1-$n]}" "${fres[ddp2-$n]}") | | ${fcon[ddp2-$n]} |"
+    if [[ -n ${torch2_pid:-} ]]; then
+      echo "| $n clients, gen 2, against PyTorch 2.6 (chroot): all released (ms) | ${fres[torch2-$n]} | ${fres[ddp2-$n]} | $(faster "${fres[torch2-$n]}" "${fres[ddp2-$n]}") | ${fcon[torch2-$n]} | ${fcon[ddp2-$n]} |"
+    fi
+  done
 fi
 echo
 echo "Medians of $reps runs; $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ)."

@@ -522,7 +522,6 @@ void StaticRendezvous::host_store() {
   ddp::detail::StoreServerOptions so;
   so.host = "";  // every interface, dual stack
   so.port = static_cast<uint16_t>(o_.standalone ? 0 : o_.master_port);
-  so.backlog = std::max(2048, o_.nproc_per_node * o_.max_nodes * 2);
   try {
     server_ = std::make_unique<ddp::detail::StoreServer>(so);
   } catch (const ddp::SystemError& e) {

@@ -168,7 +168,6 @@ bool DynamicAdapter::host_store(bool inferred, const std::string& why) {
   ddp::detail::StoreServerOptions so;
   so.host = "";
   so.port = static_cast<uint16_t>(o_.rdzv_port);
-  so.backlog = std::max(2048, o_.max_nodes * 8);
   try {
     server_ = std::make_unique<ddp::detail::StoreServer>(so);
   } catch (const ddp::SystemError& e) {

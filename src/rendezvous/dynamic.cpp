@@ -348,7 +348,6 @@ void DynamicRendezvous::publish_or_fetch_master(RoundPlan& p) {
     ddp::detail::StoreServerOptions so;
     so.host = "";
     so.port = 0;
-    so.backlog = std::max(2048, p.world_size * 2);
     worker_store_ = std::make_unique<ddp::detail::StoreServer>(so);
     worker_store_->start();
     p.master_addr = c_.me.master_addr;

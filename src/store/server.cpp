@@ -20,11 +20,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <chrono>
 #include <deque>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp misses it under C++20
 #include <vector>
 
@@ -46,6 +48,8 @@ namespace {
 constexpr size_t kSmallReadBuffer = 512;
 constexpr size_t kLargeReadBuffer = 64 << 10;
 constexpr size_t kPauseReadingAbove = 4 << 20;
+
+std::string mib(size_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
 
 bool is_wildcard(const std::string& host) {
   return host.empty() || host == "0.0.0.0" || host == "::" || host == "*";
@@ -72,6 +76,16 @@ class Violation : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A request over the memory budget (StoreServerOptions::max_*): refused before anything is
+// built or registered; its connection is closed with a warning naming the client.
+class Refused : public StoreError {
+ public:
+  using StoreError::StoreError;
+};
+
+// What a registration costs besides its strings (the Wait, vector and map slots).
+constexpr size_t kRegistrationOverhead = 64;
+
 struct Conn;
 
 // One pending WAIT request. Registered under each key that was missing (once per
@@ -81,6 +95,8 @@ struct Wait {
   size_t remaining = 0;
   std::vector<std::string> keys;
   int64_t grows_beyond = -1;  // WAIT_GROWS: done once the key's value is longer than this
+  size_t slot = 0;            // index in conn->waits
+  size_t bytes = 0;           // counted in conn->wait_bytes
 };
 
 struct Conn : std::enable_shared_from_this<Conn> {
@@ -109,8 +125,11 @@ struct Conn : std::enable_shared_from_this<Conn> {
   uint64_t batch_end = 0;  // end of the batch being written
   bool closed = false, reading = false, writing = false, dirty = false;
   bool paused = false;  // not reading until unsent replies drain
-  std::vector<std::unique_ptr<Wait>> waits;
+  std::vector<std::unique_ptr<Wait>> waits;  // waits[i]->slot == i
   std::vector<std::string> watched;  // generation-1 WATCH_KEY registrations
+  // Bytes held for the connection's registrations (StoreServerOptions::max_connection_bytes).
+  size_t wait_bytes = 0, watch_bytes = 0, lease_bytes = 0;
+  size_t held() const { return wait_bytes + watch_bytes + lease_bytes; }
   // ddprun's lease (LEASE, ON_LEASE_END): lines appended when the connection ends.
   bool leased = false;
   std::chrono::milliseconds lease_ttl{0};  // 0: ends only when the connection closes
@@ -120,6 +139,16 @@ struct Conn : std::enable_shared_from_this<Conn> {
 };
 
 }  // namespace
+
+int listen_backlog(int configured) {
+  int kernel = SOMAXCONN;
+  if (std::FILE* f = std::fopen("/proc/sys/net/core/somaxconn", "re")) {
+    int v = 0;
+    if (std::fscanf(f, "%d", &v) == 1 && v > 0) kernel = v;
+    std::fclose(f);
+  }
+  return std::max(configured, kernel);
+}
 
 class StoreServer::Impl {
  public:
@@ -147,6 +176,11 @@ class StoreServer::Impl {
   void flush_dirty();
   void flush(const ConnPtr& c);
   void close(Conn& c, std::string_view why, std::string_view lease_why = {});
+  std::string peer(const Conn& c) const;
+  void refuse(Conn& c, proto::Op op, const Refused& e);
+  void check_reply(const Conn& c, size_t bytes) const;
+  void check_registration(const Conn& c, size_t count, size_t cap, const char* what,
+                          const char* option, size_t bytes) const;
   void shutdown_all();
   void start_lease(Conn& c, int64_t ttl_ms);
   void arm_lease_timer(const ConnPtr& c, std::chrono::steady_clock::duration after);
@@ -158,6 +192,9 @@ class StoreServer::Impl {
   void append_value(const std::string& key, std::string value);
   void wait_grows(Conn& c, const std::string& key, int64_t beyond);
   void wait_on(Conn& c, const std::string& key, int64_t grows_beyond = -1);
+  void wait_keys(Conn& c, const std::vector<std::string>& keys);
+  void add_wait(Conn& c, std::unique_ptr<Wait> w);
+  void remove_wait(Wait* w);
   void barrier(Conn& c, const std::string& key, int64_t world_size);
   void wake_all(const std::string& key);
   void wake_one(const std::string& key);
@@ -166,8 +203,14 @@ class StoreServer::Impl {
   void notify(const std::string& key, uint8_t type, std::string_view old_value,
               std::string_view new_value);
   void unwatch(Conn& c);
+  void watch(Conn& c, const std::string& key);
+  void add_lease_line(Conn& c, std::string key, std::string value);
+  void drop_lease_lines(Conn& c, const std::string& key);
+  size_t reply_bytes(const proto::Request& r) const;
+  void check_connection(const Conn& c, size_t bytes, const char* what) const;
 
   StoreServerOptions opt_;
+  int backlog_ = 0;
   proto::Limits limits_;
   asio::io_context io_{1};
   tcp::acceptor acceptor_{io_};
@@ -198,6 +241,7 @@ StoreServer::Impl::Impl(StoreServerOptions o) : opt_(std::move(o)) {
   limits_.max_payload_bytes = opt_.max_payload_bytes;
   limits_.max_keys_per_request = opt_.max_keys_per_request;
   limits_.max_request_bytes = opt_.max_request_bytes;
+  backlog_ = listen_backlog(opt_.backlog);
   raise_fd_limit();
 
   error_code ec;
@@ -247,7 +291,7 @@ error_code StoreServer::Impl::try_listen(const tcp::endpoint& ep, bool dual_stac
   // Linux copies TCP_NODELAY to accepted sockets: one setsockopt here, none per client.
   acceptor_.set_option(tcp::no_delay(true), ignored);
   acceptor_.bind(ep, ec);
-  if (!ec) acceptor_.listen(opt_.backlog, ec);
+  if (!ec) acceptor_.listen(backlog_, ec);
   if (ec) acceptor_.close(ignored);
   return ec;
 }
@@ -360,13 +404,8 @@ void StoreServer::Impl::on_accept(tcp::socket s) {
 void StoreServer::Impl::close(Conn& c, std::string_view why, std::string_view lease_why) {
   if (c.closed) return;
   c.closed = true;
-  if (spdlog::should_log(spdlog::level::debug)) {
-    error_code e;
-    auto ep = c.sock.remote_endpoint(e);
-    spdlog::debug("store server: closing connection {} ({}): {}", c.id,
-                  e ? std::string("?") : fmt::format("{}:{}", ep.address().to_string(), ep.port()),
-                  why);
-  }
+  if (spdlog::should_log(spdlog::level::debug))
+    spdlog::debug("store server: closing connection {} ({}): {}", c.id, peer(c), why);
   cancel_waits(c);
   unwatch(c);
   if (c.leased) end_lease(c, lease_why.empty() ? std::string_view("connection closed") : lease_why);
@@ -379,6 +418,25 @@ void StoreServer::Impl::close(Conn& c, std::string_view why, std::string_view le
   auto keep = c.shared_from_this();  // conns_ may hold the last reference
   conns_.erase(c.id);
   nconn_.store(conns_.size(), std::memory_order_relaxed);
+}
+
+// The client's address, for log lines ("?" once the socket is closed).
+std::string StoreServer::Impl::peer(const Conn& c) const {
+  error_code e;
+  auto ep = c.sock.remote_endpoint(e);
+  if (e) return "?";
+  auto a = ep.address();
+  if (a.is_v6() && a.to_v6().is_v4_mapped()) a = a.to_v6().to_v4();  // dual-stack listener
+  return a.is_v6() ? fmt::format("[{}]:{}", a.to_string(), ep.port())
+                   : fmt::format("{}:{}", a.to_string(), ep.port());
+}
+
+// The client sees the refusal as its connection closing: neither wire generation has an
+// error reply, and a torch client would misread anything else as its reply.
+void StoreServer::Impl::refuse(Conn& c, proto::Op op, const Refused& e) {
+  spdlog::warn("store server: refused {} from {} (connection {}): {}; closing its connection",
+               proto::op_name(op), peer(c), c.id, e.what());
+  close(c, fmt::format("refused {}: {}", proto::op_name(op), e.what()));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -439,7 +497,10 @@ void StoreServer::Impl::process(Conn& c) {
     proto::Request req = c.parser.take();
     if (c.leased) c.last_request = std::chrono::steady_clock::now();
     try {
+      if (size_t bytes = reply_bytes(req)) check_reply(c, bytes);
       handle(c, req);
+    } catch (const Refused& e) {
+      refuse(c, req.op, e);
     } catch (const Violation& e) {
       close(c, fmt::format("protocol error: {}", e.what()));
     } catch (const std::exception& e) {
@@ -518,6 +579,72 @@ void StoreServer::Impl::flush(const ConnPtr& c) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Memory budget (StoreServerOptions::max_*): checked before a reply is built or a
+// registration made; Refused closes the connection (refuse()).
+
+// The size of r's reply when it depends on the data (0 for the fixed ones of 8 bytes or less).
+size_t StoreServer::Impl::reply_bytes(const proto::Request& r) const {
+  using proto::Op;
+  auto value_size = [this](const std::string& k) -> size_t {
+    auto it = kv_.find(k);
+    return it == kv_.end() ? 0 : it->second.size();
+  };
+  switch (r.op) {
+    case Op::kGet:
+      return 8 + value_size(r.keys[0]);
+    case Op::kGetFrom: {  // the value from the offset on
+      const size_t size = value_size(r.keys[0]), from = static_cast<size_t>(std::max<int64_t>(r.i64, 0));
+      return 8 + (size > from ? size - from : 0);
+    }
+    case Op::kCompareSet:  // at most the larger of the value, expected and desired
+      return 8 + std::max({value_size(r.keys[0]), r.values[0].size(), r.values[1].size()});
+    case Op::kMultiGet: {
+      size_t n = 0;
+      for (auto& k : r.keys) n += 8 + value_size(k);
+      return n;
+    }
+    case Op::kList: {
+      size_t n = 8;
+      for (auto& [k, v] : kv_) n += 8 + k.size();
+      return n;
+    }
+    case Op::kQueuePop: {
+      auto it = queues_.find(r.keys[0]);
+      return it == queues_.end() || it->second.empty() ? 8 : 16 + it->second.front().size();
+    }
+    default:
+      return 0;
+  }
+}
+
+void StoreServer::Impl::check_reply(const Conn& c, size_t bytes) const {
+  if (bytes > opt_.max_reply_bytes)
+    throw Refused(fmt::format("its reply would be {} bytes ({}), over the budget of {} bytes per reply "
+                              "(max_reply_bytes)",
+                              bytes, mib(bytes), opt_.max_reply_bytes));
+  check_connection(c, bytes, "this reply");
+}
+
+// The connection's unsent replies and registrations, plus `bytes` more of `what`.
+void StoreServer::Impl::check_connection(const Conn& c, size_t bytes, const char* what) const {
+  const size_t held = c.pending() + c.held();
+  if (held + bytes > opt_.max_connection_bytes)
+    throw Refused(fmt::format("the connection would hold {} bytes ({} of unsent replies, {} of "
+                              "registrations, {} of {}), over its budget of {} bytes "
+                              "(max_connection_bytes)",
+                              held + bytes, c.pending(), c.held(), bytes, what,
+                              opt_.max_connection_bytes));
+}
+
+// count: registrations of this kind the connection holds; bytes: what the new one costs.
+void StoreServer::Impl::check_registration(const Conn& c, size_t count, size_t cap, const char* what,
+                                           const char* option, size_t bytes) const {
+  if (count >= cap)
+    throw Refused(fmt::format("it has {} {} pending already, the most allowed ({})", count, what, option));
+  check_connection(c, bytes, "this registration");
+}
+
+// ---------------------------------------------------------------------------------------
 // Operations
 
 bool StoreServer::Impl::present(const std::string& key) const {
@@ -555,6 +682,9 @@ void StoreServer::Impl::barrier(Conn& c, const std::string& key, int64_t world_s
     count = static_cast<int64_t>(static_cast<uint64_t>(*cur) + 1);
   }
   const bool last = count >= world_size;  // also every arrival when world_size <= 0
+  if (!last)  // refused before it is counted
+    check_registration(c, c.waits.size(), opt_.max_pending_waits, "waits", "max_pending_waits",
+                       2 * kRegistrationOverhead + key.size());
   store_value(key, std::to_string(count), /*wake=*/last);
   if (last) {
     proto::put_u8(out(c), proto::kWaitStopWaiting);
@@ -570,8 +700,49 @@ void StoreServer::Impl::wait_on(Conn& c, const std::string& key, int64_t grows_b
   w->keys.push_back(key);
   w->remaining = 1;
   w->grows_beyond = grows_beyond;
+  w->bytes = 2 * kRegistrationOverhead + key.size();
+  check_registration(c, c.waits.size(), opt_.max_pending_waits, "waits", "max_pending_waits", w->bytes);
   waiters_[key].push_back(w.get());
+  add_wait(c, std::move(w));
+}
+
+// WAIT: answered at once if every key is present, else registered under each missing one
+// (once per occurrence).
+void StoreServer::Impl::wait_keys(Conn& c, const std::vector<std::string>& keys) {
+  auto w = std::make_unique<Wait>();
+  w->conn = &c;
+  w->bytes = kRegistrationOverhead;
+  for (auto& k : keys) {
+    if (present(k)) continue;
+    w->keys.push_back(k);
+    w->bytes += kRegistrationOverhead + k.size();
+  }
+  if (w->keys.empty()) {
+    proto::put_u8(out(c), proto::kWaitStopWaiting);
+    return;
+  }
+  check_registration(c, c.waits.size(), opt_.max_pending_waits, "waits", "max_pending_waits", w->bytes);
+  for (auto& k : w->keys) waiters_[k].push_back(w.get());
+  w->remaining = w->keys.size();
+  add_wait(c, std::move(w));
+}
+
+void StoreServer::Impl::add_wait(Conn& c, std::unique_ptr<Wait> w) {
+  w->slot = c.waits.size();
+  c.wait_bytes += w->bytes;
   c.waits.push_back(std::move(w));
+}
+
+// Drops w from its connection's list in O(1) (destroying it): a connection may hold many.
+void StoreServer::Impl::remove_wait(Wait* w) {
+  Conn& c = *w->conn;
+  c.wait_bytes -= w->bytes;
+  const size_t i = w->slot;
+  if (i + 1 != c.waits.size()) {
+    std::swap(c.waits[i], c.waits.back());
+    c.waits[i]->slot = i;
+  }
+  c.waits.pop_back();
 }
 
 void StoreServer::Impl::wake_all(const std::string& key) {
@@ -655,6 +826,8 @@ void StoreServer::Impl::end_lease(Conn& c, std::string_view why) {
   if (c.lease_timer) c.lease_timer->cancel();
   if (shutting_down_) return;
   auto lines = std::move(c.lease_lines);
+  c.lease_lines.clear();
+  c.lease_bytes = 0;
   for (auto& [key, value] : lines) append_value(key, value + std::string(why) + "\n");
 }
 
@@ -677,21 +850,24 @@ void StoreServer::Impl::wake_one(const std::string& key) {
 }
 
 void StoreServer::Impl::complete(Wait* w) {
-  Conn& c = *w->conn;
-  proto::put_u8(out(c), proto::kWaitStopWaiting);
-  std::erase_if(c.waits, [w](const std::unique_ptr<Wait>& p) { return p.get() == w; });
+  proto::put_u8(out(*w->conn), proto::kWaitStopWaiting);
+  remove_wait(w);
 }
 
+// Each key's list of waiters is filtered once, however many of c's waits are on it.
 void StoreServer::Impl::cancel_waits(Conn& c) {
-  for (auto& w : c.waits) {
-    for (auto& k : w->keys) {
-      auto it = waiters_.find(k);
-      if (it == waiters_.end()) continue;
-      std::erase(it->second, w.get());
-      if (it->second.empty()) waiters_.erase(it);
-    }
+  if (c.waits.empty()) return;
+  std::unordered_set<std::string_view> keys;
+  for (auto& w : c.waits)
+    for (auto& k : w->keys) keys.insert(k);
+  for (std::string_view k : keys) {
+    auto it = waiters_.find(std::string(k));
+    if (it == waiters_.end()) continue;
+    std::erase_if(it->second, [&c](const Wait* w) { return w->conn == &c; });
+    if (it->second.empty()) waiters_.erase(it);
   }
   c.waits.clear();
+  c.wait_bytes = 0;
 }
 
 void StoreServer::Impl::notify(const std::string& key, uint8_t type, std::string_view old_value,
@@ -715,6 +891,36 @@ void StoreServer::Impl::unwatch(Conn& c) {
     if (it->second.empty()) watchers_.erase(it);
   }
   c.watched.clear();
+  c.watch_bytes = 0;
+}
+
+void StoreServer::Impl::watch(Conn& c, const std::string& key) {
+  auto it = watchers_.find(key);
+  if (it != watchers_.end() && std::find(it->second.begin(), it->second.end(), &c) != it->second.end())
+    return;  // watched already
+  const size_t bytes = kRegistrationOverhead + key.size();
+  check_registration(c, c.watched.size(), opt_.max_watches, "watched keys", "max_watches", bytes);
+  watchers_[key].push_back(&c);
+  c.watched.push_back(key);
+  c.watch_bytes += bytes;
+}
+
+void StoreServer::Impl::add_lease_line(Conn& c, std::string key, std::string value) {
+  const size_t bytes = kRegistrationOverhead + key.size() + value.size();
+  check_registration(c, c.lease_lines.size(), opt_.max_lease_lines, "lease-end lines",
+                     "max_lease_lines", bytes);
+  c.leased = true;  // without LEASE: the lines are written when the connection closes
+  c.lease_lines.emplace_back(std::move(key), std::move(value));
+  c.lease_bytes += bytes;
+}
+
+void StoreServer::Impl::drop_lease_lines(Conn& c, const std::string& key) {
+  c.leased = true;
+  std::erase_if(c.lease_lines, [&](const auto& l) {
+    if (l.first != key) return false;
+    c.lease_bytes -= kRegistrationOverhead + l.first.size() + l.second.size();
+    return true;
+  });
 }
 
 void StoreServer::Impl::handle(Conn& c, proto::Request& r) {
@@ -781,33 +987,16 @@ void StoreServer::Impl::handle(Conn& c, proto::Request& r) {
       proto::put_u8(out(c), all ? proto::kCheckReady : proto::kCheckNotReady);
       break;
     }
-    case Op::kWait: {
-      auto w = std::make_unique<Wait>();
-      w->conn = &c;
-      for (auto& k : r.keys) {
-        if (present(k)) continue;
-        waiters_[k].push_back(w.get());
-        w->keys.push_back(k);
-        ++w->remaining;
-      }
-      if (w->remaining == 0)
-        proto::put_u8(out(c), proto::kWaitStopWaiting);
-      else
-        c.waits.push_back(std::move(w));
+    case Op::kWait:
+      wait_keys(c, r.keys);
       break;
-    }
     case Op::kGetNumKeys:
       proto::put_i64(out(c), static_cast<int64_t>(kv_.size()));
       break;
-    case Op::kWatchKey: {
-      auto& list = watchers_[r.keys[0]];
-      if (std::find(list.begin(), list.end(), &c) == list.end()) {
-        list.push_back(&c);
-        c.watched.push_back(r.keys[0]);
-      }
+    case Op::kWatchKey:
+      watch(c, r.keys[0]);
       proto::put_u8(out(c), proto::kWatchRegistered);
       break;
-    }
     case Op::kDeleteKey: {
       auto it = kv_.find(r.keys[0]);
       int64_t n = 0;
@@ -874,6 +1063,7 @@ void StoreServer::Impl::handle(Conn& c, proto::Request& r) {
       if (r.i64 < 0) {  // released: the connection leaves in good order, its lines unwritten
         c.leased = false;
         c.lease_lines.clear();
+        c.lease_bytes = 0;
         if (c.lease_timer) c.lease_timer->cancel();
       } else {
         start_lease(c, r.i64);
@@ -881,11 +1071,8 @@ void StoreServer::Impl::handle(Conn& c, proto::Request& r) {
       proto::put_u8(out(c), 0);
       break;
     case Op::kOnLeaseEnd:
-      c.leased = true;  // without LEASE: the lines are written when the connection closes
-      if (r.values[0].empty())  // drops the key's lines (a finished round's)
-        std::erase_if(c.lease_lines, [&](const auto& l) { return l.first == r.keys[0]; });
-      else
-        c.lease_lines.emplace_back(std::move(r.keys[0]), std::move(r.values[0]));
+      if (r.values[0].empty()) drop_lease_lines(c, r.keys[0]);  // a finished round's (docs/store.md)
+      else add_lease_line(c, std::move(r.keys[0]), std::move(r.values[0]));
       proto::put_u8(out(c), 0);
       break;
     case Op::kWaitGrows:

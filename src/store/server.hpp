@@ -18,7 +18,10 @@ struct StoreServerOptions {
   // host name to bind.
   std::string host = "0.0.0.0";
   uint16_t port = 0;  // 0 = pick a free port
-  int backlog = 2048;  // the kernel caps it at net.core.somaxconn
+  // Listen backlog: the kernel's maximum (net.core.somaxconn, else SOMAXCONN), or this if
+  // larger (listen_backlog()). Thousands of clients connect at once; a SYN beyond a full
+  // accept queue is dropped and retried only after 1 s, and the kernel caps the value anyway.
+  int backlog = 0;
   size_t max_key_bytes = 8 << 10, max_payload_bytes = 8 << 20,
          max_keys_per_request = 128 << 10;
   // Sum of the declared string lengths of one request. No limit by default, as in PyTorch
@@ -29,7 +32,26 @@ struct StoreServerOptions {
   // (a client that never reads while wake-ups or watch events pile up). A reply being
   // written is never counted, however large: a client that reads is never cut off.
   size_t max_pending_output_bytes = size_t{512} << 20;
+
+  // Memory budget (docs/store.md, "Memory budget"). A request past one of these is refused:
+  // a warning names the client, and its connection alone is closed (the only error either
+  // wire generation can report). A refused reply is never assembled. The defaults are far
+  // above what torch or ddprun's rendezvous asks at 100k ranks.
+  // One reply (GET, MULTI_GET, COMPARE_SET, LIST, QUEUE_POP), counted before it is built.
+  size_t max_reply_bytes = size_t{1} << 30;
+  // What one connection holds: its unsent replies plus its registrations (pending waits'
+  // keys, watched keys, lease-end lines), when a reply or a registration would add to it.
+  size_t max_connection_bytes = size_t{2} << 30;
+  // Registrations per connection: WAITs, BARRIER arrivals and WAIT_GROWS not yet answered;
+  // WATCH_KEY keys (generation 1); ON_LEASE_END lines.
+  size_t max_pending_waits = size_t{64} << 10;
+  size_t max_watches = size_t{64} << 10;
+  size_t max_lease_lines = size_t{64} << 10;
 };
+
+// The backlog a listener asks for: the larger of `configured` and the kernel's maximum
+// (/proc/sys/net/core/somaxconn; SOMAXCONN where that cannot be read).
+int listen_backlog(int configured);
 
 class StoreServer {
  public:

@@ -3,6 +3,8 @@
 // SIGTERM or SIGINT.
 //
 //   ddp-store-server [--host H] [--port P] [--backlog N] [--log-level trace|debug|info|warn]
+//
+// The listen backlog is the kernel's maximum (net.core.somaxconn), or N if larger.
 #include <signal.h>
 
 #include <cstdio>
@@ -40,7 +42,6 @@ int main(int argc, char** argv) {
   // Logs go to stderr: stdout carries only the "port=N" line.
   spdlog::set_default_logger(spdlog::stderr_color_mt("ddp-store-server"));
   ddp::detail::StoreServerOptions opt;
-  opt.backlog = 16384;  // the kernel caps it at net.core.somaxconn
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
     auto value = [&]() -> const char* {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <functional>
 #include <future>
 #include <ostream>
@@ -663,6 +664,33 @@ TEST(StoreServer, PortZeroPicksAFreePort) {
   EXPECT_NE(a->port(), 0);
   EXPECT_NE(b->port(), 0);
   EXPECT_NE(a->port(), b->port());
+}
+
+// The listener asks for the kernel's maximum backlog (or more, when configured so): a burst
+// of connects beyond the accept queue would wait 1 s for SYN retransmits.
+TEST(StoreServer, ListensWithTheKernelsMaximumBacklog) {
+  int kernel = SOMAXCONN;
+  if (std::FILE* f = std::fopen("/proc/sys/net/core/somaxconn", "r")) {
+    if (std::fscanf(f, "%d", &kernel) != 1) kernel = SOMAXCONN;
+    std::fclose(f);
+  }
+  EXPECT_EQ(ddp::detail::listen_backlog(0), kernel);
+  EXPECT_EQ(ddp::detail::listen_backlog(16), kernel);  // a smaller one is raised
+  EXPECT_EQ(ddp::detail::listen_backlog(kernel + 1000), kernel + 1000);  // a larger one wins
+  ddp::detail::StoreServerOptions o;
+  o.backlog = 16;
+  auto server = start_server(o);
+  // ss reports a listening socket's backlog as its Send-Q.
+  std::FILE* ss = ::popen(fmt::format("ss -Hltn 'sport = :{}' 2>/dev/null", server->port()).c_str(), "r");
+  ASSERT_NE(ss, nullptr);
+  char state[32] = {}, line[512] = {};
+  long recv_q = -1, send_q = -1;
+  bool parsed = std::fgets(line, sizeof line, ss) != nullptr &&
+                std::sscanf(line, "%31s %ld %ld", state, &recv_q, &send_q) == 3;
+  int rc = ::pclose(ss);
+  if (!parsed && rc != 0) GTEST_SKIP() << "no ss (iproute2) to read the listener's backlog";
+  ASSERT_TRUE(parsed) << "ss printed: " << line;
+  EXPECT_EQ(send_q, kernel) << line;
 }
 
 TEST(StoreServer, AddressInUseIsASystemErrorWithThatCode) {
