@@ -148,7 +148,8 @@ for r in $(seq 1 "$reps"); do
 done
 fi
 
-# First contact: TARGET N -> fresh_line (store-load's line against a server started for it).
+# First contact: TARGET N -> fresh_line (store-load's line against a server started for it)
+# and fresh_cpu (the server's CPU ms during that run, not counting its start).
 fresh_run() {
   local target=$1 n=$2 out=$tmp/fresh.out gen=1 port
   local sources=$(( (n + 7999) / 8000 ))  # past ~14k clients of one address, connect() itself crawls
@@ -162,28 +163,34 @@ fresh_run() {
   [[ $target == *2 ]] && gen=2
   port=$(wait_port "$out") || port=""
   fresh_line="no server: $(tail -c 300 "$tmp/fresh.err")"
+  fresh_cpu=""
   if [ -n "$port" ]; then
+    local c0 c1
+    c0=$(cpu_ns "$fresh_pid")
     fresh_line=$("$load" --gen "$gen" --host 127.0.0.1 --port "$port" --clients "$n" --sources "$sources" \
                  --timeout-s "${FRESH_TIMEOUT_S:-60}" 2>&1 || true)
+    c1=$(cpu_ns "$fresh_pid")
+    fresh_cpu=$(awk -v a="$c0" -v b="$c1" 'BEGIN {printf "%.1f", (b-a)/1e6}')
   fi
   kill "$fresh_pid" 2>/dev/null || true
   wait "$fresh_pid" 2>/dev/null || true
   fresh_pid=""
 }
 
-declare -A fres fcon
+declare -A fres fcon fcpu runs
 if has fresh; then
 echo "# first contact: a fresh server per run, $reps repetitions" >&2
 for n in $fresh_clients; do
   for r in $(seq 1 "$reps"); do
     for target in $targets; do
       fresh_run "$target" "$n"
-      echo "  fresh $target n=$n: $fresh_line" >&2
+      echo "  fresh $target n=$n: $fresh_line server_cpu_ms=$fresh_cpu" >&2
       ms=$(sed -n 's/.*total_ms=\([0-9.]*\).*/\1/p' <<<"$fresh_line")
       cms=$(sed -n 's/.*connect_ms=\([0-9.]*\).*/\1/p' <<<"$fresh_line")
       if [ -n "$ms" ]; then
         echo "$ms" >>"$tmp/fresh-$target-$n"
         echo "$cms" >>"$tmp/fcon-$target-$n"
+        echo "$fresh_cpu" >>"$tmp/fcpu-$target-$n"
       fi
       sleep 0.5
     done
@@ -191,6 +198,8 @@ for n in $fresh_clients; do
   for target in $targets; do
     fres[$target-$n]=$(median 2>/dev/null <"$tmp/fresh-$target-$n" || echo fail)
     fcon[$target-$n]=$(median 2>/dev/null <"$tmp/fcon-$target-$n" || echo fail)
+    fcpu[$target-$n]=$(median 2>/dev/null <"$tmp/fcpu-$target-$n" || echo fail)
+    runs[$target-$n]=$(wc -l 2>/dev/null <"$tmp/fresh-$target-$n" || echo 0)
   done
 done
 fi
@@ -228,13 +237,18 @@ fi
 fi
 if has fresh; then
   echo
-  echo "| first contact: N clients connect at once to a fresh server, ADD + WAIT | PyTorch 1.13 server | ddp-store-server | ddp vs torch | all connected (ms), torch | all connected (ms), ddp |"
-  echo "|---|---|---|---|---|---|"
+  echo "| first contact: N clients connect at once to a fresh server, ADD + WAIT | PyTorch server | ddp-store-server | ddp vs torch | all connected (ms), torch / ddp | server CPU ms, torch / ddp | runs that finished, torch / ddp |"
+  echo "|---|---|---|---|---|---|---|"
+  row() {  # LABEL TORCH_TARGET DDP_TARGET N
+    local t=$2-$4 d=$3-$4
+    echo "| $1 | ${fres[$t]} | ${fres[$d]} | $(faster "${fres[$t]}" "${fres[$d]}") | ${fcon[$t]} / ${fcon[$d]} | ${fcpu[$t]} / ${fcpu[$d]} | ${runs[$t]} / ${runs[$d]} of $reps |"
+  }
   for n in $fresh_clients; do
-    echo "| $n clients, gen 1: all released (ms) | ${fres[torch1-$n]} | ${fres[ddp1-$n]} | $(faster "${fres[torch1-$n]}" "${fres[ddp1-$n]}") | ${fcon[torch1-$n]} | ${fcon[ddp1-$n]} |"
-    echo "| $n clients, gen 2: all released (ms) | (torch 1.13: gen 1 only) | ${fres[ddp2-$n]} | $(faster "${fres[torch1-$n]}" "${fres[ddp2-$n]}") | | ${fcon[ddp2-$n]} |"
+    row "$n clients, gen 1, torch 1.13: all released (ms)" torch1 ddp1 "$n"
     if [[ -n ${torch2_pid:-} ]]; then
-      echo "| $n clients, gen 2, against PyTorch 2.6 (chroot): all released (ms) | ${fres[torch2-$n]} | ${fres[ddp2-$n]} | $(faster "${fres[torch2-$n]}" "${fres[ddp2-$n]}") | ${fcon[torch2-$n]} | ${fcon[ddp2-$n]} |"
+      row "$n clients, gen 2, torch 2.6 (chroot): all released (ms)" torch2 ddp2 "$n"
+    else
+      row "$n clients, gen 2 (ddp) against torch 1.13's gen 1: all released (ms)" torch1 ddp2 "$n"
     fi
   done
 fi

@@ -154,6 +154,39 @@ bool step(Burst& b, uint32_t events) {
   return true;
 }
 
+// Drives every client until it has its reply (or one fails: `failed` says which, or the
+// deadline passes); returns how many have it.
+int run_burst(std::vector<Burst>& clients, std::chrono::steady_clock::time_point deadline,
+              std::string& failed) {
+  int ep = ::epoll_create1(EPOLL_CLOEXEC);
+  for (size_t i = 0; i < clients.size(); ++i) {
+    epoll_event ev{EPOLLIN | EPOLLOUT, {}};
+    ev.data.u32 = static_cast<uint32_t>(i);
+    ::epoll_ctl(ep, EPOLL_CTL_ADD, clients[i].fd, &ev);
+  }
+  int done = 0;
+  std::vector<epoll_event> events(1024);
+  while (done < static_cast<int>(clients.size()) && failed.empty() &&
+         std::chrono::steady_clock::now() < deadline) {
+    int n = ::epoll_wait(ep, events.data(), static_cast<int>(events.size()), 100);
+    for (int e = 0; e < n && failed.empty(); ++e) {
+      Burst& b = clients[events[e].data.u32];
+      if (b.done) continue;
+      if (!step(b, events[e].events)) failed = "client " + std::to_string(events[e].data.u32) + " failed";
+      if (b.done) {
+        ++done;
+        ::epoll_ctl(ep, EPOLL_CTL_DEL, b.fd, nullptr);
+      } else if (b.out.empty() && (events[e].events & EPOLLOUT)) {
+        epoll_event ev{EPOLLIN, {}};  // sent: only the reply is awaited now
+        ev.data.u32 = events[e].data.u32;
+        ::epoll_ctl(ep, EPOLL_CTL_MOD, b.fd, &ev);
+      }
+    }
+  }
+  ::close(ep);
+  return done;
+}
+
 uint32_t total_retransmits(int fd) {
   tcp_info ti{};
   socklen_t len = sizeof ti;
@@ -188,33 +221,10 @@ TEST(StoreScale, FourThousandConnectsAtOnceOnAFreshStoreNeedNoSynRetransmit) {
     prepare(clients[i], i);
   }
   server.start();
-  int ep = ::epoll_create1(EPOLL_CLOEXEC);
-  for (int i = 0; i < kClients; ++i) {
-    epoll_event ev{EPOLLIN | EPOLLOUT, {}};
-    ev.data.u32 = static_cast<uint32_t>(i);
-    ::epoll_ctl(ep, EPOLL_CTL_ADD, clients[i].fd, &ev);
-  }
-  int done = 0;
-  const auto deadline = t0 + hang_guard();
-  std::vector<epoll_event> events(1024);
-  while (done < kClients && std::chrono::steady_clock::now() < deadline) {
-    int n = ::epoll_wait(ep, events.data(), static_cast<int>(events.size()), 100);
-    for (int e = 0; e < n; ++e) {
-      Burst& b = clients[events[e].data.u32];
-      if (b.done) continue;
-      ASSERT_TRUE(step(b, events[e].events)) << "client " << events[e].data.u32 << " failed";
-      if (b.done) {
-        ++done;
-        ::epoll_ctl(ep, EPOLL_CTL_DEL, b.fd, nullptr);
-      } else if (b.out.empty() && (events[e].events & EPOLLOUT)) {
-        epoll_event ev{EPOLLIN, {}};  // sent: only the reply is awaited now
-        ev.data.u32 = events[e].data.u32;
-        ::epoll_ctl(ep, EPOLL_CTL_MOD, b.fd, &ev);
-      }
-    }
-  }
+  std::string failed;
+  const int done = run_burst(clients, t0 + hang_guard(), failed);
   const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
-  ::close(ep);
+  ASSERT_TRUE(failed.empty()) << failed;
   ASSERT_EQ(done, kClients);
   std::vector<int64_t> counts;
   uint32_t retransmits = 0;
