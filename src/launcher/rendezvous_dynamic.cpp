@@ -69,6 +69,7 @@ class DynamicAdapter : public Rendezvous {
     if (!refusal_.valid()) return d_->restart_refused(end);
     std::string why = refusal_.get();
     refusal_ = {};
+    ahead_refused_ = !why.empty();  // then prejoin's thread ends without joining
     return why;
   }
   void prejoin(const RoundEnd& end) override {
@@ -106,6 +107,7 @@ class DynamicAdapter : public Rendezvous {
   std::unique_ptr<rdzv::DynamicRendezvous> d_;
   std::future<std::optional<rdzv::RoundPlan>> ahead_;  // prejoin()'s next_round (nullopt: refused)
   std::future<std::string> refusal_;                    // prejoin()'s restart_refused
+  bool ahead_refused_ = false;                          // prejoin() found no round may follow
   std::shared_ptr<BackgroundTask> note_;  // the last note posted (end_round, arrive_exit)
 
   void stop_ahead() {
@@ -124,10 +126,13 @@ class DynamicAdapter : public Rendezvous {
 void DynamicAdapter::finish(FinishKind kind, const std::string& reason, std::optional<Deadline> deadline) {
   if (!d_) return;
   // Owns what it uses: nothing of this adapter but the rendezvous, leaked if abandoned.
-  auto goodbye = [d = d_.get(), ahead = std::make_shared<decltype(ahead_)>(std::move(ahead_)),
+  auto goodbye = [d = d_.get(), ahead = std::make_shared<decltype(ahead_)>(std::move(ahead_)), refused = ahead_refused_,
                   note = note_, kind, reason] {
     if (ahead->valid()) {
-      d->cancel();
+      // A join in progress is cancelled (and the goodbye below is skipped: the lease's end
+      // tells the others); a prejoin that was refused is not joining: the goodbye runs,
+      // so the store's host still waits for the others to leave.
+      if (!refused) d->cancel();
       try {
         ahead->get();
       } catch (const std::exception&) {
