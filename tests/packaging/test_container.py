@@ -182,18 +182,21 @@ class Signals(unittest.TestCase):
 
     def test_orphaned_grandchild_reaped_no_zombie(self):
         c = name("orphan")
+        # The orphan lives long enough for `podman logs` and `podman exec ps` to see it on a
+        # busy machine (1.5 s was not: each podman call can take a second there).
+        seconds = float(scaled(6))  # job.py passes str(float) to sleep: "sleep 6.0"
         pm("run", "-d", "--name", c, *run_args(), IMAGE, "--nproc-per-node", "2", "/w/job.py", "orphan",
-           "--seconds", "1.5")
+           "--seconds", str(seconds))
         wait_for(lambda: "orphan started" in logs(c), 30, "the orphan")
 
         def ps():
             rows = pm("exec", c, "ps", "-eo", "pid=,ppid=,stat=,args=").stdout.splitlines()
             return [r.split(None, 3) for r in rows]
 
-        orphan = [r for r in ps() if r[3] == "sleep 1.5"]
+        orphan = [r for r in ps() if r[3] == f"sleep {seconds}"]
         self.assertEqual(len(orphan), 1, ps())
         self.assertEqual(orphan[0][1], "1", "the orphan is reparented to ddprun, PID 1")
-        wait_for(lambda: not any(r[3] == "sleep 1.5" for r in ps()), 10, "the orphan to exit")
+        wait_for(lambda: not any(r[3] == f"sleep {seconds}" for r in ps()), 20, "the orphan to exit")
         time.sleep(0.3)
         rows = ps()
         self.assertFalse([r for r in rows if r[2].startswith("Z")], f"zombies: {rows}")
