@@ -80,6 +80,14 @@ class FromSource(unittest.TestCase):
     def test_two_workers_exit_0_tagged_output(self):
         pkgtest.check_tagged_job(self, pm, IMAGE, 2)
 
+    def test_the_readmes_run_line(self):
+        # README, "Containers": podman run --rm ddprun --nproc-per-node 4 --no-python sh -c '...'
+        p = pm("run", "--rm", "--network", "none", IMAGE, "--nproc-per-node", "4", "--no-python", "sh", "-c",
+               'echo "rank $RANK of $WORLD_SIZE"', check=False)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertEqual(sorted(l for l in p.stdout.splitlines() if l.startswith("[rank")),
+                         [f"[rank{r}]:rank {r} of 4" for r in range(4)])
+
     def test_worker_exit_3_is_the_container_exit_status(self):
         pkgtest.check_exit_3(self, pm, IMAGE)
 
