@@ -119,7 +119,7 @@ std::vector<std::string> local_addresses() {
 
 bool names_this_machine(const std::string& host, const std::string& hostname, std::string& why) {
   const std::string h = lower(host), me = lower(hostname);
-  if (h == "localhost" || is_loopback(h)) {
+  if (is_loopback_host(h)) {
     why = fmt::format("'{}' is this machine's loopback", host);
     return true;
   }

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <functional>
 #include <future>
 
 #include <fmt/format.h>
@@ -46,17 +47,11 @@ class DynamicAdapter : public Rendezvous {
   std::optional<RoundEnd> round_end() override { return d_->round_end(); }
   // Posted: the notes go out in order, each after the one before, on threads of their own.
   void end_round(RoundEnd::Kind kind, const std::string& what) override {
-    auto before = note_;
-    note_ = std::make_shared<BackgroundTask>([d = d_.get(), before, kind, what] {
-      if (before) before->wait();
-      d->end_round(kind, what);
-    });
+    post_note([d = d_.get(), kind, what] { d->end_round(kind, what); });
   }
   std::optional<RoundEnd> arrive_exit() override {
-    // After this node's own notes; the watcher tells how the round ends (notify_fd).
-    auto before = note_;
-    note_ = std::make_shared<BackgroundTask>([d = d_.get(), before] {
-      if (before) before->wait();
+    // The watcher tells how the round ends (notify_fd).
+    post_note([d = d_.get()] {
       try {
         d->arrive_exit();
       } catch (const std::exception& e) {
@@ -109,6 +104,14 @@ class DynamicAdapter : public Rendezvous {
   std::future<std::string> refusal_;                    // prejoin()'s restart_refused
   bool ahead_refused_ = false;                          // prejoin() found no round may follow
   std::shared_ptr<BackgroundTask> note_;  // the last note posted (end_round, arrive_exit)
+
+  // Runs `note` on a thread of its own once the note posted before it has gone out.
+  void post_note(std::function<void()> note) {
+    note_ = std::make_shared<BackgroundTask>([before = note_, note = std::move(note)] {
+      if (before) before->wait();
+      note();
+    });
+  }
 
   void stop_ahead() {
     if (!ahead_.valid()) return;

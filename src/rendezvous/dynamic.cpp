@@ -108,10 +108,8 @@ void DynamicRendezvous::wait_events(Clock::time_point t) {
 }
 
 void DynamicRendezvous::take_events(const std::vector<std::string>& more) {
-  for (auto& l : more) {
-    Event e = parse_event(l);
-    if (e.kind == "lost") lost_.insert(e.node);
-  }
+  for (auto& l : more)
+    if (l.starts_with("lost ")) lost_.insert(parse_event(l).node);  // only lost lines need parsing here
   events_log_.add(more);
 }
 
