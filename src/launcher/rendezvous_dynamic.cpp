@@ -61,7 +61,10 @@ class DynamicAdapter : public Rendezvous {
     return std::nullopt;
   }
   std::string restart_refused(const RoundEnd& end) override {
-    if (!refusal_.valid()) return d_->restart_refused(end);
+    if (!refusal_.valid()) {
+      wait_notes();  // the rendezvous's calls share one backend object with the notes
+      return d_->restart_refused(end);
+    }
     std::string why = refusal_.get();
     refusal_ = {};
     ahead_refused_ = !why.empty();  // then prejoin's thread ends without joining
@@ -104,6 +107,12 @@ class DynamicAdapter : public Rendezvous {
   std::future<std::string> refusal_;                    // prejoin()'s restart_refused
   bool ahead_refused_ = false;                          // prejoin() found no round may follow
   std::shared_ptr<BackgroundTask> note_;  // the last note posted (end_round, arrive_exit)
+
+  // The notes use the rendezvous's main backend object, which one thread at a time may use
+  // (etcd's HTTP session is not shared): calls from this thread wait for them first.
+  void wait_notes() const {
+    if (note_) note_->wait();
+  }
 
   // Runs `note` on a thread of its own once the note posted before it has gone out.
   void post_note(std::function<void()> note) {
@@ -295,6 +304,7 @@ JobPlan DynamicAdapter::next_round() {
   rdzv::RoundPlan r;
   try {
     if (!ahead_.valid()) {
+      wait_notes();
       r = d_->next_round();
     } else if (auto joined = ahead_.get()) {
       r = *joined;

@@ -202,9 +202,9 @@ class EdgeTest(DdprunTestCase):
         store = torch_store_client(self.port)
         samples = {}
         for at in (rounds // 10, rounds * 9 // 10):
-            self.wait_for(lambda: jobwatch.highest_round(rec) >= at, 240, f"round {at}")
+            self.wait_for(lambda: jobwatch.highest_round(rec) >= at, 150, f"round {at}")
             samples[at] = (store.num_keys(), [vm_rss_kb(a.proc.pid) for a in agents])
-        self.assertEqual(jobwatch.wait_exited(agents, scaled(240)), [], self.describe())
+        self.assertEqual(jobwatch.wait_exited(agents, scaled(150)), [], self.describe())
         (k1, rss1), (k9, rss9) = samples[rounds // 10], samples[rounds * 9 // 10]
         self.assertLessEqual(k9, k1 + 4, f"store keys at round {rounds // 10}: {k1}, at {rounds * 9 // 10}: {k9}")
         self.assertLess(rss9[1] - rss1[1], 512, f"the other agent's RSS grew from {rss1[1]} to {rss9[1]} kB over "

@@ -153,10 +153,10 @@ class EtcdScenarios(EtcdTestCase):
         agents = [self.start_node(n, addr, **kw) for n, addr in (("A", "127.0.0.2"), ("B", "127.0.0.3"))]
         samples = {}
         for at in (rounds // 10, rounds * 9 // 10):
-            self.wait_for(lambda: jobwatch.highest_round(rec) >= at, 300, f"round {at}")
+            self.wait_for(lambda: jobwatch.highest_round(rec) >= at, 120, f"round {at}")
             per_round = [k for k in self.run_keys() if "/log/exit" in k or "/ctr/exit" in k]
             samples[at] = (len(per_round), [vm_rss_kb(a.proc.pid) for a in agents])
-        self.wait_nodes(agents, 300)
+        self.wait_nodes(agents, 120)
         (k1, rss1), (k9, rss9) = samples[rounds // 10], samples[rounds * 9 // 10]
         self.assertLessEqual(k9, k1 + 4, f"exit keys at round {rounds // 10}: {k1}, at {rounds * 9 // 10}: {k9}")
         for before, after, name in zip(rss1, rss9, "AB"):
