@@ -2,8 +2,10 @@
 """Dynamic rendezvous benchmarks (issue 10), each beside its anchor measured in the same run.
 
   /usr/bin/python3 bench/rendezvous/run.py [--quick] [--no-torchrun] [--big 256,1024] [--json out.json]
+                                           [--backend static] [--baseline OLD_DDPRUN]
 
-1. rendezvous: N agents on loopback, `--rdzv-backend c10d --nnodes N`, one `true` worker
+1. rendezvous: N agents on loopback, `--rdzv-backend c10d --nnodes N` (or, with --backend
+   static, `--nnodes N --node-rank i --master-addr 127.0.0.1`), one `true` worker
    each: from starting the N agents (build/bin/ddp-bench-spawn-n) to the last one's exit. ddprun for 2, 4, 8 and the big
    N; torchrun 1.13 (anchors/torchrun113.py, its defaults) for 2, 4, 8.
 2. host loss: two "hosts" of 2 gloo workers each in an elastic job (`--nnodes 1:2
@@ -33,15 +35,21 @@ def free_port():
         return s.getsockname()[1]
 
 
+BACKEND = "c10d"
+
+
 def rendezvous_once(n, torchrun=False, binary=None):
     """Seconds from starting n agents to the last one's exit; raises if any failed."""
     port = free_port()
-    if torchrun:
-        cmd = [PY, TORCHRUN, "--nnodes", str(n), "--nproc_per_node", "1", "--rdzv_backend", "c10d",
-               "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "bench", "--no_python", "true"]
+    if BACKEND == "static":
+        rdzv = ["--nnodes", str(n), "--node_rank", "{i}", "--master_addr", "127.0.0.1", "--master_port", str(port)]
     else:
-        cmd = [binary or DDPRUN, "--nnodes", str(n), "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "bench", "--no-python", "true"]
+        rdzv = ["--nnodes", str(n), "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id",
+                "bench"]
+    if torchrun:
+        cmd = [PY, TORCHRUN, *rdzv, "--nproc_per_node", "1", "--no_python", "true"]
+    else:
+        cmd = [binary or DDPRUN, *rdzv, "--nproc-per-node", "1", "--no-python", "true"]
     # A C spawner starts the n agents (Python's Popen would take seconds for 1024 of them).
     r = subprocess.run([SPAWN_N, str(n)] + cmd, env=ENV, capture_output=True, text=True, timeout=900)
     dt, failed = r.stdout.split()
@@ -141,7 +149,10 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--baseline", help="another ddprun binary measured beside build/bin/ddprun (e.g. the last release)")
     ap.add_argument("--small", default="2,4,8")
+    ap.add_argument("--backend", choices=["c10d", "static"], default="c10d")
     a = ap.parse_args()
+    global BACKEND
+    BACKEND = a.backend
     runs = 3 if a.quick else 7
     res = {"ddprun": {}, "torchrun": {}, "baseline": {}}
     for n in [int(x) for x in a.small.split(",") if x]:

@@ -1,12 +1,13 @@
-// How the nodes of a job meet and keep in step, as the supervisor sees it. Two kinds:
-//   static   (--rdzv-backend static, --standalone): node 0 hosts the store, --node-rank
-//            orders the nodes, every node restarts together (rendezvous.cpp)
-//   dynamic  (--rdzv-backend c10d): rounds over a backend; nodes come and go
-//            (rendezvous_dynamic.cpp over src/rendezvous/)
+// How the nodes of a job meet and keep in step, as the supervisor sees it:
+//   one node alone (--standalone, --nnodes 1): rendezvous.cpp, no network
+//   every multi-node job: the rendezvous of src/rendezvous/ over a backend
+//   (rendezvous_nodes.cpp): static (--node-rank; node 0's store; the node count and
+//   ranks fixed), c10d (a store at --rdzv-endpoint), etcd. One liveness (leases), one
+//   exit barrier, one failure path for all three.
 //
-// A job is a sequence of rounds (static: attempts). For each, the supervisor calls
-// next_round(), runs the workers while watching notify_fd(), and when the round ends
-// (its workers, another node, a signal) asks restart_refused() whether another may follow.
+// A job is a sequence of rounds. For each, the supervisor calls next_round(), runs the
+// workers while watching notify_fd(), and when the round ends (its workers, another node,
+// a signal) asks restart_refused() whether another may follow.
 //
 // Never blocked by the network: while workers run, the supervisor's calls return at once
 // (end_round, arrive_exit, round_end); what they start goes on in the rendezvous's own
@@ -24,6 +25,10 @@
 #include "launcher/worker.hpp"
 #include "rendezvous/dynamic.hpp"
 #include "rendezvous/events.hpp"
+
+namespace ddp::detail {
+class StoreServer;
+}
 
 namespace ddprun {
 
@@ -55,7 +60,7 @@ class Rendezvous {
   // While this round's workers are being stopped, asks in the background whether another
   // round may follow `end` and, if so, starts joining it (the next next_round() returns
   // it; restart_refused() then returns the answer). Until next_round() only end_round(),
-  // restart_refused() and finish() may be called. Static rendezvous: nothing to do ahead.
+  // restart_refused() and finish() may be called. A single node: nothing to do ahead.
   virtual void prejoin(const RoundEnd& end) { (void)end; }
   // Whether next_round() may wait for other nodes or the network (a single static node
   // never does: the supervisor then joins on its own thread, paying nothing for a thread).
@@ -74,7 +79,11 @@ std::string unsent_note();
 // Hosts the store or connects to it, as the options say. hostname: this machine's.
 std::unique_ptr<Rendezvous> make_rendezvous(const Options& o, const std::string& hostname);
 
-// The dynamic rendezvous (rendezvous_dynamic.cpp).
-std::unique_ptr<Rendezvous> make_dynamic_rendezvous(const Options& o, const std::string& hostname);
+// A multi-node job's rendezvous, static or dynamic (rendezvous_nodes.cpp).
+std::unique_ptr<Rendezvous> make_node_rendezvous(const Options& o, const std::string& hostname);
+
+// Hosts the workers' store on every interface at `port` (pick_any: a free port); a port in
+// use is an error that names its holder.
+std::unique_ptr<ddp::detail::StoreServer> host_master_store(int port, bool pick_any);
 
 }  // namespace ddprun

@@ -34,6 +34,12 @@ std::string exit_log(int64_t r) { return fmt::format("exit/{}", r); }
 
 std::string seconds_text(milliseconds d) { return ddp::format_duration(d); }
 
+// "--nnodes 2" (a fixed count) or "--nnodes 1:4".
+std::string nnodes_flag(const JobSettings& j) {
+  return j.min_nodes == j.max_nodes ? fmt::format("--nnodes {}", j.max_nodes)
+                                    : fmt::format("--nnodes {}:{}", j.min_nodes, j.max_nodes);
+}
+
 std::string describe_nodes(const std::vector<NodeDesc>& nodes) {
   std::vector<std::string> names;
   for (auto& n : nodes) names.push_back(n.describe());
@@ -164,8 +170,20 @@ void DynamicRendezvous::join_failed(JoinAction a, const State& s) {
         "--max-restarts {}: every node must be given the same values",
         j.min_nodes, j.max_nodes, j.max_restarts, c_.run_id, backend_name_, s.job->min_nodes, s.job->max_nodes,
         s.job->max_restarts));
+  if (a == JoinAction::kErrorRankTaken)
+    throw ddp::UsageError(fmt::format("rendezvous: --node-rank {} is taken by two nodes ({} and {}): give each node "
+                                      "its own rank",
+                                      c_.me.rank, rank_holder(s, c_.me)->describe(), c_.me.describe()));
   const std::string timeout = fmt::format("join_timeout {} (--rdzv-conf join_timeout=SECONDS)",
                                           seconds_text(c_.join_timeout));
+  if (c_.me.rank >= 0 && !s.complete) {
+    std::vector<int> missing;
+    for (int r = 0; r < j.max_nodes; ++r)
+      if (std::none_of(s.participants.begin(), s.participants.end(), [&](const NodeDesc& n) { return n.rank == r; }))
+        missing.push_back(r);
+    throw ddp::TimeoutError(fmt::format("rendezvous: node rank{} {} never joined job '{}' within {}",
+                                        missing.size() == 1 ? "" : "s", fmt::join(missing, ", "), c_.run_id, timeout));
+  }
   if (s.complete && static_cast<int>(s.participants.size()) >= j.max_nodes)
     throw ddp::TimeoutError(fmt::format(
         "rendezvous: the job '{}' is full: its {} nodes (the maximum, --nnodes {}:{}) are running ({}); this node "
@@ -216,6 +234,7 @@ bool DynamicRendezvous::join_step(std::optional<Snapshot>& snap, Clock::time_poi
     case JoinAction::kErrorClosed:
     case JoinAction::kErrorTimeout:
     case JoinAction::kErrorMismatch:
+    case JoinAction::kErrorRankTaken:
       join_failed(a, t);
     default:
       wake |= apply_join(t, a, ctx);
@@ -342,6 +361,11 @@ void DynamicRendezvous::forget_round(int64_t r) {
 // Rank 0 hosts the round's worker store (a fresh port every round: no worker ever reads an
 // earlier round's keys) and writes where it is into the events; the others read it.
 void DynamicRendezvous::publish_or_fetch_master(RoundPlan& p) {
+  if (c_.worker_store) {
+    p.master_addr = c_.worker_store->addr;
+    p.master_port = c_.worker_store->port;
+    return;
+  }
   if (p.group_rank == 0) {
     ddp::detail::StoreServerOptions so;
     so.host = "";
@@ -467,9 +491,8 @@ std::string DynamicRendezvous::restart_refused(const RoundEnd& end) {
   int available = static_cast<int>(s.wait_list.size() + s.redundancy_list.size());
   for (auto& m : members_) available += out.count(m.id) ? 0 : 1;
   if (available < c_.job.min_nodes)
-    return fmt::format("{}; only {} node{} remain{}, fewer than the {} the job needs (--nnodes {}:{})", end.text,
-                       available, available == 1 ? "" : "s", available == 1 ? "s" : "", c_.job.min_nodes,
-                       c_.job.min_nodes, c_.job.max_nodes);
+    return fmt::format("{}; only {} node{} remain{}, fewer than the {} the job needs ({})", end.text, available,
+                       available == 1 ? "" : "s", available == 1 ? "s" : "", c_.job.min_nodes, nnodes_flag(c_.job));
   return "";
 }
 

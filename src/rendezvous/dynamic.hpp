@@ -49,6 +49,13 @@ struct DynamicConfig {
   milliseconds keep_alive_interval{5000};
   int keep_alive_max_attempt = 3;
   bool hosts_store = false;  // this node's ddprun hosts the rendezvous store: it stays until all left
+  // Static (--node-rank): every round's workers use this store (the rendezvous's own, on
+  // node 0) instead of one that each round's rank 0 hosts. me.rank is the fixed node rank.
+  struct Endpoint {
+    std::string addr;
+    int port = 0;
+  };
+  std::optional<Endpoint> worker_store;
   std::string store_lost_hint;  // appended to "lost the rendezvous at ...": what would outlive a node
 };
 

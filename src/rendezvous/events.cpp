@@ -67,7 +67,7 @@ void RoundReader::start(int64_t round, std::vector<NodeDesc> members) {
   master_port_ = 0;
   // Members already known to be gone end the round before it begins.
   for (auto& id : lost_)
-    if (member(id)) events_.push_back(Event{-1, "lost", id, "(lost before the round began)"});
+    if (member(id)) events_.push_back(Event{-1, "lost", id, lost_why_[id]});
   reevaluate();
 }
 
@@ -122,6 +122,7 @@ std::optional<RoundEnd> RoundReader::feed(const std::vector<std::string>& lines)
     Event e = parse_event(l);
     if (e.kind == "lost") {
       lost_.insert(e.node);
+      lost_why_.emplace(e.node, e.text);
     } else if (e.round != round_) {
       continue;
     } else if (e.kind == "master") {

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -100,6 +101,7 @@ class RoundReader {
   std::vector<NodeDesc> members_;
   std::vector<Event> events_;  // this round's, and lost lines
   std::set<std::string> lost_, exited_;
+  std::map<std::string, std::string> lost_why_;  // what each lost line said
   std::optional<RoundEnd> end_;
   bool needs_exited_ = false;
   std::string master_addr_;

@@ -75,13 +75,23 @@ const char* to_string(JoinAction a) {
     case JoinAction::kErrorClosed: return "closed";
     case JoinAction::kErrorTimeout: return "timeout";
     case JoinAction::kErrorMismatch: return "mismatch";
+    case JoinAction::kErrorRankTaken: return "rank taken";
   }
   return "?";
+}
+
+const NodeDesc* rank_holder(const State& s, const NodeDesc& me) {
+  if (me.rank < 0) return nullptr;
+  for (auto* list : {&s.participants, &s.wait_list, &s.redundancy_list})
+    for (auto& n : *list)
+      if (n.rank == me.rank && n.id != me.id) return &n;
+  return nullptr;
 }
 
 JoinAction decide_join(const State& s, const JoinContext& c) {
   if (s.closed) return JoinAction::kErrorClosed;
   if (s.job && !(*s.job == c.job)) return JoinAction::kErrorMismatch;
+  if (rank_holder(s, c.me)) return JoinAction::kErrorRankTaken;
   const std::string& me = c.me.id;
   const bool part = s.has_participant(me);
   const bool waiting = State::contains(s.wait_list, me), redundant = State::contains(s.redundancy_list, me);
@@ -172,7 +182,8 @@ void close_state(State& s, const std::string& reason) {
 }
 
 std::string join_request(const NodeDesc& n, const JobSettings& job) {
-  return fmt::format("join {} {} {} {}", encode_node(n), job.min_nodes, job.max_nodes, job.max_restarts);
+  std::string r = fmt::format("join {} {} {} {}", encode_node(n), job.min_nodes, job.max_nodes, job.max_restarts);
+  return n.rank >= 0 ? fmt::format("{} {}", r, n.rank) : r;
 }
 
 std::string leave_request(const std::string& id, int64_t round, bool counted) {
@@ -193,6 +204,7 @@ void absorb_join(State& s, const std::string& text, const std::set<std::string>&
   if (!decode_node(text, n, rest) || rest.size() < 3) return;
   try {
     job = JobSettings{std::stoi(rest[0]), std::stoi(rest[1]), std::stoi(rest[2])};
+    if (rest.size() > 3) n.rank = std::stoi(rest[3]);
   } catch (const std::exception&) {
     return;
   }

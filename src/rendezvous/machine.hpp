@@ -25,6 +25,7 @@ enum class JoinAction {
   kErrorClosed,
   kErrorTimeout,
   kErrorMismatch,         // this node's --nnodes/--max-restarts differ from the job's
+  kErrorRankTaken,        // another node holds this node's fixed rank (--node-rank)
 };
 const char* to_string(JoinAction a);
 
@@ -36,6 +37,9 @@ struct JoinContext {
 };
 
 JoinAction decide_join(const State& s, const JoinContext& c);
+
+// The listed node, other than `me`, that holds me's fixed rank (nullptr: none, or no fixed rank).
+const NodeDesc* rank_holder(const State& s, const NodeDesc& me);
 
 // Applies a mutating action (not kFinish/kWait/kError*). Returns true when the change
 // matters to nodes waiting for it (round completed, last call started, a round opened):

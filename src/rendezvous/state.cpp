@@ -24,7 +24,7 @@ namespace ddprun::rdzv {
 //   ending 3 1                     (round, counted)
 //   requests 57
 //   closed_reason <text to the end of the line>
-//   P <id> <addr> <host> <master> <nproc>
+//   P <id> <addr> <host> <master> <nproc> [<fixed node rank>]
 
 namespace {
 
@@ -68,9 +68,11 @@ void need(const std::vector<std::string_view>& t, size_t n, std::string_view lin
 }
 
 void put_nodes(std::string& out, char tag, const std::vector<NodeDesc>& list) {
-  for (auto& n : list)
-    out += fmt::format("{} {} {} {} {} {}\n", tag, field(n.id), field(n.addr), field(n.host), field(n.master_addr),
+  for (auto& n : list) {
+    out += fmt::format("{} {} {} {} {} {}", tag, field(n.id), field(n.addr), field(n.host), field(n.master_addr),
                        n.nproc);
+    out += n.rank >= 0 ? fmt::format(" {}\n", n.rank) : "\n";
+  }
 }
 
 NodeDesc node_from(const std::vector<std::string_view>& t, std::string_view line) {
@@ -81,6 +83,7 @@ NodeDesc node_from(const std::vector<std::string_view>& t, std::string_view line
   n.host = unfield(t[3]);
   n.master_addr = unfield(t[4]);
   n.nproc = number<int>(t[5]);
+  if (t.size() > 6) n.rank = number<int>(t[6]);
   return n;
 }
 
@@ -125,6 +128,7 @@ void read_line(State& s, std::string_view line) {
 }  // namespace
 
 std::string NodeDesc::describe() const {
+  if (rank >= 0) return fmt::format("{} (node rank {}, {})", host.empty() ? addr : host, rank, id);
   if (host.empty() || host == addr) return fmt::format("{} ({})", addr, id);
   return fmt::format("{} ({}, {})", host, addr, id);
 }

@@ -21,11 +21,15 @@ struct NodeDesc {
   std::string host;         // hostname, for messages
   std::string master_addr;  // where other nodes reach this node (MASTER_ADDR when it is rank 0)
   int nproc = 1;            // workers on this node
+  int rank = -1;            // a fixed node rank (static: --node-rank); -1: ranked by the order below
 
-  // Node ranks follow (addr, id): deterministic, by address first (torch sorts by address
-  // and pid; the random id keeps equal addresses and pids apart).
-  bool operator<(const NodeDesc& o) const { return addr != o.addr ? addr < o.addr : id < o.id; }
-  std::string describe() const;  // "host (addr, id)"
+  // Node ranks follow the fixed ranks, else (addr, id): deterministic, by address first
+  // (torch sorts by address and pid; the random id keeps equal addresses and pids apart).
+  bool operator<(const NodeDesc& o) const {
+    if (rank != o.rank) return rank < o.rank;
+    return addr != o.addr ? addr < o.addr : id < o.id;
+  }
+  std::string describe() const;  // "host (addr, id)"; "host (node rank R, id)" with a fixed rank
 };
 
 // What every node of the job must agree on; the first node to write the state sets it.
@@ -67,7 +71,8 @@ std::string encode_state(const State& s);
 State decode_state(const std::string& value, const std::string& where);
 
 // A node as five space-separated fields (id addr host master nproc), for requests;
-// decode_node puts the fields after them into `rest`. False for anything else.
+// decode_node puts the fields after them into `rest`. False for anything else. (A fixed
+// rank travels after the fields the request itself adds: machine.cpp.)
 std::string encode_node(const NodeDesc& n);
 bool decode_node(std::string_view text, NodeDesc& n, std::vector<std::string>& rest);
 

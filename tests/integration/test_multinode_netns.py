@@ -218,7 +218,7 @@ class MultiNodeNetns(unittest.TestCase):
         self.assertIn("Signal 9 (SIGKILL)", nodes[1].stderr(), self.describe(nodes))
         self.assertRegex(nodes[1].stderr(), r"rank\s*: 3 \(local_rank: 1\)")
         for n in (nodes[0], nodes[2]):
-            self.assertRegex(n.stderr(), r"node 1: rank 3 .*SIGKILL", self.describe(nodes))
+            self.assertRegex(n.stderr(), r"node \S+ \(node rank 1, [^)]*\): rank 3 .*SIGKILL", self.describe(nodes))
 
     def test_missing_node_join_timeout(self):
         self.make_topology(2)

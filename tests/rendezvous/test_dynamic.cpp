@@ -25,8 +25,13 @@ struct Cluster {
   JobSettings job{1, 3, 1};
   milliseconds join_timeout = kGuard, last_call = 100ms;
 
-  std::unique_ptr<DynamicRendezvous> node(const std::string& name, int nproc = 2) {
+  std::optional<DynamicConfig::Endpoint> worker_store;  // static: the workers' store is fixed
+
+  // rank >= 0: a fixed node rank (static, --node-rank).
+  std::unique_ptr<DynamicRendezvous> node(const std::string& name, int nproc = 2, int rank = -1) {
     DynamicConfig c;
+    c.me.rank = rank;
+    c.worker_store = worker_store;
     c.run_id = "job";
     c.job = job;
     c.me.id = name + "_1_0";
@@ -308,6 +313,50 @@ TEST(DynamicRendezvous, NodesWithOtherSettingsAreRefused) {
     EXPECT_NE(std::string(e.what()).find("--nnodes 2:2"), std::string::npos) << e.what();
   }
   first.get();  // a times out alone
+}
+
+// Static (--node-rank): the node ranks are the given ones, whatever the addresses; the
+// workers' store is the fixed one; a second node with a taken rank is refused at once.
+TEST(DynamicRendezvous, FixedRanksOrderTheNodesAndUseTheFixedWorkerStore) {
+  Cluster c;
+  c.job = {3, 3, 0};
+  c.worker_store = DynamicConfig::Endpoint{"head", 29500};
+  auto a = c.node("a", 1, 2), b = c.node("b", 2, 0), z = c.node("z", 3, 1);
+  auto plans = all_next_round({a.get(), b.get(), z.get()});
+  EXPECT_EQ(plans[0].group_rank, 2);
+  EXPECT_EQ(plans[1].group_rank, 0);
+  EXPECT_EQ(plans[2].group_rank, 1);
+  EXPECT_EQ(plans[0].rank_base, 5);  // after b's 2 and z's 3
+  EXPECT_EQ(plans[2].rank_base, 2);
+  for (auto& p : plans) {
+    EXPECT_EQ(p.world_size, 6);
+    EXPECT_EQ(p.master_addr, "head");
+    EXPECT_EQ(p.master_port, 29500);
+  }
+  auto again = c.node("b2", 1, 0);
+  try {
+    again->next_round();
+    FAIL() << "a second node with --node-rank 0 joined";
+  } catch (const ddp::UsageError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("--node-rank 0 is taken by two nodes"), std::string::npos) << m;
+    EXPECT_NE(m.find("b (node rank 0, b_1_0)"), std::string::npos) << m;
+  }
+}
+
+TEST(DynamicRendezvous, FixedRanksThatNeverJoinAreNamed) {
+  Cluster c;
+  c.job = {3, 3, 0};
+  c.join_timeout = 300ms;
+  c.worker_store = DynamicConfig::Endpoint{"head", 29500};
+  auto b = c.node("b", 1, 1);
+  try {
+    b->next_round();
+    FAIL() << "a round of 3 formed with one node";
+  } catch (const ddp::TimeoutError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("node ranks 0, 2 never joined"), std::string::npos) << m;
+  }
 }
 
 TEST(DynamicRendezvous, LosingTheBackendEndsTheRound) {

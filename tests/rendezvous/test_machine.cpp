@@ -242,3 +242,45 @@ TEST_F(Machine, ApplyingWaitOrFinishChangesNothing) {
 }
 
 }  // namespace
+
+namespace {
+
+// Static (--node-rank): the fixed ranks order the round whatever the addresses, a second
+// node with a taken rank is refused, and the rank travels through requests and the state.
+TEST(MachineFixedRanks, RanksOrderTheRoundATakenRankIsRefusedAndBothRoundTrip) {
+  const JobSettings job{2, 2, 0};
+  NodeDesc x = node("10.0.0.9", "x"), y = node("10.0.0.1", "y"), y2 = node("10.0.0.2", "y2");
+  x.rank = 0;
+  y.rank = 1;
+  y2.rank = 1;
+  State s;
+  for (auto* n : {&y, &x}) {
+    JoinContext c{*n, job, false, false};
+    ASSERT_EQ(decide_join(s, c), A::kAddToParticipants);
+    apply_join(s, A::kAddToParticipants, c);
+  }
+  ASSERT_TRUE(s.complete);
+  EXPECT_EQ(s.rank_of("x"), 0);  // by rank, not by address
+  EXPECT_EQ(s.rank_of("y"), 1);
+  JoinContext other{y2, job, false, false};
+  EXPECT_EQ(decide_join(s, other), A::kErrorRankTaken);
+  ASSERT_NE(rank_holder(s, y2), nullptr);
+  EXPECT_EQ(rank_holder(s, y2)->id, "y");
+  EXPECT_EQ(rank_holder(s, y), nullptr);  // its own rank is not taken from itself
+
+  State back = decode_state(encode_state(s), "test");
+  ASSERT_EQ(back.participants.size(), 2u);
+  EXPECT_EQ(back.participants[0].rank, 0);
+  EXPECT_EQ(back.participants[1].rank, 1);
+
+  // A join request carries the rank; absorbing one for a taken rank changes nothing.
+  State fresh;
+  Absorbed a = absorb(fresh, {join_request(y, job), join_request(y2, job), join_request(x, job)}, {});
+  EXPECT_TRUE(a.changed);
+  ASSERT_EQ(fresh.participants.size(), 2u);
+  EXPECT_EQ(fresh.participants[0].id, "x");
+  EXPECT_EQ(fresh.participants[1].id, "y");
+  EXPECT_EQ(fresh.participants[1].rank, 1);
+}
+
+}  // namespace

@@ -102,6 +102,57 @@ class EdgeTest(DdprunTestCase):
         self.assertEqual(n0.rc, 128 + signal.SIGTERM, self.describe())
         self.assertLess(n0.exited_at - t0, scaled(3), "a signal must not wait for the join" + self.describe())
 
+    def test_static_frozen_node_is_lost_and_the_job_stops(self):
+        """Static nodes share the dynamic rendezvous's liveness: node 1 frozen (SIGSTOP of its
+        ddprun and its workers) past the keep-alive window is lost; node 0 stops its workers
+        and fails the job, restarts left or not (a static job does not re-form without a
+        node). Thawed, node 1 learns that it was lost, stops its stale workers and exits 1."""
+        recs = {}
+        nodes = {}
+        for rank in (0, 1):
+            recs[rank] = self.path(f"rec_{rank}")
+            os.mkdir(recs[rank])
+            nodes[rank] = self.static_node(rank, ["--max-restarts", "2", worker("rdzv_env.py"), recs[rank],
+                                                  "--sleep", "300"], conf=f"join_timeout=30,{BEAT}")
+        self.wait_for(lambda: all(len(jobwatch.start_records(r)) == 2 for r in recs.values()), 60, "both nodes' workers")
+        frozen = [nodes[1].proc.pid] + [r["pid"] for r in jobwatch.start_records(recs[1])]
+        for pid in frozen:
+            self.track_pid(pid)
+        t0 = time.time()
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            self.assertEqual(jobwatch.wait_exited([nodes[0]], scaled(20)), [], self.describe())
+        finally:
+            thawed = time.time()
+            for pid in reversed(frozen):
+                os.kill(pid, signal.SIGCONT)
+        n0, n1 = nodes[0], nodes[1]
+        self.assertNotEqual(n0.rc, 0, self.describe())
+        # The keep-alive window is 1.5 s: noticed within it and a few seconds, not at the 300 s sleep.
+        self.assertLess(n0.exited_at - t0, scaled(8), self.describe())
+        err0 = read_text(n0.err_path)
+        self.assertRegex(err0, r"node \S+ \(node rank 1, [^)]*\) was lost", self.describe())
+        self.assertIn("not restarting", err0, self.describe())
+        self.assertEqual(len(jobwatch.start_records(recs[0])), 2, "no restart without node 1" + self.describe())
+        self.assertEqual(jobwatch.wait_exited([n1], scaled(10)), [], self.describe())
+        self.assertEqual(n1.rc, 1, self.describe())
+        self.assertLess(n1.exited_at - thawed, scaled(3), self.describe())
+        for r in jobwatch.start_records(recs[1]):
+            self.assertFalse(os.path.exists(os.path.join(recs[1], f"end_{r['pid']}")), "its workers were stopped")
+
+    def test_static_a_second_node_with_a_taken_rank_is_refused(self):
+        """Two nodes given --node-rank 1: the second is refused at once with a usage error
+        naming both; the job of the first two runs on and succeeds."""
+        n0, n1 = (self.static_node(r, self.work(0)) for r in (0, 1))
+        self.wait_for(lambda: os.path.exists(self.path("start_2")), 30, "node 1's workers")
+        dup = self.static_node(1, self.work(0))
+        self.assertEqual(jobwatch.wait_exited([dup], scaled(10)), [], self.describe())
+        self.assertEqual(dup.rc, 2, self.describe())
+        self.assertRegex(read_text(dup.err_path), r"--node-rank 1 is taken by two nodes \(\S+ \(node rank 1,",
+                         self.describe())
+        self.check_early_finisher([n0, n1], slow_rank=0, early=n1)
+
     # ------------------------------------------------------------------ c10d
 
     def c10d_node(self, name, addr, host, args, conf=f"last_call_timeout=0.3,join_timeout={JOIN:g},{BEAT}",

@@ -1,7 +1,12 @@
-// The launcher's side of the dynamic rendezvous (--rdzv-backend c10d, etcd, etcd-v2): the
-// backend (c10d: who hosts the store, connecting to it; etcd: the members), this node's
-// identity, and the round plans as JobPlans. With either backend each round's node rank 0
-// hosts that round's worker store (DynamicRendezvous), so the workers' store is an agent's:
+// The launcher's side of the rendezvous for every multi-node job: the backend and who
+// hosts it, this node's identity, and the round plans as JobPlans.
+//   static (--node-rank): node 0's ddprun hosts the store at --master-addr:--master-port;
+//     the node count is fixed (min = max = --nnodes) and so are the node ranks; every
+//     round's workers use that same store (as torchrun's static rendezvous does)
+//   c10d: a store at --rdzv-endpoint, hosted by the node it names (or by anyone)
+//   etcd: nobody hosts it
+// With c10d and etcd each round's node rank 0 hosts that round's worker store
+// (DynamicRendezvous). Either way the workers' store is an agent's:
 // TORCHELASTIC_USE_AGENT_STORE=True.
 #include <unistd.h>
 
@@ -33,10 +38,10 @@ std::string endpoint_text(const std::string& host, int port) {
   return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
 }
 
-class DynamicAdapter : public Rendezvous {
+class NodeRendezvous : public Rendezvous {
  public:
-  DynamicAdapter(const Options& o, std::string hostname);
-  ~DynamicAdapter() override {
+  NodeRendezvous(const Options& o, std::string hostname);
+  ~NodeRendezvous() override {
     if (d_) stop_ahead();
     d_.reset();
     if (server_) server_->stop();
@@ -91,12 +96,15 @@ class DynamicAdapter : public Rendezvous {
   void finish(FinishKind kind, const std::string& reason, std::optional<Deadline> deadline) override;
 
  private:
+  std::unique_ptr<rdzv::Backend> open_static();
   std::unique_ptr<rdzv::Backend> open_c10d(bool& hosting);
   std::unique_ptr<rdzv::Backend> open_etcd() const;
   bool decide_host(std::string& why) const;
   bool host_store(bool inferred, const std::string& why);
   std::unique_ptr<rdzv::StoreBackend> connect(bool hosting, const std::string& why);
+  // connect_host empty: no address to publish (static: the workers' store is node 0's).
   rdzv::NodeDesc describe_me(const std::string& connect_host, int port) const;
+  rdzv::DynamicConfig config(bool hosting) const;
 
   const Options& o_;
   std::string hostname_;
@@ -135,7 +143,7 @@ class DynamicAdapter : public Rendezvous {
 // With a deadline the whole goodbye runs on a thread of its own; past the deadline it is
 // abandoned, with the rendezvous object (its threads may still be in a call): the process
 // is about to end (background.hpp).
-void DynamicAdapter::finish(FinishKind kind, const std::string& reason, std::optional<Deadline> deadline) {
+void NodeRendezvous::finish(FinishKind kind, const std::string& reason, std::optional<Deadline> deadline) {
   if (!d_) return;
   // Owns what it uses: nothing of this adapter but the rendezvous, leaked if abandoned.
   auto goodbye = [d = d_.get(), ahead = std::make_shared<decltype(ahead_)>(std::move(ahead_)), refused = ahead_refused_,
@@ -171,7 +179,7 @@ void DynamicAdapter::finish(FinishKind kind, const std::string& reason, std::opt
 }
 
 // --rdzv-conf is_host when given; else whether the endpoint names this machine.
-bool DynamicAdapter::decide_host(std::string& why) const {
+bool NodeRendezvous::decide_host(std::string& why) const {
   if (o_.rdzv_conf.is_host) {
     why = fmt::format("--rdzv-conf is_host={}", *o_.rdzv_conf.is_host ? 1 : 0);
     return *o_.rdzv_conf.is_host;
@@ -181,7 +189,7 @@ bool DynamicAdapter::decide_host(std::string& why) const {
 
 // Binds the endpoint's port on every interface. Returns false when another process
 // already holds it and hosting was only inferred (then this node joins that store).
-bool DynamicAdapter::host_store(bool inferred, const std::string& why) {
+bool NodeRendezvous::host_store(bool inferred, const std::string& why) {
   ddp::detail::StoreServerOptions so;
   so.host = "";
   so.port = static_cast<uint16_t>(o_.rdzv_port);
@@ -208,7 +216,7 @@ bool DynamicAdapter::host_store(bool inferred, const std::string& why) {
   return true;
 }
 
-std::unique_ptr<rdzv::StoreBackend> DynamicAdapter::connect(bool hosting, const std::string& why) {
+std::unique_ptr<rdzv::StoreBackend> NodeRendezvous::connect(bool hosting, const std::string& why) {
   rdzv::StoreBackendOptions bo;
   bo.host = hosting ? "127.0.0.1" : o_.rdzv_host;
   bo.port = static_cast<uint16_t>(port_);
@@ -230,14 +238,14 @@ std::unique_ptr<rdzv::StoreBackend> DynamicAdapter::connect(bool hosting, const 
 // Identity: address (--local-addr, else the hostname) for the node-rank order, a random
 // part so that two containers with the same hostname and pid are two nodes; and the
 // address other nodes reach it at (MASTER_ADDR when it is rank 0).
-rdzv::NodeDesc DynamicAdapter::describe_me(const std::string& connect_host, int port) const {
+rdzv::NodeDesc NodeRendezvous::describe_me(const std::string& connect_host, int port) const {
   rdzv::NodeDesc me;
   me.addr = o_.local_addr.empty() ? hostname_ : o_.local_addr;
   me.host = hostname_;
   me.id = fmt::format("{}_{}_{:08x}", me.addr, getpid(), static_cast<uint32_t>(random_u64()));
   me.nproc = o_.nproc_per_node;
   me.master_addr = o_.local_addr;
-  if (me.master_addr.empty()) {
+  if (me.master_addr.empty() && !connect_host.empty()) {
     PublishedAddress a = address_for_peers(connect_host, port);
     if (a.loopback_only) spdlog::warn("rendezvous: {}", a.note);
     else if (!a.note.empty()) spdlog::info("rendezvous: {}", a.note);
@@ -246,8 +254,35 @@ rdzv::NodeDesc DynamicAdapter::describe_me(const std::string& connect_host, int 
   return me;
 }
 
+// static: node 0 hosts the store at --master-port; the others wait for it up to
+// join_timeout (they may start long before it).
+std::unique_ptr<rdzv::Backend> NodeRendezvous::open_static() {
+  const bool hosting = o_.node_rank == 0;
+  if (hosting) {
+    server_ = host_master_store(o_.master_port, false);
+    port_ = server_->port();
+  } else {
+    port_ = o_.master_port;
+  }
+  rdzv::StoreBackendOptions bo;
+  bo.host = hosting ? "127.0.0.1" : o_.master_addr;
+  bo.port = static_cast<uint16_t>(port_);
+  bo.run_id = o_.rdzv_id;
+  bo.timeout = seconds(o_.rdzv_conf.read_timeout);
+  bo.connect_timeout = hosting ? bo.timeout : seconds(o_.rdzv_conf.join_timeout);
+  try {
+    return std::make_unique<rdzv::StoreBackend>(bo);
+  } catch (const ddp::Error& e) {
+    if (hosting) throw;
+    throw ddp::NetworkError(fmt::format("node {} could not reach node 0's store at {} (--master-addr, --master-port) "
+                                        "within join_timeout {}: {}",
+                                        o_.node_rank, endpoint_text(o_.master_addr, port_),
+                                        ddp::format_duration(bo.connect_timeout), e.what()));
+  }
+}
+
 // c10d: the store at the endpoint, hosted by this node when it is the endpoint's.
-std::unique_ptr<rdzv::Backend> DynamicAdapter::open_c10d(bool& hosting) {
+std::unique_ptr<rdzv::Backend> NodeRendezvous::open_c10d(bool& hosting) {
   port_ = o_.rdzv_port;
   std::string why;
   hosting = decide_host(why);
@@ -259,7 +294,7 @@ std::unique_ptr<rdzv::Backend> DynamicAdapter::open_c10d(bool& hosting) {
 // etcd: nobody hosts the rendezvous. The node lease is keep_alive_interval x
 // keep_alive_max_attempt; the run's keys outlive the last renewal by a few of those, so a
 // crashed job's keys expire and a reused run id starts clean.
-std::unique_ptr<rdzv::Backend> DynamicAdapter::open_etcd() const {
+std::unique_ptr<rdzv::Backend> NodeRendezvous::open_etcd() const {
   const auto& c = o_.rdzv_conf;
   auto conf = [&](const char* k) { return c.raw.count(k) ? c.raw.at(k) : std::string(); };
   rdzv::EtcdOptions e;
@@ -278,29 +313,46 @@ std::unique_ptr<rdzv::Backend> DynamicAdapter::open_etcd() const {
   return b;
 }
 
-DynamicAdapter::DynamicAdapter(const Options& o, std::string hostname) : o_(o), hostname_(std::move(hostname)) {
-  bool hosting = false;
-  const bool etcd = o_.rdzv_backend == "etcd" || o_.rdzv_backend == "etcd-v2";
-  auto main = etcd ? open_etcd() : open_c10d(hosting);
+rdzv::DynamicConfig NodeRendezvous::config(bool hosting) const {
   rdzv::DynamicConfig c;
   c.run_id = o_.rdzv_id;
   c.job = rdzv::JobSettings{o_.min_nodes, o_.max_nodes, o_.max_restarts};
-  c.me = describe_me(o_.rdzv_host, o_.rdzv_port > 0 ? o_.rdzv_port : port_);
   c.join_timeout = seconds(o_.rdzv_conf.join_timeout);
   c.last_call_timeout = seconds(o_.rdzv_conf.last_call_timeout);
   c.close_timeout = seconds(o_.rdzv_conf.close_timeout);
   c.keep_alive_interval = seconds(o_.rdzv_conf.keep_alive_interval);
   c.keep_alive_max_attempt = o_.rdzv_conf.keep_alive_max_attempt;
   c.hosts_store = hosting;
-  if (!etcd && !hosting)
-    c.store_lost_hint = " (a c10d store lives in the ddprun of one node: when that node stops, so does the job; a "
-                        "ddp-store-server of its own, or etcd, outlives any node)";
+  return c;
+}
+
+NodeRendezvous::NodeRendezvous(const Options& o, std::string hostname) : o_(o), hostname_(std::move(hostname)) {
+  bool hosting = false;
+  std::unique_ptr<rdzv::Backend> main;
+  rdzv::DynamicConfig c;
+  if (!o_.dynamic()) {
+    main = open_static();
+    c = config(o_.node_rank == 0);
+    c.job.min_nodes = c.job.max_nodes;
+    c.me = describe_me("", port_);
+    c.me.rank = o_.node_rank;
+    c.worker_store = rdzv::DynamicConfig::Endpoint{o_.master_addr, port_};
+    c.store_lost_hint = " (the store lives in node 0's ddprun: when node 0 stops, so does the job)";
+  } else {
+    const bool etcd = o_.rdzv_backend == "etcd" || o_.rdzv_backend == "etcd-v2";
+    main = etcd ? open_etcd() : open_c10d(hosting);
+    c = config(hosting);
+    c.me = describe_me(o_.rdzv_host, o_.rdzv_port > 0 ? o_.rdzv_port : port_);
+    if (!etcd && !hosting)
+      c.store_lost_hint = " (a c10d store lives in the ddprun of one node: when that node stops, so does the job; a "
+                          "ddp-store-server of its own, or etcd, outlives any node)";
+  }
   auto events = main->clone();
   auto lease = main->clone();
   d_ = std::make_unique<rdzv::DynamicRendezvous>(std::move(c), std::move(main), std::move(events), std::move(lease));
 }
 
-JobPlan DynamicAdapter::next_round() {
+JobPlan NodeRendezvous::next_round() {
   rdzv::RoundPlan r;
   try {
     if (!ahead_.valid()) {
@@ -328,14 +380,14 @@ JobPlan DynamicAdapter::next_round() {
   p.master_port = r.master_port;
   p.use_agent_store = true;
   p.restart_count = r.restart_count;
-  p.round = r.round;
+  p.round = o_.dynamic() ? r.round : -1;  // static jobs count attempts (restart_count), as torchrun's
   return p;
 }
 
 }  // namespace
 
-std::unique_ptr<Rendezvous> make_dynamic_rendezvous(const Options& o, const std::string& hostname) {
-  return std::make_unique<DynamicAdapter>(o, hostname);
+std::unique_ptr<Rendezvous> make_node_rendezvous(const Options& o, const std::string& hostname) {
+  return std::make_unique<NodeRendezvous>(o, hostname);
 }
 
 }  // namespace ddprun
