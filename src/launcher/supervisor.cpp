@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <ctime>
 
@@ -20,6 +21,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ddp/error.hpp"
+#include "launcher/attempt.hpp"
 #include "launcher/background.hpp"
 #include "launcher/log.hpp"
 #include "launcher/output.hpp"
@@ -93,16 +95,13 @@ struct Supervisor::Impl {
   std::string log_root;       // <log_dir>/<run_id>_<suffix>
   std::string tmp_root;       // mkdtemp'd when no --log-dir: removed after success
   std::unique_ptr<RunTmpDir> tmp_dir;  // tmp_root, locked while this run lives (tmpdirs.hpp)
-  std::vector<WorkerResult> workers;  // current attempt
+  AttemptWorkers workers;  // this attempt's
   std::unique_ptr<WorkerStreams> streams;  // this attempt's output pipes
-  int live = 0;
-  bool stopping = false;
-  std::optional<Clock::time_point> kill_deadline;
   std::optional<Clock::time_point> drain_deadline;
   std::optional<WorkerResult> root;
   int got_signal = 0;
   Clock::time_point signal_at{};  // when got_signal came
-  bool joining = false;           // join_round() is waiting for the next round
+  bool joining = false;           // off_loop() waits for the rendezvous (no round to end)
   int attempt = 0;
   std::optional<RoundEnd> remote_end;  // the round ended elsewhere (or the rendezvous ended it)
   std::string stop_reason;             // why no further round followed a failure
@@ -110,7 +109,7 @@ struct Supervisor::Impl {
   JobOutcome outcome;
 
   Impl(const Options& opt, std::map<std::string, std::string> env, Guardian& g, Rendezvous& r, std::string host)
-      : o(opt), base_env(std::move(env)), rdzv(r), guardian(g) {
+      : o(opt), base_env(std::move(env)), rdzv(r), guardian(g), workers(opt, g) {
     plan.run_id = o.rdzv_id;
     plan.hostname = std::move(host);
   }
@@ -189,15 +188,16 @@ struct Supervisor::Impl {
 
   // A pipe for one worker stream, its forwarder, log file and console routing.
   int make_stream(int idx, bool is_stderr, const std::string& dir) {
-    const int lr = workers[static_cast<size_t>(idx)].local_rank;
+    const WorkerResult& w = workers.all()[static_cast<size_t>(idx)];
+    const int lr = w.local_rank;
     const int bit = is_stderr ? 2 : 1;
     const bool redirect = o.redirects.of(lr) & bit, tee = o.tee.of(lr) & bit;
     ForwarderConfig cfg;
     int file_fd = -1;
     if (redirect || tee) file_fd = cfg.file_fd = open_log(dir + (is_stderr ? "/stderr.log" : "/stdout.log"));
     if (!(redirect && !tee) && shown(lr)) cfg.console = is_stderr ? &err_console : &out_console;
-    cfg.prefix = expand_prefix(o.log_line_prefix_template.value_or("[rank${rank}]:"),
-                               workers[static_cast<size_t>(idx)].rank, lr, o.role, plan.hostname);
+    cfg.prefix = expand_prefix(o.log_line_prefix_template.value_or("[rank${rank}]:"), w.rank, lr, o.role,
+                               plan.hostname);
     cfg.timestamps = o.log_timestamps;
     cfg.tail_lines = is_stderr ? kTailLines : 0;
     return streams->open(idx, is_stderr, std::move(cfg), file_fd);
@@ -205,132 +205,38 @@ struct Supervisor::Impl {
 
   void start_attempt() {
     if (slurm) slurm->attempt_starting();
-    workers.clear();
     streams->clear();
-    live = 0;
-    stopping = false;
-    kill_deadline.reset();
     drain_deadline.reset();
     root.reset();
     remote_end.reset();
-    const std::string attempt_dir = fmt::format("{}/attempt_{}", log_root, attempt);
-    for (int lr = 0; lr < o.nproc_per_node; ++lr) {
-      WorkerResult w;
-      w.attempt = attempt;
-      w.local_rank = lr;
-      w.rank = plan.rank_base + lr;
-      w.round = plan.round;
-      w.host = plan.hostname;
-      const std::string dir = fmt::format("{}/{}", attempt_dir, lr);
-      std::error_code ec;
-      fs::create_directories(dir, ec);
-      if (ec) throw ddp::Error(fmt::format("cannot create {}: {}", dir, ec.message()));
-      w.error_file = dir + "/error.json";
-      ::unlink(w.error_file.c_str());  // a stale file must not be mistaken for this attempt's
-      workers.push_back(std::move(w));
-    }
-    std::vector<SpawnResult> started;
-    std::vector<std::string> paths;
-    for (size_t i = 0; i < workers.size(); ++i) {
-      WorkerResult& w = workers[i];
-      const std::string dir = fmt::format("{}/{}", attempt_dir, w.local_rank);
-      int out_w = make_stream(static_cast<int>(i), false, dir);
-      int err_w = make_stream(static_cast<int>(i), true, dir);
-      WorkerCommand cmd = worker_command(o, w.local_rank, base_env);
-      SpawnSpec spec{cmd.path, cmd.argv,
-                     to_envp(worker_environment(o, plan, w.local_rank, w.error_file, base_env)),
-                     stdin_fd, out_w, err_w};
-      w.start = SysClock::now();
-      started.push_back(spawn(spec));
-      paths.push_back(cmd.path);
-      close(out_w);
-      close(err_w);
-      w.pid = started.back().pid;
-      w.state = WorkerResult::State::kRunning;
-      guardian.watch(w.pid);
-      ++live;
-    }
-    for (size_t i = 0; i < workers.size(); ++i) {
-      WorkerResult& w = workers[i];
-      if (int err = started[i].exec_errno) {
-        w.state = WorkerResult::State::kExecFailed;
-        w.exit_code = err == ENOENT ? 127 : 126;
-        w.exec_error = describe_exec_failure(paths[i], err);
-        w.end = SysClock::now();
-        spdlog::error("rank {}: {}", w.rank, w.exec_error);
-        fail(w);
-      }
-    }
-    spdlog::info("attempt {}: started {} workers (ranks {}..{} of {})", attempt, workers.size(), plan.rank_base,
-                 plan.rank_base + static_cast<int>(workers.size()) - 1, plan.world_size);
+    auto open_stream = [this](int idx, bool is_stderr, const std::string& dir) {
+      return make_stream(idx, is_stderr, dir);
+    };
+    auto failed = workers.start(plan, attempt, fmt::format("{}/attempt_{}", log_root, attempt), stdin_fd, base_env,
+                                open_stream, nullptr);
+    for (WorkerResult* w : failed) fail(*w);
+    spdlog::info("attempt {}: started {} workers (ranks {}..{} of {})", attempt, workers.all().size(), plan.rank_base,
+                 plan.rank_base + static_cast<int>(workers.all().size()) - 1, plan.world_size);
   }
 
   // ------------------------------------------------------------------ stopping
 
-  void signal_live(int sig, bool mark_stopped) {
-    for (auto& w : workers) {
-      if (w.state != WorkerResult::State::kRunning) continue;
-      if (kill(-w.pid, sig) != 0 && errno == ESRCH) kill(w.pid, sig);
-      if (mark_stopped) w.stopped_by_ddprun = true;
-    }
-  }
-
-  void begin_stop(int sig) {
-    if (stopping) return;
-    stopping = true;
-    signal_live(sig, true);
-    if (o.shutdown_timeout <= 0) {
-      signal_live(SIGKILL, true);
-    } else {
-      kill_deadline = Clock::now() + std::chrono::milliseconds(static_cast<long>(o.shutdown_timeout * 1000));
-    }
-  }
-
+  // The first failure is the root cause: the workers are stopped first, then the other
+  // nodes told (in the background).
   void fail(WorkerResult& w) {
     if (root) return;
     root = w;
     const std::string what = fmt::format("rank {} on {} exited with {}", w.rank, w.host,
                                          w.signal ? signal_name(w.signal) : std::to_string(w.exit_code));
-    begin_stop(SIGTERM);  // the workers first: telling the others goes on in the background
+    workers.begin_stop(SIGTERM);
     rdzv.end_round(RoundEnd::Kind::kFailed, what);
     look_ahead(RoundEnd{RoundEnd::Kind::kFailed, "", what});
-  }
-
-  // Kills whatever the workers left behind (their groups, then any other descendant).
-  void kill_leftovers() {
-    for (auto& w : workers)
-      if (w.pid > 0) kill(-w.pid, SIGKILL);
-    for (pid_t p : descendants())
-      if (p != guardian.pid()) kill(p, SIGKILL);
   }
 
   // ------------------------------------------------------------------ events
 
   void reap() {
-    int st;
-    pid_t pid;
-    while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
-      auto it = std::find_if(workers.begin(), workers.end(), [&](auto& w) { return w.pid == pid; });
-      if (it == workers.end()) continue;  // an orphan ddprun adopted as subreaper
-      WorkerResult& w = *it;
-      --live;
-      if (w.state == WorkerResult::State::kExecFailed) continue;
-      w.end = SysClock::now();
-      if (WIFSIGNALED(st)) w.signal = WTERMSIG(st);
-      else w.exit_code = WEXITSTATUS(st);
-      if (!w.signal && w.exit_code == 0) {
-        w.state = WorkerResult::State::kSucceeded;
-      } else if (w.stopped_by_ddprun) {
-        w.state = WorkerResult::State::kStopped;
-      } else {
-        w.state = WorkerResult::State::kFailed;
-        // A line a person can read while the rest shuts down.
-        spdlog::warn("rank {} (local_rank {}, pid {}) {}", w.rank, w.local_rank, w.pid,
-                     w.signal ? fmt::format("was killed by {}", signal_name(w.signal))
-                              : fmt::format("exited with code {}", w.exit_code));
-        fail(w);
-      }
-    }
+    for (WorkerResult* w : workers.reap()) fail(*w);
   }
 
   void on_signal() {
@@ -345,20 +251,20 @@ struct Supervisor::Impl {
       if (slurm && on_slurm_signal(slurm->classify(si, stops), sig)) continue;
       if (!stops) {  // SIGUSR1/SIGUSR2: Slurm's pre-emption notice, passed on
         spdlog::info("forwarding {} to the workers", signal_name(sig));
-        signal_live(sig, false);
+        workers.signal_live(sig, false);
         continue;
       }
       if (got_signal) {
         spdlog::warn("received {} again: killing the workers now", signal_name(sig));
-        signal_live(SIGKILL, true);
+        workers.signal_live(SIGKILL, true);
         continue;
       }
       got_signal = sig;
       signal_at = Clock::now();
       spdlog::warn("received {}: forwarding it to the workers, SIGKILL after {} s", signal_name(sig),
                    o.shutdown_timeout);
-      stopping = false;  // begin_stop sends this signal, not SIGTERM
-      begin_stop(sig);   // before anything that talks to the network
+      workers.restart_stop();  // begin_stop sends this signal, not SIGTERM
+      workers.begin_stop(sig);  // before anything that talks to the network
       if (!joining)      // (while joining there is no round to end: join_round cancels the join)
         rdzv.end_round(RoundEnd::Kind::kLeft, fmt::format("ddprun on {} received {}", plan.hostname, signal_name(sig)));
     }
@@ -371,10 +277,10 @@ struct Supervisor::Impl {
   bool on_slurm_signal(SlurmSignals::Act act, int sig) {
     using A = SlurmSignals::Act;
     if (act == A::kNotSlurm) return false;
-    if (act == A::kForward) signal_live(sig, false);
+    if (act == A::kForward) workers.signal_live(sig, false);
     if (act == A::kStop || act == A::kStopQuiet) {
-      const bool was_stopping = stopping;
-      if (!stopping) begin_stop(act == A::kStop ? sig : 0);  // 0: nothing sent, the SIGKILL deadline set
+      const bool was_stopping = workers.stopping();
+      workers.begin_stop(act == A::kStop ? sig : 0);  // 0: nothing sent, the SIGKILL deadline set
       if (!got_signal) {
         got_signal = sig;
         signal_at = Clock::now();
@@ -400,7 +306,7 @@ struct Supervisor::Impl {
                  o.shutdown_timeout);
     got_signal = stop->sig;
     signal_at = Clock::now();
-    if (!stopping) begin_stop(stop->direct ? 0 : stop->sig);
+    workers.begin_stop(stop->direct ? 0 : stop->sig);
     return true;
   }
 
@@ -413,7 +319,7 @@ struct Supervisor::Impl {
 
   void on_remote() {
     auto end = rdzv.round_end();
-    if (!end || stopping || remote_end) return;
+    if (!end || workers.stopping() || remote_end) return;
     if (slurm_stopped_elsewhere(*end)) return;
     remote_end = end;
     using K = RoundEnd::Kind;
@@ -424,14 +330,14 @@ struct Supervisor::Impl {
       spdlog::error("{}: stopping this node's workers", end->describe());
     else
       spdlog::warn("{}: stopping this node's workers", end->describe());
-    begin_stop(SIGTERM);
+    workers.begin_stop(SIGTERM);
     look_ahead(*end);
   }
 
-  // Dynamic rendezvous: while the workers stop, already ask whether another round may
-  // follow and join it (in the background: its last call then runs during their teardown).
+  // Multi-node: while the workers stop, already ask whether another round may follow and
+  // join it (in the background: a last call then runs during their teardown).
   void look_ahead(const RoundEnd& end) {
-    if (!o.dynamic() || looked_ahead || got_signal) return;
+    if (!rdzv.joins_over_network() || looked_ahead || got_signal) return;
     looked_ahead = true;
     rdzv.prejoin(end);
   }
@@ -440,20 +346,21 @@ struct Supervisor::Impl {
   void supervise() {
     epoll_event evs[64];
     for (;;) {
+      const int live = workers.live();
       if (live == 0 && !drain_deadline) {
-        kill_leftovers();
+        workers.kill_leftovers();
         drain_deadline = Clock::now() + std::chrono::seconds(5);
       }
       if (live == 0 && streams->open_count() == 0) break;
       if (live == 0 && Clock::now() >= *drain_deadline && !streams->close_unpaused()) break;
       auto next = Clock::now() + std::chrono::seconds(3600);
-      for (auto& d : {kill_deadline, drain_deadline})
+      for (auto& d : {workers.kill_deadline(), drain_deadline})
         if (d) next = std::min(next, *d);
       next = streams->flush_idle(next);
       // Output that trickles in small writes (python -u writes every line on its own) is
       // read in batches: a short pause lets the pipes fill, so a burst of lines costs one
       // wake-up instead of one per line. Floods (full reads) and idle pipes never pause.
-      if (streams->trickling() && !stopping) {
+      if (streams->trickling() && !workers.stopping()) {
         timespec pause{0, kTricklePauseNs};
         nanosleep(&pause, nullptr);
       }
@@ -466,22 +373,16 @@ struct Supervisor::Impl {
         else if (tag == &notify_tag) on_remote();
         else streams->on_readable(*static_cast<WorkerStreams::Stream*>(tag));
       }
-      escalate_if_due();
+      workers.escalate_if_due();
     }
     streams->close_all();
-    for (auto& w : workers) w.stderr_tail = streams->stderr_tail(static_cast<int>(&w - workers.data()));
+    auto& all = workers.all();
+    for (size_t i = 0; i < all.size(); ++i) all[i].stderr_tail = streams->stderr_tail(static_cast<int>(i));
   }
 
   static int timeout_ms(Clock::time_point next) {
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count();
     return static_cast<int>(std::max<long>(0, ms + 1));
-  }
-
-  void escalate_if_due() {
-    if (!kill_deadline || Clock::now() < *kill_deadline) return;
-    spdlog::warn("workers still running {} s after the stop signal: sending SIGKILL", o.shutdown_timeout);
-    signal_live(SIGKILL, true);
-    kill_deadline.reset();
   }
 
   // ------------------------------------------------------------------ the job
@@ -536,7 +437,7 @@ struct Supervisor::Impl {
   // restarts a thousand times does not hold a thousand attempts' records. Only a failed
   // worker's record keeps its stderr (its traceback).
   void keep_history() {
-    for (auto& w : workers) {
+    for (auto& w : workers.all()) {
       outcome.workers.push_back(w);
       if (!w.failed()) outcome.workers.back().stderr_tail = std::vector<std::string>();
     }
@@ -557,50 +458,64 @@ struct Supervisor::Impl {
                  attempt + 1, o.max_restarts);
   }
 
-  // The next round, joined on a thread of its own while this one still reads signals: a
-  // signal during a join (nodes still missing, a store that does not answer) stops this
-  // node at once (nullopt). The thread owns what it touches (background.hpp).
-  std::optional<JobPlan> join_round() {
-    if (!rdzv.joins_over_network()) return rdzv.next_round();
-    struct Join {
-      std::optional<JobPlan> plan;
+  // Runs `call` (a rendezvous call that may wait for the network) on a thread of its own
+  // while this one still reads signals: a signal meanwhile stops this node at once
+  // (nullopt; the call is cancelled, and abandoned if it does not end within 2 s). The
+  // thread owns what it touches (background.hpp).
+  template <class T>
+  std::optional<T> off_loop(std::function<T()> call) {
+    struct Call {
+      std::optional<T> value;
       std::exception_ptr error;
       int fd = -1;
-      ~Join() {
+      ~Call() {
         if (fd >= 0) close(fd);
       }
     };
-    auto j = std::make_shared<Join>();
-    j->fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (j->fd < 0) throw ddp::SystemError("eventfd", errno);
-    BackgroundTask task([j, r = &rdzv] {
+    auto c = std::make_shared<Call>();
+    c->fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (c->fd < 0) throw ddp::SystemError("eventfd", errno);
+    BackgroundTask task([c, call = std::move(call)] {
       try {
-        j->plan = r->next_round();
+        c->value = call();
       } catch (...) {
-        j->error = std::current_exception();
+        c->error = std::current_exception();
       }
       uint64_t one = 1;
-      ssize_t n = write(j->fd, &one, sizeof one);
+      ssize_t n = write(c->fd, &one, sizeof one);
       (void)n;
     });
-    add_fd(j->fd, &j->fd);
+    add_fd(c->fd, &c->fd);
     // The last round's end stays unread until the next round runs (level-triggered).
     if (notify_registered) epoll_ctl(epfd, EPOLL_CTL_DEL, rdzv.notify_fd(), nullptr);
     joining = true;
-    bool joined = false;
-    while (!joined && !got_signal)
-      for (void* tag : wait_between_attempts()) joined |= tag == &j->fd;
-    epoll_ctl(epfd, EPOLL_CTL_DEL, j->fd, nullptr);
+    bool done = false;
+    while (!done && !got_signal)
+      for (void* tag : wait_between_attempts()) done |= tag == &c->fd;
+    epoll_ctl(epfd, EPOLL_CTL_DEL, c->fd, nullptr);
     if (notify_registered) add_fd(rdzv.notify_fd(), &notify_tag);
     joining = false;
-    if (!joined) {
+    if (!done) {
       rdzv.cancel();
       if (!task.wait_until(Clock::now() + std::chrono::seconds(2))) task.abandon();
       return std::nullopt;
     }
     task.wait();
-    if (j->error) std::rethrow_exception(j->error);
-    return j->plan;
+    if (c->error) std::rethrow_exception(c->error);
+    return c->value;
+  }
+
+  // The next round (nullopt: a signal came while joining).
+  std::optional<JobPlan> join_round() {
+    if (!rdzv.joins_over_network()) return rdzv.next_round();
+    return off_loop<JobPlan>([r = &rdzv] { return r->next_round(); });
+  }
+
+  // Whether another round may follow `end` ("" when it may; nullopt: a signal came while
+  // the rendezvous was asked). prejoin's answer when it was asked.
+  std::optional<std::string> restart_refusal(const RoundEnd& end) {
+    if (!rdzv.joins_over_network()) return rdzv.restart_refused(end);
+    return off_loop<std::string>([r = &rdzv, end] { return r->restart_refused(end); });
   }
 
   JobOutcome run() {
@@ -613,14 +528,16 @@ struct Supervisor::Impl {
       watch_rendezvous();
       start_attempt();
       supervise();
-      for (auto& w : workers)
+      for (auto& w : workers.all())
         if (root && w.pid == root->pid) root = w;  // now with its stderr tail
       keep_history();
       auto end = attempt_end();
       if (!end || slurm_stopped_elsewhere(*end)) break;  // a signal (here, or Slurm's on another node)
       if (end->kind == RoundEnd::Kind::kDone) break;
       if (!root) remote_end = end;  // this node succeeded, the round did not
-      stop_reason = rdzv.restart_refused(*end);  // prejoin's answer when it was asked
+      auto refusal = restart_refusal(*end);
+      if (!refusal) break;  // a signal
+      stop_reason = *refusal;
       looked_ahead = false;
       if (!stop_reason.empty()) {
         // A node cut off said why as it stopped its workers, and says it last again: no third line.
@@ -671,7 +588,7 @@ struct Supervisor::Impl {
       outcome.root_cause = root;
       outcome.exit_code = root->status_code();
       std::vector<WorkerResult> others;
-      for (auto& w : workers)
+      for (auto& w : workers.all())
         if (w.pid != root->pid && (w.failed() || w.state == WorkerResult::State::kStopped)) others.push_back(w);
       std::string summary = failure_summary(o.script, *root, others);
       ssize_t r = write(2, summary.data(), summary.size());

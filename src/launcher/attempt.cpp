@@ -1,0 +1,145 @@
+#include "launcher/attempt.hpp"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "ddp/error.hpp"
+#include "launcher/process.hpp"
+
+namespace ddprun {
+
+namespace fs = std::filesystem;
+
+void AttemptWorkers::make_records(const JobPlan& plan, int attempt, const std::string& dir) {
+  workers_.clear();
+  for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
+    WorkerResult w;
+    w.attempt = attempt;
+    w.local_rank = lr;
+    w.rank = plan.rank_base + lr;
+    w.round = plan.round;
+    w.host = plan.hostname;
+    const std::string wdir = fmt::format("{}/{}", dir, lr);
+    std::error_code ec;
+    fs::create_directories(wdir, ec);
+    if (ec) throw ddp::Error(fmt::format("cannot create {}: {}", wdir, ec.message()));
+    w.error_file = wdir + "/error.json";
+    ::unlink(w.error_file.c_str());  // a stale file must not be mistaken for this attempt's
+    workers_.push_back(std::move(w));
+  }
+}
+
+std::vector<WorkerResult*> AttemptWorkers::start(const JobPlan& plan, int attempt, const std::string& dir,
+                                                 int stdin_fd, const Env& base_env, const StreamOpener& open_stream,
+                                                 const EnvHook& env_hook) {
+  live_ = 0;
+  stopping_ = false;
+  kill_deadline_.reset();
+  make_records(plan, attempt, dir);
+  std::vector<SpawnResult> started;
+  std::vector<std::string> paths;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    WorkerResult& w = workers_[i];
+    const std::string wdir = fmt::format("{}/{}", dir, w.local_rank);
+    int out_w = open_stream(static_cast<int>(i), false, wdir);
+    int err_w = open_stream(static_cast<int>(i), true, wdir);
+    WorkerCommand cmd = worker_command(o_, w.local_rank, base_env);
+    Env env = worker_environment(o_, plan, w.local_rank, w.error_file, base_env);
+    if (env_hook) env_hook(env, w);
+    SpawnSpec spec{cmd.path, cmd.argv, to_envp(env), stdin_fd, out_w, err_w};
+    w.start = std::chrono::system_clock::now();
+    started.push_back(spawn(spec));
+    paths.push_back(cmd.path);
+    close(out_w);
+    close(err_w);
+    w.pid = started.back().pid;
+    w.state = WorkerResult::State::kRunning;
+    guardian_.watch(w.pid);
+    ++live_;
+  }
+  std::vector<WorkerResult*> failed;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    WorkerResult& w = workers_[i];
+    if (int err = started[i].exec_errno) {
+      w.state = WorkerResult::State::kExecFailed;
+      w.exit_code = err == ENOENT ? 127 : 126;
+      w.exec_error = describe_exec_failure(paths[i], err);
+      w.end = std::chrono::system_clock::now();
+      spdlog::error("rank {}: {}", w.rank, w.exec_error);
+      failed.push_back(&w);
+    }
+  }
+  return failed;
+}
+
+void AttemptWorkers::signal_live(int sig, bool mark_stopped) {
+  for (auto& w : workers_) {
+    if (w.state != WorkerResult::State::kRunning) continue;
+    if (kill(-w.pid, sig) != 0 && errno == ESRCH) kill(w.pid, sig);
+    if (mark_stopped) w.stopped_by_ddprun = true;
+  }
+}
+
+void AttemptWorkers::begin_stop(int sig) {
+  if (stopping_) return;
+  stopping_ = true;
+  signal_live(sig, true);
+  if (o_.shutdown_timeout <= 0) {
+    signal_live(SIGKILL, true);
+  } else {
+    kill_deadline_ = Clock::now() + std::chrono::milliseconds(static_cast<long>(o_.shutdown_timeout * 1000));
+  }
+}
+
+void AttemptWorkers::escalate_if_due() {
+  if (!kill_deadline_ || Clock::now() < *kill_deadline_) return;
+  spdlog::warn("workers still running {} s after the stop signal: sending SIGKILL", o_.shutdown_timeout);
+  signal_live(SIGKILL, true);
+  kill_deadline_.reset();
+}
+
+std::vector<WorkerResult*> AttemptWorkers::reap() {
+  std::vector<WorkerResult*> failed;
+  int st;
+  pid_t pid;
+  while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+    auto it = std::find_if(workers_.begin(), workers_.end(), [&](auto& w) { return w.pid == pid; });
+    if (it == workers_.end()) continue;  // an orphan ddprun adopted as subreaper
+    WorkerResult& w = *it;
+    --live_;
+    if (w.state == WorkerResult::State::kExecFailed) continue;
+    w.end = std::chrono::system_clock::now();
+    if (WIFSIGNALED(st)) w.signal = WTERMSIG(st);
+    else w.exit_code = WEXITSTATUS(st);
+    if (!w.signal && w.exit_code == 0) {
+      w.state = WorkerResult::State::kSucceeded;
+    } else if (w.stopped_by_ddprun) {
+      w.state = WorkerResult::State::kStopped;
+    } else {
+      w.state = WorkerResult::State::kFailed;
+      // A line a person can read while the rest shuts down.
+      spdlog::warn("rank {} (local_rank {}, pid {}) {}", w.rank, w.local_rank, w.pid,
+                   w.signal ? fmt::format("was killed by {}", signal_name(w.signal))
+                            : fmt::format("exited with code {}", w.exit_code));
+      failed.push_back(&w);
+    }
+  }
+  return failed;
+}
+
+void AttemptWorkers::kill_leftovers() {
+  for (auto& w : workers_)
+    if (w.pid > 0) kill(-w.pid, SIGKILL);
+  for (pid_t p : descendants())
+    if (p != guardian_.pid()) kill(p, SIGKILL);
+}
+
+}  // namespace ddprun

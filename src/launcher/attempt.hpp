@@ -1,0 +1,72 @@
+// One attempt's workers on this node: started together (one per local rank, each in its
+// own process group, watched by the guardian), signalled together, reaped one by one as
+// SIGCHLD comes, and escalated to SIGKILL when they outlive the stop's deadline. What the
+// job does about a failure (the root cause, telling the other nodes) is the supervisor's.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "launcher/options.hpp"
+#include "launcher/report.hpp"
+#include "launcher/worker.hpp"
+
+namespace ddprun {
+
+class Guardian;
+
+class AttemptWorkers {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using Env = std::map<std::string, std::string>;
+  // Opens the pipe of one worker's stream (is_stderr) and returns its write end; `dir` is
+  // the worker's folder under the attempt's.
+  using StreamOpener = std::function<int(int index, bool is_stderr, const std::string& dir)>;
+  // Adds to a worker's environment before it starts (the stack-dump bootstrap, say).
+  using EnvHook = std::function<void(Env&, const WorkerResult&)>;
+
+  AttemptWorkers(const Options& o, Guardian& guardian) : o_(o), guardian_(guardian) {}
+
+  // Starts every local rank of `plan`'s attempt `attempt`; folders under `dir`. Workers
+  // whose exec failed are returned (their state says so), in local-rank order.
+  std::vector<WorkerResult*> start(const JobPlan& plan, int attempt, const std::string& dir, int stdin_fd,
+                                   const Env& base_env, const StreamOpener& open_stream, const EnvHook& env_hook);
+
+  // Sends sig to every running worker's process group (mark_stopped: its exit is then
+  // "stopped by ddprun", never a root cause).
+  void signal_live(int sig, bool mark_stopped);
+  // The stop: sig (0: none, someone else signals them) now, SIGKILL at --shutdown-timeout.
+  // Once per attempt; after restart_stop() a later call sends its own signal (and restarts
+  // the deadline).
+  void begin_stop(int sig);
+  void restart_stop() { stopping_ = false; }
+  // SIGKILL when the stop's deadline has passed.
+  void escalate_if_due();
+  // Reaps every child that exited; returns the workers that failed on their own, in the
+  // order they were reaped. Orphans ddprun adopted (a subreaper) are reaped and ignored.
+  std::vector<WorkerResult*> reap();
+  // Kills whatever the workers left behind: their groups, then every other descendant.
+  void kill_leftovers();
+
+  bool stopping() const { return stopping_; }
+  int live() const { return live_; }
+  std::optional<Clock::time_point> kill_deadline() const { return kill_deadline_; }
+  std::vector<WorkerResult>& all() { return workers_; }
+  const std::vector<WorkerResult>& all() const { return workers_; }
+
+ private:
+  void make_records(const JobPlan& plan, int attempt, const std::string& dir);
+
+  const Options& o_;
+  Guardian& guardian_;
+  std::vector<WorkerResult> workers_;
+  int live_ = 0;
+  bool stopping_ = false;
+  std::optional<Clock::time_point> kill_deadline_;
+};
+
+}  // namespace ddprun
