@@ -41,7 +41,9 @@ BACKEND = "c10d"
 def rendezvous_once(n, torchrun=False, binary=None):
     """Seconds from starting n agents to the last one's exit; raises if any failed."""
     port = free_port()
-    if BACKEND == "static":
+    if BACKEND == "standalone":  # the floor: n agents that meet nobody
+        rdzv = ["--standalone"]
+    elif BACKEND == "static":
         rdzv = ["--nnodes", str(n), "--node_rank", "{i}", "--master_addr", "127.0.0.1", "--master_port", str(port)]
     else:
         rdzv = ["--nnodes", str(n), "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id",
@@ -150,11 +152,13 @@ def main():
     ap.add_argument("--baseline", help="another ddprun binary measured beside build/bin/ddprun (e.g. the last release)")
     ap.add_argument("--small", default="2,4,8")
     ap.add_argument("--backend", choices=["c10d", "static"], default="c10d")
+    ap.add_argument("--floor", action="store_true",
+                    help="also N agents of --standalone (no rendezvous) for the big N: what starting them costs")
     a = ap.parse_args()
     global BACKEND
     BACKEND = a.backend
     runs = 3 if a.quick else 7
-    res = {"ddprun": {}, "torchrun": {}, "baseline": {}}
+    res = {"ddprun": {}, "torchrun": {}, "baseline": {}, "floor": {}}
     for n in [int(x) for x in a.small.split(",") if x]:
         res["ddprun"][n] = median_runs(runs, n)
         if a.baseline:
@@ -166,12 +170,17 @@ def main():
         res["ddprun"][n] = median_runs(reps, n)
         if a.baseline:
             res["baseline"][n] = median_runs(reps, n, binary=a.baseline)
-    print("| agents | ddprun (median) | baseline (median) | baseline / ddprun | torchrun 1.13 (median) | torchrun / ddprun |")
-    print("|---|---|---|---|---|---|")
+        if a.floor:
+            BACKEND, backend = "standalone", BACKEND
+            res["floor"][n] = median_runs(reps, n)
+            BACKEND = backend
+    print("| agents | ddprun (median) | baseline (median) | baseline / ddprun | torchrun 1.13 (median) | torchrun / ddprun "
+          "| N x --standalone (floor) |")
+    print("|---|---|---|---|---|---|---|")
     for n, d in res["ddprun"].items():
-        t, b = res["torchrun"].get(n), res["baseline"].get(n)
+        t, b, f = res["torchrun"].get(n), res["baseline"].get(n), res["floor"].get(n)
         print(f"| {n} | {d * 1000:.0f} ms | {f'{b * 1000:.0f} ms' if b else '-'} | {f'{b / d:.2f}x' if b else '-'} | "
-              f"{f'{t:.2f} s' if t else '-'} | {f'{t / d:.0f}x' if t else '-'} |")
+              f"{f'{t:.2f} s' if t else '-'} | {f'{t / d:.0f}x' if t else '-'} | {f'{f * 1000:.0f} ms' if f else '-'} |")
     if not a.no_host_loss:
         with tempfile.TemporaryDirectory() as tmp:
             r = 1 if a.quick else 3
