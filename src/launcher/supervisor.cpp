@@ -27,6 +27,7 @@
 #include "launcher/random.hpp"
 #include "launcher/rendezvous.hpp"
 #include "launcher/slurm_signals.hpp"
+#include "launcher/stack_dump.hpp"
 #include "launcher/streams.hpp"
 #include "launcher/tmpdirs.hpp"
 
@@ -43,6 +44,7 @@ sigset_t supervised_set(const Options& o) {
   sigemptyset(&set);
   for (int s : o.signals_to_handle) sigaddset(&set, s);
   for (int s : {SIGCHLD, SIGUSR1, SIGUSR2}) sigaddset(&set, s);
+  for (int s : StackDumps::trigger_signals(o)) sigaddset(&set, s);
   return set;
 }
 
@@ -108,9 +110,10 @@ struct Supervisor::Impl {
   std::string stop_reason;             // why no further round followed a failure
   bool looked_ahead = false;  // this round's prejoin() was asked for
   JobOutcome outcome;
+  StackDumps stacks;  // every rank's stack: on demand, at a failure, at a hang (stack_dump.hpp)
 
   Impl(const Options& opt, std::map<std::string, std::string> env, Guardian& g, Rendezvous& r, std::string host)
-      : o(opt), base_env(std::move(env)), rdzv(r), guardian(g) {
+      : o(opt), base_env(std::move(env)), rdzv(r), guardian(g), stacks(opt, host) {
     plan.run_id = o.rdzv_id;
     plan.hostname = std::move(host);
   }
@@ -213,7 +216,8 @@ struct Supervisor::Impl {
     drain_deadline.reset();
     root.reset();
     remote_end.reset();
-    const std::string attempt_dir = fmt::format("{}/attempt_{}", log_root, attempt);
+    stacks.attempt_started();
+    const std::string attempt_dir = this->attempt_dir();
     for (int lr = 0; lr < o.nproc_per_node; ++lr) {
       WorkerResult w;
       w.attempt = attempt;
@@ -237,9 +241,9 @@ struct Supervisor::Impl {
       int out_w = make_stream(static_cast<int>(i), false, dir);
       int err_w = make_stream(static_cast<int>(i), true, dir);
       WorkerCommand cmd = worker_command(o, w.local_rank, base_env);
-      SpawnSpec spec{cmd.path, cmd.argv,
-                     to_envp(worker_environment(o, plan, w.local_rank, w.error_file, base_env)),
-                     stdin_fd, out_w, err_w};
+      auto env = worker_environment(o, plan, w.local_rank, w.error_file, base_env);
+      stacks.add_env(env, w);
+      SpawnSpec spec{cmd.path, cmd.argv, to_envp(env), stdin_fd, out_w, err_w};
       w.start = SysClock::now();
       started.push_back(spawn(spec));
       paths.push_back(cmd.path);
@@ -265,6 +269,8 @@ struct Supervisor::Impl {
                  plan.rank_base + static_cast<int>(workers.size()) - 1, plan.world_size);
   }
 
+  std::string attempt_dir() const { return fmt::format("{}/attempt_{}", log_root, attempt); }
+
   // ------------------------------------------------------------------ stopping
 
   void signal_live(int sig, bool mark_stopped) {
@@ -289,6 +295,7 @@ struct Supervisor::Impl {
   void fail(WorkerResult& w) {
     if (root) return;
     root = w;
+    if (w.state != WorkerResult::State::kExecFailed) stacks.at_failure(workers, w, attempt_dir());  // bounded
     const std::string what = fmt::format("rank {} on {} exited with {}", w.rank, w.host,
                                          w.signal ? signal_name(w.signal) : std::to_string(w.exit_code));
     begin_stop(SIGTERM);  // the workers first: telling the others goes on in the background
@@ -339,6 +346,10 @@ struct Supervisor::Impl {
       int sig = static_cast<int>(si.ssi_signo);
       if (sig == SIGCHLD) {
         reap();
+        continue;
+      }
+      if (stacks.is_trigger(sig)) {
+        err_writer->push_line(stacks.on_demand(workers, attempt_dir(), sig));
         continue;
       }
       bool stops = std::find(o.signals_to_handle.begin(), o.signals_to_handle.end(), sig) != o.signals_to_handle.end();
@@ -447,7 +458,7 @@ struct Supervisor::Impl {
       if (live == 0 && streams->open_count() == 0) break;
       if (live == 0 && Clock::now() >= *drain_deadline && !streams->close_unpaused()) break;
       auto next = Clock::now() + std::chrono::seconds(3600);
-      for (auto& d : {kill_deadline, drain_deadline})
+      for (auto& d : {kill_deadline, drain_deadline, stacks.next_hang_check()})
         if (d) next = std::min(next, *d);
       next = streams->flush_idle(next);
       // Output that trickles in small writes (python -u writes every line on its own) is
@@ -467,9 +478,18 @@ struct Supervisor::Impl {
         else streams->on_readable(*static_cast<WorkerStreams::Stream*>(tag));
       }
       escalate_if_due();
+      if (!stopping && live > 0 && stacks.hung_now(streams->last_read(), workers)) on_hang();
     }
     streams->close_all();
     for (auto& w : workers) w.stderr_tail = streams->stderr_tail(static_cast<int>(&w - workers.data()));
+  }
+
+  // --hang-timeout passed with no progress: stacks shown, the attempt fails (exit 124).
+  void on_hang() {
+    err_writer->push_line(stacks.on_hang(workers, attempt_dir()));
+    begin_stop(SIGTERM);
+    rdzv.end_round(RoundEnd::Kind::kFailed, *stacks.hang());
+    look_ahead(RoundEnd{RoundEnd::Kind::kFailed, "", *stacks.hang()});
   }
 
   static int timeout_ms(Clock::time_point next) {
@@ -528,6 +548,7 @@ struct Supervisor::Impl {
                       fmt::format("rank {} {}", root->rank,
                                   root->signal ? "was killed by " + signal_name(root->signal)
                                                : fmt::format("exited with code {}", root->exit_code))};
+    if (stacks.hang()) return RoundEnd{RoundEnd::Kind::kFailed, "", *stacks.hang()};
     if (remote_end) return remote_end;
     return wait_round_end();
   }
@@ -619,7 +640,7 @@ struct Supervisor::Impl {
       auto end = attempt_end();
       if (!end || slurm_stopped_elsewhere(*end)) break;  // a signal (here, or Slurm's on another node)
       if (end->kind == RoundEnd::Kind::kDone) break;
-      if (!root) remote_end = end;  // this node succeeded, the round did not
+      if (!root && !stacks.hang()) remote_end = end;  // this node succeeded, the round did not
       stop_reason = rdzv.restart_refused(*end);  // prejoin's answer when it was asked
       looked_ahead = false;
       if (!stop_reason.empty()) {
@@ -646,7 +667,7 @@ struct Supervisor::Impl {
                          Clock::now() + std::chrono::seconds(1));
       return rdzv.finish(F::kNodeStopped, "", by);
     }
-    if (!root && !remote_end) return rdzv.finish(F::kSucceeded, "", std::nullopt);
+    if (!root && !remote_end && !stacks.hang()) return rdzv.finish(F::kSucceeded, "", std::nullopt);
     rdzv.finish(remote_end && remote_end->node_only() ? F::kNodeStopped : F::kJobFailed, stop_reason, std::nullopt);
   }
 
@@ -673,11 +694,16 @@ struct Supervisor::Impl {
       std::vector<WorkerResult> others;
       for (auto& w : workers)
         if (w.pid != root->pid && (w.failed() || w.state == WorkerResult::State::kStopped)) others.push_back(w);
-      std::string summary = failure_summary(o.script, *root, others);
+      std::string summary = failure_summary(o.script, *root, others, stacks.failure_note());
       ssize_t r = write(2, summary.data(), summary.size());
       (void)r;
       if (const char* ef = getenv("TORCHELASTIC_ERROR_FILE"); ef && *ef)
         write_root_cause_error_file(ef, *root, o.script);
+    } else if (stacks.hang()) {
+      outcome.status = "failed";
+      outcome.exit_code = StackDumps::kHangExitCode;
+      ssize_t r = write(2, stacks.hang_report().data(), stacks.hang_report().size());
+      (void)r;
     } else if (remote_end) {
       outcome.status = "failed";
       outcome.exit_code = 1;

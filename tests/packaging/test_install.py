@@ -11,7 +11,7 @@ import pkgtest
 from pkgtest import BUILD, SRC, TAG, run
 
 EXPECTED = [
-    "bin/ddprun", "bin/ddp-store-server",
+    "bin/ddprun", "bin/ddp-store-server", "share/ddprun/python/sitecustomize.py",
     "lib/libddp.so", "lib/libddp.so.0", "include/ddp/ddp.hpp", "include/ddp/process_group.hpp",
     "lib/cmake/ddp/ddpConfig.cmake", "lib/cmake/ddp/ddpConfigVersion.cmake", "lib/cmake/ddp/ddpTargets.cmake",
     "share/man/man1/ddprun.1.gz",

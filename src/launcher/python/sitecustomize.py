@@ -1,0 +1,63 @@
+# ddprun's bootstrap for Python workers (docs/stacks.md). ddprun puts this folder first on
+# the PYTHONPATH of the workers it starts (unless --no-stack-dumps), so Python's site module
+# imports this file as "sitecustomize" before the training script runs. It then:
+#   1. leaves no trace: this folder leaves sys.path, PYTHONPATH gets its old value back and
+#      DDPRUN_STACK_FILE is removed from the environment, so the script, and every process
+#      it starts, sees what it would have seen without ddprun;
+#   2. when started by ddprun (DDPRUN_STACK_FILE set), registers faulthandler on SIGURG for
+#      every thread, writing into that file, and announces it there (first line), so that
+#      ddprun only ever sends SIGURG to a worker that registered it (SIGURG's default action
+#      is to ignore it anyway). faulthandler's dump needs no GIL: it works while a thread
+#      holds it or sits in a C call. Forked children (DataLoader workers) drop the handler;
+#   3. imports the sitecustomize that would have been imported without ddprun (the user's
+#      on PYTHONPATH, Debian's in /usr/lib/python3.X), errors included, as site would.
+# Nothing here may break a worker: a failure in steps 1-2 only means no stacks.
+
+
+def _ddprun_bootstrap():
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    stack_file = os.environ.pop("DDPRUN_STACK_FILE", None)
+    if stack_file is None:
+        return
+    parts = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    kept = [p for p in parts if os.path.abspath(p or os.curdir) != here]
+    if len(kept) < len(parts):
+        if any(kept):
+            os.environ["PYTHONPATH"] = os.pathsep.join(kept)
+        else:
+            del os.environ["PYTHONPATH"]
+    try:
+        import faulthandler
+        import signal
+
+        out = open(stack_file, "ab", buffering=0)
+        faulthandler.register(signal.SIGURG, file=out, all_threads=True)
+        os.register_at_fork(after_in_child=lambda: faulthandler.unregister(signal.SIGURG))
+        out.write(b"ddprun-stacks pid=%d\n" % os.getpid())
+    except Exception:  # noqa: BLE001  (no stacks, but the worker runs)
+        pass
+
+
+def _ddprun_chain(this):
+    import importlib
+    import sys
+
+    del sys.modules["sitecustomize"]
+    try:
+        importlib.import_module("sitecustomize")
+    except ImportError as e:
+        if e.name != "sitecustomize":
+            raise
+        sys.modules["sitecustomize"] = this  # there is none: site finds this (empty) module
+
+
+try:
+    _ddprun_bootstrap()
+except Exception:  # noqa: BLE001
+    pass
+del _ddprun_bootstrap
+_ddprun_chain(__import__("sys").modules[__name__])
