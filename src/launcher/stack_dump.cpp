@@ -227,6 +227,20 @@ void StackDumps::add_env(std::map<std::string, std::string>& env, const WorkerRe
   auto pp = env.find("PYTHONPATH");
   env["PYTHONPATH"] = pp == env.end() || pp->second.empty() ? bootstrap_ : bootstrap_ + ":" + pp->second;
   env["DDPRUN_STACK_FILE"] = stack_file(w);
+  env["DDPRUN_PID"] = std::to_string(getpid());
+}
+
+std::string StackDumps::on_trigger(int sig, pid_t sender, const std::vector<WorkerResult>& workers,
+                                   const std::string& attempt_dir) {
+  if (sig == kWorkerSignal && sender > 0)
+    for (const auto& w : workers)
+      if (w.state == WorkerResult::State::kRunning && in_tree(sender, w.pid)) {
+        if (failing_ >= 0) return "";  // the first failure's stacks are taken: those after it follow from it
+        spdlog::info("rank {} is failing (an uncaught exception): taking the other ranks' stacks", w.rank);
+        at_failure(workers, w, attempt_dir);
+        return "";
+      }
+  return on_demand(workers, attempt_dir, sig);
 }
 
 std::vector<StackTarget> StackDumps::targets(const std::vector<WorkerResult>& workers, const WorkerResult* skip) const {
@@ -275,6 +289,8 @@ std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, cons
 
 void StackDumps::at_failure(const std::vector<WorkerResult>& workers, const WorkerResult& root,
                             const std::string& attempt_dir) {
+  if (failing_ == root.pid) return;  // taken when it announced its failure
+  failing_ = root.pid;
   failure_note_.clear();
   if (!o_.stack_dumps) return;
   auto ts = targets(workers, &root);
@@ -288,6 +304,7 @@ void StackDumps::at_failure(const std::vector<WorkerResult>& workers, const Work
 
 void StackDumps::attempt_started() {
   failure_note_.clear();
+  failing_ = -1;
   hang_.reset();
   hang_report_.clear();
   progress_ = Clock::now();

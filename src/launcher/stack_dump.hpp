@@ -65,9 +65,15 @@ class StackDumps {
   bool is_trigger(int sig) const;
   static std::vector<int> trigger_signals(const Options& o);
 
+  // A trigger from `sender`: a worker's bootstrap saying it is about to fail (an uncaught
+  // exception: the others' stacks are kept for the summary), else a dump on demand. Returns
+  // the text for ddprun's stderr.
+  std::string on_trigger(int sig, pid_t sender, const std::vector<WorkerResult>& workers,
+                         const std::string& attempt_dir);
   // Every running worker's stack, for ddprun's stderr; also written under attempt_dir.
   std::string on_demand(const std::vector<WorkerResult>& workers, const std::string& attempt_dir, int sig);
-  // Before the survivors of `root`'s failure are stopped: where each one was.
+  // Before the survivors of `root`'s failure are stopped: where each one was (taken now,
+  // unless `root` announced its failure and they were taken then).
   void at_failure(const std::vector<WorkerResult>& workers, const WorkerResult& root, const std::string& attempt_dir);
   const std::string& failure_note() const { return failure_note_; }
 
@@ -93,6 +99,7 @@ class StackDumps {
   Clock::time_point progress_{};  // the last progress seen
   std::optional<Clock::time_point> next_check_;
   std::string failure_note_;
+  pid_t failing_ = -1;  // the worker whose announced failure failure_note_ is about
   std::optional<std::string> hang_;
   std::string hang_report_;
   int dumps_ = 0;

@@ -8,7 +8,10 @@
 #      every thread, writing into that file, and announces it there (first line), so that
 #      ddprun only ever sends SIGURG to a worker that registered it (SIGURG's default action
 #      is to ignore it anyway). faulthandler's dump needs no GIL: it works while a thread
-#      holds it or sits in a C call. Forked children (DataLoader workers) drop the handler;
+#      holds it or sits in a C call. Forked children (DataLoader workers) drop the handler.
+#      An uncaught exception first sends SIGURG to ddprun (DDPRUN_PID), then goes on to the
+#      hook that was there: ddprun takes the other ranks' stacks while they still wait for
+#      this one (its sockets are still open), for the failure summary;
 #   3. imports the sitecustomize that would have been imported without ddprun (the user's
 #      on PYTHONPATH, Debian's in /usr/lib/python3.X), errors included, as site would.
 # Nothing here may break a worker: a failure in steps 1-2 only means no stacks.
@@ -21,6 +24,7 @@ def _ddprun_bootstrap():
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     stack_file = os.environ.pop("DDPRUN_STACK_FILE", None)
+    ddprun_pid = os.environ.pop("DDPRUN_PID", "")
     if stack_file is None:
         return
     parts = os.environ.get("PYTHONPATH", "").split(os.pathsep)
@@ -38,8 +42,28 @@ def _ddprun_bootstrap():
         faulthandler.register(signal.SIGURG, file=out, all_threads=True)
         os.register_at_fork(after_in_child=lambda: faulthandler.unregister(signal.SIGURG))
         out.write(b"ddprun-stacks pid=%d\n" % os.getpid())
+        if ddprun_pid.isdigit():
+            _notice_failures(int(ddprun_pid), signal.SIGURG)
     except Exception:  # noqa: BLE001  (no stacks, but the worker runs)
         pass
+
+
+def _notice_failures(ddprun_pid, sig):
+    import os
+    import sys
+
+    previous = sys.excepthook
+    me = os.getpid()
+
+    def excepthook(*exc_info):
+        try:
+            if os.getpid() == me:  # not in a forked child
+                os.kill(ddprun_pid, sig)
+        except Exception:  # noqa: BLE001
+            pass
+        previous(*exc_info)
+
+    sys.excepthook = excepthook
 
 
 def _ddprun_chain(this):
@@ -59,5 +83,5 @@ try:
     _ddprun_bootstrap()
 except Exception:  # noqa: BLE001
     pass
-del _ddprun_bootstrap
+del _ddprun_bootstrap, _notice_failures
 _ddprun_chain(__import__("sys").modules[__name__])
