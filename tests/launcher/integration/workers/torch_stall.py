@@ -3,7 +3,7 @@ test_stacks.py): torch_stall.py OUTDIR MODE [SECONDS]
 
   stall S   at step 3 rank 2 sleeps S seconds inside slow_data(), while the others wait in
             all_reduce; then the job finishes (exit 0)
-  raise     at step 3 rank 1 raises ValueError while the others wait in all_reduce
+  raise     at step 3 rank 1 raises ValueError once the others wait in all_reduce
 
 Markers in OUTDIR: waiting_<rank> just before a rank enters step 3's all_reduce, stalled_2 /
 raising_1 just before rank 2 sleeps / rank 1 raises. Nothing is printed during step 3, so
@@ -29,6 +29,9 @@ def slow_data(rank, step):
         mark("stalled_2")
         time.sleep(float(sys.argv[3]))
     if step == 3 and MODE == "raise" and rank == 1:
+        while not all(os.path.exists(os.path.join(OUT, f"waiting_{r}")) for r in (0, 2, 3)):
+            time.sleep(0.02)
+        time.sleep(0.3)  # they are inside all_reduce by now
         mark("raising_1")
         raise ValueError("bad batch at step 3")
     return torch.ones(4) * (rank + 1)
