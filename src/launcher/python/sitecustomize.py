@@ -5,7 +5,9 @@
 #      DDPRUN_STACK_FILE is removed from the environment, so the script, and every process
 #      it starts, sees what it would have seen without ddprun;
 #   2. when started by ddprun (DDPRUN_STACK_FILE set), registers faulthandler on SIGURG for
-#      every thread, writing into that file, and announces it there (first line), so that
+#      every thread, writing into that file (a close-on-exec descriptor above 900, so that
+#      the script's own files get the numbers they would get), and announces it there (first
+#      line), so that
 #      ddprun only ever sends SIGURG to a worker that registered it (SIGURG's default action
 #      is to ignore it anyway). faulthandler's dump needs no GIL: it works while a thread
 #      holds it or sits in a C call. Forked children (DataLoader workers) drop the handler.
@@ -38,14 +40,27 @@ def _ddprun_bootstrap():
         import faulthandler
         import signal
 
-        out = open(stack_file, "ab", buffering=0)
-        faulthandler.register(signal.SIGURG, file=out, all_threads=True)
+        fd = _high_fd(os.open(stack_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644))
+        faulthandler.register(signal.SIGURG, file=fd, all_threads=True)
         os.register_at_fork(after_in_child=lambda: faulthandler.unregister(signal.SIGURG))
-        out.write(b"ddprun-stacks pid=%d\n" % os.getpid())
+        os.write(fd, b"ddprun-stacks pid=%d\n" % os.getpid())
         if ddprun_pid.isdigit():
             _notice_failures(int(ddprun_pid), signal.SIGURG)
     except Exception:  # noqa: BLE001  (no stacks, but the worker runs)
         pass
+
+
+def _high_fd(fd):
+    """fd moved far above the ones a script opens (3, 4, ...), so that it takes none of them."""
+    import fcntl
+    import os
+
+    try:
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 900)
+    except OSError:  # a descriptor limit below 900
+        return fd
+    os.close(fd)
+    return high
 
 
 def _notice_failures(ddprun_pid, sig):
@@ -83,5 +98,5 @@ try:
     _ddprun_bootstrap()
 except Exception:  # noqa: BLE001
     pass
-del _ddprun_bootstrap, _notice_failures
+del _ddprun_bootstrap, _notice_failures, _high_fd
 _ddprun_chain(__import__("sys").modules[__name__])
