@@ -2,22 +2,20 @@
 # the PYTHONPATH of the workers it starts (unless --no-stack-dumps), so Python's site module
 # imports this file as "sitecustomize" before the training script runs. It then:
 #   1. leaves no trace: this folder leaves sys.path, PYTHONPATH gets its old value back and
-#      DDPRUN_STACK_FILE is removed from the environment, so the script, and every process
-#      it starts, sees what it would have seen without ddprun;
+#      DDPRUN_STACK_FILE and DDPRUN_PID leave the environment, so the script, and every
+#      process it starts, sees what it would have seen without ddprun;
 #   2. when started by ddprun (DDPRUN_STACK_FILE set), registers faulthandler on SIGURG for
-#      every thread, writing into that file (a close-on-exec descriptor above 900, so that
-#      the script's own files get the numbers they would get), and announces it there (first
-#      line), so that
-#      ddprun only ever sends SIGURG to a worker that registered it (SIGURG's default action
-#      is to ignore it anyway). faulthandler's dump needs no GIL: it works while a thread
-#      holds it or sits in a C call. Forked children (DataLoader workers) drop the handler.
-#      An uncaught exception first sends SIGURG to ddprun (DDPRUN_PID), then goes on to the
-#      hook that was there: ddprun takes the other ranks' stacks while they still wait for
-#      this one (its sockets are still open), for the failure summary;
+#      every thread, writing into that file through a close-on-exec descriptor above 900 (the
+#      script's own files get the numbers they would get), and announces it in the file's
+#      first line: ddprun only ever sends SIGURG to a worker that announced (and SIGURG's
+#      default action is to ignore it anyway). faulthandler's dump needs no GIL: it works
+#      while a thread holds it or sits in a C call. Forked children (DataLoader workers)
+#      drop the handler. An uncaught exception first sends SIGURG to ddprun (DDPRUN_PID),
+#      then goes on to the hook that was there: ddprun takes the other ranks' stacks while
+#      they still wait for this one (its sockets are still open), for the failure summary;
 #   3. imports the sitecustomize that would have been imported without ddprun (the user's
 #      on PYTHONPATH, Debian's in /usr/lib/python3.X), errors included, as site would.
 # Nothing here may break a worker: a failure in steps 1-2 only means no stacks.
-
 
 def _ddprun_bootstrap():
     import os
