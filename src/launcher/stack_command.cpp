@@ -64,7 +64,9 @@ bool takes_dumps(pid_t pid) {
   std::istringstream status(read_file(fmt::format("/proc/{}/status", pid)).value_or(""));
   for (std::string line; std::getline(status, line);) {
     if (!line.starts_with("SigBlk:")) continue;
-    unsigned long long mask = std::stoull(line.substr(7), nullptr, 16);
+    unsigned long long mask = 0;
+    std::string hex = line.substr(line.find_first_not_of(" \t", 7));
+    std::from_chars(hex.data(), hex.data() + hex.size(), mask, 16);
     return (mask >> (kWorkerSignal - 1)) & 1;
   }
   return false;

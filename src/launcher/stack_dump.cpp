@@ -231,11 +231,13 @@ void StackDumps::add_env(std::map<std::string, std::string>& env, const WorkerRe
 }
 
 std::string StackDumps::on_trigger(int sig, pid_t sender, const std::vector<WorkerResult>& workers,
-                                   const std::string& attempt_dir) {
+                                   const std::string& attempt_dir, bool stopping) {
   if (sig == kWorkerSignal && sender > 0)
     for (const auto& w : workers)
-      if (w.state == WorkerResult::State::kRunning && in_tree(sender, w.pid)) {
-        if (failing_ >= 0) return "";  // the first failure's stacks are taken: those after it follow from it
+      if (sender == w.pid || (w.state == WorkerResult::State::kRunning && in_tree(sender, w.pid))) {
+        // The first failure's stacks are taken (those after it follow from it); while the
+        // job stops, workers raising KeyboardInterrupt are no failure.
+        if (failing_ >= 0 || stopping || w.state != WorkerResult::State::kRunning) return "";
         spdlog::info("rank {} is failing (an uncaught exception): taking the other ranks' stacks", w.rank);
         at_failure(workers, w, attempt_dir);
         return "";
@@ -251,13 +253,11 @@ std::vector<StackTarget> StackDumps::targets(const std::vector<WorkerResult>& wo
   return out;
 }
 
-std::vector<std::string> StackDumps::prefixes(const std::vector<WorkerResult>& workers,
-                                              const std::vector<RankStack>& stacks) const {
+std::vector<std::string> StackDumps::prefixes(const std::vector<RankStack>& stacks) const {
   std::vector<std::string> out;
   for (const auto& s : stacks)
     out.push_back(expand_prefix(o_.log_line_prefix_template.value_or("[rank${rank}]:"), s.rank, s.local_rank,
                                 o_.role, hostname_));
-  (void)workers;
   return out;
 }
 
@@ -277,7 +277,7 @@ std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, cons
   const auto t0 = Clock::now();
   auto stacks = take_stacks(ts, t0 + kOnDemand);
   const double took = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::string body = full_dump(stacks, prefixes(workers, stacks));
+  std::string body = full_dump(stacks, prefixes(stacks));
   std::string where = where_lines(stacks);
   std::string file = save(attempt_dir, fmt::format("stacks_{}.txt", ++dumps_), body + "where:\n" + where);
   size_t answered = std::count_if(stacks.begin(), stacks.end(), [](auto& s) { return s.kind == RankStack::Kind::kStack; });
@@ -296,7 +296,7 @@ void StackDumps::at_failure(const std::vector<WorkerResult>& workers, const Work
   auto ts = targets(workers, &root);
   if (ts.empty()) return;
   auto stacks = take_stacks(ts, Clock::now() + kAtFailure);
-  std::string file = save(attempt_dir, "stacks_at_failure.txt", full_dump(stacks, prefixes(workers, stacks)));
+  std::string file = save(attempt_dir, "stacks_at_failure.txt", full_dump(stacks, prefixes(stacks)));
   failure_note_ = fmt::format("Where the other ranks were (main thread, innermost frame first{}):\n{}",
                               file.empty() ? "" : "; every thread: " + file, where_lines(stacks));
   spdlog::info("rank {} failed; {}", root.rank, failure_note_);
@@ -342,7 +342,7 @@ std::string StackDumps::on_hang(const std::vector<WorkerResult>& workers, const 
   hang_ = fmt::format("no rank made progress for {} s (--hang-timeout)", seconds(hang_timeout_));
   std::vector<RankStack> stacks;
   if (o_.stack_dumps) stacks = take_stacks(targets(workers, nullptr), Clock::now() + kAtHang);
-  std::string body = full_dump(stacks, prefixes(workers, stacks));
+  std::string body = full_dump(stacks, prefixes(stacks));
   std::string file = stacks.empty() ? "" : save(attempt_dir, "stacks_at_hang.txt", body);
   auto odd = outliers(stacks);
   std::string named = odd.empty() ? "no rank stands out (no majority)"

@@ -66,10 +66,11 @@ class StackDumps {
   static std::vector<int> trigger_signals(const Options& o);
 
   // A trigger from `sender`: a worker's bootstrap saying it is about to fail (an uncaught
-  // exception: the others' stacks are kept for the summary), else a dump on demand. Returns
-  // the text for ddprun's stderr.
+  // exception: the others' stacks are kept for the summary; ignored while the job stops,
+  // when workers raise KeyboardInterrupt), else a dump on demand. Returns the text for
+  // ddprun's stderr.
   std::string on_trigger(int sig, pid_t sender, const std::vector<WorkerResult>& workers,
-                         const std::string& attempt_dir);
+                         const std::string& attempt_dir, bool stopping);
   // Every running worker's stack, for ddprun's stderr; also written under attempt_dir.
   std::string on_demand(const std::vector<WorkerResult>& workers, const std::string& attempt_dir, int sig);
   // Before the survivors of `root`'s failure are stopped: where each one was (taken now,
@@ -89,7 +90,7 @@ class StackDumps {
 
  private:
   std::vector<StackTarget> targets(const std::vector<WorkerResult>& workers, const WorkerResult* skip) const;
-  std::vector<std::string> prefixes(const std::vector<WorkerResult>& workers, const std::vector<RankStack>& s) const;
+  std::vector<std::string> prefixes(const std::vector<RankStack>& stacks) const;
   std::string save(const std::string& attempt_dir, const std::string& name, const std::string& text);
 
   const Options& o_;

@@ -63,7 +63,7 @@ std::string innermost(const ThreadStack& t, size_t depth) {
 std::string RankStack::signature(size_t depth) const {
   switch (kind) {
     case Kind::kNoAnswer: return "no answer";
-    case Kind::kNoBootstrap: return "no Python stack (no ddprun bootstrap in this worker)";
+    case Kind::kNoBootstrap: return "no Python stack (no ddprun bootstrap in this worker, or not yet)";
     case Kind::kExited: return "exited before it answered";
     case Kind::kStack:
     case Kind::kIncomplete: break;

@@ -349,7 +349,7 @@ struct Supervisor::Impl {
         continue;
       }
       if (stacks.is_trigger(sig)) {
-        err_writer->push_line(stacks.on_trigger(sig, static_cast<pid_t>(si.ssi_pid), workers, attempt_dir()));
+        err_writer->push_line(stacks.on_trigger(sig, static_cast<pid_t>(si.ssi_pid), workers, attempt_dir(), stopping));
         continue;
       }
       bool stops = std::find(o.signals_to_handle.begin(), o.signals_to_handle.end(), sig) != o.signals_to_handle.end();

@@ -120,7 +120,7 @@ class TorchStacks(StacksTest):
 
 BLOCKER = """
 import os, signal, sys, time
-if os.environ["RANK"] == "0":
+if os.environ["RANK"] == "0" and os.environ.get("RANK_BLOCKS") != "no":
     signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
 open(os.path.join(sys.argv[1], "ready_" + os.environ["RANK"]), "w").close()
 time.sleep(float(sys.argv[2]))
@@ -207,6 +207,20 @@ class Stacks(StacksTest):
         time.sleep(0.5)
         os.kill(p.pid, signal.SIGQUIT)
         self.assertEqual(self.finish(p, 60), 131)
+
+    def test_keyboard_interrupts_while_the_job_stops_take_no_stacks(self):
+        """SIGINT to ddprun reaches the workers, whose KeyboardInterrupt goes through the
+        bootstrap's excepthook: that is no failure, and takes nobody's stack."""
+        script = self.write("blocker.py", BLOCKER)
+        p = self.start(["--standalone", "--nproc-per-node", "2", "--log-level", "info", script, self.tmp, "60"],
+                       env=clean_env(RANK_BLOCKS="no"))
+        self.wait_markers(["ready_0", "ready_1"])
+        time.sleep(0.3)
+        os.kill(p.pid, signal.SIGINT)
+        self.assertEqual(self.finish(p, 60), 130)
+        self.assertNotIn("taking the other ranks' stacks", self.stderr_text())
+        self.assertNotIn("SIGURG", self.stderr_text())  # nor is a worker's notice a dump on demand
+        self.assertIn("KeyboardInterrupt", self.stderr_text())
 
     def test_dump_stacks_without_a_job(self):
         r = subprocess.run([DDPRUN, "--dump-stacks", "1"], capture_output=True, text=True, timeout=scaled(30))
