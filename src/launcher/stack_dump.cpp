@@ -345,14 +345,16 @@ std::string StackDumps::on_hang(const std::vector<WorkerResult>& workers, const 
   std::string body = full_dump(stacks, prefixes(stacks));
   std::string file = stacks.empty() ? "" : save(attempt_dir, "stacks_at_hang.txt", body);
   auto odd = outliers(stacks);
-  std::string named = odd.empty() ? "no rank stands out (no majority)"
-                                  : fmt::format("{} {} not where the others are", odd.size() > 1 ? "ranks" : "rank",
-                                                rank_ranges(odd));
+  std::string named = !odd.empty() ? fmt::format("{} {} not where the others are", odd.size() > 1 ? "ranks" : "rank",
+                                                 rank_ranges(odd))
+                      : group_by_signature(stacks).size() == 1 ? "every rank is at the same place"
+                                                               : "no rank stands out (no majority)";
   if (stacks.empty()) named = "stacks are off (--no-stack-dumps)";
   const std::string rule(60, '='), thin(60, '-');
   hang_report_ = fmt::format("{}\n{} HUNG: {}\n{}\n{}\n{}{}{}\n", rule, o_.script, *hang_, thin, named,
                              where_lines(stacks), file.empty() ? "" : "every thread of every rank: " + file + "\n", rule);
-  spdlog::error("{}: {}; stopping the job (exit status {})", *hang_, named, kHangExitCode);
+  spdlog::error("{}: {}; stopping the workers (a failed attempt: exit status {} unless --max-restarts restarts it)",
+                *hang_, named, kHangExitCode);
   return body + "[ddprun] where each rank is (main thread, innermost frame first):\n" + where_lines(stacks);
 }
 

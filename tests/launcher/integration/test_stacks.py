@@ -222,6 +222,16 @@ class Stacks(StacksTest):
         self.assertNotIn("SIGURG", self.stderr_text())  # nor is a worker's notice a dump on demand
         self.assertIn("KeyboardInterrupt", self.stderr_text())
 
+    def test_a_hang_is_a_failed_attempt_that_max_restarts_restarts(self):
+        script = self.write("blocker.py", BLOCKER)
+        res = self.run_ddprun(["--standalone", "--nproc-per-node", "2", "--hang-timeout", "1", "--max-restarts", "1",
+                               script, self.tmp, "60"], env=clean_env(RANK_BLOCKS="no"))
+        self.assertEqual(res.rc, 124, res)
+        self.assertEqual(len(re.findall(r"error\] no rank made progress for 1 s \(--hang-timeout\)", res.stderr)), 2, res)
+        self.assertIn("restarting all workers: attempt 1 of 1", res.stderr)
+        self.assertIn(" HUNG: no rank made progress for 1 s", res.stderr)
+        self.assertIn("every rank is at the same place", res.stderr)  # both sleep in the same line
+
     def test_dump_stacks_without_a_job(self):
         r = subprocess.run([DDPRUN, "--dump-stacks", "1"], capture_output=True, text=True, timeout=scaled(30))
         self.assertEqual((r.returncode, r.stdout), (1, ""))
