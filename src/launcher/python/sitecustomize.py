@@ -35,15 +35,16 @@ def _ddprun_bootstrap():
         else:
             del os.environ["PYTHONPATH"]
     try:
+        # Built-in modules only: `import signal` alone (its enums) would cost a few ms.
+        import _signal
         import faulthandler
-        import signal
 
         fd = _high_fd(os.open(stack_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644))
-        faulthandler.register(signal.SIGURG, file=fd, all_threads=True)
-        os.register_at_fork(after_in_child=lambda: faulthandler.unregister(signal.SIGURG))
+        faulthandler.register(_signal.SIGURG, file=fd, all_threads=True)
+        os.register_at_fork(after_in_child=lambda: faulthandler.unregister(_signal.SIGURG))
         os.write(fd, b"ddprun-stacks pid=%d\n" % os.getpid())
         if ddprun_pid.isdigit():
-            _notice_failures(int(ddprun_pid), signal.SIGURG)
+            _notice_failures(int(ddprun_pid), _signal.SIGURG)
     except Exception:  # noqa: BLE001  (no stacks, but the worker runs)
         pass
 
@@ -80,12 +81,11 @@ def _notice_failures(ddprun_pid, sig):
 
 
 def _ddprun_chain(this):
-    import importlib
     import sys
 
     del sys.modules["sitecustomize"]
     try:
-        importlib.import_module("sitecustomize")
+        __import__("sitecustomize")
     except ImportError as e:
         if e.name != "sitecustomize":
             raise
