@@ -36,13 +36,22 @@ std::string cmdline_of(pid_t pid) {
 }
 
 // A ddprun that supervises a job (not a --dump-stacks like this one, not its guardian,
-// which calls itself ddprun-guard), owned by this user (any, for root).
+// which calls itself ddprun-guard), owned by this user (any, for root). Started through
+// the dynamic loader (docker/Containerfile.pytorch) it is named after the loader, and its
+// command line names the ddprun binary the loader runs.
 bool is_job(pid_t pid) {
   struct stat st {};
   if (pid == getpid() || ::stat(fmt::format("/proc/{}", pid).c_str(), &st) != 0) return false;
   if (geteuid() != 0 && st.st_uid != geteuid()) return false;
-  if (read_file(fmt::format("/proc/{}/comm", pid), 64).value_or("") != "ddprun\n") return false;
-  return cmdline_of(pid).find("--dump-stacks") == std::string::npos;
+  const std::string comm = read_file(fmt::format("/proc/{}/comm", pid), 64).value_or("");
+  const std::string cmdline = cmdline_of(pid);
+  bool named = comm == "ddprun\n";
+  if (comm.starts_with("ld-linux") || comm.starts_with("ld.so")) {
+    std::istringstream args(cmdline);
+    std::string arg;
+    for (int i = 0; i < 8 && !named && args >> arg; ++i) named = arg.ends_with("/ddprun");
+  }
+  return named && cmdline.find("--dump-stacks") == std::string::npos;
 }
 
 std::vector<Job> running_jobs() {
