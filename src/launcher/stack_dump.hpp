@@ -78,7 +78,9 @@ class StackDumps {
   void at_failure(const std::vector<WorkerResult>& workers, const WorkerResult& root, const std::string& attempt_dir);
   const std::string& failure_note() const { return failure_note_; }
 
-  // --hang-timeout. progress: the last output line of any worker.
+  // --hang-timeout. Progress: last_output (any worker's output), a touch of a worker's
+  // DDPRUN_HEARTBEAT_FILE. Not yet: a libddp collective that completed (libddp could touch
+  // the same file, or count in shared memory that ddprun reads here).
   void attempt_started();
   std::optional<Clock::time_point> next_hang_check() const;
   bool hung_now(Clock::time_point last_output, const std::vector<WorkerResult>& workers);

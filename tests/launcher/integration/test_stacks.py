@@ -232,6 +232,33 @@ class Stacks(StacksTest):
         self.assertIn(" HUNG: no rank made progress for 1 s", res.stderr)
         self.assertIn("every rank is at the same place", res.stderr)  # both sleep in the same line
 
+    def test_a_ddprun_run_by_the_loader_is_found_and_finds_its_bootstrap(self):
+        """docker/Containerfile.pytorch starts /opt/ddprun/bin/ddprun through a loader in
+        /opt/ddprun/lib: ddprun is then named after the loader, and its /proc/self/exe is it."""
+        loader = "/lib64/ld-linux-x86-64.so.2"
+        if not os.path.exists(loader):
+            self.skipTest(f"no {loader}")
+        opt = self.path("opt")
+        for d in ("bin", "lib", "share/ddprun"):
+            os.makedirs(os.path.join(opt, d))
+        shutil.copy(loader, os.path.join(opt, "lib"))  # a copy: /proc/self/exe resolves links
+        os.symlink(os.path.realpath(DDPRUN), os.path.join(opt, "bin", "ddprun"))
+        os.symlink(BOOTSTRAP, os.path.join(opt, "share", "ddprun", "python"))
+        script = self.write("blocker.py", BLOCKER)
+        cmd = [os.path.join(opt, "lib", os.path.basename(loader)), "--argv0", "ddprun", os.path.join(opt, "bin", "ddprun"),
+               "--standalone", "--nproc-per-node", "2", script, self.tmp, str(scaled(8))]
+        with open(self.path("ddprun.stderr"), "wb") as err:
+            p = subprocess.Popen(cmd, env=dict(clean_env(RANK_BLOCKS="no"), TMPDIR=self.tmp), stdout=subprocess.DEVNULL,
+                                 stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+        self._procs.append(p)  # killed in tearDown if still running
+        self.wait_markers(["ready_0", "ready_1"])
+        time.sleep(0.2)
+        r = subprocess.run([DDPRUN, "--dump-stacks", str(p.pid)], capture_output=True, text=True, timeout=scaled(30))
+        self.assertEqual(r.returncode, 0, r)
+        self.wait_stderr(r"SIGURG: the stacks of 2 ranks", 30)
+        self.assertRegex(self.stderr_text(), r"ranks 0-1: <module> \(blocker.py:\d+\)")
+        self.assertEqual(self.finish(p, 60), 0)
+
     def test_dump_stacks_without_a_job(self):
         r = subprocess.run([DDPRUN, "--dump-stacks", "1"], capture_output=True, text=True, timeout=scaled(30))
         self.assertEqual((r.returncode, r.stdout), (1, ""))
