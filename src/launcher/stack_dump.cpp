@@ -309,7 +309,8 @@ void StackDumps::attempt_started() {
   hang_report_.clear();
   progress_ = Clock::now();
   next_check_.reset();
-  if (hang_timeout_.count() > 0) next_check_ = progress_ + std::min<std::chrono::milliseconds>(hang_timeout_, std::chrono::seconds(1));
+  if (hang_timeout_.count() > 0)
+    next_check_ = progress_ + std::min<std::chrono::milliseconds>(hang_timeout_, std::chrono::seconds(1));
 }
 
 std::optional<StackDumps::Clock::time_point> StackDumps::next_hang_check() const { return next_check_; }

@@ -259,6 +259,20 @@ class Stacks(StacksTest):
         self.assertRegex(self.stderr_text(), r"ranks 0-1: <module> \(blocker.py:\d+\)")
         self.assertEqual(self.finish(p, 60), 0)
 
+    def test_a_heartbeat_is_progress(self):
+        """Silent workers that touch $DDPRUN_HEARTBEAT_FILE (docs/stacks.md's snippet) outlive
+        a --hang-timeout four times shorter than their run; the same without it would hang
+        (test_a_hang_is_a_failed_attempt_that_max_restarts_restarts)."""
+        script = self.write("beat.py", "import os, pathlib, time\n"
+                                       "end = time.monotonic() + 4\n"
+                                       "while time.monotonic() < end:\n"
+                                       "    if hb := os.environ.get('DDPRUN_HEARTBEAT_FILE'):\n"
+                                       "        pathlib.Path(hb).touch()\n"
+                                       "    time.sleep(0.2)\n")
+        res = self.run_ddprun(["--standalone", "--nproc-per-node", "2", "--hang-timeout", "1", script])
+        self.assertEqual(res.rc, 0, res)
+        self.assertEqual(res.stdout, "")
+
     def test_dump_stacks_without_a_job(self):
         r = subprocess.run([DDPRUN, "--dump-stacks", "1"], capture_output=True, text=True, timeout=scaled(30))
         self.assertEqual((r.returncode, r.stdout), (1, ""))
