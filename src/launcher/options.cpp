@@ -477,7 +477,8 @@ Options parse_dump_stacks(const CommandLine& c) {
   o.dump_stacks = 0;
   if (!c.script.empty() && (!parse_number(c.script, o.dump_stacks) || o.dump_stacks <= 0))
     throw UsageError(fmt::format("--dump-stacks: expected the pid of a running ddprun, got '{}'", c.script));
-  auto typed = std::count_if(c.given.m.begin(), c.given.m.end(), [](auto& kv) { return kv.second.source.starts_with("-"); });
+  auto typed = std::count_if(c.given.m.begin(), c.given.m.end(),
+                             [](auto& kv) { return kv.second.source.starts_with("-"); });
   if (!c.script_args.empty() || typed > 1)
     throw UsageError("--dump-stacks takes only a pid: ddprun --dump-stacks [PID]");
   return o;

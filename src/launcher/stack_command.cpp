@@ -88,7 +88,8 @@ int dump_stacks_command(pid_t pid) {
   Job target{pid, ""};
   if (pid > 0) {
     auto it = std::find_if(jobs.begin(), jobs.end(), [&](const Job& j) { return j.pid == pid; });
-    if (it == jobs.end()) throw ddp::Error(fmt::format("--dump-stacks: pid {} is not a running ddprun job of yours", pid));
+    if (it == jobs.end())
+      throw ddp::Error(fmt::format("--dump-stacks: pid {} is not a running ddprun job of yours", pid));
     target = *it;
   } else if (jobs.empty()) {
     throw ddp::Error("--dump-stacks: no running ddprun job of yours on this machine");

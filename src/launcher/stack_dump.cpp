@@ -280,7 +280,8 @@ std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, cons
   std::string body = full_dump(stacks, prefixes(stacks));
   std::string where = where_lines(stacks);
   std::string file = save(attempt_dir, fmt::format("stacks_{}.txt", ++dumps_), body + "where:\n" + where);
-  size_t answered = std::count_if(stacks.begin(), stacks.end(), [](auto& s) { return s.kind == RankStack::Kind::kStack; });
+  auto answered = std::count_if(stacks.begin(), stacks.end(),
+                                [](auto& s) { return s.kind == RankStack::Kind::kStack; });
   spdlog::warn("{}: the stacks of {} rank{} on {} ({} answered in {:.2f} s{}); the job runs on", signal_name(sig),
                stacks.size(), stacks.size() == 1 ? "" : "s", hostname_, answered, took,
                o_.log_dir.empty() || file.empty() ? "" : ", saved in " + file);
@@ -352,8 +353,9 @@ std::string StackDumps::on_hang(const std::vector<WorkerResult>& workers, const 
                                                                : "no rank stands out (no majority)";
   if (stacks.empty()) named = "stacks are off (--no-stack-dumps)";
   const std::string rule(60, '='), thin(60, '-');
+  const std::string every = file.empty() ? "" : "every thread of every rank: " + file + "\n";
   hang_report_ = fmt::format("{}\n{} HUNG: {}\n{}\n{}\n{}{}{}\n", rule, o_.script, *hang_, thin, named,
-                             where_lines(stacks), file.empty() ? "" : "every thread of every rank: " + file + "\n", rule);
+                             where_lines(stacks), every, rule);
   spdlog::error("{}: {}; stopping the workers (a failed attempt: exit status {} unless --max-restarts restarts it)",
                 *hang_, named, kHangExitCode);
   return body + "[ddprun] where each rank is (main thread, innermost frame first):\n" + where_lines(stacks);
