@@ -111,6 +111,8 @@ class Install(unittest.TestCase):
         finally:
             job.kill()
             job.wait()
+            job.stdout.close()
+            job.stderr.close()
 
 
 class BuildInfo(unittest.TestCase):
