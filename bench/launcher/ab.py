@@ -3,20 +3,22 @@
 drift hits both alike: launch-to-exit of `--standalone --nproc-per-node 4 --no-python true`.
 
   /usr/bin/python3 bench/launcher/ab.py OLD_DDPRUN NEW_DDPRUN [--runs 200]
+  /usr/bin/python3 bench/launcher/ab.py B B --python --old-flags=--no-stack-dumps  # one binary,
+                                                     # Python workers, without and with a flag
 
-Prints each binary's median and the ratio NEW/OLD (1.00 = unchanged).
+--python: the workers are `python3 -c pass` (PYTHON_EXEC or python3 from PATH, run with -u
+by ddprun) instead of `true`. --old-flags/--new-flags: extra ddprun flags for either side.
+Prints each side's median and the ratio NEW/OLD (1.00 = unchanged).
 """
 import argparse
+import os
 import statistics
 import subprocess
 import time
 
-ARGS = ["--standalone", "--nproc-per-node", "4", "--no-python", "true"]
-
-
-def once(binary):
+def once(binary, args):
     t0 = time.perf_counter()
-    rc = subprocess.run([binary, *ARGS], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+    rc = subprocess.run([binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
     if rc != 0:
         raise SystemExit(f"{binary} exited {rc}")
     return time.perf_counter() - t0
@@ -27,15 +29,23 @@ def main():
     p.add_argument("old")
     p.add_argument("new")
     p.add_argument("--runs", type=int, default=200)
+    p.add_argument("--python", action="store_true", help="Python workers (python3 -c pass)")
+    p.add_argument("--old-flags", default="", help="extra ddprun flags for OLD (space-separated)")
+    p.add_argument("--new-flags", default="", help="extra ddprun flags for NEW (space-separated)")
     a = p.parse_args()
-    for b in (a.old, a.new):  # warm the page cache
-        once(b)
+    base = ["--standalone", "--nproc-per-node", "4"]
+    worker = ["--no-python", os.environ.get("PYTHON_EXEC", "python3"), "-c", "pass"] if a.python else \
+        ["--no-python", "true"]
+    old_args, new_args = base + a.old_flags.split() + worker, base + a.new_flags.split() + worker
+    for b, args in ((a.old, old_args), (a.new, new_args)):  # warm the page cache
+        once(b, args)
     old, new = [], []
     for _ in range(a.runs):
-        old.append(once(a.old))
-        new.append(once(a.new))
+        old.append(once(a.old, old_args))
+        new.append(once(a.new, new_args))
     mo, mn = statistics.median(old), statistics.median(new)
-    print(f"| launch to exit, 4 x `true` (median of {a.runs}, interleaved) | old {mo * 1e3:.2f} ms | "
+    what = "`python3 -c pass`" if a.python else "`true`"
+    print(f"| launch to exit, 4 x {what} (median of {a.runs}, interleaved) | old {mo * 1e3:.2f} ms | "
           f"new {mn * 1e3:.2f} ms | new/old {mn / mo:.2f}x |")
 
 

@@ -12,7 +12,9 @@ namespace ddprun::docs {
 namespace {
 
 bool takes_value(const FlagSpec& f) { return f.kind == FlagKind::kValue; }
-bool has_env(const FlagSpec& f) { return std::string_view(f.name) != "help" && std::string_view(f.name) != "version"; }
+bool has_env(const FlagSpec& f) {
+  return f.pet && std::string_view(f.name) != "help" && std::string_view(f.name) != "version";
+}
 std::string metavar(const FlagSpec& f) { return f.metavar ? f.metavar : "VALUE"; }
 std::string choices(const FlagSpec& f) { return f.choices ? f.choices : ""; }
 

@@ -55,9 +55,17 @@ const FlagSpec kFlags[] = {
      "accepted for compatibility: ddprun notices exits and waiting nodes at once", nullptr, "", "SECONDS"},
     {"shutdown-timeout", 0, K::kValue, "30", "Supervision", "seconds between SIGTERM and SIGKILL at teardown",
      "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "", "SECONDS"},
-    {"signals-to-handle", 0, K::kValue, "SIGTERM,SIGINT,SIGHUP,SIGQUIT", "Supervision",
-     "signals forwarded to workers before stopping (SIGUSR1/SIGUSR2 are always forwarded)", nullptr, "",
-     "SIG,..."},
+    {"signals-to-handle", 0, K::kValue, "SIGTERM,SIGINT,SIGHUP", "Supervision",
+     "signals forwarded to workers before stopping (SIGUSR1/SIGUSR2 are always forwarded; SIGQUIT dumps every "
+     "rank's stack unless listed here)",
+     nullptr, "", "SIG,..."},
+    {"hang-timeout", 0, K::kValue, "0", "Supervision",
+     "when no rank made progress (an output line, a touch of $DDPRUN_HEARTBEAT_FILE) for this long: show every "
+     "rank's stack, name the ranks that differ, stop the job, exit 124 (0: off)",
+     nullptr, "", "SECONDS"},
+    {"no-stack-dumps", 0, K::kFlag, "", "Supervision",
+     "no stack bootstrap on the workers' PYTHONPATH, no stacks on SIGQUIT (which then stops, as torchrun's), at a "
+     "failure or a hang"},
     {"start-method", 0, K::kValue, "spawn", "Supervision", "spawn, fork or forkserver (accepted for compatibility)",
      nullptr, "spawn fork forkserver", "NAME"},
     {"role", 0, K::kValue, "default", "Worker command", "role name (ROLE_NAME)", nullptr, "", "NAME"},
@@ -86,6 +94,10 @@ const FlagSpec kFlags[] = {
      nullptr, "", "FILE"},
     {"help", 'h', K::kFlag, "", "Other", "show this help and exit"},
     {"version", 0, K::kFlag, "", "Other", "show the version and exit"},
+    {"dump-stacks", 0, K::kFlag, "", "Other",
+     "ddprun --dump-stacks [PID]: print every rank's stack in the output of the running ddprun job (PID: which "
+     "one, when several run); the job runs on",
+     nullptr, nullptr, "VALUE", false},
 };
 
 }  // namespace

@@ -20,6 +20,7 @@ struct FlagSpec {
   const char* extra_env = nullptr;  // another environment fallback after PET_<NAME>
   const char* choices = nullptr;    // space-separated values for completion ("" = free)
   const char* metavar = "VALUE";    // what the value is: VALUE, FILE, DIR, N, SECONDS
+  bool pet = true;                  // falls back to PET_<NAME> (not a sub-command's flag)
 };
 
 // Every flag, in --help order.

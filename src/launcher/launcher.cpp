@@ -15,6 +15,7 @@
 #include "launcher/process.hpp"
 #include "launcher/random.hpp"
 #include "launcher/rendezvous.hpp"
+#include "launcher/stack_dump.hpp"
 #include "rendezvous/backend.hpp"
 #include "launcher/supervisor.hpp"
 #include "launcher/version.hpp"
@@ -56,6 +57,7 @@ int run_main(const std::vector<std::string>& args) {
       fmt::print("ddprun {} (commit {})\n", version(), git_commit());
       return 0;
     }
+    if (o.dump_stacks >= 0) return dump_stacks_command(o.dump_stacks);
     setup_logging(o.log_level);
     for (const auto& w : o.warnings) spdlog::warn("{}", w);
     for (const auto& i : o.infos) spdlog::info("{}", i);

@@ -162,7 +162,7 @@ CommandLine read_command_line(const std::vector<std::string>& args, const std::m
     c.script_args.assign(args.begin() + static_cast<long>(i) + 1, args.end());
   }
   for (auto& f : flag_table()) {
-    if (c.given.has(f.name)) continue;
+    if (c.given.has(f.name) || !f.pet) continue;
     for (std::string var : {pet_name(f), std::string(f.extra_env ? f.extra_env : "")}) {
       if (var.empty()) continue;
       auto it = env.find(var);
@@ -244,9 +244,14 @@ void read_supervision(Options& o, const Flags& g) {
   if (g.has("max-restarts")) o.max_restarts = parse_int(g.at("max-restarts"), 0, 1 << 30, "an integer >= 0");
   if (g.has("monitor-interval")) o.monitor_interval = parse_seconds(g.at("monitor-interval"), false);
   if (g.has("shutdown-timeout")) o.shutdown_timeout = parse_seconds(g.at("shutdown-timeout"), true);
+  o.stack_dumps = !g.flag("no-stack-dumps");
+  if (g.has("hang-timeout")) o.hang_timeout = parse_seconds(g.at("hang-timeout"), true);
+  // torchrun stops on SIGQUIT too; ddprun shows every rank's stack instead (docs/stacks.md)
+  // unless the list is given or stack dumps are off.
+  const char* default_signals = o.stack_dumps ? "SIGTERM,SIGINT,SIGHUP" : "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   o.signals_to_handle = parse_signal_list(g.source("signals-to-handle"), g.has("signals-to-handle")
                                                                              ? g.value("signals-to-handle")
-                                                                             : "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
+                                                                             : default_signals);
   if (g.has("start-method")) {
     o.start_method = g.value("start-method");
     if (o.start_method != "spawn" && o.start_method != "fork" && o.start_method != "forkserver")
@@ -466,6 +471,19 @@ void check_target(const Options& o, const std::map<std::string, std::string>& en
   }
 }
 
+// `ddprun --dump-stacks [PID]`: nothing else on the line.
+Options parse_dump_stacks(const CommandLine& c) {
+  Options o;
+  o.dump_stacks = 0;
+  if (!c.script.empty() && (!parse_number(c.script, o.dump_stacks) || o.dump_stacks <= 0))
+    throw UsageError(fmt::format("--dump-stacks: expected the pid of a running ddprun, got '{}'", c.script));
+  auto typed = std::count_if(c.given.m.begin(), c.given.m.end(),
+                             [](auto& kv) { return kv.second.source.starts_with("-"); });
+  if (!c.script_args.empty() || typed > 1)
+    throw UsageError("--dump-stacks takes only a pid: ddprun --dump-stacks [PID]");
+  return o;
+}
+
 }  // namespace
 
 std::map<std::string, std::string> current_environment() {
@@ -629,6 +647,7 @@ Options parse_options(const std::vector<std::string>& args, const std::map<std::
     o.version = true;
     return o;
   }
+  if (g.flag("dump-stacks")) return parse_dump_stacks(c);
   o.script = c.script;
   o.script_args = c.script_args;
   read_nodes(o, g);

@@ -2,6 +2,8 @@
 // environment fallbacks, unambiguous prefixes of long flags) plus ddprun's own.
 #pragma once
 
+#include <sys/types.h>
+
 #include <map>
 #include <optional>
 #include <set>
@@ -58,6 +60,9 @@ struct Options {
   std::vector<int> signals_to_handle;  // signal numbers
   std::string start_method = "spawn";
   std::string role = "default";
+  // Stacks (docs/stacks.md): the worker bootstrap and the triggers; --hang-timeout (0: off).
+  bool stack_dumps = true;
+  double hang_timeout = 0;
   // Worker command
   bool module = false, no_python = false, run_path = false;
   bool virtual_local_rank = false;
@@ -76,6 +81,7 @@ struct Options {
 
   // Derived
   bool help = false, version = false;
+  pid_t dump_stacks = -1;  // --dump-stacks [PID]: 0 = the only job on this machine
   std::string help_text;
   std::vector<std::string> warnings;  // printed once logging is set up (e.g. an ignored flag)
   std::vector<std::string> infos;     // printed at info level once logging is set up

@@ -119,7 +119,7 @@ std::string traceback_of(const WorkerResult& w) {
 }
 
 std::string failure_summary(const std::string& script, const WorkerResult& root,
-                            const std::vector<WorkerResult>& others) {
+                            const std::vector<WorkerResult>& others, const std::string& where) {
   const std::string rule(60, '='), thin(60, '-');
   auto block = [](const WorkerResult& w, size_t idx) {
     bool has_file = !w.error_file.empty() && read_error_json(w.error_file).has_value();
@@ -137,6 +137,7 @@ std::string failure_summary(const std::string& script, const WorkerResult& root,
   if (others.empty()) s += "  <NO_OTHER_FAILURES>\n";
   for (size_t i = 0; i < others.size(); ++i) s += block(others[i], i + 1);
   s += thin + "\nRoot Cause (first observed failure):\n" + block(root, 0);
+  if (!where.empty()) s += thin + "\n" + where;
   s += failure_hints(root, others) + rule + "\n";
   return s;
 }

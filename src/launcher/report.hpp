@@ -43,9 +43,10 @@ std::string traceback_of(const WorkerResult& w);
 // tracebacks or stderr show, naming the cause and the fix; empty when none does.
 std::string failure_hints(const WorkerResult& root, const std::vector<WorkerResult>& others);
 
-// torchrun's summary block; root first among failures (earliest end time), then the hints.
+// torchrun's summary block; root first among failures (earliest end time), then `where`
+// (where the other ranks were when it failed, launcher/stack_dump.hpp), then the hints.
 std::string failure_summary(const std::string& script, const WorkerResult& root,
-                            const std::vector<WorkerResult>& others);
+                            const std::vector<WorkerResult>& others, const std::string& where = "");
 
 // Writes the root cause to path as torchrun does (the worker's error JSON plus errorCode,
 // or a ChildFailedError record). Errors are logged, not thrown.

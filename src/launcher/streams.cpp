@@ -73,6 +73,7 @@ void WorkerStreams::on_readable(Stream& s) {
     ssize_t n = read(s.fd, buf.get(), kReadChunk);
     if (n > 0) {
       ++cycle_reads_;
+      last_read_ = Clock::now();
       cycle_bytes_ += static_cast<size_t>(n);
       s.fwd->feed(buf.get(), static_cast<size_t>(n), std::chrono::system_clock::now());
       if (static_cast<size_t>(n) < kReadChunk) return;

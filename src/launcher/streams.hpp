@@ -44,6 +44,8 @@ class WorkerStreams {
   // Whether the reads since the last call were small (output trickling in lines): the loop
   // then pauses a moment so that a burst costs one wake-up. Resets the count.
   bool trickling();
+  // When a worker last wrote anything (its streams' last read; --hang-timeout's progress).
+  Clock::time_point last_read() const { return last_read_; }
 
  private:
   void close(Stream& s);
@@ -52,6 +54,7 @@ class WorkerStreams {
   std::vector<std::unique_ptr<Stream>> streams_;
   int open_ = 0;
   size_t cycle_reads_ = 0, cycle_bytes_ = 0;
+  Clock::time_point last_read_{};
 };
 
 }  // namespace ddprun

@@ -29,6 +29,7 @@
 #include "launcher/random.hpp"
 #include "launcher/rendezvous.hpp"
 #include "launcher/slurm_signals.hpp"
+#include "launcher/stack_dump.hpp"
 #include "launcher/streams.hpp"
 #include "launcher/tmpdirs.hpp"
 
@@ -45,6 +46,7 @@ sigset_t supervised_set(const Options& o) {
   sigemptyset(&set);
   for (int s : o.signals_to_handle) sigaddset(&set, s);
   for (int s : {SIGCHLD, SIGUSR1, SIGUSR2}) sigaddset(&set, s);
+  for (int s : StackDumps::trigger_signals(o)) sigaddset(&set, s);
   return set;
 }
 
@@ -107,9 +109,10 @@ struct Supervisor::Impl {
   std::string stop_reason;             // why no further round followed a failure
   bool looked_ahead = false;  // this round's prejoin() was asked for
   JobOutcome outcome;
+  StackDumps stacks;  // every rank's stack: on demand, at a failure, at a hang (stack_dump.hpp)
 
   Impl(const Options& opt, std::map<std::string, std::string> env, Guardian& g, Rendezvous& r, std::string host)
-      : o(opt), base_env(std::move(env)), rdzv(r), guardian(g), workers(opt, g) {
+      : o(opt), base_env(std::move(env)), rdzv(r), guardian(g), workers(opt, g), stacks(opt, host) {
     plan.run_id = o.rdzv_id;
     plan.hostname = std::move(host);
   }
@@ -209,15 +212,18 @@ struct Supervisor::Impl {
     drain_deadline.reset();
     root.reset();
     remote_end.reset();
+    stacks.attempt_started();
     auto open_stream = [this](int idx, bool is_stderr, const std::string& dir) {
       return make_stream(idx, is_stderr, dir);
     };
-    auto failed = workers.start(plan, attempt, fmt::format("{}/attempt_{}", log_root, attempt), stdin_fd, base_env,
-                                open_stream, nullptr);
+    auto add_env = [this](AttemptWorkers::Env& env, const WorkerResult& w) { stacks.add_env(env, w); };
+    auto failed = workers.start(plan, attempt, attempt_dir(), stdin_fd, base_env, open_stream, add_env);
     for (WorkerResult* w : failed) fail(*w);
     spdlog::info("attempt {}: started {} workers (ranks {}..{} of {})", attempt, workers.all().size(), plan.rank_base,
                  plan.rank_base + static_cast<int>(workers.all().size()) - 1, plan.world_size);
   }
+
+  std::string attempt_dir() const { return fmt::format("{}/attempt_{}", log_root, attempt); }
 
   // ------------------------------------------------------------------ stopping
 
@@ -226,6 +232,7 @@ struct Supervisor::Impl {
   void fail(WorkerResult& w) {
     if (root) return;
     root = w;
+    if (w.state != WorkerResult::State::kExecFailed) stacks.at_failure(workers.all(), w, attempt_dir());  // bounded
     const std::string what = fmt::format("rank {} on {} exited with {}", w.rank, w.host,
                                          w.signal ? signal_name(w.signal) : std::to_string(w.exit_code));
     workers.begin_stop(SIGTERM);
@@ -245,6 +252,11 @@ struct Supervisor::Impl {
       int sig = static_cast<int>(si.ssi_signo);
       if (sig == SIGCHLD) {
         reap();
+        continue;
+      }
+      if (stacks.is_trigger(sig)) {
+        err_writer->push_line(stacks.on_trigger(sig, static_cast<pid_t>(si.ssi_pid), workers.all(), attempt_dir(),
+                                                   workers.stopping()));
         continue;
       }
       bool stops = std::find(o.signals_to_handle.begin(), o.signals_to_handle.end(), sig) != o.signals_to_handle.end();
@@ -354,7 +366,7 @@ struct Supervisor::Impl {
       if (live == 0 && streams->open_count() == 0) break;
       if (live == 0 && Clock::now() >= *drain_deadline && !streams->close_unpaused()) break;
       auto next = Clock::now() + std::chrono::seconds(3600);
-      for (auto& d : {workers.kill_deadline(), drain_deadline})
+      for (auto& d : {workers.kill_deadline(), drain_deadline, stacks.next_hang_check()})
         if (d) next = std::min(next, *d);
       next = streams->flush_idle(next);
       // Output that trickles in small writes (python -u writes every line on its own) is
@@ -374,10 +386,19 @@ struct Supervisor::Impl {
         else streams->on_readable(*static_cast<WorkerStreams::Stream*>(tag));
       }
       workers.escalate_if_due();
+      if (!workers.stopping() && workers.live() > 0 && stacks.hung_now(streams->last_read(), workers.all())) on_hang();
     }
     streams->close_all();
     auto& all = workers.all();
     for (size_t i = 0; i < all.size(); ++i) all[i].stderr_tail = streams->stderr_tail(static_cast<int>(i));
+  }
+
+  // --hang-timeout passed with no progress: stacks shown, the attempt fails (exit 124).
+  void on_hang() {
+    err_writer->push_line(stacks.on_hang(workers.all(), attempt_dir()));
+    workers.begin_stop(SIGTERM);
+    rdzv.end_round(RoundEnd::Kind::kFailed, *stacks.hang());
+    look_ahead(RoundEnd{RoundEnd::Kind::kFailed, "", *stacks.hang()});
   }
 
   static int timeout_ms(Clock::time_point next) {
@@ -429,6 +450,7 @@ struct Supervisor::Impl {
                       fmt::format("rank {} {}", root->rank,
                                   root->signal ? "was killed by " + signal_name(root->signal)
                                                : fmt::format("exited with code {}", root->exit_code))};
+    if (stacks.hang()) return RoundEnd{RoundEnd::Kind::kFailed, "", *stacks.hang()};
     if (remote_end) return remote_end;
     return wait_round_end();
   }
@@ -534,7 +556,7 @@ struct Supervisor::Impl {
       auto end = attempt_end();
       if (!end || slurm_stopped_elsewhere(*end)) break;  // a signal (here, or Slurm's on another node)
       if (end->kind == RoundEnd::Kind::kDone) break;
-      if (!root) remote_end = end;  // this node succeeded, the round did not
+      if (!root && !stacks.hang()) remote_end = end;  // this node succeeded, the round did not
       auto refusal = restart_refusal(*end);
       if (!refusal) break;  // a signal
       stop_reason = *refusal;
@@ -563,7 +585,7 @@ struct Supervisor::Impl {
                          Clock::now() + std::chrono::seconds(1));
       return rdzv.finish(F::kNodeStopped, "", by);
     }
-    if (!root && !remote_end) return rdzv.finish(F::kSucceeded, "", std::nullopt);
+    if (!root && !remote_end && !stacks.hang()) return rdzv.finish(F::kSucceeded, "", std::nullopt);
     rdzv.finish(remote_end && remote_end->node_only() ? F::kNodeStopped : F::kJobFailed, stop_reason, std::nullopt);
   }
 
@@ -590,11 +612,16 @@ struct Supervisor::Impl {
       std::vector<WorkerResult> others;
       for (auto& w : workers.all())
         if (w.pid != root->pid && (w.failed() || w.state == WorkerResult::State::kStopped)) others.push_back(w);
-      std::string summary = failure_summary(o.script, *root, others);
+      std::string summary = failure_summary(o.script, *root, others, stacks.failure_note());
       ssize_t r = write(2, summary.data(), summary.size());
       (void)r;
       if (const char* ef = getenv("TORCHELASTIC_ERROR_FILE"); ef && *ef)
         write_root_cause_error_file(ef, *root, o.script);
+    } else if (stacks.hang()) {
+      outcome.status = "failed";
+      outcome.exit_code = StackDumps::kHangExitCode;
+      ssize_t r = write(2, stacks.hang_report().data(), stacks.hang_report().size());
+      (void)r;
     } else if (remote_end) {
       outcome.status = "failed";
       outcome.exit_code = 1;

@@ -66,7 +66,11 @@ TEST_F(LauncherOptions, Defaults) {
   EXPECT_EQ(o.master_port, 29500);
   EXPECT_EQ(o.max_restarts, 0);
   EXPECT_DOUBLE_EQ(o.shutdown_timeout, 30.0);
-  EXPECT_EQ(o.signals_to_handle, (std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT}));
+  // SIGQUIT asks for every rank's stack (docs/stacks.md) instead of stopping, as torchrun's.
+  EXPECT_EQ(o.signals_to_handle, (std::vector<int>{SIGTERM, SIGINT, SIGHUP}));
+  EXPECT_TRUE(o.stack_dumps);
+  EXPECT_EQ(o.hang_timeout, 0);
+  EXPECT_EQ(o.dump_stacks, -1);
   EXPECT_EQ(o.role, "default");
   EXPECT_EQ(o.rdzv_backend, "static");
   EXPECT_FALSE(o.standalone);
@@ -479,4 +483,36 @@ TEST_F(LauncherOptions, ArgsAfterBadScriptNotParsed) {
   EXPECT_EQ(o.script_args.size(), 4u);
 }
 
+// ------------------------------------------------------------------ stacks (docs/stacks.md)
+
+TEST_F(LauncherOptions, StackDumpsOffStopsOnSigquitAsTorchrun) {
+  Options o = parse_with_script({"--no-stack-dumps"});
+  EXPECT_FALSE(o.stack_dumps);
+  EXPECT_EQ(o.signals_to_handle, (std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT}));
+  EXPECT_FALSE(parse_with_script({}, {{"PET_NO_STACK_DUMPS", "1"}}).stack_dumps);
+  // A list given keeps SIGQUIT a stop signal (ddprun --dump-stacks sends SIGURG then).
+  EXPECT_EQ(parse_with_script({"--signals-to-handle", "SIGTERM,SIGQUIT"}).signals_to_handle,
+            (std::vector<int>{SIGTERM, SIGQUIT}));
+}
+
+TEST_F(LauncherOptions, HangTimeout) {
+  EXPECT_DOUBLE_EQ(parse_with_script({"--hang-timeout", "5"}).hang_timeout, 5.0);
+  EXPECT_DOUBLE_EQ(parse_with_script({}, {{"PET_HANG_TIMEOUT", "2.5"}}).hang_timeout, 2.5);
+  EXPECT_NE(usage_error_with_script({"--hang-timeout", "-1"}).find("--hang-timeout"), std::string::npos);
+  EXPECT_NE(usage_error_with_script({"--hang-timeout", "soon"}).find("'soon'"), std::string::npos);
+}
+
+TEST_F(LauncherOptions, DumpStacksCommand) {
+  EXPECT_EQ(parse({"--dump-stacks"}).dump_stacks, 0);
+  EXPECT_EQ(parse({"--dump-stacks", "1234"}).dump_stacks, 1234);
+  // Not a PET_ switch: a scheduler's environment never turns a job into a dump command.
+  EXPECT_EQ(parse_with_script({}, {{"PET_DUMP_STACKS", "1"}}).dump_stacks, -1);
+  EXPECT_EQ(parse({"--dump-stacks"}, {{"PET_MASTER_PORT", "1234"}}).dump_stacks, 0);
+  EXPECT_NE(usage_error({"--dump-stacks", "x1"}).find("expected the pid"), std::string::npos);
+  EXPECT_NE(usage_error({"--dump-stacks", "0"}).find("expected the pid"), std::string::npos);
+  EXPECT_NE(usage_error({"--dump-stacks", "12", "13"}).find("only a pid"), std::string::npos);
+  EXPECT_NE(usage_error({"--dump-stacks", "--nproc-per-node", "2"}).find("only a pid"), std::string::npos);
+}
+
 }  // namespace
+

@@ -3,15 +3,17 @@ ddprun --version names the commit (or says that it is unknown, never failing).""
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 import unittest
 
 import pkgtest
 from pkgtest import BUILD, SRC, TAG, run
 
 EXPECTED = [
-    "bin/ddprun", "bin/ddp-store-server",
+    "bin/ddprun", "bin/ddp-store-server", "share/ddprun/python/sitecustomize.py",
     "lib/libddp.so", "lib/libddp.so.0", "include/ddp/ddp.hpp", "include/ddp/process_group.hpp",
     "lib/cmake/ddp/ddpConfig.cmake", "lib/cmake/ddp/ddpConfigVersion.cmake", "lib/cmake/ddp/ddpTargets.cmake",
     "share/man/man1/ddprun.1.gz",
@@ -85,6 +87,32 @@ class Install(unittest.TestCase):
                  "echo rank=$RANK of $WORLD_SIZE"], timeout=60)
         self.assertEqual(sorted(l for l in p.stdout.splitlines() if "rank=" in l),
                          ["[rank0]:rank=0 of 2", "[rank1]:rank=1 of 2"])
+
+    def test_installed_ddprun_finds_its_worker_bootstrap(self):
+        """docs/stacks.md: the installed ddprun puts <prefix>/share/ddprun/python first on the
+        workers' PYTHONPATH, and a Python worker's stack shows on SIGQUIT."""
+        ddprun = os.path.join(self.prefix, "bin/ddprun")
+        p = run([ddprun, "--standalone", "--no-python", "/bin/sh", "-c", 'echo "pp=$PYTHONPATH"'], timeout=60)
+        self.assertIn(f"[rank0]:pp={self.prefix}/share/ddprun/python", p.stdout)
+        job = subprocess.Popen([ddprun, "--standalone", "/usr/bin/python3", "-c",
+                                "import time; print('up', flush=True); time.sleep(60)"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=dict(os.environ, PET_NO_PYTHON="1"))
+        try:
+            self.assertEqual(job.stdout.readline(), "[rank0]:up\n")
+            time.sleep(0.3)  # the bootstrap ran before the script printed
+            job.send_signal(signal.SIGQUIT)
+            err = ""
+            for line in job.stderr:
+                err += line
+                if line.startswith("[ddprun] where each rank is"):
+                    break
+            self.assertRegex(err, r"\[rank0\]:  File \"<string>\", line 1 in <module>")
+        finally:
+            job.kill()
+            job.wait()
+            job.stdout.close()
+            job.stderr.close()
 
 
 class BuildInfo(unittest.TestCase):

@@ -1,5 +1,7 @@
 # TESTS ONLY. On PYTHONPATH for the torch 2.x (chroot) runs alone, by tests/torch2/python3;
 # never part of what ddprun gives its users.
+# Like ddprun's own worker bootstrap (src/launcher/python/sitecustomize.py), which comes after
+# it on PYTHONPATH, it then imports the next sitecustomize on the path (ddprun's, Debian's).
 #
 # Why: Debian's python3-torch 2.6 is built without libuv, yet TCPStore's use_libuv defaults
 # to True, and torch's own callers never pass it (init_process_group's env:// path under
@@ -60,3 +62,21 @@ if "torch.distributed" in sys.modules:
     _patch(sys.modules["torch.distributed"])
 else:
     sys.meta_path.insert(0, _PatchOnImport())
+
+
+def _chain(this):
+    import importlib
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    del sys.modules["sitecustomize"]
+    try:
+        importlib.import_module("sitecustomize")
+    except ImportError as e:
+        if e.name != "sitecustomize":
+            raise
+        sys.modules["sitecustomize"] = this
+
+
+_chain(sys.modules[__name__])

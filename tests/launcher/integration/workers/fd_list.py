@@ -22,6 +22,9 @@ def listing(pid, inheritable_only=False):
 
 
 fds = listing("self")
+# ddprun's stack bootstrap opens the worker's stack file itself (docs/stacks.md), far above
+# the low numbers: not a descriptor the worker started with.
+fds = {fd: what for fd, what in fds.items() if not (fd >= 900 and what.endswith("/stacks"))}
 fds["ddprun"] = listing(os.getppid(), inheritable_only=True)
 path = os.path.join(sys.argv[1], f"fds_{os.environ['RANK']}.json")
 with open(path + ".tmp", "w") as f:

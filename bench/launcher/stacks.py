@@ -1,0 +1,114 @@
+#!/usr/bin/python3
+"""Time from a stack-dump trigger to the last rank's stack on ddprun's output (docs/stacks.md),
+for N Python ranks on one node, and in the same run the anchor: the same ranks answering the
+same signal (SIGURG) sent by this script directly, measured to the moment every rank's dump is
+in its file (faulthandler's own time, with no launcher in between).
+
+  /usr/bin/python3 bench/launcher/stacks.py [--ddprun build/bin/ddprun] [--ranks 8] [--runs 20]
+
+Each run alternates: SIGQUIT to ddprun, timed until its "[ddprun] where each rank is" line
+(printed after every rank's stack) is read from its stderr; then SIGURG to every worker,
+timed until each worker's stack file ends with the main thread's outermost frame (the last
+line of a dump, for these workers).
+"""
+import argparse
+import glob
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+WORKER = """
+import os, sys, time
+def inner():
+    time.sleep(3600)
+def step():
+    inner()
+open(os.path.join(sys.argv[1], "ready_" + os.environ["LOCAL_RANK"]), "w").close()
+step()
+"""
+
+
+def read_lines(stream, seen, cond):
+    for line in stream:
+        with cond:
+            seen.append((time.perf_counter(), line))
+            cond.notify_all()
+
+
+def wait_line(seen, cond, start, text, timeout=30):
+    deadline = time.perf_counter() + timeout
+    with cond:
+        while True:
+            for t, line in seen[start:]:
+                if line.startswith(text):
+                    return t
+            if not cond.wait(timeout=max(0.0, deadline - time.perf_counter())):
+                raise SystemExit(f"no {text!r} within {timeout} s")
+
+
+def direct(pids, files):
+    """SIGURG to every worker; seconds until every file holds a whole new dump."""
+    sizes = [os.path.getsize(f) for f in files]
+    t0 = time.perf_counter()
+    for pid in pids:
+        os.kill(pid, signal.SIGURG)
+    pending = set(range(len(files)))
+    while pending:
+        for i in list(pending):
+            with open(files[i], "rb") as f:
+                f.seek(sizes[i])
+                new = f.read()
+            if new.endswith(b" in <module>\n"):  # the main thread's outermost frame: the dump's last line
+                pending.discard(i)
+        time.sleep(0.0005)
+    return time.perf_counter() - t0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ddprun", default=os.path.join(os.path.dirname(__file__), "..", "..", "build", "bin", "ddprun"))
+    p.add_argument("--ranks", type=int, default=8)
+    p.add_argument("--runs", type=int, default=20)
+    a = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="ddprun-stacks-bench-") as tmp:
+        script = os.path.join(tmp, "worker.py")
+        with open(script, "w") as f:
+            f.write(WORKER)
+        job = subprocess.Popen([a.ddprun, "--standalone", "--nproc-per-node", str(a.ranks), "--log-dir",
+                                os.path.join(tmp, "logs"), script, tmp], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+        seen, cond = [], threading.Condition()
+        threading.Thread(target=read_lines, args=(job.stderr, seen, cond), daemon=True).start()
+        try:
+            while len(glob.glob(os.path.join(tmp, "ready_*"))) < a.ranks:
+                time.sleep(0.05)
+            time.sleep(0.5)
+            files = sorted(glob.glob(os.path.join(tmp, "logs", "*", "attempt_0", "*", "stacks")))
+            pids = [int(open(f).readline().split("pid=")[1]) for f in files]
+            via, raw = [], []
+            for _ in range(a.runs):
+                with cond:
+                    start = len(seen)
+                t0 = time.perf_counter()
+                job.send_signal(signal.SIGQUIT)
+                via.append(wait_line(seen, cond, start, "[ddprun] where each rank is") - t0)
+                time.sleep(0.2)
+                raw.append(direct(pids, files))
+                time.sleep(0.2)
+        finally:
+            job.kill()
+            job.wait()
+    ms = lambda v: f"{v * 1e3:.0f} ms"  # noqa: E731
+    print(f"| {a.ranks} ranks, one node, {a.runs} runs | median | max |")
+    print("|---|---|---|")
+    print(f"| SIGQUIT to ddprun -> every rank's stack on its stderr | {ms(statistics.median(via))} | {ms(max(via))} |")
+    print(f"| anchor: SIGURG to each rank -> every dump in its file | {ms(statistics.median(raw))} | {ms(max(raw))} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+# ddprun's bootstrap for Python workers (docs/stacks.md). ddprun puts this folder first on
+# the PYTHONPATH of the workers it starts (unless --no-stack-dumps), so Python's site module
+# imports this file as "sitecustomize" before the training script runs. It then:
+#   1. leaves no trace: this folder leaves sys.path, PYTHONPATH gets its old value back and
+#      DDPRUN_STACK_FILE and DDPRUN_PID leave the environment, so the script, and every
+#      process it starts, sees what it would have seen without ddprun;
+#   2. when started by ddprun (DDPRUN_STACK_FILE set), registers faulthandler on SIGURG for
+#      every thread, writing into that file through a close-on-exec descriptor above 900 (the
+#      script's own files get the numbers they would get), and announces it in the file's
+#      first line: ddprun only ever sends SIGURG to a worker that announced (and SIGURG's
+#      default action is to ignore it anyway). faulthandler's dump needs no GIL: it works
+#      while a thread holds it or sits in a C call. Forked children (DataLoader workers)
+#      drop the handler. An uncaught exception first sends SIGURG to ddprun (DDPRUN_PID),
+#      then goes on to the hook that was there: ddprun takes the other ranks' stacks while
+#      they still wait for this one (its sockets are still open), for the failure summary;
+#   3. imports the sitecustomize that would have been imported without ddprun (the user's
+#      on PYTHONPATH, Debian's in /usr/lib/python3.X), errors included, as site would.
+# Nothing here may break a worker: a failure in steps 1-2 only means no stacks.
+
+def _ddprun_bootstrap():
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    stack_file = os.environ.pop("DDPRUN_STACK_FILE", None)
+    ddprun_pid = os.environ.pop("DDPRUN_PID", "")
+    if stack_file is None:
+        return
+    parts = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    kept = [p for p in parts if os.path.abspath(p or os.curdir) != here]
+    if len(kept) < len(parts):
+        if any(kept):
+            os.environ["PYTHONPATH"] = os.pathsep.join(kept)
+        else:
+            del os.environ["PYTHONPATH"]
+    try:
+        # Built-in modules only: `import signal` alone (its enums) would cost a few ms.
+        import _signal
+        import faulthandler
+
+        fd = _high_fd(os.open(stack_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644))
+        faulthandler.register(_signal.SIGURG, file=fd, all_threads=True)
+        os.register_at_fork(after_in_child=lambda: faulthandler.unregister(_signal.SIGURG))
+        os.write(fd, b"ddprun-stacks pid=%d\n" % os.getpid())
+        if ddprun_pid.isdigit():
+            _notice_failures(int(ddprun_pid), _signal.SIGURG)
+    except Exception:  # noqa: BLE001  (no stacks, but the worker runs)
+        pass
+
+
+def _high_fd(fd):
+    """fd moved far above the ones a script opens (3, 4, ...), so that it takes none of them."""
+    import fcntl
+    import os
+
+    try:
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 900)
+    except OSError:  # a descriptor limit below 900
+        return fd
+    os.close(fd)
+    return high
+
+
+def _notice_failures(ddprun_pid, sig):
+    import os
+    import sys
+
+    previous = sys.excepthook
+    me = os.getpid()
+
+    def excepthook(*exc_info):
+        try:
+            if os.getpid() == me:  # not in a forked child
+                os.kill(ddprun_pid, sig)
+        except Exception:  # noqa: BLE001
+            pass
+        previous(*exc_info)
+
+    sys.excepthook = excepthook
+
+
+def _ddprun_chain(this):
+    import sys
+
+    del sys.modules["sitecustomize"]
+    try:
+        __import__("sitecustomize")
+    except ImportError as e:
+        if e.name != "sitecustomize":
+            raise
+        sys.modules["sitecustomize"] = this  # there is none: site finds this (empty) module
+
+
+try:
+    _ddprun_bootstrap()
+except Exception:  # noqa: BLE001
+    pass
+del _ddprun_bootstrap, _notice_failures, _high_fd
+_ddprun_chain(__import__("sys").modules[__name__])

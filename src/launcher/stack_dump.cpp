@@ -1,0 +1,374 @@
+#include "launcher/stack_dump.hpp"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <filesystem>
+#include <map>
+#include <thread>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include "ddp/error.hpp"
+#include "launcher/fileio.hpp"
+#include "launcher/output.hpp"
+
+namespace ddprun {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// A dump is complete once its file stopped growing for this long (faulthandler writes it
+// from one signal handler in well under a millisecond; it marks no end).
+constexpr std::chrono::milliseconds kQuiet{50};
+constexpr std::chrono::milliseconds kPoll{5};
+
+// The state letter of /proc/<pid>/stat (R, S, D, Z...), 0 when the process is gone.
+char process_state(pid_t pid, pid_t* ppid = nullptr) {
+  auto stat = read_file(fmt::format("/proc/{}/stat", pid), 1024);
+  if (!stat) return 0;
+  auto close = stat->rfind(')');
+  if (close == std::string::npos || close + 4 >= stat->size()) return 0;
+  if (ppid) {
+    *ppid = 0;
+    const char* p = stat->data() + close + 4;
+    std::from_chars(p, stat->data() + stat->size(), *ppid);
+  }
+  return (*stat)[close + 2];
+}
+
+bool gone(pid_t pid) {
+  char s = process_state(pid);
+  return s == 0 || s == 'Z' || s == 'X';
+}
+
+// Whether pid is root or one of its descendants (a wrapper script's python).
+bool in_tree(pid_t pid, pid_t root) {
+  for (int depth = 0; depth < 32 && pid > 1; ++depth) {
+    if (pid == root) return true;
+    pid_t parent = 0;
+    if (!process_state(pid, &parent)) return false;
+    pid = parent;
+  }
+  return false;
+}
+
+// The pid the bootstrap announced in the file's first line, or -1.
+pid_t announced_pid(const std::string& file) {
+  auto head = read_file(file, 64);
+  const std::string_view tag = kAnnounce;
+  if (!head || !head->starts_with(tag)) return -1;
+  pid_t pid = -1;
+  std::from_chars(head->data() + tag.size(), head->data() + head->size(), pid);
+  return pid;
+}
+
+off_t file_size(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? st.st_size : 0;
+}
+
+std::string read_from(const std::string& path, off_t offset) {
+  auto text = read_file(path, 4 << 20);
+  if (!text || static_cast<size_t>(offset) >= text->size()) return "";
+  return text->substr(static_cast<size_t>(offset));
+}
+
+struct Asked {
+  size_t idx;
+  pid_t pid;  // the process that was signalled
+  off_t start, size;
+  Clock::time_point changed;
+};
+
+// One look at a worker that was asked: true once its answer is settled (in `out`).
+bool settled(const StackTarget& t, Asked& a, RankStack& out, Clock::time_point now) {
+  off_t size = file_size(t.file);
+  if (size != a.size) {
+    a.size = size;
+    a.changed = now;
+    return false;
+  }
+  if (size > a.start && now - a.changed >= kQuiet) {
+    out.text = read_from(t.file, a.start);
+    if (out.text.empty() || out.text.back() != '\n') return false;
+    out.kind = RankStack::Kind::kStack;
+    return true;
+  }
+  if (size == a.start && gone(a.pid)) {
+    out.kind = RankStack::Kind::kExited;
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string native_threads(pid_t pid) {
+  const std::string dir = fmt::format("/proc/{}/task", pid);
+  DIR* d = opendir(dir.c_str());
+  if (!d) return "gone";
+  std::map<std::string, int> states;
+  int n = 0;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    const std::string task = dir + "/" + e->d_name;
+    auto stat = read_file(task + "/stat", 1024).value_or("");
+    auto close = stat.rfind(')');
+    std::string what = close != std::string::npos && close + 2 < stat.size() ? stat.substr(close + 2, 1) : "?";
+    std::string wchan = read_file(task + "/wchan", 128).value_or("");
+    if (!wchan.empty() && wchan != "0") what += " " + wchan;
+    ++states[what];
+    ++n;
+  }
+  closedir(d);
+  std::vector<std::string> parts;
+  for (const auto& [what, count] : states) parts.push_back(fmt::format("{}x {}", count, what));
+  return fmt::format("{} thread{}: {}", n, n == 1 ? "" : "s", fmt::join(parts, ", "));
+}
+
+std::vector<RankStack> take_stacks(const std::vector<StackTarget>& targets, Clock::time_point deadline,
+                                   const std::function<bool()>& interrupted) {
+  std::vector<RankStack> out(targets.size());
+  std::vector<Asked> asked;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const StackTarget& t = targets[i];
+    RankStack& r = out[i];
+    r.rank = t.rank, r.local_rank = t.local_rank, r.pid = t.pid;
+    if (gone(t.pid)) {
+      r.kind = RankStack::Kind::kExited;
+      continue;
+    }
+    pid_t who = announced_pid(t.file);
+    if (who <= 0 || !in_tree(who, t.pid)) {
+      r.kind = RankStack::Kind::kNoBootstrap;
+      r.native = native_threads(t.pid);
+      continue;
+    }
+    off_t start = file_size(t.file);
+    if (kill(who, kWorkerSignal) != 0) {
+      r.kind = RankStack::Kind::kExited;
+      continue;
+    }
+    asked.push_back(Asked{i, who, start, start, Clock::now()});
+  }
+  while (!asked.empty()) {
+    const auto now = Clock::now();
+    std::erase_if(asked, [&](Asked& a) { return settled(targets[a.idx], a, out[a.idx], now); });
+    if (asked.empty() || now >= deadline || (interrupted && interrupted())) break;
+    std::this_thread::sleep_for(std::min<Clock::duration>(kPoll, deadline - now));
+  }
+  for (Asked& a : asked) {  // the deadline passed
+    RankStack& r = out[a.idx];
+    r.text = read_from(targets[a.idx].file, a.start);
+    r.kind = r.text.empty() ? RankStack::Kind::kNoAnswer : RankStack::Kind::kIncomplete;
+    if (r.text.empty()) r.native = native_threads(a.pid);
+  }
+  return out;
+}
+
+std::string bootstrap_dir() {
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  fs::path dir = (exe.parent_path() / ".." / "share" / "ddprun" / "python").lexically_normal();
+  if (::access((dir / "sitecustomize.py").c_str(), R_OK) != 0) return "";
+  return dir.string();
+}
+
+// ------------------------------------------------------------------ the supervisor's hooks
+
+namespace {
+
+std::string worker_dir(const WorkerResult& w) { return fs::path(w.error_file).parent_path().string(); }
+std::string stack_file(const WorkerResult& w) { return worker_dir(w) + "/stacks"; }
+std::string heartbeat_file(const WorkerResult& w) { return worker_dir(w) + "/heartbeat"; }
+
+std::string seconds(std::chrono::milliseconds d) { return fmt::format("{:g}", static_cast<double>(d.count()) / 1000); }
+
+}  // namespace
+
+bool StackDumps::stop_pending() const {
+  sigset_t pending;
+  if (sigpending(&pending) != 0) return false;
+  for (int s : o_.signals_to_handle)
+    if (sigismember(&pending, s) == 1) return true;
+  return false;
+}
+
+StackDumps::StackDumps(const Options& o, std::string hostname)
+    : o_(o), hostname_(std::move(hostname)),
+      hang_timeout_(static_cast<long>(o.hang_timeout * 1000)) {
+  if (!o.stack_dumps) return;
+  bootstrap_ = bootstrap_dir();
+  if (bootstrap_.empty())
+    spdlog::warn("stack dumps: the worker bootstrap (share/ddprun/python/sitecustomize.py next to {}) is missing: "
+                 "Python workers will show no stacks",
+                 fs::read_symlink("/proc/self/exe").string());
+}
+
+std::vector<int> StackDumps::trigger_signals(const Options& o) {
+  if (!o.stack_dumps) return {};
+  std::vector<int> sigs{SIGURG};
+  if (std::find(o.signals_to_handle.begin(), o.signals_to_handle.end(), SIGQUIT) == o.signals_to_handle.end())
+    sigs.push_back(SIGQUIT);
+  return sigs;
+}
+
+bool StackDumps::is_trigger(int sig) const {
+  auto sigs = trigger_signals(o_);
+  return std::find(sigs.begin(), sigs.end(), sig) != sigs.end();
+}
+
+void StackDumps::add_env(std::map<std::string, std::string>& env, const WorkerResult& w) const {
+  if (hang_timeout_.count() > 0) env["DDPRUN_HEARTBEAT_FILE"] = heartbeat_file(w);
+  if (bootstrap_.empty()) return;
+  auto pp = env.find("PYTHONPATH");
+  env["PYTHONPATH"] = pp == env.end() || pp->second.empty() ? bootstrap_ : bootstrap_ + ":" + pp->second;
+  env["DDPRUN_STACK_FILE"] = stack_file(w);
+  env["DDPRUN_PID"] = std::to_string(getpid());
+}
+
+std::string StackDumps::on_trigger(int sig, pid_t sender, const std::vector<WorkerResult>& workers,
+                                   const std::string& attempt_dir, bool stopping) {
+  if (sig == kWorkerSignal && sender > 0)
+    for (const auto& w : workers)
+      if (sender == w.pid || (w.state == WorkerResult::State::kRunning && in_tree(sender, w.pid))) {
+        // The first failure's stacks are taken (those after it follow from it); while the
+        // job stops, workers raising KeyboardInterrupt are no failure.
+        if (failing_ >= 0 || stopping || w.state != WorkerResult::State::kRunning) return "";
+        spdlog::info("rank {} is failing (an uncaught exception): taking the other ranks' stacks", w.rank);
+        at_failure(workers, w, attempt_dir);
+        return "";
+      }
+  return on_demand(workers, attempt_dir, sig);
+}
+
+std::vector<StackTarget> StackDumps::targets(const std::vector<WorkerResult>& workers, const WorkerResult* skip) const {
+  std::vector<StackTarget> out;
+  for (const auto& w : workers)
+    if (w.state == WorkerResult::State::kRunning && (!skip || w.pid != skip->pid))
+      out.push_back(StackTarget{w.rank, w.local_rank, w.pid, stack_file(w)});
+  return out;
+}
+
+std::vector<std::string> StackDumps::prefixes(const std::vector<RankStack>& stacks) const {
+  std::vector<std::string> out;
+  for (const auto& s : stacks)
+    out.push_back(expand_prefix(o_.log_line_prefix_template.value_or("[rank${rank}]:"), s.rank, s.local_rank,
+                                o_.role, hostname_));
+  return out;
+}
+
+std::string StackDumps::save(const std::string& attempt_dir, const std::string& name, const std::string& text) {
+  const std::string path = attempt_dir + "/" + name;
+  if (write_file(path, text)) return path;
+  spdlog::warn("cannot write {}: {}", path, ddp::errno_text(errno));
+  return "";
+}
+
+std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, const std::string& attempt_dir, int sig) {
+  auto ts = targets(workers, nullptr);
+  if (ts.empty()) {
+    spdlog::warn("{}: every rank's stack was asked for, but no worker is running", signal_name(sig));
+    return "";
+  }
+  const auto t0 = Clock::now();
+  auto stacks = take_stacks(ts, t0 + kOnDemand, [this] { return stop_pending(); });
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::string body = full_dump(stacks, prefixes(stacks));
+  std::string where = where_lines(stacks);
+  std::string file = save(attempt_dir, fmt::format("stacks_{}.txt", ++dumps_), body + "where:\n" + where);
+  auto answered = std::count_if(stacks.begin(), stacks.end(),
+                                [](auto& s) { return s.kind == RankStack::Kind::kStack; });
+  spdlog::warn("{}: the stacks of {} rank{} on {} ({} answered in {:.2f} s{}); the job runs on", signal_name(sig),
+               stacks.size(), stacks.size() == 1 ? "" : "s", hostname_, answered, took,
+               o_.log_dir.empty() || file.empty() ? "" : ", saved in " + file);
+  return body + "[ddprun] where each rank is (main thread, innermost frame first):\n" + where;
+}
+
+void StackDumps::at_failure(const std::vector<WorkerResult>& workers, const WorkerResult& root,
+                            const std::string& attempt_dir) {
+  if (failing_ == root.pid) return;  // taken when it announced its failure
+  failing_ = root.pid;
+  failure_note_.clear();
+  if (!o_.stack_dumps) return;
+  auto ts = targets(workers, &root);
+  if (ts.empty()) return;
+  auto stacks = take_stacks(ts, Clock::now() + kAtFailure, [this] { return stop_pending(); });
+  std::string file = save(attempt_dir, "stacks_at_failure.txt", full_dump(stacks, prefixes(stacks)));
+  failure_note_ = fmt::format("Where the other ranks were (main thread, innermost frame first{}):\n{}",
+                              file.empty() ? "" : "; every thread: " + file, where_lines(stacks));
+  spdlog::info("rank {} failed; {}", root.rank, failure_note_);
+}
+
+void StackDumps::attempt_started() {
+  failure_note_.clear();
+  failing_ = -1;
+  hang_.reset();
+  hang_report_.clear();
+  progress_ = Clock::now();
+  next_check_.reset();
+  if (hang_timeout_.count() > 0)
+    next_check_ = progress_ + std::min<std::chrono::milliseconds>(hang_timeout_, std::chrono::seconds(1));
+}
+
+std::optional<StackDumps::Clock::time_point> StackDumps::next_hang_check() const { return next_check_; }
+
+bool StackDumps::hung_now(Clock::time_point last_output, const std::vector<WorkerResult>& workers) {
+  const auto now = Clock::now();
+  if (!next_check_ || now < *next_check_) return false;
+  progress_ = std::max(progress_, last_output);
+  const auto sys_now = std::chrono::system_clock::now();
+  for (const auto& w : workers) {
+    struct stat st {};
+    if (w.state != WorkerResult::State::kRunning || ::stat(heartbeat_file(w).c_str(), &st) != 0) continue;
+    auto mtime = std::chrono::system_clock::time_point(std::chrono::seconds(st.st_mtim.tv_sec) +
+                                                       std::chrono::nanoseconds(st.st_mtim.tv_nsec));
+    progress_ = std::max(progress_, now - std::chrono::duration_cast<Clock::duration>(sys_now - mtime));
+  }
+  // Heartbeats are only seen when looked for: at least once a second, and when the
+  // timeout would end.
+  const Clock::duration interval = std::min<Clock::duration>(hang_timeout_, std::chrono::seconds(1));
+  if (now - progress_ < hang_timeout_) {
+    next_check_ = std::max<Clock::time_point>(now + std::chrono::milliseconds(10),
+                                              std::min(now + interval, progress_ + hang_timeout_));
+    return false;
+  }
+  next_check_.reset();
+  return true;
+}
+
+std::string StackDumps::on_hang(const std::vector<WorkerResult>& workers, const std::string& attempt_dir) {
+  hang_ = fmt::format("no rank made progress for {} s (--hang-timeout)", seconds(hang_timeout_));
+  std::vector<RankStack> stacks;
+  if (o_.stack_dumps) stacks = take_stacks(targets(workers, nullptr), Clock::now() + kAtHang,
+                                                [this] { return stop_pending(); });
+  std::string body = full_dump(stacks, prefixes(stacks));
+  std::string file = stacks.empty() ? "" : save(attempt_dir, "stacks_at_hang.txt", body);
+  auto odd = outliers(stacks);
+  std::string named = !odd.empty() ? fmt::format("{} {} not where the others are", odd.size() > 1 ? "ranks" : "rank",
+                                                 rank_ranges(odd))
+                      : group_by_signature(stacks).size() == 1 ? "every rank is at the same place"
+                                                               : "no rank stands out (no majority)";
+  if (stacks.empty()) named = "stacks are off (--no-stack-dumps)";
+  const std::string rule(60, '='), thin(60, '-');
+  const std::string every = file.empty() ? "" : "every thread of every rank: " + file + "\n";
+  hang_report_ = fmt::format("{}\n{} HUNG: {}\n{}\n{}\n{}{}{}\n", rule, o_.script, *hang_, thin, named,
+                             where_lines(stacks), every, rule);
+  spdlog::error("{}: {}; stopping the workers (a failed attempt: exit status {} unless --max-restarts restarts it)",
+                *hang_, named, kHangExitCode);
+  return body + "[ddprun] where each rank is (main thread, innermost frame first):\n" + where_lines(stacks);
+}
+
+}  // namespace ddprun

@@ -1,0 +1,117 @@
+// Taking every local rank's stack (docs/stacks.md): the workers' side is the Python
+// bootstrap that ddprun puts first on their PYTHONPATH; this is ddprun's side.
+//
+//   take_stacks     the node-level entry point: signal every worker that announced its
+//                   bootstrap, wait (bounded) until each dump is complete, return them all;
+//                   a worker that does not answer is named, never waited for past the deadline
+//   StackDumps      the supervisor's hooks: the workers' environment, the triggers (SIGQUIT,
+//                   SIGURG), a dump on demand, before the survivors of a failure are stopped,
+//                   and --hang-timeout
+//   dump_stacks_command   `ddprun --dump-stacks [PID]`: finds the job and triggers it
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "launcher/options.hpp"
+#include "launcher/report.hpp"
+#include "launcher/stacks.hpp"
+
+namespace ddprun {
+
+struct StackTarget {
+  int rank = 0, local_rank = 0;
+  pid_t pid = -1;
+  std::string file;  // the worker's stack file (DDPRUN_STACK_FILE)
+};
+
+// Asks each target for its stack and returns one RankStack per target, in order, by
+// `deadline`. Call it on the thread that reaps the workers: a pid it signals cannot have
+// been reused (an unreaped worker keeps its pid). Workers without the bootstrap are not
+// signalled (their kernel-side state is shown instead). This is what a dump asked on
+// another node will call on this one, once the rendezvous relays it.
+// `interrupted` (polled while waiting) ends the wait early, as the deadline would: the
+// supervisor passes "a stop signal is pending", so that a signal never waits for a dump.
+std::vector<RankStack> take_stacks(const std::vector<StackTarget>& targets,
+                                   std::chrono::steady_clock::time_point deadline,
+                                   const std::function<bool()>& interrupted = nullptr);
+
+// The kernel's view of a process's threads: "3 threads: 2x S futex_wait_queue, 1x R".
+std::string native_threads(pid_t pid);
+
+// The folder of the worker bootstrap (sitecustomize.py), found from ddprun's own path:
+// <bin>/../share/ddprun/python, in the build tree and installed alike; "" when missing.
+std::string bootstrap_dir();
+
+// `ddprun --dump-stacks [PID]`: triggers a dump in the running ddprun job of this user on
+// this machine (the only one, or PID). Returns the exit status; errors throw ddp::Error.
+int dump_stacks_command(pid_t pid);
+
+class StackDumps {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // Deadlines: a dump asked for, the survivors of a failure, a hang.
+  static constexpr std::chrono::milliseconds kOnDemand{2000}, kAtFailure{1000}, kAtHang{2000};
+  static constexpr int kHangExitCode = 124;  // as timeout(1): the job ran out of time
+
+  StackDumps(const Options& o, std::string hostname);
+
+  // The worker's environment: the bootstrap first on PYTHONPATH and its stack file; with
+  // --hang-timeout, DDPRUN_HEARTBEAT_FILE.
+  void add_env(std::map<std::string, std::string>& env, const WorkerResult& w) const;
+  // Whether signal `sig` to ddprun asks for a dump (SIGURG; SIGQUIT unless it stops).
+  bool is_trigger(int sig) const;
+  static std::vector<int> trigger_signals(const Options& o);
+
+  // A trigger from `sender`: a worker's bootstrap saying it is about to fail (an uncaught
+  // exception: the others' stacks are kept for the summary; ignored while the job stops,
+  // when workers raise KeyboardInterrupt), else a dump on demand. Returns the text for
+  // ddprun's stderr.
+  std::string on_trigger(int sig, pid_t sender, const std::vector<WorkerResult>& workers,
+                         const std::string& attempt_dir, bool stopping);
+  // Every running worker's stack, for ddprun's stderr; also written under attempt_dir.
+  std::string on_demand(const std::vector<WorkerResult>& workers, const std::string& attempt_dir, int sig);
+  // Before the survivors of `root`'s failure are stopped: where each one was (taken now,
+  // unless `root` announced its failure and they were taken then).
+  void at_failure(const std::vector<WorkerResult>& workers, const WorkerResult& root, const std::string& attempt_dir);
+  const std::string& failure_note() const { return failure_note_; }
+
+  // --hang-timeout. Progress: last_output (any worker's output), a touch of a worker's
+  // DDPRUN_HEARTBEAT_FILE. Not yet: a libddp collective that completed (libddp could touch
+  // the same file, or count in shared memory that ddprun reads here).
+  void attempt_started();
+  std::optional<Clock::time_point> next_hang_check() const;
+  bool hung_now(Clock::time_point last_output, const std::vector<WorkerResult>& workers);
+  // The workers hung: their stacks, the ranks that differ; returns the lines to show now.
+  std::string on_hang(const std::vector<WorkerResult>& workers, const std::string& attempt_dir);
+  // Set once the attempt hung: the one-line reason, and the block for the end of the job.
+  const std::optional<std::string>& hang() const { return hang_; }
+  const std::string& hang_report() const { return hang_report_; }
+
+ private:
+  std::vector<StackTarget> targets(const std::vector<WorkerResult>& workers, const WorkerResult* skip) const;
+  std::vector<std::string> prefixes(const std::vector<RankStack>& stacks) const;
+  std::string save(const std::string& attempt_dir, const std::string& name, const std::string& text);
+  // A signal that stops the job is pending (blocked, not yet read from the signalfd).
+  bool stop_pending() const;
+
+  const Options& o_;
+  std::string hostname_;
+  std::string bootstrap_;
+  std::chrono::milliseconds hang_timeout_{0};
+  Clock::time_point progress_{};  // the last progress seen
+  std::optional<Clock::time_point> next_check_;
+  std::string failure_note_;
+  pid_t failing_ = -1;  // the worker whose announced failure failure_note_ is about
+  std::optional<std::string> hang_;
+  std::string hang_report_;
+  int dumps_ = 0;
+};
+
+}  // namespace ddprun

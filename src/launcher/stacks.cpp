@@ -1,0 +1,136 @@
+#include "launcher/stacks.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <map>
+#include <sstream>
+
+#include <fmt/format.h>
+
+namespace ddprun {
+
+namespace {
+
+std::string basename_of(const std::string& path) {
+  auto slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// `  File "/x/job.py", line 12 in step` (faulthandler's frame line); false for any other.
+bool parse_frame(const std::string& line, Frame& f) {
+  static constexpr std::string_view kFile = "  File \"";
+  if (!line.starts_with(kFile)) return false;
+  const size_t q = line.rfind("\", line ");
+  if (q == std::string::npos || q < kFile.size()) return false;
+  f.file = line.substr(kFile.size(), q - kFile.size());
+  const size_t num = q + 8;
+  const size_t in = line.find(" in ", num);
+  if (in == std::string::npos) return false;
+  f.line = 0;
+  std::from_chars(line.data() + num, line.data() + in, f.line);  // "???" stays 0
+  f.func = line.substr(in + 4);
+  return true;
+}
+
+}  // namespace
+
+std::vector<ThreadStack> parse_faulthandler(const std::string& text) {
+  std::vector<ThreadStack> threads;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    const bool current = line.starts_with("Current thread ");
+    if (current || line.starts_with("Thread ") || line.starts_with("Stack (most recent call first)")) {
+      threads.push_back(ThreadStack{line, {}, current});
+      continue;
+    }
+    Frame f;
+    if (!threads.empty() && parse_frame(line, f)) threads.back().frames.push_back(std::move(f));
+  }
+  return threads;
+}
+
+std::string innermost(const ThreadStack& t, size_t depth) {
+  std::string out;
+  for (size_t i = 0; i < t.frames.size() && i < depth; ++i) {
+    const Frame& f = t.frames[i];
+    if (i) out += " <- ";
+    out += fmt::format("{} ({}:{})", f.func, basename_of(f.file), f.line);
+  }
+  if (t.frames.size() > depth) out += " <- ...";
+  return out;
+}
+
+std::string RankStack::signature(size_t depth) const {
+  switch (kind) {
+    case Kind::kNoAnswer: return "no answer";
+    case Kind::kNoBootstrap: return "no Python stack (no ddprun bootstrap in this worker, or not yet)";
+    case Kind::kExited: return "exited before it answered";
+    case Kind::kStack:
+    case Kind::kIncomplete: break;
+  }
+  auto threads = parse_faulthandler(text);
+  if (threads.empty()) return kind == Kind::kIncomplete ? "(incomplete dump)" : "(empty dump)";
+  std::string s = innermost(threads.back(), depth);
+  return s.empty() ? "<no Python frame>" : s;
+}
+
+std::string rank_ranges(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!out.empty()) out += ", ";
+    out += j == i ? std::to_string(ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::vector<int>>> group_by_signature(const std::vector<RankStack>& stacks) {
+  std::map<std::string, std::vector<int>> by_sig;
+  for (const auto& s : stacks) by_sig[s.signature()].push_back(s.rank);
+  std::vector<std::pair<std::string, std::vector<int>>> groups(by_sig.begin(), by_sig.end());
+  for (auto& g : groups) std::sort(g.second.begin(), g.second.end());
+  std::sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) {
+    if (a.second.size() != b.second.size()) return a.second.size() > b.second.size();
+    return a.second.front() < b.second.front();
+  });
+  return groups;
+}
+
+std::string where_lines(const std::vector<RankStack>& stacks, const std::string& indent) {
+  std::string out;
+  for (const auto& [sig, ranks] : group_by_signature(stacks))
+    out += fmt::format("{}{} {}: {}\n", indent, ranks.size() > 1 ? "ranks" : "rank", rank_ranges(ranks), sig);
+  return out;
+}
+
+std::vector<int> outliers(const std::vector<RankStack>& stacks) {
+  auto groups = group_by_signature(stacks);
+  if (groups.empty() || groups.front().second.size() * 2 <= stacks.size()) return {};
+  std::vector<int> out;
+  for (size_t i = 1; i < groups.size(); ++i) out.insert(out.end(), groups[i].second.begin(), groups[i].second.end());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string full_dump(const std::vector<RankStack>& stacks, const std::vector<std::string>& prefixes) {
+  std::string out;
+  for (size_t i = 0; i < stacks.size(); ++i) {
+    const RankStack& s = stacks[i];
+    const std::string& p = i < prefixes.size() ? prefixes[i] : std::string();
+    if (s.kind != RankStack::Kind::kStack && s.kind != RankStack::Kind::kIncomplete) {
+      out += fmt::format("{}{} (pid {}){}{}\n", p, s.signature(), s.pid, s.native.empty() ? "" : ": ", s.native);
+      continue;
+    }
+    std::istringstream in(s.text);
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) out += p + line + "\n";
+    if (s.kind == RankStack::Kind::kIncomplete) out += p + "(the dump was still being written at the deadline)\n";
+  }
+  return out;
+}
+
+}  // namespace ddprun

@@ -1,0 +1,75 @@
+// Every rank's stack: what a worker's dump looks like once read back, and how ddprun shows
+// many of them (docs/stacks.md). Pure text work, no processes: the unit tests cover it.
+//
+// A Python worker started by ddprun carries a bootstrap (share/ddprun/python/
+// sitecustomize.py) that registers faulthandler on kWorkerSignal, all threads, writing to a
+// file of its own; stack_dump.hpp asks the workers and reads those files back.
+#pragma once
+
+#include <sys/types.h>
+
+#include <csignal>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ddprun {
+
+// What ddprun sends a worker that announced its bootstrap. SIGURG: its default action is
+// to ignore it (a worker without the bootstrap never dies of it), and no torchrun user or
+// scheduler sends it for anything else.
+inline constexpr int kWorkerSignal = SIGURG;
+
+// The first line the bootstrap writes into its file: "ddprun-stacks pid=<pid>\n".
+inline constexpr const char* kAnnounce = "ddprun-stacks pid=";
+
+struct Frame {
+  std::string file, func;
+  int line = 0;
+};
+
+struct ThreadStack {
+  std::string header;         // "Thread 0x7f.. (most recent call first):"
+  std::vector<Frame> frames;  // innermost first, as faulthandler writes them
+  bool current = false;       // "Current thread": the one that ran the handler
+};
+
+// faulthandler's all-threads text, split into threads. Lines it does not know (a
+// "<no Python frame>" line, a cut-off tail) are skipped. The main thread is the last one.
+std::vector<ThreadStack> parse_faulthandler(const std::string& text);
+
+// "all_reduce (distributed_c10d.py:1536) <- step (job.py:20)": the innermost `depth`
+// frames of the thread, file names without folders; "" when it has none.
+std::string innermost(const ThreadStack& t, size_t depth = 4);
+
+// One rank's answer to a stack request.
+struct RankStack {
+  int rank = 0, local_rank = 0;
+  pid_t pid = -1;
+  enum class Kind { kStack, kIncomplete, kNoAnswer, kNoBootstrap, kExited } kind = Kind::kNoAnswer;
+  std::string text;    // faulthandler's dump (kStack, kIncomplete)
+  std::string native;  // the kernel's view of its threads, when there is no dump
+
+  // What grouping and majorities compare: the main thread's innermost frames, or why
+  // there is none ("no answer", "no Python bootstrap", "exited").
+  std::string signature(size_t depth = 4) const;
+};
+
+// "0, 2-3, 7" (sorted, duplicates dropped).
+std::string rank_ranges(std::vector<int> ranks);
+
+// Ranks grouped by signature, the biggest group first (ties: lowest rank first).
+std::vector<std::pair<std::string, std::vector<int>>> group_by_signature(const std::vector<RankStack>& stacks);
+
+// One line per group: "  ranks 0, 2-3: <signature>".
+std::string where_lines(const std::vector<RankStack>& stacks, const std::string& indent = "  ");
+
+// The ranks whose signature differs from the biggest group's, when one group holds more
+// than half of the ranks; every rank's group otherwise is a tie and nothing is singled out.
+std::vector<int> outliers(const std::vector<RankStack>& stacks);
+
+// Every rank's full dump, each line behind its rank's prefix (`prefixes[i]` for
+// stacks[i]), for ddprun's output on demand.
+std::string full_dump(const std::vector<RankStack>& stacks, const std::vector<std::string>& prefixes);
+
+}  // namespace ddprun

@@ -1,0 +1,360 @@
+"""Every rank's stack (issue 21, one node; docs/stacks.md), with real processes and, where it
+matters, real PyTorch on gloo (torch 1.13, and 2.6 as test_stacks.torch2):
+
+- on demand (SIGQUIT to ddprun, then `ddprun --dump-stacks PID`): rank 2 shown in its sleep,
+  the others in all_reduce, the job then finishes (exit 0), the dump also in --log-dir;
+- --hang-timeout 5: the job stops within the timeout plus a few seconds, rank 2 named, exit 124;
+- rank 1 raises: the summary shows where ranks 0, 2, 3 were (in all_reduce);
+- a worker that blocks every signal, and --no-python workers: ddprun answers within its
+  deadline and the job runs on;
+- the bootstrap is invisible: the user's sitecustomize runs, and the script sees the same
+  argv, sys.path, PYTHONPATH, sitecustomize module and environment as with --no-stack-dumps;
+- --no-stack-dumps: PYTHONPATH untouched, SIGQUIT stops the job (131) as torchrun's does;
+- the README's lines, as written (in a pid namespace of their own, so that `ddprun
+  --dump-stacks` finds only that job).
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ddprun_testlib import (DDPRUN, DdprunTestCase, PYTHON, RUNTIME, clean_env, main, read_text, scaled,  # noqa: E402
+                            worker)
+
+SOURCE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+JOB_TIMEOUT = 120  # a hang guard: a torch job here takes 5-15 s on 2 cores
+# torch 2.x wraps the collectives: all_reduce (distributed_c10d.py) <- wrapper (c10d_logger.py) <- caller
+ALL_REDUCE = r"all_reduce \(distributed_c10d.py:\d+\) <- (?:wrapper \(c10d_logger.py:\d+\) <- )?"
+BOOTSTRAP = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(DDPRUN))), "share", "ddprun", "python")
+
+
+class StacksTest(DdprunTestCase):
+    def stderr_text(self):
+        return read_text(self.path("ddprun.stderr"))
+
+    def wait_stderr(self, pattern, timeout, start=0):
+        """The first match of `pattern` in ddprun's stderr after offset `start`."""
+        return self.wait_for(lambda: re.compile(pattern, re.M).search(self.stderr_text(), start),
+                             timeout, f"{pattern!r} on ddprun's stderr")
+
+    def wait_markers(self, names, timeout=60):
+        self.wait_for_files([self.path(n) for n in names], timeout)
+
+    def finish(self, p, timeout=JOB_TIMEOUT):
+        try:
+            return p.wait(timeout=scaled(timeout))
+        except subprocess.TimeoutExpired:
+            self.fail(f"ddprun did not finish:\n{self.stderr_text()[-3000:]}")
+
+
+@unittest.skipIf(RUNTIME.skip_reason(), f"{RUNTIME.name}: {RUNTIME.skip_reason()}")
+class TorchStacks(StacksTest):
+    """4-rank gloo jobs of workers/torch_stall.py."""
+
+    def job(self, mode, *extra, flags=()):
+        return self.start(["--standalone", "--nproc-per-node", "4", *flags, worker("torch_stall.py"), self.tmp,
+                           mode, *extra])
+
+    def block_of(self, text, rank):
+        return "\n".join(l for l in text.splitlines() if l.startswith(f"[rank{rank}]:"))
+
+    def test_on_demand_shows_the_sleeper_and_the_waiters_and_the_job_runs_on(self):
+        log_dir = self.path("logs")
+        p = self.job("stall", str(scaled(10)), flags=("--log-dir", log_dir))
+        self.wait_markers(["stalled_2", "waiting_0", "waiting_1", "waiting_3"])
+        time.sleep(0.3)  # the waiters are inside all_reduce by now
+        t0 = time.monotonic()
+        os.kill(p.pid, signal.SIGQUIT)
+        m = self.wait_stderr(r"^\[ddprun\] where each rank is.*\n(?:  .*\n)+", 30)
+        took = time.monotonic() - t0
+        dump = self.stderr_text()[:m.end()]
+        self.assertIn("SIGQUIT: the stacks of 4 ranks", dump)
+        self.assertRegex(self.block_of(dump, 2), r"torch_stall.py\", line \d+ in slow_data")
+        for r in (0, 1, 3):
+            self.assertRegex(self.block_of(dump, r), r"line \d+ in all_reduce\n(?:.*in wrapper\n)?.*line \d+ in train_step",
+                             r)
+        self.assertRegex(m.group(0), r"ranks 0-1, 3: " + ALL_REDUCE + r"train_step")
+        self.assertRegex(m.group(0), r"rank 2: slow_data \(torch_stall.py:\d+\) <- train_step")
+        self.assertLess(took, scaled(2.5), "all four answered: no deadline should have been waited for")
+        # The same from another shell: ddprun --dump-stacks PID (SIGURG).
+        r = subprocess.run([DDPRUN, "--dump-stacks", str(p.pid)], capture_output=True, text=True, timeout=scaled(30))
+        self.assertEqual(r.returncode, 0, r)
+        self.assertIn(f"asked ddprun {p.pid}", r.stdout)
+        self.wait_stderr(r"SIGURG: the stacks of 4 ranks", 30, m.end())
+        self.assertEqual(self.finish(p), 0, self.stderr_text()[-3000:])
+        saved = [os.path.join(d, f) for d, _, fs in os.walk(log_dir) for f in fs if re.match(r"stacks_\d+\.txt", f)]
+        self.assertEqual(len(saved), 2, saved)
+        self.assertIn("in slow_data", read_text(sorted(saved)[0]))
+
+    def test_hang_timeout_stops_the_job_and_names_the_odd_rank(self):
+        p = self.job("stall", "600", flags=("--hang-timeout", "5"))
+        self.wait_markers(["stalled_2", "waiting_0", "waiting_1", "waiting_3"])
+        t0 = time.monotonic()  # the last progress (step 2's lines) came before this
+        rc = self.finish(p)
+        took = time.monotonic() - t0
+        err = self.stderr_text()
+        self.assertEqual(rc, 124, err[-3000:])
+        self.assertLess(took, 5 + scaled(6), err[-3000:])
+        block = err[err.index(" HUNG: "):]
+        self.assertIn("no rank made progress for 5 s (--hang-timeout)", block)
+        self.assertIn("rank 2 not where the others are", block)
+        self.assertRegex(block, r"rank 2: slow_data \(torch_stall.py:\d+\)")
+        self.assertRegex(block, r"ranks 0-1, 3: all_reduce")
+
+    def test_failure_summary_shows_where_the_other_ranks_were(self):
+        p = self.job("raise")
+        self.assertEqual(self.finish(p), 1)
+        summary = self.summary_block(self.stderr_text())
+        root = summary[summary.index("Root Cause"):]
+        self.assertIn("rank      : 1 (local_rank: 1)", root)
+        self.assertIn("Where the other ranks were", root)
+        self.assertRegex(root, r"\n  ranks 0, 2-3: " + ALL_REDUCE + r"train_step \(torch_stall.py:\d+\)")
+        self.assertLess(root.index("Where the other ranks were"), root.index("=" * 60))
+
+
+BLOCKER = """
+import os, signal, sys, time
+if os.environ["RANK"] == "0" and os.environ.get("RANK_BLOCKS") != "no":
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+open(os.path.join(sys.argv[1], "ready_" + os.environ["RANK"]), "w").close()
+time.sleep(float(sys.argv[2]))
+"""
+
+TERM_STAMP = """
+import os, signal, sys, time
+def on_term(*_):
+    with open(os.path.join(sys.argv[1], "term_" + os.environ["RANK"]), "w") as f:
+        f.write(repr(time.time()))
+    os._exit(0)
+if os.environ["RANK"] == "0":
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+else:
+    signal.signal(signal.SIGTERM, on_term)
+open(os.path.join(sys.argv[1], "ready_" + os.environ["RANK"]), "w").close()
+time.sleep(float(sys.argv[2]))
+"""
+
+PROBE = """
+import json, os, sys
+import sitecustomize
+print("PROBE " + json.dumps({"argv": sys.argv, "path": sys.path, "main": __file__,
+    "pythonpath": os.environ.get("PYTHONPATH"), "site": getattr(sitecustomize, "__file__", None),
+    "user_site_ran": os.environ.get("USER_SITE_RAN"),
+    "env": sorted(k for k in os.environ if k.startswith("DDPRUN"))}), flush=True)
+"""
+
+
+class Stacks(StacksTest):
+    """Jobs without torch: the bootstrap and the triggers themselves."""
+
+    def write(self, name, text):
+        path = self.path(name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def test_a_worker_that_blocks_every_signal_is_named_within_the_deadline(self):
+        script = self.write("blocker.py", BLOCKER)
+        p = self.start(["--standalone", "--nproc-per-node", "2", script, self.tmp, str(scaled(8))])
+        self.wait_markers(["ready_0", "ready_1"])
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        os.kill(p.pid, signal.SIGQUIT)
+        m = self.wait_stderr(r"^\[ddprun\] where each rank is.*\n(?:  .*\n)+", 30)
+        took = time.monotonic() - t0
+        self.assertLess(took, 2 + scaled(2), "the deadline is 2 s")
+        self.assertRegex(self.stderr_text(), r"\[rank0\]:no answer \(pid \d+\): \d+ threads?: ")
+        self.assertRegex(self.stderr_text(), r"\[rank1\]:.*\n\[rank1\]:  File .*blocker.py\", line \d+ in <module>")
+        self.assertIn("rank 0: no answer", m.group(0))
+        self.assertEqual(self.finish(p, 60), 0)  # the job ran on
+
+    def test_a_stop_signal_during_a_dump_does_not_wait_for_it(self):
+        """SIGTERM while ddprun waits for a dump that rank 0 never answers: the dump ends
+        early and rank 1 gets SIGTERM at once, not after the dump's 2 s deadline (issue 19:
+        a signal reaches the workers within 100 ms)."""
+        script = self.write("term_stamp.py", TERM_STAMP)
+        p = self.start(["--standalone", "--nproc-per-node", "2", "--shutdown-timeout", "1", script, self.tmp, "60"])
+        self.wait_markers(["ready_0", "ready_1"])
+        time.sleep(0.2)
+        os.kill(p.pid, signal.SIGQUIT)
+        time.sleep(0.2)  # ddprun now waits for rank 0's dump
+        sent = time.time()
+        os.kill(p.pid, signal.SIGTERM)
+        self.wait_markers(["term_1"], timeout=scaled(10))
+        got = float(read_text(self.path("term_1")))
+        self.assertLess(got - sent, scaled(0.5), self.stderr_text())
+        self.assertEqual(self.finish(p, 30), 128 + signal.SIGTERM, self.stderr_text())
+
+    def test_no_python_workers_are_named_at_once_and_run_on(self):
+        p = self.start(["--standalone", "--nproc-per-node", "2", "--no-python", "sleep", str(scaled(4))])
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        os.kill(p.pid, signal.SIGQUIT)
+        self.wait_stderr(r"ranks 0-1: no Python stack", 30)
+        self.assertLess(time.monotonic() - t0, scaled(1.5), "no worker was asked, so nothing was waited for")
+        self.assertRegex(self.stderr_text(), r"\[rank0\]:no Python stack .*\(pid \d+\): 1 thread: 1x S")
+        self.assertEqual(self.finish(p, 60), 0)
+
+    def probe(self, *flags):
+        """What workers/probe.py sees, run as `-m probe` from a folder of its own."""
+        self.write("pkg/probe.py", PROBE)
+        self.write("user_site/sitecustomize.py", "import os\nos.environ['USER_SITE_RAN'] = 'yes'\n")
+        env = clean_env(PYTHONPATH=self.path("user_site") + ":" + self.path("pkg"))
+        args = ["--standalone", "--nproc-per-node", "1", *flags, "-m", "probe", "a", "--b"]
+        res = self.run_ddprun(args, env=env)
+        self.assertEqual(res.rc, 0, res)
+        line = next(l for l in res.stdout.splitlines() if "PROBE " in l)
+        return json.loads(line.split("PROBE ", 1)[1])
+
+    def test_the_bootstrap_is_invisible_and_the_users_sitecustomize_runs(self):
+        on, off = self.probe(), self.probe("--no-stack-dumps")
+        self.assertEqual(on, off)
+        self.assertEqual(on["user_site_ran"], "yes")
+        self.assertEqual(on["site"], self.path("user_site", "sitecustomize.py"))
+        self.assertEqual(on["argv"][1:], ["a", "--b"])
+        # (torch 2.6's interpreter, tests/torch2/python3, puts its test-only shim first.)
+        shim = os.path.join(SOURCE, "tests", "torch2", "nolibuv") + ":" if RUNTIME.is_torch2 else ""
+        self.assertEqual(on["pythonpath"], shim + self.path("user_site") + ":" + self.path("pkg"))
+        self.assertFalse(any("share/ddprun" in p for p in on["path"]), on["path"])
+        self.assertEqual(on["env"], [])
+
+    def test_no_stack_dumps_leaves_pythonpath_alone_and_sigquit_stops(self):
+        env = clean_env(PYTHONPATH="/opt/mine")
+        on = self.run_ddprun(["--standalone", "--no-python", "env"], env=env)
+        self.assertIn(f"[rank0]:PYTHONPATH={BOOTSTRAP}:/opt/mine\n", on.stdout)
+        self.assertRegex(on.stdout, r"\[rank0\]:DDPRUN_STACK_FILE=/\S+/attempt_0/0/stacks\n")
+        off = self.run_ddprun(["--standalone", "--no-stack-dumps", "--no-python", "env"], env=env)
+        self.assertIn("[rank0]:PYTHONPATH=/opt/mine\n", off.stdout)
+        self.assertNotIn("DDPRUN_", off.stdout)
+        # Without stack dumps SIGQUIT is torchrun's: forwarded, and the job stops (128+3).
+        p = self.start(["--standalone", "--no-stack-dumps", "--no-python", "sleep", str(scaled(30))])
+        time.sleep(0.5)
+        os.kill(p.pid, signal.SIGQUIT)
+        self.assertEqual(self.finish(p, 60), 131)
+
+    def test_keyboard_interrupts_while_the_job_stops_take_no_stacks(self):
+        """SIGINT to ddprun reaches the workers, whose KeyboardInterrupt goes through the
+        bootstrap's excepthook: that is no failure, and takes nobody's stack."""
+        script = self.write("blocker.py", BLOCKER)
+        p = self.start(["--standalone", "--nproc-per-node", "2", "--log-level", "info", script, self.tmp, "60"],
+                       env=clean_env(RANK_BLOCKS="no"))
+        self.wait_markers(["ready_0", "ready_1"])
+        time.sleep(0.3)
+        os.kill(p.pid, signal.SIGINT)
+        self.assertEqual(self.finish(p, 60), 130)
+        self.assertNotIn("taking the other ranks' stacks", self.stderr_text())
+        self.assertNotIn("SIGURG", self.stderr_text())  # nor is a worker's notice a dump on demand
+        self.assertIn("KeyboardInterrupt", self.stderr_text())
+
+    def test_a_hang_is_a_failed_attempt_that_max_restarts_restarts(self):
+        script = self.write("blocker.py", BLOCKER)
+        res = self.run_ddprun(["--standalone", "--nproc-per-node", "2", "--hang-timeout", "1", "--max-restarts", "1",
+                               script, self.tmp, "60"], env=clean_env(RANK_BLOCKS="no"))
+        self.assertEqual(res.rc, 124, res)
+        self.assertEqual(len(re.findall(r"error\] no rank made progress for 1 s \(--hang-timeout\)", res.stderr)), 2, res)
+        self.assertIn("restarting all workers: attempt 1 of 1", res.stderr)
+        self.assertIn(" HUNG: no rank made progress for 1 s", res.stderr)
+        self.assertIn("every rank is at the same place", res.stderr)  # both sleep in the same line
+
+    def test_a_ddprun_run_by_the_loader_is_found_and_finds_its_bootstrap(self):
+        """docker/Containerfile.pytorch starts /opt/ddprun/bin/ddprun through a loader in
+        /opt/ddprun/lib: ddprun is then named after the loader, and its /proc/self/exe is it."""
+        loader = "/lib64/ld-linux-x86-64.so.2"
+        if not os.path.exists(loader):
+            self.skipTest(f"no {loader}")
+        opt = self.path("opt")
+        for d in ("bin", "lib", "share/ddprun"):
+            os.makedirs(os.path.join(opt, d))
+        shutil.copy(loader, os.path.join(opt, "lib"))  # a copy: /proc/self/exe resolves links
+        os.symlink(os.path.realpath(DDPRUN), os.path.join(opt, "bin", "ddprun"))
+        os.symlink(BOOTSTRAP, os.path.join(opt, "share", "ddprun", "python"))
+        script = self.write("blocker.py", BLOCKER)
+        cmd = [os.path.join(opt, "lib", os.path.basename(loader)), "--argv0", "ddprun", os.path.join(opt, "bin", "ddprun"),
+               "--standalone", "--nproc-per-node", "2", script, self.tmp, str(scaled(8))]
+        with open(self.path("ddprun.stderr"), "wb") as err:
+            p = subprocess.Popen(cmd, env=dict(clean_env(RANK_BLOCKS="no"), TMPDIR=self.tmp), stdout=subprocess.DEVNULL,
+                                 stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+        self._procs.append(p)  # killed in tearDown if still running
+        self.wait_markers(["ready_0", "ready_1"])
+        time.sleep(0.2)
+        r = subprocess.run([DDPRUN, "--dump-stacks", str(p.pid)], capture_output=True, text=True, timeout=scaled(30))
+        self.assertEqual(r.returncode, 0, r)
+        self.wait_stderr(r"SIGURG: the stacks of 2 ranks", 30)
+        self.assertRegex(self.stderr_text(), r"ranks 0-1: <module> \(blocker.py:\d+\)")
+        self.assertEqual(self.finish(p, 60), 0)
+
+    def test_a_heartbeat_is_progress(self):
+        """Silent workers that touch $DDPRUN_HEARTBEAT_FILE (docs/stacks.md's snippet) outlive
+        a --hang-timeout four times shorter than their run; the same without it would hang
+        (test_a_hang_is_a_failed_attempt_that_max_restarts_restarts)."""
+        script = self.write("beat.py", "import os, pathlib, time\n"
+                                       "end = time.monotonic() + 4\n"
+                                       "while time.monotonic() < end:\n"
+                                       "    if hb := os.environ.get('DDPRUN_HEARTBEAT_FILE'):\n"
+                                       "        pathlib.Path(hb).touch()\n"
+                                       "    time.sleep(0.2)\n")
+        res = self.run_ddprun(["--standalone", "--nproc-per-node", "2", "--hang-timeout", "1", script])
+        self.assertEqual(res.rc, 0, res)
+        self.assertEqual(res.stdout, "")
+
+    def test_dump_stacks_without_a_job(self):
+        r = subprocess.run([DDPRUN, "--dump-stacks", "1"], capture_output=True, text=True, timeout=scaled(30))
+        self.assertEqual((r.returncode, r.stdout), (1, ""))
+        self.assertEqual(r.stderr, "ddprun: error: --dump-stacks: pid 1 is not a running ddprun job of yours\n")
+        r = subprocess.run([DDPRUN, "--dump-stacks", "x"], capture_output=True, text=True, timeout=scaled(30))
+        self.assertEqual(r.returncode, 2)
+        self.assertTrue(r.stderr.startswith("ddprun: error: --dump-stacks: expected the pid"), r.stderr)
+
+
+README_DRIVER = r"""
+import os, subprocess, sys, time
+job_line, dump_line = sys.argv[1], sys.argv[2]
+job = subprocess.Popen(job_line, shell=True, stdout=open("job.out", "wb"), stderr=open("job.err", "wb"))
+deadline = time.monotonic() + float(sys.argv[3])
+while b"[rank0]:" not in open("job.out", "rb").read() and time.monotonic() < deadline:
+    time.sleep(0.05)
+dump = subprocess.run(dump_line, shell=True, capture_output=True, text=True)
+print("DUMP", dump.returncode, dump.stdout.strip(), dump.stderr.strip(), flush=True)
+print("JOB", job.wait(), flush=True)
+"""
+
+
+@unittest.skipIf(RUNTIME.skip_reason(), f"{RUNTIME.name}: {RUNTIME.skip_reason()}")
+class ReadmeLines(StacksTest):
+    def test_readme_lines_as_written(self):
+        if os.geteuid() != 0 or not shutil.which("unshare"):
+            self.skipTest("needs root for a pid namespace of its own")
+        readme = read_text(os.path.join(SOURCE, "README.md"))
+        section = readme[readme.index("## Where is it stuck?"):]
+        block = section[section.index("```sh\n") + 6:section.index("```", section.index("```sh\n") + 6)]
+        lines = [l.split("  #")[0].strip() for l in block.splitlines() if l.strip()]
+        self.assertEqual(len(lines), 2, lines)
+        for name in ("build", "examples"):  # the lines' relative paths, from this folder
+            os.symlink(os.path.join(SOURCE, name), self.path(name))
+        driver = self.write_driver()
+        env = clean_env()
+        r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, driver, lines[0],
+                            lines[1], str(scaled(60))], cwd=self.tmp, env=env, capture_output=True, text=True,
+                           timeout=scaled(JOB_TIMEOUT))
+        err = read_text(self.path("job.err"))
+        self.assertIn("DUMP 0 ddprun: asked ddprun", r.stdout, r.stderr + err[-2000:])
+        self.assertIn("JOB 0", r.stdout, err[-3000:])
+        self.assertIn("SIGURG: the stacks of 4 ranks", err)
+        self.assertRegex(err, r"\[rank0\]:  File \".*train.py\", line \d+ in")
+
+    def write_driver(self):
+        path = self.path("driver.py")
+        with open(path, "w") as f:
+            f.write(README_DRIVER)
+        return path
+
+
+if __name__ == "__main__":
+    main()
