@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "launcher/options.hpp"
 #include "launcher/worker.hpp"
@@ -67,6 +68,11 @@ class Rendezvous {
   virtual bool joins_over_network() const { return true; }
   // Makes a next_round() in progress on another thread stop soon (it throws).
   virtual void cancel() {}
+  // Asks the other nodes of the running round to show their ranks' stacks, naming the dump
+  // `what` (posted: never blocks). A single node: nobody to ask.
+  virtual void ask_dump(const std::string& what) { (void)what; }
+  // The dumps other nodes asked for (each its `what`), once notify_fd was readable.
+  virtual std::vector<std::string> dump_requests() { return {}; }
   // The job is over for this node. Never throws. With a deadline, returns by then: a note
   // to the others that has not gone out is given up (they notice this node's absence
   // within their keep-alive window).

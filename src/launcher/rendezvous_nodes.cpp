@@ -93,6 +93,16 @@ class NodeRendezvous : public Rendezvous {
     });
   }
   void cancel() override { d_->cancel(); }
+  void ask_dump(const std::string& what) override {
+    post_note([d = d_.get(), what] {
+      try {
+        d->ask_dump(what);
+      } catch (const std::exception& e) {
+        spdlog::warn("rendezvous: cannot ask the other nodes for their stacks: {}", e.what());
+      }
+    });
+  }
+  std::vector<std::string> dump_requests() override { return d_->take_dump_requests(); }
   void finish(FinishKind kind, const std::string& reason, std::optional<Deadline> deadline) override;
 
  private:

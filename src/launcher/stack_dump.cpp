@@ -239,19 +239,19 @@ void StackDumps::add_env(std::map<std::string, std::string>& env, const WorkerRe
   env["DDPRUN_PID"] = std::to_string(getpid());
 }
 
-std::string StackDumps::on_trigger(int sig, pid_t sender, const std::vector<WorkerResult>& workers,
+bool StackDumps::on_failure_notice(int sig, pid_t sender, const std::vector<WorkerResult>& workers,
                                    const std::string& attempt_dir, bool stopping) {
-  if (sig == kWorkerSignal && sender > 0)
-    for (const auto& w : workers)
-      if (sender == w.pid || (w.state == WorkerResult::State::kRunning && in_tree(sender, w.pid))) {
-        // The first failure's stacks are taken (those after it follow from it); while the
-        // job stops, workers raising KeyboardInterrupt are no failure.
-        if (failing_ >= 0 || stopping || w.state != WorkerResult::State::kRunning) return "";
-        spdlog::info("rank {} is failing (an uncaught exception): taking the other ranks' stacks", w.rank);
-        at_failure(workers, w, attempt_dir);
-        return "";
-      }
-  return on_demand(workers, attempt_dir, sig);
+  if (sig != kWorkerSignal || sender <= 0) return false;
+  for (const auto& w : workers)
+    if (sender == w.pid || (w.state == WorkerResult::State::kRunning && in_tree(sender, w.pid))) {
+      // The first failure's stacks are taken (those after it follow from it); while the
+      // job stops, workers raising KeyboardInterrupt are no failure.
+      if (failing_ >= 0 || stopping || w.state != WorkerResult::State::kRunning) return true;
+      spdlog::info("rank {} is failing (an uncaught exception): taking the other ranks' stacks", w.rank);
+      at_failure(workers, w, attempt_dir);
+      return true;
+    }
+  return false;
 }
 
 std::vector<StackTarget> StackDumps::targets(const std::vector<WorkerResult>& workers, const WorkerResult* skip) const {
@@ -277,10 +277,11 @@ std::string StackDumps::save(const std::string& attempt_dir, const std::string& 
   return "";
 }
 
-std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, const std::string& attempt_dir, int sig) {
+std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, const std::string& attempt_dir,
+                                  const std::string& why) {
   auto ts = targets(workers, nullptr);
   if (ts.empty()) {
-    spdlog::warn("{}: every rank's stack was asked for, but no worker is running", signal_name(sig));
+    spdlog::warn("{}: every rank's stack was asked for, but no worker is running", why);
     return "";
   }
   const auto t0 = Clock::now();
@@ -291,7 +292,7 @@ std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, cons
   std::string file = save(attempt_dir, fmt::format("stacks_{}.txt", ++dumps_), body + "where:\n" + where);
   auto answered = std::count_if(stacks.begin(), stacks.end(),
                                 [](auto& s) { return s.kind == RankStack::Kind::kStack; });
-  spdlog::warn("{}: the stacks of {} rank{} on {} ({} answered in {:.2f} s{}); the job runs on", signal_name(sig),
+  spdlog::warn("{}: the stacks of {} rank{} on {} ({} answered in {:.2f} s{}); the job runs on", why,
                stacks.size(), stacks.size() == 1 ? "" : "s", hostname_, answered, took,
                o_.log_dir.empty() || file.empty() ? "" : ", saved in " + file);
   return body + "[ddprun] where each rank is (main thread, innermost frame first):\n" + where;

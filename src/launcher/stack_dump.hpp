@@ -69,14 +69,16 @@ class StackDumps {
   bool is_trigger(int sig) const;
   static std::vector<int> trigger_signals(const Options& o);
 
-  // A trigger from `sender`: a worker's bootstrap saying it is about to fail (an uncaught
-  // exception: the others' stacks are kept for the summary; ignored while the job stops,
-  // when workers raise KeyboardInterrupt), else a dump on demand. Returns the text for
-  // ddprun's stderr.
-  std::string on_trigger(int sig, pid_t sender, const std::vector<WorkerResult>& workers,
+  // A trigger from `sender` that is a worker's bootstrap saying it is about to fail (an
+  // uncaught exception): the others' stacks are kept for the summary (ignored while the job
+  // stops, when workers raise KeyboardInterrupt). False: not a failure notice, a dump was
+  // asked for (on_demand).
+  bool on_failure_notice(int sig, pid_t sender, const std::vector<WorkerResult>& workers,
                          const std::string& attempt_dir, bool stopping);
   // Every running worker's stack, for ddprun's stderr; also written under attempt_dir.
-  std::string on_demand(const std::vector<WorkerResult>& workers, const std::string& attempt_dir, int sig);
+  // `why`: what asked ("SIGQUIT", "dump 2 asked on node 1 (hostb)").
+  std::string on_demand(const std::vector<WorkerResult>& workers, const std::string& attempt_dir,
+                        const std::string& why);
   // Before the survivors of `root`'s failure are stopped: where each one was (taken now,
   // unless `root` announced its failure and they were taken then).
   void at_failure(const std::vector<WorkerResult>& workers, const WorkerResult& root, const std::string& attempt_dir);

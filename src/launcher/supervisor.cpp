@@ -110,6 +110,7 @@ struct Supervisor::Impl {
   bool looked_ahead = false;  // this round's prejoin() was asked for
   JobOutcome outcome;
   StackDumps stacks;  // every rank's stack: on demand, at a failure, at a hang (stack_dump.hpp)
+  int dumps_asked = 0;  // dumps asked on this node (they name the dump on every node)
 
   Impl(const Options& opt, std::map<std::string, std::string> env, Guardian& g, Rendezvous& r, std::string host)
       : o(opt), base_env(std::move(env)), rdzv(r), guardian(g), workers(opt, g), stacks(opt, host) {
@@ -255,8 +256,9 @@ struct Supervisor::Impl {
         continue;
       }
       if (stacks.is_trigger(sig)) {
-        err_writer->push_line(stacks.on_trigger(sig, static_cast<pid_t>(si.ssi_pid), workers.all(), attempt_dir(),
-                                                   workers.stopping()));
+        if (!stacks.on_failure_notice(sig, static_cast<pid_t>(si.ssi_pid), workers.all(), attempt_dir(),
+                                      workers.stopping()))
+          dump_stacks(signal_name(sig));
         continue;
       }
       bool stops = std::find(o.signals_to_handle.begin(), o.signals_to_handle.end(), sig) != o.signals_to_handle.end();
@@ -280,6 +282,15 @@ struct Supervisor::Impl {
       if (!joining)      // (while joining there is no round to end: join_round cancels the join)
         rdzv.end_round(RoundEnd::Kind::kLeft, fmt::format("ddprun on {} received {}", plan.hostname, signal_name(sig)));
     }
+  }
+
+  // Every local rank's stack on this node's stderr; asked here (`trigger`: the signal), the
+  // other nodes are asked too, and every node's output names the same dump.
+  void dump_stacks(const std::string& trigger) {
+    const std::string what = fmt::format("dump {} asked on node {} ({})", ++dumps_asked, plan.group_rank,
+                                         plan.hostname);
+    if (plan.group_world_size > 1) rdzv.ask_dump(what);
+    err_writer->push_line(stacks.on_demand(workers.all(), attempt_dir(), fmt::format("{} ({})", trigger, what)));
   }
 
   // A signal Slurm sent (launcher/slurm_signals.hpp decides what it means); false when it
@@ -331,6 +342,8 @@ struct Supervisor::Impl {
 
   void on_remote() {
     auto end = rdzv.round_end();
+    for (const auto& what : rdzv.dump_requests())
+      if (!workers.stopping()) err_writer->push_line(stacks.on_demand(workers.all(), attempt_dir(), what));
     if (!end || workers.stopping() || remote_end) return;
     if (slurm_stopped_elsewhere(*end)) return;
     remote_end = end;

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -414,6 +415,41 @@ RoundReader DynamicRendezvous::reader_for(int64_t r, const std::vector<NodeDesc>
 
 // ------------------------------------------------------------------ a running round
 
+void DynamicRendezvous::ask_dump(const std::string& what) {
+  int64_t r;
+  {
+    std::lock_guard lk(mu_);
+    r = watched_round_;
+  }
+  if (r < 0) return;  // between rounds: no workers anywhere to ask
+  std::lock_guard lk(post_mu_);
+  if (!post_) post_ = main_->clone();
+  post_->append("events", round_event(r, "dump", c_.me.id, what));
+}
+
+std::vector<std::string> DynamicRendezvous::take_dump_requests() {
+  std::lock_guard lk(mu_);
+  return std::exchange(dump_requests_, {});
+}
+
+// Round r's dump lines from other nodes among `lines`: handed to the caller (notify_fd).
+void DynamicRendezvous::note_dumps(int64_t r, const std::vector<std::string>& lines) {
+  std::vector<std::string> asked;
+  for (auto& l : lines) {
+    if (l.find(" dump ") == std::string::npos) continue;
+    Event e = parse_event(l);
+    if (e.kind == "dump" && e.round == r && e.node != c_.me.id) asked.push_back(e.text);
+  }
+  if (asked.empty()) return;
+  {
+    std::lock_guard lk(mu_);
+    dump_requests_.insert(dump_requests_.end(), asked.begin(), asked.end());
+  }
+  uint64_t one = 1;
+  ssize_t n = ::write(efd_, &one, sizeof one);
+  (void)n;
+}
+
 std::optional<RoundEnd> DynamicRendezvous::round_end() {
   uint64_t v;
   while (::read(efd_, &v, sizeof v) == sizeof v) {
@@ -688,7 +724,10 @@ void DynamicRendezvous::watcher_loop() {
       auto more = events_->wait("events", seen.count(), r < 0 ? 200ms : 1s);
       seen.add(more);
       reader.feed(more);  // before a round is watched: remembers lost lines
-      if (r >= 0) judge();
+      if (r >= 0) {
+        note_dumps(r, more);
+        judge();
+      }
     } catch (const std::exception& e) {
       {
         std::lock_guard lk(mu_);

@@ -96,6 +96,12 @@ class DynamicRendezvous {
   void finish(FinishKind kind, const std::string& reason);
   // Makes a next_round() in progress in another thread stop (it throws) within a second.
   void cancel();
+  // Asks every other node of the running round to show its ranks' stacks (`what` names the
+  // dump: every node's output carries it). Blocks on the backend like end_round.
+  void ask_dump(const std::string& what);
+  // The dumps other nodes asked for since the last call (each `what`); notify_fd wakes
+  // the caller when one comes.
+  std::vector<std::string> take_dump_requests();
 
   const DynamicConfig& config() const { return c_; }
   std::string backend_name() const { return backend_name_; }
@@ -125,6 +131,7 @@ class DynamicRendezvous {
   void keeper_loop();
   void watcher_loop();
   void notify_end(int64_t round, const RoundEnd& end);
+  void note_dumps(int64_t round, const std::vector<std::string>& lines);
 
   DynamicConfig c_;
   std::string backend_name_;
@@ -154,6 +161,7 @@ class DynamicRendezvous {
   std::vector<NodeDesc> watched_members_;
   std::optional<RoundEnd> end_;           // the watched round's end, once seen
   std::optional<RoundEnd> node_problem_;  // partitioned / store lost: ends every round
+  std::vector<std::string> dump_requests_;  // dumps other nodes asked for, not yet taken
   bool stop_ = false;
   int efd_ = -1;
   std::thread keeper_, watcher_;

@@ -24,8 +24,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddprun_testlib import (DDPRUN, DdprunTestCase, PYTHON, RUNTIME, clean_env, main, read_text, scaled,  # noqa: E402
-                            worker)
+from ddprun_testlib import (DDPRUN, DdprunTestCase, PYTHON, RUNTIME, clean_env, free_port, main, read_text,  # noqa: E402
+                            scaled, worker)
 
 SOURCE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 JOB_TIMEOUT = 120  # a hang guard: a torch job here takes 5-15 s on 2 cores
@@ -174,6 +174,38 @@ class Stacks(StacksTest):
         self.assertRegex(self.stderr_text(), r"\[rank1\]:.*\n\[rank1\]:  File .*blocker.py\", line \d+ in <module>")
         self.assertIn("rank 0: no answer", m.group(0))
         self.assertEqual(self.finish(p, 60), 0)  # the job ran on
+
+    def test_a_dump_asked_on_one_node_shows_every_nodes_ranks(self):
+        """Two static nodes (loopback): SIGQUIT to node 1's ddprun; node 0 shows its own
+        ranks' stacks too, through the rendezvous, under the same dump's name; the job runs
+        on and both nodes exit 0."""
+        script = self.write("blocker.py", BLOCKER)
+        port = free_port()
+        env = dict(clean_env(), RANK_BLOCKS="no")
+        nodes = []
+        for n in (0, 1):
+            err = open(self.path(f"node{n}.stderr"), "wb")
+            self._files.append(err)
+            nodes.append(self.start(["--nnodes", "2", "--node-rank", str(n), "--master-addr", "127.0.0.1",
+                                     "--master-port", str(port), "--nproc-per-node", "2", script, self.tmp,
+                                     str(scaled(6))], env=env, stderr=err))
+        self.wait_markers([f"ready_{r}" for r in range(4)])
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        os.kill(nodes[1].pid, signal.SIGQUIT)
+        name = r"dump 1 asked on node 1 \(\S+\)"
+        node0 = lambda: read_text(self.path("node0.stderr"))  # noqa: E731
+        self.wait_for(lambda: re.search(name + r": the stacks of 2 ranks", node0()), scaled(10),
+                      "node 0's dump")
+        self.assertLess(time.monotonic() - t0, scaled(2), "the relay is one events line away")
+        for r in (0, 1):
+            self.assertRegex(node0(), rf"\[rank{r}\]:  File .*blocker.py\", line \d+ in <module>")
+        node1 = read_text(self.path("node1.stderr"))
+        self.assertRegex(node1, r"SIGQUIT \(" + name + r"\): the stacks of 2 ranks")
+        for r in (2, 3):
+            self.assertRegex(node1, rf"\[rank{r}\]:  File .*blocker.py\", line \d+ in <module>")
+        for p in nodes:
+            self.assertEqual(self.finish(p, 60), 0, node0() + read_text(self.path("node1.stderr")))
 
     def test_a_stop_signal_during_a_dump_does_not_wait_for_it(self):
         """SIGTERM while ddprun waits for a dump that rank 0 never answers: the dump ends
