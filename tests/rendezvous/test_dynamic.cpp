@@ -359,6 +359,27 @@ TEST(DynamicRendezvous, FixedRanksThatNeverJoinAreNamed) {
   }
 }
 
+// A dump asked on one node reaches the others' callers (notify_fd), not its own, and
+// ends no round.
+TEST(DynamicRendezvous, ADumpAskedOnOneNodeReachesTheOthers) {
+  Cluster c;
+  c.job = {2, 2, 0};
+  auto a = c.node("a"), b = c.node("b");
+  all_next_round({a.get(), b.get()});
+  a->ask_dump("dump 1 asked on node 0 (a)");
+  std::vector<std::string> got;
+  const auto deadline = std::chrono::steady_clock::now() + kGuard;
+  while (got.empty() && std::chrono::steady_clock::now() < deadline) {
+    b->round_end();
+    got = b->take_dump_requests();
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_EQ(got, std::vector<std::string>{"dump 1 asked on node 0 (a)"});
+  EXPECT_TRUE(a->take_dump_requests().empty());
+  EXPECT_FALSE(b->round_end().has_value());
+  EXPECT_FALSE(a->round_end().has_value());
+}
+
 TEST(DynamicRendezvous, LosingTheBackendEndsTheRound) {
   Cluster c;
   c.job = {1, 1, 0};
