@@ -167,7 +167,7 @@ class ProcessGroup {
 
  private:
   template <class F>
-  void run(Op op, std::chrono::milliseconds timeout, F&& body);
+  void run(Op op, size_t bytes, std::chrono::milliseconds timeout, F&& body);
   void check_span_sizes(const char* op, size_t expected, size_t got) const;
 
   int rank_;

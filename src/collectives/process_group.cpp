@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "backends.hpp"
+#include "progress.hpp"
 #include "ddp/error.hpp"
 #include "ddp/tcp_store.hpp"
 
@@ -60,8 +61,13 @@ void ProcessGroup::check_span_sizes(const char* op, size_t expected, size_t got)
                                       op, rank_, expected, got));
 }
 
+namespace {
+// The progress record's name for an operation (collectives/progress_record.hpp).
+uint32_t progress_op(int op) { return static_cast<uint32_t>(op) + 1; }
+}  // namespace
+
 template <class F>
-void ProcessGroup::run(Op op, std::chrono::milliseconds timeout, F&& body) {
+void ProcessGroup::run(Op op, size_t bytes, std::chrono::milliseconds timeout, F&& body) {
   const char* name = op_name(op);
   if (!failure_.empty())
     throw CollectiveError(fmt::format("ddp {} on rank {}: the process group is unusable after an "
@@ -70,8 +76,13 @@ void ProcessGroup::run(Op op, std::chrono::milliseconds timeout, F&& body) {
   auto t = timeout.count() > 0 ? timeout : timeout_;
   auto deadline = std::chrono::steady_clock::now() + t;
   auto prefix = [&] { return fmt::format("ddp {} failed on rank {} of {}: ", name, rank_, size_); };
+  // What ddprun shows as this rank's collective when it takes the workers' stacks.
+  auto& progress = detail::Progress::get();
+  progress.begin(progress_op(static_cast<int>(op)),
+                 backend_ == Backend::kNccl ? detail::ProgressRecord::kNccl : detail::ProgressRecord::kCpu, bytes);
   try {
     body(deadline);
+    progress.end();
     return;
   } catch (const TimeoutError& e) {
     failure_ = prefix() + e.what();
@@ -92,7 +103,7 @@ void need(bool ok, int rank, const char* op, const std::string& what) {
 
 void ProcessGroup::all_reduce(void* data, size_t count, DType dtype, const AllReduceOptions& o) {
   need(data || count == 0, rank_, "all_reduce", "null buffer");
-  run(Op::kAllReduce, o.timeout,
+  run(Op::kAllReduce, count * dtype_size(dtype), o.timeout,
       [&](auto dl) { do_all_reduce(data, count, dtype, o.op, dl); });
 }
 
@@ -100,25 +111,25 @@ void ProcessGroup::broadcast(void* data, size_t count, DType dtype, const Broadc
   need(data || count == 0, rank_, "broadcast", "null buffer");
   need(o.root >= 0 && o.root < size_, rank_, "broadcast",
        fmt::format("root {} is not a rank of this group of {}", o.root, size_));
-  run(Op::kBroadcast, o.timeout, [&](auto dl) { do_broadcast(data, count, dtype, o.root, dl); });
+  run(Op::kBroadcast, count * dtype_size(dtype), o.timeout, [&](auto dl) { do_broadcast(data, count, dtype, o.root, dl); });
 }
 
 void ProcessGroup::all_gather(const void* input, void* output, size_t count, DType dtype,
                               const AllGatherOptions& o) {
   need((input && output) || count == 0, rank_, "all_gather", "null buffer");
-  run(Op::kAllGather, o.timeout,
+  run(Op::kAllGather, count * dtype_size(dtype), o.timeout,
       [&](auto dl) { do_all_gather(input, output, count, dtype, dl); });
 }
 
 void ProcessGroup::reduce_scatter(const void* input, void* output, size_t count, DType dtype,
                                   const ReduceScatterOptions& o) {
   need((input && output) || count == 0, rank_, "reduce_scatter", "null buffer");
-  run(Op::kReduceScatter, o.timeout,
+  run(Op::kReduceScatter, count * dtype_size(dtype), o.timeout,
       [&](auto dl) { do_reduce_scatter(input, output, count, dtype, o.op, dl); });
 }
 
 void ProcessGroup::barrier(const BarrierOptions& o) {
-  run(Op::kBarrier, o.timeout, [&](auto dl) { do_barrier(dl); });
+  run(Op::kBarrier, 0, o.timeout, [&](auto dl) { do_barrier(dl); });
 }
 
 std::unique_ptr<ProcessGroup> init_process_group(ProcessGroupOptions o) {

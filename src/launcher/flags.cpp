@@ -60,7 +60,8 @@ const FlagSpec kFlags[] = {
      "rank's stack unless listed here)",
      nullptr, "", "SIG,..."},
     {"hang-timeout", 0, K::kValue, "0", "Supervision",
-     "when no rank made progress (an output line, a touch of $DDPRUN_HEARTBEAT_FILE) for this long: show every "
+     "when no rank made progress (an output line, a touch of $DDPRUN_HEARTBEAT_FILE, a libddp collective) for "
+     "this long: show every "
      "rank's stack, name the ranks that differ, stop the job, exit 124 (0: off)",
      nullptr, "", "SECONDS"},
     {"no-stack-dumps", 0, K::kFlag, "", "Supervision",

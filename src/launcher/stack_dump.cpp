@@ -1,6 +1,7 @@
 #include "launcher/stack_dump.hpp"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -9,7 +10,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <filesystem>
+#include <optional>
 #include <map>
 #include <thread>
 
@@ -17,6 +20,7 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include "collectives/progress_record.hpp"
 #include "ddp/error.hpp"
 #include "launcher/fileio.hpp"
 #include "launcher/output.hpp"
@@ -193,6 +197,35 @@ namespace {
 std::string worker_dir(const WorkerResult& w) { return fs::path(w.error_file).parent_path().string(); }
 std::string stack_file(const WorkerResult& w) { return worker_dir(w) + "/stacks"; }
 std::string heartbeat_file(const WorkerResult& w) { return worker_dir(w) + "/heartbeat"; }
+std::string progress_file(const WorkerResult& w) { return worker_dir(w) + "/progress"; }
+
+// A libddp worker's record (collectives/progress_record.hpp) as plain values.
+struct Record {
+  char magic[8];
+  uint64_t version, started, completed;
+  uint32_t op, backend;
+  uint64_t bytes;
+  int64_t since_ns;
+};
+static_assert(sizeof(Record) == sizeof(ddp::detail::ProgressRecord));
+
+// Read consistently: twice, until both reads agree on an even version. nullopt: no record
+// (not a libddp worker).
+std::optional<Record> read_record(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  std::optional<Record> out;
+  Record a, b;
+  for (int i = 0; i < 100 && !out; ++i) {
+    if (::pread(fd, &a, sizeof a, 0) != static_cast<ssize_t>(sizeof a) ||
+        ::pread(fd, &b, sizeof b, 0) != static_cast<ssize_t>(sizeof b))
+      break;
+    if (std::memcmp(a.magic, ddp::detail::ProgressRecord::kMagic, sizeof a.magic) != 0) break;
+    if (std::memcmp(&a, &b, sizeof a) == 0 && (a.version & 1) == 0) out = a;
+  }
+  ::close(fd);
+  return out;
+}
 
 std::string seconds(std::chrono::milliseconds d) { return fmt::format("{:g}", static_cast<double>(d.count()) / 1000); }
 
@@ -230,8 +263,37 @@ bool StackDumps::is_trigger(int sig) const {
   return std::find(sigs.begin(), sigs.end(), sig) != sigs.end();
 }
 
+std::string StackDumps::collectives(const std::vector<WorkerResult>& workers) const {
+  std::vector<RankCollective> ranks;
+  timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  const int64_t now_ns = static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+  for (const auto& w : workers) {
+    if (w.state != WorkerResult::State::kRunning && w.state != WorkerResult::State::kFailed) continue;
+    auto r = read_record(progress_file(w));
+    if (!r || r->started == 0) continue;
+    RankCollective c;
+    c.rank = w.rank;
+    c.op = ddp::detail::progress_op_name(r->op);
+    c.number = r->started;
+    c.in_flight = r->completed < r->started;
+    c.bytes = r->bytes;
+    c.backend = r->backend == ddp::detail::ProgressRecord::kNccl ? "nccl" : "cpu";
+    c.seconds = static_cast<double>(std::max<int64_t>(0, now_ns - r->since_ns)) / 1e9;
+    ranks.push_back(c);
+  }
+  std::string lines = collective_lines(ranks);
+  return lines.empty() ? "" : "[ddprun] libddp collectives (the one in flight, or the last one):\n" + lines;
+}
+
+uint64_t StackDumps::collectives_done(const WorkerResult& w) const {
+  auto r = read_record(progress_file(w));
+  return r ? r->completed : 0;
+}
+
 void StackDumps::add_env(std::map<std::string, std::string>& env, const WorkerResult& w) const {
   if (hang_timeout_.count() > 0) env["DDPRUN_HEARTBEAT_FILE"] = heartbeat_file(w);
+  if (o_.stack_dumps) env["DDPRUN_PROGRESS_FILE"] = progress_file(w);
   if (bootstrap_.empty()) return;
   auto pp = env.find("PYTHONPATH");
   env["PYTHONPATH"] = pp == env.end() || pp->second.empty() ? bootstrap_ : bootstrap_ + ":" + pp->second;
@@ -295,7 +357,7 @@ std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, cons
   spdlog::warn("{}: the stacks of {} rank{} on {} ({} answered in {:.2f} s{}); the job runs on", why,
                stacks.size(), stacks.size() == 1 ? "" : "s", hostname_, answered, took,
                o_.log_dir.empty() || file.empty() ? "" : ", saved in " + file);
-  return body + "[ddprun] where each rank is (main thread, innermost frame first):\n" + where;
+  return body + "[ddprun] where each rank is (main thread, innermost frame first):\n" + where + collectives(workers);
 }
 
 void StackDumps::at_failure(const std::vector<WorkerResult>& workers, const WorkerResult& root,
@@ -308,12 +370,14 @@ void StackDumps::at_failure(const std::vector<WorkerResult>& workers, const Work
   if (ts.empty()) return;
   auto stacks = take_stacks(ts, Clock::now() + kAtFailure, [this] { return stop_pending(); });
   std::string file = save(attempt_dir, "stacks_at_failure.txt", full_dump(stacks, prefixes(stacks)));
-  failure_note_ = fmt::format("Where the other ranks were (main thread, innermost frame first{}):\n{}",
-                              file.empty() ? "" : "; every thread: " + file, where_lines(stacks));
+  failure_note_ = fmt::format("Where the other ranks were (main thread, innermost frame first{}):\n{}{}",
+                              file.empty() ? "" : "; every thread: " + file, where_lines(stacks),
+                              collectives(workers));
   spdlog::info("rank {} failed; {}", root.rank, failure_note_);
 }
 
 void StackDumps::attempt_started() {
+  collectives_seen_.clear();
   failure_note_.clear();
   failing_ = -1;
   hang_.reset();
@@ -332,8 +396,14 @@ bool StackDumps::hung_now(Clock::time_point last_output, const std::vector<Worke
   progress_ = std::max(progress_, last_output);
   const auto sys_now = std::chrono::system_clock::now();
   for (const auto& w : workers) {
+    if (w.state != WorkerResult::State::kRunning) continue;
+    // A libddp collective that ended since the last look is progress.
+    if (uint64_t done = collectives_done(w); done != collectives_seen_[w.pid]) {
+      collectives_seen_[w.pid] = done;
+      progress_ = now;
+    }
     struct stat st {};
-    if (w.state != WorkerResult::State::kRunning || ::stat(heartbeat_file(w).c_str(), &st) != 0) continue;
+    if (::stat(heartbeat_file(w).c_str(), &st) != 0) continue;
     auto mtime = std::chrono::system_clock::time_point(std::chrono::seconds(st.st_mtim.tv_sec) +
                                                        std::chrono::nanoseconds(st.st_mtim.tv_nsec));
     progress_ = std::max(progress_, now - std::chrono::duration_cast<Clock::duration>(sys_now - mtime));
@@ -365,11 +435,12 @@ std::string StackDumps::on_hang(const std::vector<WorkerResult>& workers, const 
   if (stacks.empty()) named = "stacks are off (--no-stack-dumps)";
   const std::string rule(60, '='), thin(60, '-');
   const std::string every = file.empty() ? "" : "every thread of every rank: " + file + "\n";
-  hang_report_ = fmt::format("{}\n{} HUNG: {}\n{}\n{}\n{}{}{}\n", rule, o_.script, *hang_, thin, named,
-                             where_lines(stacks), every, rule);
+  hang_report_ = fmt::format("{}\n{} HUNG: {}\n{}\n{}\n{}{}{}{}\n", rule, o_.script, *hang_, thin, named,
+                             where_lines(stacks), collectives(workers), every, rule);
   spdlog::error("{}: {}; stopping the workers (a failed attempt: exit status {} unless --max-restarts restarts it)",
                 *hang_, named, kHangExitCode);
-  return body + "[ddprun] where each rank is (main thread, innermost frame first):\n" + where_lines(stacks);
+  return body + "[ddprun] where each rank is (main thread, innermost frame first):\n" + where_lines(stacks) +
+         collectives(workers);
 }
 
 }  // namespace ddprun

@@ -100,6 +100,10 @@ class StackDumps {
   std::vector<StackTarget> targets(const std::vector<WorkerResult>& workers, const WorkerResult* skip) const;
   std::vector<std::string> prefixes(const std::vector<RankStack>& stacks) const;
   std::string save(const std::string& attempt_dir, const std::string& name, const std::string& text);
+  // The libddp collective table of the workers that keep a progress record ("" if none).
+  std::string collectives(const std::vector<WorkerResult>& workers) const;
+  // How many collectives the worker finished (0: none, or no record).
+  uint64_t collectives_done(const WorkerResult& w) const;
   // A signal that stops the job is pending (blocked, not yet read from the signalfd).
   bool stop_pending() const;
 
@@ -111,6 +115,7 @@ class StackDumps {
   std::optional<Clock::time_point> next_check_;
   std::string failure_note_;
   pid_t failing_ = -1;  // the worker whose announced failure failure_note_ is about
+  std::map<pid_t, uint64_t> collectives_seen_;  // libddp collectives each worker had finished (--hang-timeout)
   std::optional<std::string> hang_;
   std::string hang_report_;
   int dumps_ = 0;

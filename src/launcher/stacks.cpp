@@ -133,4 +133,55 @@ std::string full_dump(const std::vector<RankStack>& stacks, const std::vector<st
   return out;
 }
 
+namespace {
+
+std::string byte_count(uint64_t b) {
+  if (b >= (uint64_t{1} << 30)) return fmt::format("{:.1f} GiB", static_cast<double>(b) / (1 << 30));
+  if (b >= (uint64_t{1} << 20)) return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20));
+  if (b >= (uint64_t{1} << 10)) return fmt::format("{:.1f} KiB", static_cast<double>(b) / (1 << 10));
+  return fmt::format("{} B", b);
+}
+
+// Where a rank is, without the times (they differ by rank; the place is what groups them).
+std::string place(const RankCollective& c) {
+  return fmt::format("{} #{} {}", c.op, c.number, c.in_flight ? "in flight" : "done");
+}
+
+}  // namespace
+
+std::string collective_lines(const std::vector<RankCollective>& ranks, const std::string& indent) {
+  if (ranks.empty()) return "";
+  std::vector<std::pair<std::string, std::vector<const RankCollective*>>> groups;
+  for (const auto& c : ranks) {
+    const std::string p = place(c);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.first == p; });
+    if (it == groups.end()) groups.push_back({p, {&c}});
+    else it->second.push_back(&c);
+  }
+  std::stable_sort(groups.begin(), groups.end(),
+                   [](auto& a, auto& b) { return a.second.size() > b.second.size(); });
+  std::string out;
+  for (auto& [p, members] : groups) {
+    std::vector<int> rs;
+    double longest = 0;
+    for (auto* m : members) {
+      rs.push_back(m->rank);
+      longest = std::max(longest, m->seconds);
+    }
+    const RankCollective& c = *members.front();
+    out += fmt::format("{}{} {}: {} #{} {} {:.1f} s{} ({}, {})\n", indent, rs.size() == 1 ? "rank" : "ranks",
+                       rank_ranges(rs), c.op, c.number, c.in_flight ? "in flight for" : "done",
+                       longest, c.in_flight ? "" : " ago", byte_count(c.bytes), c.backend);
+  }
+  if (groups.size() > 1 && groups.front().second.size() * 2 > ranks.size()) {
+    std::vector<int> odd;
+    for (size_t g = 1; g < groups.size(); ++g)
+      for (auto* m : groups[g].second) odd.push_back(m->rank);
+    std::string where = groups.size() == 2 ? " at " + groups[1].first : " elsewhere";
+    out += fmt::format("{}{} {} {}{}, the others at {}\n", indent, odd.size() == 1 ? "rank" : "ranks",
+                       rank_ranges(odd), odd.size() == 1 ? "is" : "are", where, groups.front().first);
+  }
+  return out;
+}
+
 }  // namespace ddprun

@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <csignal>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -67,6 +68,26 @@ std::string where_lines(const std::vector<RankStack>& stacks, const std::string&
 // The ranks whose signature differs from the biggest group's, when one group holds more
 // than half of the ranks; every rank's group otherwise is a tie and nothing is singled out.
 std::vector<int> outliers(const std::vector<RankStack>& stacks);
+
+// The libddp collective a rank is in, or last finished (collectives/progress_record.hpp),
+// as read from its record.
+struct RankCollective {
+  int rank = 0;
+  std::string op;        // "all_reduce"
+  uint64_t number = 0;   // its number on this rank (1: the first)
+  bool in_flight = false;
+  uint64_t bytes = 0;
+  std::string backend;   // "cpu", "nccl"
+  double seconds = 0;    // in it (in flight), or since it ended
+};
+
+// One line per group of ranks at the same place, the biggest first, then (when one group
+// holds more than half) which ranks are elsewhere:
+//   "  ranks 0, 2-3: all_reduce #1543 in flight for 12.0 s (4 B, cpu)"
+//   "  rank 1: all_reduce #1542 done 12.0 s ago"
+//   "  rank 1 is at all_reduce #1542 done, the others at all_reduce #1543 in flight"
+// "" when no rank has a record.
+std::string collective_lines(const std::vector<RankCollective>& ranks, const std::string& indent = "  ");
 
 // Every rank's full dump, each line behind its rank's prefix (`prefixes[i]` for
 // stacks[i]), for ddprun's output on demand.

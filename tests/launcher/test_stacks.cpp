@@ -123,3 +123,36 @@ TEST(LauncherStacks, FullDumpPrefixesEveryLine) {
 }
 
 }  // namespace
+
+namespace {
+
+ddprun::RankCollective at(int rank, uint64_t number, bool in_flight, double seconds = 1.0) {
+  ddprun::RankCollective c;
+  c.rank = rank;
+  c.op = "all_reduce";
+  c.number = number;
+  c.in_flight = in_flight;
+  c.bytes = 4;
+  c.backend = "cpu";
+  c.seconds = seconds;
+  return c;
+}
+
+TEST(CollectiveLines, GroupsRanksAndNamesTheOddOne) {
+  std::string t = ddprun::collective_lines({at(0, 1543, true, 2.0), at(1, 1543, true, 5.0), at(2, 1542, false),
+                                            at(3, 1543, true, 1.0)});
+  EXPECT_EQ(t,
+            "  ranks 0-1, 3: all_reduce #1543 in flight for 5.0 s (4 B, cpu)\n"
+            "  rank 2: all_reduce #1542 done 1.0 s ago (4 B, cpu)\n"
+            "  rank 2 is at all_reduce #1542 done, the others at all_reduce #1543 in flight\n");
+}
+
+TEST(CollectiveLines, NoMajorityNamesNobodyAndNoRecordIsEmpty) {
+  std::string t = ddprun::collective_lines({at(0, 7, true), at(1, 6, false)});
+  EXPECT_EQ(t.find(" is at "), std::string::npos) << t;
+  EXPECT_EQ(ddprun::collective_lines({}), "");
+  EXPECT_EQ(ddprun::collective_lines({at(0, 7, true), at(1, 7, true)}),
+            "  ranks 0-1: all_reduce #7 in flight for 1.0 s (4 B, cpu)\n");
+}
+
+}  // namespace

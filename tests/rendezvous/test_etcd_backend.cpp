@@ -61,9 +61,11 @@ struct EtcdTraits {
     return make_etcd_backend(options(cluster(N), run, op));
   }
   // etcd counts a lease's ttl in whole seconds and checks expiry twice a second; a new
-  // leader renews every lease once.
+  // leader renews every lease once. On the 2-core CI machine, beside the suite's other
+  // tests, a 1-member etcd once had not revoked a lease 4.5 s past its ttl (a fresh-clone run): the
+  // slack is what a busy etcd takes, not what an idle one does (about 1 s).
   static milliseconds lease_ttl() { return milliseconds(2000); }
-  static milliseconds lease_end_slack() { return scaled(milliseconds(N == 1 ? 1500 : 2500)); }
+  static milliseconds lease_end_slack() { return scaled(milliseconds(N == 1 ? 4000 : 5000)); }
   static void freeze() {
     for (int i = 0; i < N; ++i) cluster(N).freeze(i);
   }

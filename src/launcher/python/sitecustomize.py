@@ -2,8 +2,8 @@
 # the PYTHONPATH of the workers it starts (unless --no-stack-dumps), so Python's site module
 # imports this file as "sitecustomize" before the training script runs. It then:
 #   1. leaves no trace: this folder leaves sys.path, PYTHONPATH gets its old value back and
-#      DDPRUN_STACK_FILE and DDPRUN_PID leave the environment, so the script, and every
-#      process it starts, sees what it would have seen without ddprun;
+#      DDPRUN_STACK_FILE, DDPRUN_PID and DDPRUN_PROGRESS_FILE leave the environment, so the
+#      script, and every process it starts, sees what it would have seen without ddprun;
 #   2. when started by ddprun (DDPRUN_STACK_FILE set), registers faulthandler on SIGURG for
 #      every thread, writing into that file through a close-on-exec descriptor above 900 (the
 #      script's own files get the numbers they would get), and announces it in the file's
@@ -25,6 +25,7 @@ def _ddprun_bootstrap():
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     stack_file = os.environ.pop("DDPRUN_STACK_FILE", None)
     ddprun_pid = os.environ.pop("DDPRUN_PID", "")
+    os.environ.pop("DDPRUN_PROGRESS_FILE", None)  # libddp's (C++ workers): a Python script never sees it
     if stack_file is None:
         return
     parts = os.environ.get("PYTHONPATH", "").split(os.pathsep)

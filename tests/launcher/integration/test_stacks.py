@@ -31,6 +31,8 @@ SOURCE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..
 JOB_TIMEOUT = 120  # a hang guard: a torch job here takes 5-15 s on 2 cores
 # torch 2.x wraps the collectives: all_reduce (distributed_c10d.py) <- wrapper (c10d_logger.py) <- caller
 ALL_REDUCE = r"all_reduce \(distributed_c10d.py:\d+\) <- (?:wrapper \(c10d_logger.py:\d+\) <- )?"
+SKIP_COLLECTIVE = os.environ.get("DDP_TEST_SKIP_COLLECTIVE") or os.path.join(
+    os.path.dirname(os.path.realpath(DDPRUN)), "ddp-test-skip-collective")  # a libddp worker (C++)
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(DDPRUN))), "share", "ddprun", "python")
 
 
@@ -74,7 +76,7 @@ class TorchStacks(StacksTest):
         m = self.wait_stderr(r"^\[ddprun\] where each rank is.*\n(?:  .*\n)+", 30)
         took = time.monotonic() - t0
         dump = self.stderr_text()[:m.end()]
-        self.assertIn("SIGQUIT: the stacks of 4 ranks", dump)
+        self.assertRegex(dump, r"SIGQUIT \(dump 1 asked on node 0 \(\S+\)\): the stacks of 4 ranks")
         self.assertRegex(self.block_of(dump, 2), r"torch_stall.py\", line \d+ in slow_data")
         for r in (0, 1, 3):
             self.assertRegex(self.block_of(dump, r), r"line \d+ in all_reduce\n(?:.*in wrapper\n)?.*line \d+ in train_step",
@@ -86,7 +88,7 @@ class TorchStacks(StacksTest):
         r = subprocess.run([DDPRUN, "--dump-stacks", str(p.pid)], capture_output=True, text=True, timeout=scaled(30))
         self.assertEqual(r.returncode, 0, r)
         self.assertIn(f"asked ddprun {p.pid}", r.stdout)
-        self.wait_stderr(r"SIGURG: the stacks of 4 ranks", 30, m.end())
+        self.wait_stderr(r"SIGURG \(dump 2 asked on node 0 \(\S+\)\): the stacks of 4 ranks", 30, m.end())
         self.assertEqual(self.finish(p), 0, self.stderr_text()[-3000:])
         saved = [os.path.join(d, f) for d, _, fs in os.walk(log_dir) for f in fs if re.match(r"stacks_\d+\.txt", f)]
         self.assertEqual(len(saved), 2, saved)
@@ -207,6 +209,29 @@ class Stacks(StacksTest):
         for p in nodes:
             self.assertEqual(self.finish(p, 60), 0, node0() + read_text(self.path("node1.stderr")))
 
+    def test_a_libddp_rank_that_skips_a_collective_is_named_in_the_table(self):
+        """Four C++ workers on libddp; rank 1 skips all_reduce #3 and sleeps: the dump's table
+        shows the others in all_reduce #3 and names rank 1 at #2."""
+        p = self.start(["--standalone", "--nproc-per-node", "4", "--no-python", SKIP_COLLECTIVE, "1", "3", "60",
+                        self.tmp])
+        self.wait_markers(["skipped"])
+        time.sleep(0.3)
+        os.kill(p.pid, signal.SIGQUIT)
+        m = self.wait_stderr(r"^\[ddprun\] libddp collectives.*\n(?:  .*\n)+", scaled(10))
+        table = m.group(0)
+        self.assertRegex(table, r"  ranks 0, 2-3: all_reduce #3 in flight for [\d.]+ s \(4 B, cpu\)")
+        self.assertRegex(table, r"  rank 1: all_reduce #2 done [\d.]+ s ago")
+        self.assertIn("  rank 1 is at all_reduce #2 done, the others at all_reduce #3 in flight", table)
+        os.kill(p.pid, signal.SIGTERM)
+        self.assertEqual(self.finish(p, 60), 128 + signal.SIGTERM)
+
+    def test_libddp_collectives_are_progress_for_the_hang_timeout(self):
+        """No output, but an all_reduce every 0.2 s for about 4 s: --hang-timeout 2 sees
+        progress and the job succeeds (without the collectives it would stop, exit 124)."""
+        p = self.start(["--standalone", "--nproc-per-node", "2", "--hang-timeout", "2", "--no-python",
+                        SKIP_COLLECTIVE, "-1", "20", "0", self.tmp, "0.2"])
+        self.assertEqual(self.finish(p, 60), 0, self.stderr_text())
+
     def test_a_stop_signal_during_a_dump_does_not_wait_for_it(self):
         """SIGTERM while ddprun waits for a dump that rank 0 never answers: the dump ends
         early and rank 1 gets SIGTERM at once, not after the dump's 2 s deadline (issue 19:
@@ -318,7 +343,7 @@ class Stacks(StacksTest):
         time.sleep(0.2)
         r = subprocess.run([DDPRUN, "--dump-stacks", str(p.pid)], capture_output=True, text=True, timeout=scaled(30))
         self.assertEqual(r.returncode, 0, r)
-        self.wait_stderr(r"SIGURG: the stacks of 2 ranks", 30)
+        self.wait_stderr(r"SIGURG \(dump 1 asked on node 0 \(\S+\)\): the stacks of 2 ranks", 30)
         self.assertRegex(self.stderr_text(), r"ranks 0-1: <module> \(blocker.py:\d+\)")
         self.assertEqual(self.finish(p, 60), 0)
 
@@ -378,7 +403,7 @@ class ReadmeLines(StacksTest):
         err = read_text(self.path("job.err"))
         self.assertIn("DUMP 0 ddprun: asked ddprun", r.stdout, r.stderr + err[-2000:])
         self.assertIn("JOB 0", r.stdout, err[-3000:])
-        self.assertIn("SIGURG: the stacks of 4 ranks", err)
+        self.assertRegex(err, r"SIGURG \(dump 1 asked on node 0 \(\S+\)\): the stacks of 4 ranks")
         self.assertRegex(err, r"\[rank0\]:  File \".*train.py\", line \d+ in")
 
     def write_driver(self):
