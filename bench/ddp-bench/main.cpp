@@ -186,7 +186,7 @@ int bench(const Args& a, ddp::ProcessGroup& pg) {
     bw_sum += busbw;
     ++bw_n;
     if (r == 0)
-      std::printf("%14zu %12zu %9s %11.2f %12.3f %12.3f %8lld\n", bytes, count,
+      std::printf("%14zu %12zu %9s %11.3f %12.3f %12.3f %8lld\n", bytes, count,
                   std::string(ddp::dtype_name(a.dtype)).c_str(), us, algbw, busbw, wrong);
     std::fflush(stdout);
   }

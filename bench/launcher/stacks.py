@@ -1,10 +1,12 @@
 #!/usr/bin/python3
 """Time from a stack-dump trigger to the last rank's stack on ddprun's output (docs/stacks.md),
-for N Python ranks on one node, and in the same run the anchor: the same ranks answering the
+for N Python ranks on one node (or, with --nodes 2, split over two static nodes on loopback,
+the dump asked on node 1 and timed until both nodes have shown theirs), and in the same run
+the anchor: the same ranks answering the
 same signal (SIGURG) sent by this script directly, measured to the moment every rank's dump is
 in its file (faulthandler's own time, with no launcher in between).
 
-  /usr/bin/python3 bench/launcher/stacks.py [--ddprun build/bin/ddprun] [--ranks 8] [--runs 20]
+  /usr/bin/python3 bench/launcher/stacks.py [--ddprun build/bin/ddprun] [--ranks 8] [--runs 20] [--nodes 2]
 
 Each run alternates: SIGQUIT to ddprun, timed until its "[ddprun] where each rank is" line
 (printed after every rank's stack) is read from its stderr; then SIGURG to every worker,
@@ -21,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+import socket
 
 WORKER = """
 import os, sys, time
@@ -28,9 +31,15 @@ def inner():
     time.sleep(3600)
 def step():
     inner()
-open(os.path.join(sys.argv[1], "ready_" + os.environ["LOCAL_RANK"]), "w").close()
+open(os.path.join(sys.argv[1], "ready_" + os.environ["RANK"]), "w").close()
 step()
 """
+
+
+def free_port():
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return sk.getsockname()[1]
 
 
 def read_lines(stream, seen, cond):
@@ -74,39 +83,51 @@ def main():
     p.add_argument("--ddprun", default=os.path.join(os.path.dirname(__file__), "..", "..", "build", "bin", "ddprun"))
     p.add_argument("--ranks", type=int, default=8)
     p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--nodes", type=int, default=1, choices=[1, 2])
     a = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="ddprun-stacks-bench-") as tmp:
         script = os.path.join(tmp, "worker.py")
         with open(script, "w") as f:
             f.write(WORKER)
-        job = subprocess.Popen([a.ddprun, "--standalone", "--nproc-per-node", str(a.ranks), "--log-dir",
-                                os.path.join(tmp, "logs"), script, tmp], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
-        seen, cond = [], threading.Condition()
-        threading.Thread(target=read_lines, args=(job.stderr, seen, cond), daemon=True).start()
+        per_node = a.ranks // a.nodes
+        if a.nodes == 1:
+            lines = [["--standalone"]]
+        else:
+            port = free_port()
+            lines = [["--nnodes", str(a.nodes), "--node-rank", str(n), "--master-addr", "127.0.0.1", "--master-port",
+                      str(port)] for n in range(a.nodes)]
+        jobs, seen, cond = [], [], threading.Condition()
+        for n, line in enumerate(lines):
+            jobs.append(subprocess.Popen([a.ddprun, *line, "--nproc-per-node", str(per_node), "--log-dir",
+                                          os.path.join(tmp, f"logs{n}"), script, tmp, str(n)],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+            seen.append([])
+            threading.Thread(target=read_lines, args=(jobs[-1].stderr, seen[-1], cond), daemon=True).start()
         try:
             while len(glob.glob(os.path.join(tmp, "ready_*"))) < a.ranks:
                 time.sleep(0.05)
             time.sleep(0.5)
-            files = sorted(glob.glob(os.path.join(tmp, "logs", "*", "attempt_0", "*", "stacks")))
+            files = sorted(glob.glob(os.path.join(tmp, "logs*", "*", "attempt_0", "*", "stacks")))
             pids = [int(open(f).readline().split("pid=")[1]) for f in files]
             via, raw = [], []
             for _ in range(a.runs):
                 with cond:
-                    start = len(seen)
+                    starts = [len(x) for x in seen]
                 t0 = time.perf_counter()
-                job.send_signal(signal.SIGQUIT)
-                via.append(wait_line(seen, cond, start, "[ddprun] where each rank is") - t0)
+                jobs[-1].send_signal(signal.SIGQUIT)  # the last node asks
+                via.append(max(wait_line(x, cond, st, "[ddprun] where each rank is") for x, st in zip(seen, starts)) - t0)
                 time.sleep(0.2)
                 raw.append(direct(pids, files))
                 time.sleep(0.2)
         finally:
-            job.kill()
-            job.wait()
+            for job in jobs:
+                job.kill()
+                job.wait()
     ms = lambda v: f"{v * 1e3:.0f} ms"  # noqa: E731
-    print(f"| {a.ranks} ranks, one node, {a.runs} runs | median | max |")
+    where = "one node" if a.nodes == 1 else f"{a.nodes} nodes, asked on the last"
+    print(f"| {a.ranks} ranks, {where}, {a.runs} runs | median | max |")
     print("|---|---|---|")
-    print(f"| SIGQUIT to ddprun -> every rank's stack on its stderr | {ms(statistics.median(via))} | {ms(max(via))} |")
+    print(f"| SIGQUIT to ddprun -> every rank's stack on its node's stderr | {ms(statistics.median(via))} | {ms(max(via))} |")
     print(f"| anchor: SIGURG to each rank -> every dump in its file | {ms(statistics.median(raw))} | {ms(max(raw))} |")
 
 

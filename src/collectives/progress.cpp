@@ -66,7 +66,6 @@ void Progress::end() noexcept {
   rec_->version.store(v + 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   rec_->completed = rec_->started;
-  rec_->since_ns = monotonic_ns();
   rec_->version.store(v + 2, std::memory_order_release);
 }
 

@@ -25,7 +25,7 @@ struct ProgressRecord {
   uint32_t op;         // the one in flight, else the last one
   uint32_t backend;
   uint64_t bytes;      // its message size (per rank)
-  int64_t since_ns;    // CLOCK_MONOTONIC (system-wide) when it started, or ended
+  int64_t since_ns;    // CLOCK_MONOTONIC_COARSE (system-wide) when it started (no clock read at its end)
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(sizeof(ProgressRecord) == 56);

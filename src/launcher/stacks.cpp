@@ -170,7 +170,7 @@ std::string collective_lines(const std::vector<RankCollective>& ranks, const std
     }
     const RankCollective& c = *members.front();
     out += fmt::format("{}{} {}: {} #{} {} {:.1f} s{} ({}, {})\n", indent, rs.size() == 1 ? "rank" : "ranks",
-                       rank_ranges(rs), c.op, c.number, c.in_flight ? "in flight for" : "done",
+                       rank_ranges(rs), c.op, c.number, c.in_flight ? "in flight for" : "done, started",
                        longest, c.in_flight ? "" : " ago", byte_count(c.bytes), c.backend);
   }
   if (groups.size() > 1 && groups.front().second.size() * 2 > ranks.size()) {

@@ -78,13 +78,13 @@ struct RankCollective {
   bool in_flight = false;
   uint64_t bytes = 0;
   std::string backend;   // "cpu", "nccl"
-  double seconds = 0;    // in it (in flight), or since it ended
+  double seconds = 0;    // since it started
 };
 
 // One line per group of ranks at the same place, the biggest first, then (when one group
 // holds more than half) which ranks are elsewhere:
 //   "  ranks 0, 2-3: all_reduce #1543 in flight for 12.0 s (4 B, cpu)"
-//   "  rank 1: all_reduce #1542 done 12.0 s ago"
+//   "  rank 1: all_reduce #1542 done, started 12.0 s ago"
 //   "  rank 1 is at all_reduce #1542 done, the others at all_reduce #1543 in flight"
 // "" when no rank has a record.
 std::string collective_lines(const std::vector<RankCollective>& ranks, const std::string& indent = "  ");

@@ -143,7 +143,7 @@ TEST(CollectiveLines, GroupsRanksAndNamesTheOddOne) {
                                             at(3, 1543, true, 1.0)});
   EXPECT_EQ(t,
             "  ranks 0-1, 3: all_reduce #1543 in flight for 5.0 s (4 B, cpu)\n"
-            "  rank 2: all_reduce #1542 done 1.0 s ago (4 B, cpu)\n"
+            "  rank 2: all_reduce #1542 done, started 1.0 s ago (4 B, cpu)\n"
             "  rank 2 is at all_reduce #1542 done, the others at all_reduce #1543 in flight\n");
 }
 

@@ -220,7 +220,7 @@ class Stacks(StacksTest):
         m = self.wait_stderr(r"^\[ddprun\] libddp collectives.*\n(?:  .*\n)+", scaled(10))
         table = m.group(0)
         self.assertRegex(table, r"  ranks 0, 2-3: all_reduce #3 in flight for [\d.]+ s \(4 B, cpu\)")
-        self.assertRegex(table, r"  rank 1: all_reduce #2 done [\d.]+ s ago")
+        self.assertRegex(table, r"  rank 1: all_reduce #2 done, started [\d.]+ s ago")
         self.assertIn("  rank 1 is at all_reduce #2 done, the others at all_reduce #3 in flight", table)
         os.kill(p.pid, signal.SIGTERM)
         self.assertEqual(self.finish(p, 60), 128 + signal.SIGTERM)
