@@ -190,6 +190,7 @@ LaunchEnv read_launch_env() {
 }
 
 std::unique_ptr<ProcessGroup> init_process_group_from_env(ProcessGroupOptions o) {
+  detail::arm_native_stack_dump();  // a job stuck before its first collective still answers
   LaunchEnv e = read_launch_env();
   o.rank = e.rank;
   o.world_size = e.world_size;

@@ -39,6 +39,7 @@ Progress& Progress::get() {
 }
 
 Progress::Progress() {
+  arm_native_stack_dump();
   const char* off = std::getenv("DDP_PROGRESS_RECORD");
   on_ = !(off && std::strcmp(off, "0") == 0);
   const char* path = std::getenv("DDPRUN_PROGRESS_FILE");

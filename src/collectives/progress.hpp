@@ -10,6 +10,11 @@
 
 namespace ddp::detail {
 
+// Under ddprun, answers its stack requests (SIGURG) with this process's native backtrace
+// (native_stack.cpp). Once per process; does nothing when ddprun asked for no stacks or
+// SIGURG already has a handler.
+void arm_native_stack_dump() noexcept;
+
 class Progress {
  public:
   static Progress& get();

@@ -104,7 +104,7 @@ bool settled(const StackTarget& t, Asked& a, RankStack& out, Clock::time_point n
     return false;
   }
   if (size > a.start && now - a.changed >= kQuiet) {
-    out.text = read_from(t.file, a.start);
+    out.text = readable_native(read_from(t.file, a.start));
     if (out.text.empty() || out.text.back() != '\n') return false;
     out.kind = RankStack::Kind::kStack;
     return true;
@@ -174,7 +174,7 @@ std::vector<RankStack> take_stacks(const std::vector<StackTarget>& targets, Cloc
   }
   for (Asked& a : asked) {  // the deadline passed
     RankStack& r = out[a.idx];
-    r.text = read_from(targets[a.idx].file, a.start);
+    r.text = readable_native(read_from(targets[a.idx].file, a.start));
     r.kind = r.text.empty() ? RankStack::Kind::kNoAnswer : RankStack::Kind::kIncomplete;
     if (r.text.empty()) r.native = native_threads(a.pid);
   }
@@ -293,11 +293,13 @@ uint64_t StackDumps::collectives_done(const WorkerResult& w) const {
 
 void StackDumps::add_env(std::map<std::string, std::string>& env, const WorkerResult& w) const {
   if (hang_timeout_.count() > 0) env["DDPRUN_HEARTBEAT_FILE"] = heartbeat_file(w);
-  if (o_.stack_dumps) env["DDPRUN_PROGRESS_FILE"] = progress_file(w);
+  if (!o_.stack_dumps) return;
+  // libddp's: its collective record, and where a C++ worker writes its native stack.
+  env["DDPRUN_PROGRESS_FILE"] = progress_file(w);
+  env["DDPRUN_STACK_FILE"] = stack_file(w);
   if (bootstrap_.empty()) return;
   auto pp = env.find("PYTHONPATH");
   env["PYTHONPATH"] = pp == env.end() || pp->second.empty() ? bootstrap_ : bootstrap_ + ":" + pp->second;
-  env["DDPRUN_STACK_FILE"] = stack_file(w);
   env["DDPRUN_PID"] = std::to_string(getpid());
 }
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
+#include <cxxabi.h>
 #include <map>
 #include <sstream>
 
@@ -32,19 +34,66 @@ bool parse_frame(const std::string& line, Frame& f) {
   return true;
 }
 
+constexpr std::string_view kNativeHeader = "Native thread ";
+
+// "ddp::ProcessGroup::all_reduce" from a mangled name; the name itself when it is not one.
+std::string demangled(const std::string& name) {
+  int status = -1;
+  char* d = abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status);
+  std::string out = status == 0 && d ? d : name;
+  std::free(d);
+  if (auto paren = out.find('('); paren != std::string::npos && paren > 0) out.erase(paren);  // no parameters
+  return out;
+}
+
+// glibc's "path(symbol+0x1f)[0x7f..]": "  function (library)"; "" for any other line.
+std::string native_frame(const std::string& line) {
+  const size_t open = line.find('('), close = line.find(')', open == std::string::npos ? 0 : open);
+  if (open == std::string::npos || close == std::string::npos || line.find('[', close) == std::string::npos)
+    return "";
+  std::string sym = line.substr(open + 1, close - open - 1);
+  sym = sym.substr(0, sym.find('+'));
+  return fmt::format("  {} ({})", sym.empty() ? "??" : demangled(sym), basename_of(line.substr(0, open)));
+}
+
+// readable_native's frame line: "  function (library)".
+bool parse_native_frame(const std::string& line, Frame& f) {
+  if (!line.starts_with("  ") || line.size() < 4 || line.back() != ')') return false;
+  const size_t open = line.rfind(" (");
+  if (open == std::string::npos || open < 2) return false;
+  f.func = line.substr(2, open - 2);
+  f.file = line.substr(open + 2, line.size() - open - 3);
+  f.line = 0;
+  return true;
+}
+
 }  // namespace
+
+std::string readable_native(const std::string& text) {
+  if (text.find(kNativeHeader) == std::string::npos) return text;
+  std::string out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    std::string frame = line.starts_with(kNativeHeader) ? "" : native_frame(line);
+    out += (frame.empty() ? line : frame) + "\n";
+  }
+  return out;
+}
 
 std::vector<ThreadStack> parse_faulthandler(const std::string& text) {
   std::vector<ThreadStack> threads;
+  bool native = false;
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
-    const bool current = line.starts_with("Current thread ");
+    const bool current = line.starts_with("Current thread ") || line.starts_with(kNativeHeader);
     if (current || line.starts_with("Thread ") || line.starts_with("Stack (most recent call first)")) {
       threads.push_back(ThreadStack{line, {}, current});
+      native = line.starts_with(kNativeHeader);
       continue;
     }
     Frame f;
-    if (!threads.empty() && parse_frame(line, f)) threads.back().frames.push_back(std::move(f));
+    if (!threads.empty() && (native ? parse_native_frame(line, f) : parse_frame(line, f)))
+      threads.back().frames.push_back(std::move(f));
   }
   return threads;
 }
@@ -54,7 +103,8 @@ std::string innermost(const ThreadStack& t, size_t depth) {
   for (size_t i = 0; i < t.frames.size() && i < depth; ++i) {
     const Frame& f = t.frames[i];
     if (i) out += " <- ";
-    out += fmt::format("{} ({}:{})", f.func, basename_of(f.file), f.line);
+    out += f.line > 0 ? fmt::format("{} ({}:{})", f.func, basename_of(f.file), f.line)
+                      : fmt::format("{} ({})", f.func, basename_of(f.file));
   }
   if (t.frames.size() > depth) out += " <- ...";
   return out;

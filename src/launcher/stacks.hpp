@@ -35,7 +35,13 @@ struct ThreadStack {
   bool current = false;       // "Current thread": the one that ran the handler
 };
 
-// faulthandler's all-threads text, split into threads. Lines it does not know (a
+// A C++ worker's answer (libddp, src/collectives/native_stack.cpp: a "Native thread <tid>
+// (most recent call first):" line, then glibc's "path(symbol+0x1f)[0x7f..]" lines) made
+// readable: one "  <demangled function> (<library>)" line per frame ("??" when the symbol is
+// not exported). Other text is returned as it is.
+std::string readable_native(const std::string& text);
+
+// faulthandler's all-threads text, split into threads (also readable_native's). Lines it does not know (a
 // "<no Python frame>" line, a cut-off tail) are skipped. The main thread is the last one.
 std::vector<ThreadStack> parse_faulthandler(const std::string& text);
 

@@ -155,4 +155,24 @@ TEST(CollectiveLines, NoMajorityNamesNobodyAndNoRecordIsEmpty) {
             "  ranks 0-1: all_reduce #7 in flight for 1.0 s (4 B, cpu)\n");
 }
 
+TEST(NativeStacks, GlibcFramesBecomeDemangledLinesThatGroup) {
+  const std::string raw =
+      "Native thread 530 (most recent call first):\n"
+      "/lib/x86_64-linux-gnu/libc.so.6(syscall+0x19)[0x7f9fe351f829]\n"
+      "/w/lib/libddp.so.0(_ZN3ddp12ProcessGroup10all_reduceEPvmNS_5DTypeERKNS_16AllReduceOptionsE+0xf4)[0x7f9f]\n"
+      "/w/bin/worker(+0x1486)[0x55de0d113486]\n";
+  const std::string text = ddprun::readable_native(raw);
+  EXPECT_EQ(text,
+            "Native thread 530 (most recent call first):\n"
+            "  syscall (libc.so.6)\n"
+            "  ddp::ProcessGroup::all_reduce (libddp.so.0)\n"
+            "  ?? (worker)\n");
+  RankStack r;
+  r.kind = RankStack::Kind::kStack;
+  r.text = text;
+  EXPECT_EQ(r.signature(2), "syscall (libc.so.6) <- ddp::ProcessGroup::all_reduce (libddp.so.0) <- ...");
+  EXPECT_EQ(ddprun::readable_native("Current thread 0x1 (most recent call first):\n"),
+            "Current thread 0x1 (most recent call first):\n");  // a Python dump is left alone
+}
+
 }  // namespace

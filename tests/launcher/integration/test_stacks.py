@@ -211,7 +211,8 @@ class Stacks(StacksTest):
 
     def test_a_libddp_rank_that_skips_a_collective_is_named_in_the_table(self):
         """Four C++ workers on libddp; rank 1 skips all_reduce #3 and sleeps: the dump's table
-        shows the others in all_reduce #3 and names rank 1 at #2."""
+        shows the others in all_reduce #3 and names rank 1 at #2, and every rank's native
+        stack shows where it waits."""
         p = self.start(["--standalone", "--nproc-per-node", "4", "--no-python", SKIP_COLLECTIVE, "1", "3", "60",
                         self.tmp])
         self.wait_markers(["skipped"])
@@ -222,6 +223,12 @@ class Stacks(StacksTest):
         self.assertRegex(table, r"  ranks 0, 2-3: all_reduce #3 in flight for [\d.]+ s \(4 B, cpu\)")
         self.assertRegex(table, r"  rank 1: all_reduce #2 done, started [\d.]+ s ago")
         self.assertIn("  rank 1 is at all_reduce #2 done, the others at all_reduce #3 in flight", table)
+        # Each rank's native stack (libddp answers SIGURG with its backtrace, demangled by ddprun).
+        err = self.stderr_text()
+        for r in (0, 2, 3):
+            self.assertRegex(err, rf"\[rank{r}\]:  ddp::ProcessGroup::all_reduce \(libddp\.so")
+        self.assertRegex(err, r"\[rank1\]:  (clock_)?nanosleep \(libc")
+        self.assertRegex(err, r"  rank 1: (clock_)?nanosleep \(libc[^)]*\) <- ")
         os.kill(p.pid, signal.SIGTERM)
         self.assertEqual(self.finish(p, 60), 128 + signal.SIGTERM)
 
