@@ -7,6 +7,8 @@ the c10d line.
   another node gets SIGTERM: that node's workers get SIGTERM within 1 s, and ddprun exits
   within the SIGKILL escalation (--shutdown-timeout), 143. Before: the worker waited 600 s
   (static: the failure note to the silent store) or 60 s (c10d: the leave note).
+- A dump of every rank's stack asked on one host (SIGQUIT) shows the other host's ranks
+  there, under the same dump's name (issue 21).
 - A Debian-style host (/etc/hosts maps its own hostname to 127.0.1.1) and a hostname
   endpoint: MASTER_ADDR is the host's reachable address, never loopback, and a real gloo job
   runs across both hosts. Before: MASTER_ADDR=127.0.0.1 and the other host's workers timed
@@ -15,6 +17,7 @@ the c10d line.
 Needs root (skipped otherwise). Only the processes started here are signalled, by pid.
 """
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -101,6 +104,37 @@ class RdzvEdgesNetns(NetnsHosts):
         self.check_signal_beats_a_silent_store(lambda i: [
             "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.topo.addr(0)}:{PORT}",
             "--rdzv-id", "edges", "--local-addr", self.topo.addr(i), "--rdzv-conf", "last_call_timeout=0.3"])
+
+    # ------------------------------------------------------------------ stacks across hosts
+
+    def test_c10d_a_dump_asked_on_one_host_shows_the_other_hosts_ranks(self):
+        """Issue 21: SIGQUIT to host b's ddprun; host a shows its own ranks' Python stacks
+        under the same dump's name, through the rendezvous; the job runs on (no worker is
+        signalled but for the dump)."""
+        self.make_topology(2)
+        names = ["hosta", "hostb"]
+        nodes = [self.start_node(i, ["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+                                     "--rdzv-endpoint", f"{self.topo.addr(0)}:{PORT}", "--rdzv-id", "dump",
+                                     "--local-addr", self.topo.addr(i), "--rdzv-conf", "last_call_timeout=0.3",
+                                     EDGE_WORKER, self.tmp, "--sleep", "300"], hostname=names[i])
+                 for i in range(2)]
+        self.wait_files([f"start_{r}" for r in range(4)], 60)
+        time.sleep(0.5)  # the workers' bootstraps have announced themselves
+        asked = time.monotonic()
+        nodes[1].proc.send_signal(signal.SIGQUIT)
+        name = r"dump 1 asked on node 1 \(hostb\)"
+        deadline = asked + lib.scaled(10)
+        while time.monotonic() < deadline and not re.search(name + r": the stacks of 2 ranks on hosta", nodes[0].stderr()):
+            time.sleep(0.05)
+        err0 = nodes[0].stderr()
+        self.assertRegex(err0, name + r": the stacks of 2 ranks on hosta \(2 answered", self.describe())
+        for r in (0, 1):
+            self.assertRegex(err0, rf"\[rank{r}\]:  File \".*edge_worker.py\", line \d+ in ", self.describe())
+        self.assertRegex(nodes[1].stderr(), r"SIGQUIT \(" + name + r"\): the stacks of 2 ranks on hostb",
+                         self.describe())
+        for r in range(4):
+            self.assertFalse(os.path.exists(os.path.join(self.tmp, f"term_{r}")), f"rank {r} was stopped")
+        self.assertEqual([n.proc.poll() for n in nodes], [None, None], "the job runs on" + self.describe())
 
     # ------------------------------------------------------------------ Debian's 127.0.1.1
 
