@@ -180,6 +180,22 @@ class Signals(unittest.TestCase):
             self.assertIn(f"[rank{r}]:done", out)
         pm("rm", c)
 
+    def test_quit_shows_every_ranks_stack_and_the_job_runs_on(self):
+        """Issue 21: `podman kill -s QUIT` reaches ddprun (PID 1), which shows every rank's
+        Python stack (the bootstrap the image installs with the .deb) and the job runs on."""
+        c = name("quit")
+        pm("run", "-d", "--name", c, *run_args(), IMAGE, "--nproc-per-node", "2", "/w/job.py", "usr1")
+        wait_for(lambda: logs(c).count("]:ready") == 2, 30, "both workers ready")
+        pm("kill", "-s", "QUIT", c)
+        wait_for(lambda: "[ddprun] where each rank is" in logs(c), 30, "the dump")
+        out = logs(c)
+        self.assertRegex(out, r"SIGQUIT \(dump 1 asked on node 0 \(\S+\)\): the stacks of 2 ranks")
+        for r in range(2):
+            self.assertRegex(out, rf"\[rank{r}\]:  File \"/w/job.py\", line \d+ in <module>")
+        pm("kill", "-s", "USR1", c)
+        self.assertEqual(exit_code(c), 0, logs(c))
+        pm("rm", c)
+
     def test_orphaned_grandchild_reaped_no_zombie(self):
         c = name("orphan")
         # The orphan lives long enough for `podman logs` and `podman exec ps` to see it on a

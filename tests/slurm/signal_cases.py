@@ -6,6 +6,7 @@ proctrack/linuxproc clusters (test_slurm_signals*.py). What Slurm delivers to wh
   of the step is left on any node, well within KillWait; the same on the c10d line (node 0
   hosting the store: the nodes stop together, none re-forms a round without the others);
 - scancel -s USR2: each worker gets USR2 exactly once and the job runs on (and succeeds);
+- scancel -s URG: each node shows its ranks' stacks (issue 21) and the job runs on;
 - --signal=USR1@N with a 1-minute limit: each worker sees USR1 once and keeps running until
   the time limit's SIGTERM; ddprun is not made to kill at once by Slurm's second SIGTERM and
   exits 143.
@@ -15,6 +16,7 @@ Under proctrack/linuxproc Slurm signals every process itself, so they come from 
 and ddprun must add none (at a time limit Slurm itself sends its SIGTERM twice).
 """
 import os
+import re
 import signal
 import sys
 import time
@@ -155,6 +157,28 @@ srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
                 self.assertNotIn("forming the next", log, f"task {t}")
         info = self.cluster.wait(job, lib.scaled(30))
         self.assertEqual(info["JobState"], "CANCELLED")
+
+    def test_scancel_urg_shows_every_ranks_stack_and_job_runs_on(self):
+        """Issue 21: `scancel -s URG` (docs/stacks.md: the trigger that is safe under Slurm)
+        makes each node's ddprun show its ranks' Python stacks; the job runs on and
+        succeeds (USR2 then ends it, as in the case below)."""
+        name = "urg"
+        job, d = self.start_signal_job(name, "notify")
+        self.cluster.run("scancel", "-s", "URG", str(job))
+        # Each node's own dump (Slurm signals the nodes one by one; a node may show the
+        # other's, relayed through the rendezvous, first).
+        own = re.compile(r"SIGURG \(dump 1 asked on node \d \(\S+\)\): the stacks of 2 ranks(?:.*\n)+?\[ddprun\] where")
+        deadline = time.monotonic() + lib.scaled(30)
+        while not all(own.search(log) for log in self.ddprun_logs(d)):
+            self.assertLess(time.monotonic(), deadline, self.diagnostics(name))
+            time.sleep(0.1)
+        for t, log in enumerate(self.ddprun_logs(d)):
+            for r in (2 * t, 2 * t + 1):
+                self.assertRegex(log, rf"\[rank{r}\]:  File \".*sig_worker.py\", line \d+ in <module>", f"task {t}")
+        self.cluster.run("scancel", "-s", "USR2", str(job))
+        info = self.cluster.wait(job, lib.scaled(60))
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), self.diagnostics(name))
+        self.assert_nothing_left(name)
 
     def test_scancel_usr2_reaches_each_worker_once_and_job_runs_on(self):
         name = "usr2"
