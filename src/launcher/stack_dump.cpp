@@ -378,6 +378,18 @@ void StackDumps::at_failure(const std::vector<WorkerResult>& workers, const Work
   spdlog::info("rank {} failed; {}", root.rank, failure_note_);
 }
 
+void StackDumps::at_remote_failure(const std::vector<WorkerResult>& workers, const std::string& attempt_dir) {
+  if (failing_ >= 0 || !o_.stack_dumps) return;  // this node's own failure was taken first
+  failing_ = 0;
+  auto ts = targets(workers, nullptr);
+  if (ts.empty()) return;
+  auto stacks = take_stacks(ts, Clock::now() + kAtFailure, [this] { return stop_pending(); });
+  std::string file = save(attempt_dir, "stacks_at_failure.txt", full_dump(stacks, prefixes(stacks)));
+  failure_note_ = fmt::format("Where this node's ranks were (main thread, innermost frame first{}):\n{}{}",
+                              file.empty() ? "" : "; every thread: " + file, where_lines(stacks),
+                              collectives(workers));
+}
+
 void StackDumps::attempt_started() {
   collectives_seen_.clear();
   failure_note_.clear();

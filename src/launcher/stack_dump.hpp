@@ -82,6 +82,9 @@ class StackDumps {
   // Before the survivors of `root`'s failure are stopped: where each one was (taken now,
   // unless `root` announced its failure and they were taken then).
   void at_failure(const std::vector<WorkerResult>& workers, const WorkerResult& root, const std::string& attempt_dir);
+  // A worker failed on another node: where this node's ranks were, before they are
+  // stopped (for the line that says the job failed elsewhere).
+  void at_remote_failure(const std::vector<WorkerResult>& workers, const std::string& attempt_dir);
   const std::string& failure_note() const { return failure_note_; }
 
   // --hang-timeout. Progress: last_output (any worker's output), a touch of a worker's

@@ -355,6 +355,7 @@ struct Supervisor::Impl {
       spdlog::error("{}: stopping this node's workers", end->describe());
     else
       spdlog::warn("{}: stopping this node's workers", end->describe());
+    if (end->kind == K::kFailed) stacks.at_remote_failure(workers.all(), attempt_dir());  // bounded
     workers.begin_stop(SIGTERM);
     look_ahead(*end);
   }
@@ -641,7 +642,8 @@ struct Supervisor::Impl {
       if (remote_end->node_only())
         spdlog::error("{}", remote_end->describe());
       else
-        spdlog::error("the job failed on another node: {}", remote_end->describe());
+        spdlog::error("the job failed on another node: {}{}", remote_end->describe(),
+                      stacks.failure_note().empty() ? "" : "\n" + stacks.failure_note());
     } else {
       outcome.status = "succeeded";
       outcome.exit_code = 0;

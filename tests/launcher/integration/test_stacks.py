@@ -142,6 +142,17 @@ open(os.path.join(sys.argv[1], "ready_" + os.environ["RANK"]), "w").close()
 time.sleep(float(sys.argv[2]))
 """
 
+FAIL_LATE = """
+import os, sys, time
+open(os.path.join(sys.argv[1], "ready_" + os.environ["RANK"]), "w").close()
+while len([f for f in os.listdir(sys.argv[1]) if f.startswith("ready_")]) < 4:
+    time.sleep(0.05)
+if os.environ["RANK"] == "3":
+    time.sleep(0.5)  # every bootstrap has announced itself
+    sys.exit(3)
+time.sleep(60)
+"""
+
 PROBE = """
 import json, os, sys
 import sitecustomize
@@ -238,6 +249,26 @@ class Stacks(StacksTest):
         p = self.start(["--standalone", "--nproc-per-node", "2", "--hang-timeout", "2", "--no-python",
                         SKIP_COLLECTIVE, "-1", "20", "0", self.tmp, "0.2"])
         self.assertEqual(self.finish(p, 60), 0, self.stderr_text())
+
+    def test_a_failure_on_another_node_shows_where_this_nodes_ranks_were(self):
+        """Two static nodes; rank 3 (node 1) exits 3 while the others sleep: node 0 says the
+        job failed on node 1 and, under that line, where its own ranks were."""
+        script = self.write("fail_late.py", FAIL_LATE)
+        port = free_port()
+        nodes = []
+        for n in (0, 1):
+            err = open(self.path(f"node{n}.stderr"), "wb")
+            self._files.append(err)
+            nodes.append(self.start(["--nnodes", "2", "--node-rank", str(n), "--master-addr", "127.0.0.1",
+                                     "--master-port", str(port), "--nproc-per-node", "2", script, self.tmp],
+                                    stderr=err))
+        for p in nodes:
+            self.finish(p, 60)
+        err0 = read_text(self.path("node0.stderr"))
+        self.assertEqual(nodes[0].returncode, 1, err0)
+        self.assertRegex(err0, r"the job failed on another node: node \S+ \(node rank 1, [^)]*\): rank 3 .* exited "
+                               r"with 3\nWhere this node's ranks were \(main thread, innermost frame first; every "
+                               r"thread: .*\):\n  ranks 0-1: <module> \(fail_late.py:\d+\)", err0)
 
     def test_a_stop_signal_during_a_dump_does_not_wait_for_it(self):
         """SIGTERM while ddprun waits for a dump that rank 0 never answers: the dump ends
