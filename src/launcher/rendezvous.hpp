@@ -16,7 +16,9 @@
 // deadline when the node is stopping on a signal.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -73,6 +75,12 @@ class Rendezvous {
   virtual void ask_dump(const std::string& what) { (void)what; }
   // The dumps other nodes asked for (each its `what`), once notify_fd was readable.
   virtual std::vector<std::string> dump_requests() { return {}; }
+  // --hang-timeout across nodes: adds delta (1: this node's ranks made progress, 0: just
+  // look) to the round's job-wide progress count, in the background (never blocks; a call
+  // while the last one is still out is dropped). job_progress() is the count as last
+  // heard (nullopt: none yet, or a single node).
+  virtual void note_progress(int64_t delta) { (void)delta; }
+  virtual std::optional<int64_t> job_progress() { return std::nullopt; }
   // The job is over for this node. Never throws. With a deadline, returns by then: a note
   // to the others that has not gone out is given up (they notice this node's absence
   // within their keep-alive window).

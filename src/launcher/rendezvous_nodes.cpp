@@ -103,6 +103,21 @@ class NodeRendezvous : public Rendezvous {
     });
   }
   std::vector<std::string> dump_requests() override { return d_->take_dump_requests(); }
+  void note_progress(int64_t delta) override {
+    if (progress_->busy.exchange(true)) return;  // the last one is still out: the next check asks again
+    post_note([d = d_.get(), delta, p = progress_] {
+      try {
+        p->count = d->add_progress(delta);
+      } catch (const std::exception& e) {
+        spdlog::debug("rendezvous: progress count: {}", e.what());
+      }
+      p->busy = false;
+    });
+  }
+  std::optional<int64_t> job_progress() override {
+    const int64_t v = progress_->count;
+    return v < 0 ? std::nullopt : std::optional<int64_t>(v);
+  }
   void finish(FinishKind kind, const std::string& reason, std::optional<Deadline> deadline) override;
 
  private:
@@ -125,6 +140,11 @@ class NodeRendezvous : public Rendezvous {
   std::future<std::string> refusal_;                    // prejoin()'s restart_refused
   bool ahead_refused_ = false;                          // prejoin() found no round may follow
   std::shared_ptr<BackgroundTask> note_;  // the last note posted (end_round, arrive_exit)
+  struct ProgressCount {
+    std::atomic<int64_t> count{-1};  // the job-wide progress count as last heard
+    std::atomic<bool> busy{false};   // a note_progress is out
+  };
+  std::shared_ptr<ProgressCount> progress_ = std::make_shared<ProgressCount>();
 
   // The notes use the rendezvous's main backend object, which one thread at a time may use
   // (etcd's HTTP session is not shared): calls from this thread wait for them first.

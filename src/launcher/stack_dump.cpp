@@ -391,6 +391,7 @@ void StackDumps::at_remote_failure(const std::vector<WorkerResult>& workers, con
 }
 
 void StackDumps::attempt_started() {
+  job_seen_.reset();
   collectives_seen_.clear();
   failure_note_.clear();
   failing_ = -1;
@@ -404,9 +405,12 @@ void StackDumps::attempt_started() {
 
 std::optional<StackDumps::Clock::time_point> StackDumps::next_hang_check() const { return next_check_; }
 
-bool StackDumps::hung_now(Clock::time_point last_output, const std::vector<WorkerResult>& workers) {
+bool StackDumps::hung_now(Clock::time_point last_output, const std::vector<WorkerResult>& workers,
+                          std::optional<int64_t> job_progress, bool& moved) {
   const auto now = Clock::now();
+  moved = false;
   if (!next_check_ || now < *next_check_) return false;
+  const auto before = progress_;
   progress_ = std::max(progress_, last_output);
   const auto sys_now = std::chrono::system_clock::now();
   for (const auto& w : workers) {
@@ -422,6 +426,11 @@ bool StackDumps::hung_now(Clock::time_point last_output, const std::vector<Worke
                                                        std::chrono::nanoseconds(st.st_mtim.tv_nsec));
     progress_ = std::max(progress_, now - std::chrono::duration_cast<Clock::duration>(sys_now - mtime));
   }
+  moved = progress_ > before;
+  // Another node's progress (it added to the job-wide count since the last check).
+  // (The count is the round's, from 0: a first count above 0 is progress this round.)
+  if (job_progress && *job_progress != job_seen_.value_or(0)) progress_ = now;
+  if (job_progress) job_seen_ = job_progress;
   // Heartbeats are only seen when looked for: at least once a second, and when the
   // timeout would end.
   const Clock::duration interval = std::min<Clock::duration>(hang_timeout_, std::chrono::seconds(1));

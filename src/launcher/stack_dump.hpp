@@ -92,7 +92,11 @@ class StackDumps {
   // the same file, or count in shared memory that ddprun reads here).
   void attempt_started();
   std::optional<Clock::time_point> next_hang_check() const;
-  bool hung_now(Clock::time_point last_output, const std::vector<WorkerResult>& workers);
+  // job_progress: the job-wide progress count other nodes add to (nullopt: one node); a
+  // change is progress. moved: set when this node's own ranks made progress since the last
+  // check (the caller adds it to the job-wide count).
+  bool hung_now(Clock::time_point last_output, const std::vector<WorkerResult>& workers,
+                std::optional<int64_t> job_progress, bool& moved);
   // The workers hung: their stacks, the ranks that differ; returns the lines to show now.
   std::string on_hang(const std::vector<WorkerResult>& workers, const std::string& attempt_dir);
   // Set once the attempt hung: the one-line reason, and the block for the end of the job.
@@ -118,6 +122,7 @@ class StackDumps {
   std::optional<Clock::time_point> next_check_;
   std::string failure_note_;
   pid_t failing_ = -1;  // the worker whose announced failure failure_note_ is about
+  std::optional<int64_t> job_seen_;  // the job-wide progress count at the last check
   std::map<pid_t, uint64_t> collectives_seen_;  // libddp collectives each worker had finished (--hang-timeout)
   std::optional<std::string> hang_;
   std::string hang_report_;

@@ -400,11 +400,23 @@ struct Supervisor::Impl {
         else streams->on_readable(*static_cast<WorkerStreams::Stream*>(tag));
       }
       workers.escalate_if_due();
-      if (!workers.stopping() && workers.live() > 0 && stacks.hung_now(streams->last_read(), workers.all())) on_hang();
+      if (!workers.stopping() && workers.live() > 0) check_hang();
     }
     streams->close_all();
     auto& all = workers.all();
     for (size_t i = 0; i < all.size(); ++i) all[i].stderr_tail = streams->stderr_tail(static_cast<int>(i));
+  }
+
+  // --hang-timeout: progress is judged over the whole job (a node whose ranks print
+  // nothing while rank 0's log moves is not hung), through the rendezvous's count.
+  void check_hang() {
+    bool moved = false;
+    const bool several = plan.group_world_size > 1;
+    const bool checked = stacks.next_hang_check() && Clock::now() >= *stacks.next_hang_check();
+    const bool hung = stacks.hung_now(streams->last_read(), workers.all(),
+                                      several ? rdzv.job_progress() : std::nullopt, moved);
+    if (checked && several) rdzv.note_progress(moved ? 1 : 0);
+    if (hung) on_hang();
   }
 
   // --hang-timeout passed with no progress: stacks shown, the attempt fails (exit 124).

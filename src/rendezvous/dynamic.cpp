@@ -23,7 +23,8 @@
 //   requests    joins and leaves waiting to be applied to the state (machine.hpp)
 //   exit/<R>    who passed round R's exit barrier, and lease lines (see arrive_exit)
 //   left        who left the finished job (the store's host waits for everyone)
-// Counters: exit/<R>/n, the members that passed round R's exit barrier.
+// Counters: exit/<R>/n, the members that passed round R's exit barrier; progress/<R>, the
+// job-wide progress count (--hang-timeout).
 
 namespace ddprun::rdzv {
 
@@ -354,6 +355,7 @@ void DynamicRendezvous::forget_round(int64_t r) {
   try {
     main_->drop_log(exit_log(r));
     main_->drop_counter(exit_log(r) + "/n");
+    main_->drop_counter(fmt::format("progress/{}", r));
   } catch (const std::exception& e) {
     spdlog::debug("rendezvous: removing round {}'s exit log: {}", r, e.what());
   }
@@ -425,6 +427,18 @@ void DynamicRendezvous::ask_dump(const std::string& what) {
   std::lock_guard lk(post_mu_);
   if (!post_) post_ = main_->clone();
   post_->append("events", round_event(r, "dump", c_.me.id, what));
+}
+
+int64_t DynamicRendezvous::add_progress(int64_t delta) {
+  int64_t r;
+  {
+    std::lock_guard lk(mu_);
+    r = watched_round_;
+  }
+  if (r < 0) return -1;
+  std::lock_guard lk(post_mu_);
+  if (!post_) post_ = main_->clone();
+  return post_->add(fmt::format("progress/{}", r), delta);
 }
 
 std::vector<std::string> DynamicRendezvous::take_dump_requests() {

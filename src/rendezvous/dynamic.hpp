@@ -102,6 +102,10 @@ class DynamicRendezvous {
   // The dumps other nodes asked for since the last call (each `what`); notify_fd wakes
   // the caller when one comes.
   std::vector<std::string> take_dump_requests();
+  // Adds delta to the running round's job-wide progress count (--hang-timeout: a node whose
+  // own ranks are silent still sees the others' progress) and returns it. Blocks on the
+  // backend like end_round; -1 between rounds.
+  int64_t add_progress(int64_t delta);
 
   const DynamicConfig& config() const { return c_; }
   std::string backend_name() const { return backend_name_; }

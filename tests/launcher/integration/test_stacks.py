@@ -153,6 +153,15 @@ if os.environ["RANK"] == "3":
 time.sleep(60)
 """
 
+RANK0_TALKS = """
+import os, sys, time
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    if os.environ["RANK"] == "0":
+        print("step", flush=True)
+    time.sleep(0.3)
+"""
+
 PROBE = """
 import json, os, sys
 import sitecustomize
@@ -269,6 +278,22 @@ class Stacks(StacksTest):
         self.assertRegex(err0, r"the job failed on another node: node \S+ \(node rank 1, [^)]*\): rank 3 .* exited "
                                r"with 3\nWhere this node's ranks were \(main thread, innermost frame first; every "
                                r"thread: .*\):\n  ranks 0-1: <module> \(fail_late.py:\d+\)", err0)
+
+    def test_hang_timeout_counts_progress_on_any_node(self):
+        """Two static nodes, --hang-timeout 2: only rank 0 (node 0) prints, every 0.3 s for
+        about 5 s; node 1's ranks print nothing. Node 1 sees node 0's progress through the
+        rendezvous and the job succeeds (judged alone, node 1 would stop it after 2 s)."""
+        script = self.write("rank0_talks.py", RANK0_TALKS)
+        port = free_port()
+        nodes = []
+        for n in (0, 1):
+            err = open(self.path(f"node{n}.stderr"), "wb")
+            self._files.append(err)
+            nodes.append(self.start(["--nnodes", "2", "--node-rank", str(n), "--master-addr", "127.0.0.1",
+                                     "--master-port", str(port), "--nproc-per-node", "2", "--hang-timeout", "2",
+                                     script, "5"], stderr=err))
+        for n, p in enumerate(nodes):
+            self.assertEqual(self.finish(p, 60), 0, read_text(self.path(f"node{n}.stderr")))
 
     def test_a_stop_signal_during_a_dump_does_not_wait_for_it(self):
         """SIGTERM while ddprun waits for a dump that rank 0 never answers: the dump ends
