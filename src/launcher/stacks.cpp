@@ -120,7 +120,11 @@ std::string RankStack::signature(size_t depth) const {
   }
   auto threads = parse_faulthandler(text);
   if (threads.empty()) return kind == Kind::kIncomplete ? "(incomplete dump)" : "(empty dump)";
-  std::string s = innermost(threads.back(), depth);
+  // faulthandler writes the main thread last; a native dump names it by its id (the pid).
+  const std::string main_native = fmt::format("{}{} ", kNativeHeader, pid);
+  auto main = std::find_if(threads.begin(), threads.end(),
+                           [&](const ThreadStack& t) { return t.header.starts_with(main_native); });
+  std::string s = innermost(main != threads.end() ? *main : threads.back(), depth);
   return s.empty() ? "<no Python frame>" : s;
 }
 

@@ -171,6 +171,13 @@ TEST(NativeStacks, GlibcFramesBecomeDemangledLinesThatGroup) {
   r.kind = RankStack::Kind::kStack;
   r.text = text;
   EXPECT_EQ(r.signature(2), "syscall (libc.so.6) <- ddp::ProcessGroup::all_reduce (libddp.so.0) <- ...");
+  // With several threads, the main one (its id is the pid) is what ranks are grouped by.
+  RankStack two;
+  two.kind = RankStack::Kind::kStack;
+  two.pid = 77;
+  two.text = "Native thread 77 (most recent call first):\n  main_wait (w)\n"
+             "Native thread 78 (most recent call first):\n  loader_sleep (w)\n";
+  EXPECT_EQ(two.signature(), "main_wait (w)");
   EXPECT_EQ(ddprun::readable_native("Current thread 0x1 (most recent call first):\n"),
             "Current thread 0x1 (most recent call first):\n");  // a Python dump is left alone
 }

@@ -249,6 +249,9 @@ class Stacks(StacksTest):
             self.assertRegex(err, rf"\[rank{r}\]:  ddp::ProcessGroup::all_reduce \(libddp\.so")
         self.assertRegex(err, r"\[rank1\]:  (clock_)?nanosleep \(libc")
         self.assertRegex(err, r"  rank 1: (clock_)?nanosleep \(libc[^)]*\) <- ")
+        # Every thread: each rank's main thread and its sleeping second thread.
+        for r in range(4):
+            self.assertEqual(len(re.findall(rf"^\[rank{r}\]:Native thread \d+ ", err, re.M)), 2, err)
         os.kill(p.pid, signal.SIGTERM)
         self.assertEqual(self.finish(p, 60), 128 + signal.SIGTERM)
 

@@ -25,6 +25,8 @@ int main(int argc, char** argv) {
   ddp::ProcessGroupOptions o;
   o.timeout = std::chrono::seconds(300);
   auto pg = ddp::init_process_group_from_env(o);
+  // A second thread, as a data loader would be: its stack is shown too.
+  std::thread([] { std::this_thread::sleep_for(std::chrono::hours(1)); }).detach();
   float x = 1;
   for (int i = 1; i <= k; ++i) {
     if (pg->rank() == skip && i == k) {
