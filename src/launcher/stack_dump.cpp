@@ -366,28 +366,25 @@ void StackDumps::at_failure(const std::vector<WorkerResult>& workers, const Work
                             const std::string& attempt_dir) {
   if (failing_ == root.pid) return;  // taken when it announced its failure
   failing_ = root.pid;
-  failure_note_.clear();
-  if (!o_.stack_dumps) return;
-  auto ts = targets(workers, &root);
-  if (ts.empty()) return;
-  auto stacks = take_stacks(ts, Clock::now() + kAtFailure, [this] { return stop_pending(); });
-  std::string file = save(attempt_dir, "stacks_at_failure.txt", full_dump(stacks, prefixes(stacks)));
-  failure_note_ = fmt::format("Where the other ranks were (main thread, innermost frame first{}):\n{}{}",
-                              file.empty() ? "" : "; every thread: " + file, where_lines(stacks),
-                              collectives(workers));
-  spdlog::info("rank {} failed; {}", root.rank, failure_note_);
+  failure_note_ = failure_stacks(workers, &root, attempt_dir, "Where the other ranks were");
+  if (!failure_note_.empty()) spdlog::info("rank {} failed; {}", root.rank, failure_note_);
 }
 
 void StackDumps::at_remote_failure(const std::vector<WorkerResult>& workers, const std::string& attempt_dir) {
-  if (failing_ >= 0 || !o_.stack_dumps) return;  // this node's own failure was taken first
+  if (failing_ >= 0) return;  // this node's own failure was taken first
   failing_ = 0;
-  auto ts = targets(workers, nullptr);
-  if (ts.empty()) return;
+  failure_note_ = failure_stacks(workers, nullptr, attempt_dir, "Where this node's ranks were");
+}
+
+std::string StackDumps::failure_stacks(const std::vector<WorkerResult>& workers, const WorkerResult* root,
+                                       const std::string& attempt_dir, const std::string& title) {
+  if (!o_.stack_dumps) return "";
+  auto ts = targets(workers, root);
+  if (ts.empty()) return "";
   auto stacks = take_stacks(ts, Clock::now() + kAtFailure, [this] { return stop_pending(); });
   std::string file = save(attempt_dir, "stacks_at_failure.txt", full_dump(stacks, prefixes(stacks)));
-  failure_note_ = fmt::format("Where this node's ranks were (main thread, innermost frame first{}):\n{}{}",
-                              file.empty() ? "" : "; every thread: " + file, where_lines(stacks),
-                              collectives(workers));
+  return fmt::format("{} (main thread, innermost frame first{}):\n{}{}", title,
+                     file.empty() ? "" : "; every thread: " + file, where_lines(stacks), collectives(workers));
 }
 
 void StackDumps::attempt_started() {

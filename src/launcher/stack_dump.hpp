@@ -111,6 +111,9 @@ class StackDumps {
   std::string collectives(const std::vector<WorkerResult>& workers) const;
   // How many collectives the worker finished (0: none, or no record).
   uint64_t collectives_done(const WorkerResult& w) const;
+  // The survivors' stacks at a failure (all but root), saved, as the summary's block.
+  std::string failure_stacks(const std::vector<WorkerResult>& workers, const WorkerResult* root,
+                             const std::string& attempt_dir, const std::string& title);
   // A signal that stops the job is pending (blocked, not yet read from the signalfd).
   bool stop_pending() const;
 

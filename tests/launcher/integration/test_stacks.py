@@ -182,6 +182,18 @@ class Stacks(StacksTest):
             f.write(text)
         return path
 
+    def static_nodes(self, args, env=None):
+        """Two static nodes on loopback, 2 ranks each; node n's stderr in node<n>.stderr."""
+        port = free_port()
+        nodes = []
+        for n in (0, 1):
+            err = open(self.path(f"node{n}.stderr"), "wb")
+            self._files.append(err)
+            nodes.append(self.start(["--nnodes", "2", "--node-rank", str(n), "--master-addr", "127.0.0.1",
+                                     "--master-port", str(port), "--nproc-per-node", "2", *args], env=env,
+                                    stderr=err))
+        return nodes
+
     def test_a_worker_that_blocks_every_signal_is_named_within_the_deadline(self):
         script = self.write("blocker.py", BLOCKER)
         p = self.start(["--standalone", "--nproc-per-node", "2", script, self.tmp, str(scaled(8))])
@@ -202,15 +214,7 @@ class Stacks(StacksTest):
         ranks' stacks too, through the rendezvous, under the same dump's name; the job runs
         on and both nodes exit 0."""
         script = self.write("blocker.py", BLOCKER)
-        port = free_port()
-        env = dict(clean_env(), RANK_BLOCKS="no")
-        nodes = []
-        for n in (0, 1):
-            err = open(self.path(f"node{n}.stderr"), "wb")
-            self._files.append(err)
-            nodes.append(self.start(["--nnodes", "2", "--node-rank", str(n), "--master-addr", "127.0.0.1",
-                                     "--master-port", str(port), "--nproc-per-node", "2", script, self.tmp,
-                                     str(scaled(6))], env=env, stderr=err))
+        nodes = self.static_nodes([script, self.tmp, str(scaled(6))], env=dict(clean_env(), RANK_BLOCKS="no"))
         self.wait_markers([f"ready_{r}" for r in range(4)])
         time.sleep(0.2)
         t0 = time.monotonic()
@@ -266,14 +270,7 @@ class Stacks(StacksTest):
         """Two static nodes; rank 3 (node 1) exits 3 while the others sleep: node 0 says the
         job failed on node 1 and, under that line, where its own ranks were."""
         script = self.write("fail_late.py", FAIL_LATE)
-        port = free_port()
-        nodes = []
-        for n in (0, 1):
-            err = open(self.path(f"node{n}.stderr"), "wb")
-            self._files.append(err)
-            nodes.append(self.start(["--nnodes", "2", "--node-rank", str(n), "--master-addr", "127.0.0.1",
-                                     "--master-port", str(port), "--nproc-per-node", "2", script, self.tmp],
-                                    stderr=err))
+        nodes = self.static_nodes([script, self.tmp])
         for p in nodes:
             self.finish(p, 60)
         err0 = read_text(self.path("node0.stderr"))
@@ -287,14 +284,7 @@ class Stacks(StacksTest):
         about 5 s; node 1's ranks print nothing. Node 1 sees node 0's progress through the
         rendezvous and the job succeeds (judged alone, node 1 would stop it after 2 s)."""
         script = self.write("rank0_talks.py", RANK0_TALKS)
-        port = free_port()
-        nodes = []
-        for n in (0, 1):
-            err = open(self.path(f"node{n}.stderr"), "wb")
-            self._files.append(err)
-            nodes.append(self.start(["--nnodes", "2", "--node-rank", str(n), "--master-addr", "127.0.0.1",
-                                     "--master-port", str(port), "--nproc-per-node", "2", "--hang-timeout", "2",
-                                     script, "5"], stderr=err))
+        nodes = self.static_nodes(["--hang-timeout", "2", script, "5"])
         for n, p in enumerate(nodes):
             self.assertEqual(self.finish(p, 60), 0, read_text(self.path(f"node{n}.stderr")))
 
