@@ -213,4 +213,33 @@ void write_summary_json(const std::string& path, const JobOutcome& o, const std:
     spdlog::error("cannot write --summary-json {}: {}", path, ddp::errno_text(errno));
 }
 
+void conclude(JobOutcome& outcome, const JobEnd& e, const std::string& script) {
+  auto show = [](const std::string& text) {
+    ssize_t r = write(2, text.data(), text.size());
+    (void)r;
+  };
+  outcome.status = "failed";
+  if (e.signal) {
+    outcome.status = "signaled";
+    outcome.signal = e.signal;
+    outcome.exit_code = 128 + e.signal;
+    spdlog::warn("stopped after {}: exiting with {}", signal_name(e.signal), outcome.exit_code);
+  } else if (e.root) {
+    outcome.root_cause = *e.root;
+    outcome.exit_code = e.root->status_code();
+    show(failure_summary(script, *e.root, e.others, e.where));
+    if (const char* ef = getenv("TORCHELASTIC_ERROR_FILE"); ef && *ef) write_root_cause_error_file(ef, *e.root, script);
+  } else if (e.hang_report) {
+    outcome.exit_code = kHangExitCode;
+    show(*e.hang_report);
+  } else if (e.remote) {
+    outcome.exit_code = 1;
+    if (e.remote_node_only) spdlog::error("{}", *e.remote);
+    else spdlog::error("the job failed on another node: {}{}", *e.remote, e.where.empty() ? "" : "\n" + e.where);
+  } else {
+    outcome.status = "succeeded";
+    outcome.exit_code = 0;
+  }
+}
+
 }  // namespace ddprun

@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <vector>
 #include <optional>
 #include <string>
 #include <vector>
@@ -63,6 +62,27 @@ struct JobOutcome {
 };
 
 void write_summary_json(const std::string& path, const JobOutcome& outcome, const std::string& run_id);
+
+// What ddprun exits with when no rank made progress for --hang-timeout (as timeout(1)).
+inline constexpr int kHangExitCode = 124;
+
+// How the job ended as this node saw it, first match wins: ddprun got a signal; a worker
+// of this node failed first (root, with the others of its attempt); no rank made progress
+// (--hang-timeout: its report); the round ended elsewhere (its text; node_only: this node
+// lost contact, not a failure of the job).
+struct JobEnd {
+  int signal = 0;
+  const WorkerResult* root = nullptr;
+  std::vector<WorkerResult> others;
+  std::string where;  // the stacks' note under the root cause or the remote failure
+  const std::string* hang_report = nullptr;
+  std::optional<std::string> remote;
+  bool remote_node_only = false;
+};
+
+// Fills outcome's status, exit code and root cause, and shows what ended the job: torchrun's
+// summary and error file for a root cause, the hang report, or one error line.
+void conclude(JobOutcome& outcome, const JobEnd& end, const std::string& script);
 
 std::string format_time(std::chrono::system_clock::time_point t);  // 2026-11-29_22:18:21
 

@@ -58,7 +58,7 @@ class StackDumps {
   using Clock = std::chrono::steady_clock;
   // Deadlines: a dump asked for, the survivors of a failure, a hang.
   static constexpr std::chrono::milliseconds kOnDemand{2000}, kAtFailure{1000}, kAtHang{2000};
-  static constexpr int kHangExitCode = 124;  // as timeout(1): the job ran out of time
+  static constexpr int kHangExitCode = ddprun::kHangExitCode;  // report.hpp
 
   StackDumps(const Options& o, std::string hostname);
 

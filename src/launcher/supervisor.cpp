@@ -26,7 +26,6 @@
 #include "launcher/log.hpp"
 #include "launcher/output.hpp"
 #include "launcher/process.hpp"
-#include "launcher/random.hpp"
 #include "launcher/rendezvous.hpp"
 #include "launcher/slurm_signals.hpp"
 #include "launcher/stack_dump.hpp"
@@ -55,13 +54,6 @@ constexpr int kTailLines = 20;
 constexpr int kHistoryAttempts = 64;  // attempts whose workers --summary-json lists
 constexpr long kTricklePauseNs = 1'000'000;
 
-std::string random_suffix() {
-  static const char* alphabet = "abcdefghijklmnopqrstuvwxyz0123456789_";
-  uint64_t r = random_u64();
-  std::string s;
-  for (int i = 0; i < 8; ++i, r /= 37) s += alphabet[r % 37];
-  return s;
-}
 
 }  // namespace
 
@@ -147,20 +139,10 @@ struct Supervisor::Impl {
     route_logging_through(err_writer.get());
     setup_stdin();
 
-    std::string base = o.log_dir;
-    if (base.empty()) {
-      // TMPDIR if set; else tmpfs (/dev/shm), where these few folders cost next to nothing
-      // to make and remove (on a disk file system they were a third of a launch).
-      const char* tmp = getenv("TMPDIR");
-      std::string dir = tmp && *tmp ? tmp : access("/dev/shm", W_OK | X_OK) == 0 ? "/dev/shm" : "/tmp";
-      tmp_dir = std::make_unique<RunTmpDir>(dir);
-      tmp_root = base = tmp_dir->path();
-      if (prune_due(dir)) prune_run_tmp_dirs(dir);  // older finished runs' folders (README, "Using it")
-    }
-    log_root = base + "/" + plan.run_id + "_" + random_suffix();
-    std::error_code ec;
-    fs::create_directories(log_root, ec);
-    if (ec) throw ddp::Error(fmt::format("--log-dir: cannot create {}: {}", log_root, ec.message()));
+    RunFolders f = make_run_folders(o.log_dir, plan.run_id);
+    tmp_dir = std::move(f.tmp_dir);
+    tmp_root = f.tmp_root;
+    log_root = f.log_root;
   }
 
   // Workers lead their own process groups, so on a terminal they are background jobs: a
@@ -626,40 +608,20 @@ struct Supervisor::Impl {
     out_writer->flush();
     err_writer->flush();
 
-    if (got_signal) {
-      outcome.status = "signaled";
-      outcome.signal = got_signal;
-      outcome.exit_code = 128 + got_signal;
-      spdlog::warn("stopped after {}: exiting with {}", signal_name(got_signal), outcome.exit_code);
-    } else if (root) {
-      outcome.status = "failed";
-      outcome.root_cause = root;
-      outcome.exit_code = root->status_code();
-      std::vector<WorkerResult> others;
+    JobEnd end;
+    end.signal = got_signal;
+    if (root) {
+      end.root = &*root;
       for (auto& w : workers.all())
-        if (w.pid != root->pid && (w.failed() || w.state == WorkerResult::State::kStopped)) others.push_back(w);
-      std::string summary = failure_summary(o.script, *root, others, stacks.failure_note());
-      ssize_t r = write(2, summary.data(), summary.size());
-      (void)r;
-      if (const char* ef = getenv("TORCHELASTIC_ERROR_FILE"); ef && *ef)
-        write_root_cause_error_file(ef, *root, o.script);
-    } else if (stacks.hang()) {
-      outcome.status = "failed";
-      outcome.exit_code = StackDumps::kHangExitCode;
-      ssize_t r = write(2, stacks.hang_report().data(), stacks.hang_report().size());
-      (void)r;
-    } else if (remote_end) {
-      outcome.status = "failed";
-      outcome.exit_code = 1;
-      if (remote_end->node_only())
-        spdlog::error("{}", remote_end->describe());
-      else
-        spdlog::error("the job failed on another node: {}{}", remote_end->describe(),
-                      stacks.failure_note().empty() ? "" : "\n" + stacks.failure_note());
-    } else {
-      outcome.status = "succeeded";
-      outcome.exit_code = 0;
+        if (w.pid != root->pid && (w.failed() || w.state == WorkerResult::State::kStopped)) end.others.push_back(w);
     }
+    end.where = stacks.failure_note();
+    if (stacks.hang()) end.hang_report = &stacks.hang_report();
+    if (remote_end) {
+      end.remote = remote_end->describe();
+      end.remote_node_only = remote_end->node_only();
+    }
+    conclude(outcome, end, o.script);
     if (!o.summary_json.empty()) write_summary_json(o.summary_json, outcome, plan.run_id);
     finish_rendezvous();
     if (!tmp_root.empty() && outcome.exit_code == 0) {

@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ddp/error.hpp"
+#include "launcher/random.hpp"
 
 namespace ddprun {
 
@@ -150,6 +151,37 @@ std::vector<std::string> prune_run_tmp_dirs(const std::string& parent, const Pru
     spdlog::debug("pruning old run folders in {}: {}", parent, e.what());
   }
   return removed;
+}
+
+namespace {
+
+std::string random_suffix() {
+  static const char* alphabet = "abcdefghijklmnopqrstuvwxyz0123456789_";
+  uint64_t r = random_u64();
+  std::string s;
+  for (int i = 0; i < 8; ++i, r /= 37) s += alphabet[r % 37];
+  return s;
+}
+
+}  // namespace
+
+RunFolders make_run_folders(const std::string& log_dir, const std::string& run_id) {
+  RunFolders f;
+  std::string base = log_dir;
+  if (base.empty()) {
+    // TMPDIR if set; else tmpfs (/dev/shm), where these few folders cost next to nothing
+    // to make and remove (on a disk file system they were a third of a launch).
+    const char* tmp = getenv("TMPDIR");
+    std::string dir = tmp && *tmp ? tmp : access("/dev/shm", W_OK | X_OK) == 0 ? "/dev/shm" : "/tmp";
+    f.tmp_dir = std::make_unique<RunTmpDir>(dir);
+    f.tmp_root = base = f.tmp_dir->path();
+    if (prune_due(dir)) prune_run_tmp_dirs(dir);  // older finished runs' folders (README, "Using it")
+  }
+  f.log_root = base + "/" + run_id + "_" + random_suffix();
+  std::error_code ec;
+  std::filesystem::create_directories(f.log_root, ec);
+  if (ec) throw ddp::Error(fmt::format("--log-dir: cannot create {}: {}", f.log_root, ec.message()));
+  return f;
 }
 
 }  // namespace ddprun

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -54,5 +55,15 @@ bool prune_due(const std::string& parent, std::chrono::seconds every = std::chro
 // Removes the folders of finished ddprun runs in `parent` that the policy lets go; returns
 // their paths. Best effort: a folder it cannot judge or remove stays, and nothing throws.
 std::vector<std::string> prune_run_tmp_dirs(const std::string& parent, const PrunePolicy& policy = {});
+
+// A run's folders: log_root = <log_dir or a temporary root>/<run_id>_<random>; without
+// --log-dir the temporary root (TMPDIR, else /dev/shm, else /tmp) is made and locked here
+// (tmp_dir, tmp_root; removed after success by the caller), and older finished runs'
+// folders beside it are pruned now and then. Throws ddp::Error naming a folder it cannot make.
+struct RunFolders {
+  std::unique_ptr<RunTmpDir> tmp_dir;
+  std::string tmp_root, log_root;
+};
+RunFolders make_run_folders(const std::string& log_dir, const std::string& run_id);
 
 }  // namespace ddprun
