@@ -1,0 +1,52 @@
+// Helpers shared by the dynamic rendezvous's files (dynamic.cpp: joining; dynamic_round.cpp:
+// a running round, the end, the threads). Internal to src/rendezvous/.
+#pragma once
+
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "ddp/error.hpp"
+#include "rendezvous/backend.hpp"
+#include "rendezvous/state.hpp"
+
+namespace ddprun::rdzv::detail {
+
+using namespace std::chrono_literals;
+
+inline std::string exit_log(int64_t r) { return fmt::format("exit/{}", r); }
+
+inline std::string seconds_text(milliseconds d) { return ddp::format_duration(d); }
+
+// "--nnodes 2" (a fixed count) or "--nnodes 1:4".
+inline std::string nnodes_flag(const JobSettings& j) {
+  return j.min_nodes == j.max_nodes ? fmt::format("--nnodes {}", j.max_nodes)
+                                    : fmt::format("--nnodes {}:{}", j.min_nodes, j.max_nodes);
+}
+
+inline std::string describe_nodes(const std::vector<NodeDesc>& nodes) {
+  std::vector<std::string> names;
+  for (auto& n : nodes) names.push_back(n.describe());
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+// Test-only fault injection (the issue 19 tests kill a node between two of its writes):
+// DDPRUN_TEST_FAULT=<point> makes this process die with SIGKILL right after that point.
+inline void fault_point(const char* point) {
+  static const char* fault = std::getenv("DDPRUN_TEST_FAULT");
+  if (fault && std::strcmp(fault, point) == 0) ::raise(SIGKILL);
+}
+
+inline milliseconds until(std::chrono::steady_clock::time_point t) {
+  return std::max(0ms, std::chrono::duration_cast<milliseconds>(t - std::chrono::steady_clock::now()));
+}
+
+}  // namespace ddprun::rdzv::detail
