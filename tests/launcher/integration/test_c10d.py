@@ -415,9 +415,10 @@ class ScenarioTest(C10dTestCase):
 
     def test_s8_fewer_than_min_nodes(self):
         # Two of the three nodes needed come; both give up after join_timeout, naming who
-        # was there. The first to give up (A, which also hosts the store) names both; B may
-        # find A gone already (it left the round when it gave up) but still gets its own
-        # join_timeout error, not a lost store: A keeps the store up until B has left.
+        # was there. The first to give up names both; the other may find it gone already (it
+        # left the round when it gave up: they started within a millisecond, so either may
+        # be first) but still gets its own join_timeout error, not a lost store: A, which
+        # hosts the store, keeps it up until B has left.
         conf = CONF.replace("join_timeout=20", "join_timeout=2")
         a = self.start_node("A", "127.0.0.2", nnodes="3:4", conf=conf + ",is_host=1")
         b = self.start_node("B", "127.0.0.3", nnodes="3:4", conf=conf + ",is_host=0")
@@ -435,9 +436,12 @@ class ScenarioTest(C10dTestCase):
             counts[n.name] = int(m.group(1))
             self.assertRegex(m.group(2), rf"\({re.escape(n.addr)}, {re.escape(n.addr)}_{n.proc.pid}_[0-9a-f]{{8}}\)")
             self.assertEqual(len([l for l in err.splitlines() if "error" in l]), 1, err)
-        self.assertEqual(counts["A"], 2, self.describe())
+        self.assertIn(counts["A"], (1, 2))
         self.assertIn(counts["B"], (1, 2))
-        self.assertRegex(a.stderr(), r"\(127\.0\.0\.3, 127\.0\.0\.3_\d+_[0-9a-f]{8}\)")
+        self.assertEqual(max(counts.values()), 2, self.describe())
+        both = a if counts["A"] == 2 else b
+        for n in (a, b):
+            self.assertRegex(both.stderr(), rf"\({re.escape(n.addr)}, {re.escape(n.addr)}_\d+_[0-9a-f]{{8}}\)")
         self.assertEqual(self.records(), [], "no worker may start without a round")
 
 
