@@ -80,7 +80,11 @@ class Rendezvous {
   // while the last one is still out is dropped). job_progress() is the count as last
   // heard (nullopt: none yet, or a single node).
   virtual void note_progress(int64_t delta) { (void)delta; }
-  virtual std::optional<int64_t> job_progress() { return std::nullopt; }
+  struct JobProgress {
+    int64_t count = 0;
+    std::chrono::steady_clock::time_point read_at;  // when the rendezvous said so
+  };
+  virtual std::optional<JobProgress> job_progress() { return std::nullopt; }
   // The job is over for this node. Never throws. With a deadline, returns by then: a note
   // to the others that has not gone out is given up (they notice this node's absence
   // within their keep-alive window).

@@ -107,16 +107,20 @@ class NodeRendezvous : public Rendezvous {
     if (progress_->busy.exchange(true)) return;  // the last one is still out: the next check asks again
     post_note([d = d_.get(), delta, p = progress_] {
       try {
-        p->count = d->add_progress(delta);
+        const int64_t count = d->add_progress(delta);
+        p->read_at = std::chrono::steady_clock::now().time_since_epoch().count();
+        p->count = count;
       } catch (const std::exception& e) {
         spdlog::debug("rendezvous: progress count: {}", e.what());
       }
       p->busy = false;
     });
   }
-  std::optional<int64_t> job_progress() override {
+  std::optional<JobProgress> job_progress() override {
     const int64_t v = progress_->count;
-    return v < 0 ? std::nullopt : std::optional<int64_t>(v);
+    if (v < 0) return std::nullopt;
+    using Clock = std::chrono::steady_clock;
+    return JobProgress{v, Clock::time_point(Clock::duration(progress_->read_at.load()))};
   }
   void finish(FinishKind kind, const std::string& reason, std::optional<Deadline> deadline) override;
 
@@ -142,6 +146,7 @@ class NodeRendezvous : public Rendezvous {
   std::shared_ptr<BackgroundTask> note_;  // the last note posted (end_round, arrive_exit)
   struct ProgressCount {
     std::atomic<int64_t> count{-1};  // the job-wide progress count as last heard
+    std::atomic<int64_t> read_at{0};  // when (steady clock ticks)
     std::atomic<bool> busy{false};   // a note_progress is out
   };
   std::shared_ptr<ProgressCount> progress_ = std::make_shared<ProgressCount>();

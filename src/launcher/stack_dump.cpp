@@ -403,7 +403,8 @@ void StackDumps::attempt_started() {
 std::optional<StackDumps::Clock::time_point> StackDumps::next_hang_check() const { return next_check_; }
 
 bool StackDumps::hung_now(Clock::time_point last_output, const std::vector<WorkerResult>& workers,
-                          std::optional<int64_t> job_progress, bool& moved) {
+                          bool several_nodes, std::optional<int64_t> job_progress, Clock::time_point job_read_at,
+                          bool& moved) {
   const auto now = Clock::now();
   moved = false;
   if (!next_check_ || now < *next_check_) return false;
@@ -434,6 +435,11 @@ bool StackDumps::hung_now(Clock::time_point last_output, const std::vector<Worke
   if (now - progress_ < hang_timeout_) {
     next_check_ = std::max<Clock::time_point>(now + std::chrono::milliseconds(10),
                                               std::min(now + interval, progress_ + hang_timeout_));
+    return false;
+  }
+  const auto settled = progress_ + hang_timeout_ + interval;  // every node has added since
+  if (several_nodes && (!job_progress || job_read_at < settled) && now < settled + std::chrono::seconds(10)) {
+    next_check_ = now + std::chrono::milliseconds(100);
     return false;
   }
   next_check_.reset();

@@ -95,8 +95,12 @@ class StackDumps {
   // job_progress: the job-wide progress count other nodes add to (nullopt: one node); a
   // change is progress. moved: set when this node's own ranks made progress since the last
   // check (the caller adds it to the job-wide count).
-  bool hung_now(Clock::time_point last_output, const std::vector<WorkerResult>& workers,
-                std::optional<int64_t> job_progress, bool& moved);
+  // job_read_at: when the rendezvous gave job_progress. With several nodes a hang is only
+  // declared on a count read at least a check interval after the timeout ran out (the
+  // others add theirs once per interval), so another node's progress is never missed for
+  // the time it takes to arrive; a rendezvous that gives no count for 10 s more waits no longer.
+  bool hung_now(Clock::time_point last_output, const std::vector<WorkerResult>& workers, bool several_nodes,
+                std::optional<int64_t> job_progress, Clock::time_point job_read_at, bool& moved);
   // The workers hung: their stacks, the ranks that differ; returns the lines to show now.
   std::string on_hang(const std::vector<WorkerResult>& workers, const std::string& attempt_dir);
   // Set once the attempt hung: the one-line reason, and the block for the end of the job.

@@ -395,8 +395,10 @@ struct Supervisor::Impl {
     bool moved = false;
     const bool several = plan.group_world_size > 1;
     const bool checked = stacks.next_hang_check() && Clock::now() >= *stacks.next_hang_check();
-    const bool hung = stacks.hung_now(streams->last_read(), workers.all(),
-                                      several ? rdzv.job_progress() : std::nullopt, moved);
+    auto job = several ? rdzv.job_progress() : std::nullopt;
+    const bool hung = stacks.hung_now(streams->last_read(), workers.all(), several,
+                                      job ? std::optional<int64_t>(job->count) : std::nullopt,
+                                      job ? job->read_at : Clock::time_point{}, moved);
     if (checked && several) rdzv.note_progress(moved ? 1 : 0);
     if (hung) on_hang();
   }
