@@ -82,10 +82,17 @@ off_t file_size(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 ? st.st_size : 0;
 }
 
+// The file's bytes from `offset` on (at most 4 MiB): only the new dump, however many
+// earlier ones the file holds.
 std::string read_from(const std::string& path, off_t offset) {
-  auto text = read_file(path, 4 << 20);
-  if (!text || static_cast<size_t>(offset) >= text->size()) return "";
-  return text->substr(static_cast<size_t>(offset));
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string out;
+  char buf[65536];
+  for (ssize_t n; out.size() < (4u << 20) && (n = ::pread(fd, buf, sizeof buf, offset)) > 0; offset += n)
+    out.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return out;
 }
 
 struct Asked {

@@ -13,6 +13,7 @@ matters, real PyTorch on gloo (torch 1.13, and 2.6 as test_stacks.torch2):
 - the README's lines, as written (in a pid namespace of their own, so that `ddprun
   --dump-stacks` finds only that job).
 """
+import glob
 import json
 import os
 import re
@@ -287,6 +288,25 @@ class Stacks(StacksTest):
         nodes = self.static_nodes(["--hang-timeout", "2", script, "5"])
         for n, p in enumerate(nodes):
             self.assertEqual(self.finish(p, 60), 0, read_text(self.path(f"node{n}.stderr")))
+
+    def test_a_dump_after_megabytes_of_earlier_ones_is_read_whole(self):
+        """A rank's stack file holds every dump it ever wrote: with 5 MiB of earlier ones, the
+        new dump (read from where the file ended) is shown all the same."""
+        script = self.write("blocker.py", BLOCKER)
+        logs = self.path("logs")
+        p = self.start(["--standalone", "--nproc-per-node", "1", "--log-dir", logs, script, self.tmp, "30"],
+                       env=dict(clean_env(), RANK_BLOCKS="no"))
+        self.wait_markers(["ready_0"])
+        stack_file = self.wait_for(lambda: next(iter(glob.glob(os.path.join(logs, "*", "attempt_0", "0", "stacks"))),
+                                                None), 10, "the stack file")
+        time.sleep(0.2)
+        with open(stack_file, "a") as f:
+            f.write(("# an earlier dump\n" * 64) * 5000)  # about 5.5 MiB
+        os.kill(p.pid, signal.SIGQUIT)
+        self.wait_stderr(r"^\[ddprun\] where each rank is", scaled(10))
+        self.assertRegex(self.stderr_text(), r"\[rank0\]:  File .*blocker.py\", line \d+ in <module>")
+        os.kill(p.pid, signal.SIGTERM)
+        self.finish(p, 30)
 
     def test_a_stop_signal_during_a_dump_does_not_wait_for_it(self):
         """SIGTERM while ddprun waits for a dump that rank 0 never answers: the dump ends
