@@ -10,8 +10,9 @@ install(TARGETS ddp EXPORT ddpTargets
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT libddp)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/ddp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev)
 install(TARGETS ddprun ddp-store-server RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT ddprun)
-# The Python workers' bootstrap: ddprun looks for it at <bindir>/../share/ddprun/python.
+# The Python workers' bootstrap and --preload's warm process: ddprun looks for it at <bindir>/../share/ddprun/python.
 install(FILES ${PROJECT_SOURCE_DIR}/src/launcher/python/sitecustomize.py
+  ${PROJECT_SOURCE_DIR}/src/launcher/python/ddprun_preload.py
   DESTINATION ${CMAKE_INSTALL_DATADIR}/ddprun/python COMPONENT ddprun)
 install(EXPORT ddpTargets NAMESPACE ddp:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ddp COMPONENT dev)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/ddpConfig.cmake.in

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ddp/error.hpp"
+#include "launcher/preload.hpp"
 #include "launcher/process.hpp"
 
 namespace ddprun {
@@ -56,7 +57,9 @@ std::vector<WorkerResult*> AttemptWorkers::start(const JobPlan& plan, int attemp
     if (env_hook) env_hook(env, w);
     SpawnSpec spec{cmd.path, cmd.argv, to_envp(env), stdin_fd, out_w, err_w};
     w.start = std::chrono::system_clock::now();
-    started.push_back(spawn(spec));
+    std::optional<SpawnResult> warm;
+    if (warm_ && warm_->ready()) warm = warm_->spawn(cmd, env, stdin_fd, out_w, err_w);
+    started.push_back(warm ? *warm : spawn(spec));
     paths.push_back(cmd.path);
     close(out_w);
     close(err_w);
@@ -112,7 +115,10 @@ std::vector<WorkerResult*> AttemptWorkers::reap() {
   pid_t pid;
   while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
     auto it = std::find_if(workers_.begin(), workers_.end(), [&](auto& w) { return w.pid == pid; });
-    if (it == workers_.end()) continue;  // an orphan ddprun adopted as subreaper
+    if (it == workers_.end()) {  // an orphan ddprun adopted as subreaper, or the warm process
+      if (warm_) warm_->exited(pid, st);
+      continue;
+    }
     WorkerResult& w = *it;
     --live_;
     if (w.state == WorkerResult::State::kExecFailed) continue;
@@ -139,7 +145,7 @@ void AttemptWorkers::kill_leftovers() {
   for (auto& w : workers_)
     if (w.pid > 0) kill(-w.pid, SIGKILL);
   for (pid_t p : descendants())
-    if (p != guardian_.pid()) kill(p, SIGKILL);
+    if (p != guardian_.pid() && !(warm_ && p == warm_->pid())) kill(p, SIGKILL);
 }
 
 }  // namespace ddprun

@@ -18,6 +18,7 @@
 namespace ddprun {
 
 class Guardian;
+class WarmPython;
 
 class AttemptWorkers {
  public:
@@ -29,7 +30,9 @@ class AttemptWorkers {
   // Adds to a worker's environment before it starts (the stack-dump bootstrap, say).
   using EnvHook = std::function<void(Env&, const WorkerResult&)>;
 
-  AttemptWorkers(const Options& o, Guardian& guardian) : o_(o), guardian_(guardian) {}
+  // warm: --preload's warm process, which forks the Python workers (nullptr: none).
+  AttemptWorkers(const Options& o, Guardian& guardian, WarmPython* warm = nullptr)
+      : o_(o), guardian_(guardian), warm_(warm) {}
 
   // Starts every local rank of `plan`'s attempt `attempt`; folders under `dir`. Workers
   // whose exec failed are returned (their state says so), in local-rank order.
@@ -47,9 +50,11 @@ class AttemptWorkers {
   // SIGKILL when the stop's deadline has passed.
   void escalate_if_due();
   // Reaps every child that exited; returns the workers that failed on their own, in the
-  // order they were reaped. Orphans ddprun adopted (a subreaper) are reaped and ignored.
+  // order they were reaped. Orphans ddprun adopted (a subreaper) are reaped and ignored;
+  // the warm process's exit is told to it.
   std::vector<WorkerResult*> reap();
-  // Kills whatever the workers left behind: their groups, then every other descendant.
+  // Kills whatever the workers left behind: their groups, then every other descendant
+  // (the guardian and the warm process excepted).
   void kill_leftovers();
 
   bool stopping() const { return stopping_; }
@@ -63,6 +68,7 @@ class AttemptWorkers {
 
   const Options& o_;
   Guardian& guardian_;
+  WarmPython* warm_;
   std::vector<WorkerResult> workers_;
   int live_ = 0;
   bool stopping_ = false;

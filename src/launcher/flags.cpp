@@ -75,6 +75,10 @@ const FlagSpec kFlags[] = {
     {"run-path", 0, K::kFlag, "", "Worker command", "run the script through python (as runpy.run_path would)"},
     {"virtual-local-rank", 0, K::kFlag, "", "Worker command",
      "LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES=<its GPU> for every worker"},
+    {"preload", 0, K::kValue, "", "Worker command",
+     "import these Python modules once per node (e.g. torch,numpy) in a warm process and fork every worker from "
+     "it, restarts too (docs/preload.md)",
+     nullptr, "", "MODULES"},
     {"numa-binding", 0, K::kValue, "", "Worker command", "not supported yet", nullptr, "", "NAME"},
     {"log-dir", 0, K::kValue, "", "Output", "base folder for per-rank log files", nullptr, "", "DIR"},
     {"redirects", 'r', K::kValue, "0", "Output",

@@ -17,6 +17,7 @@
 #include "ddp/error.hpp"
 #include "launcher/flags.hpp"
 #include "launcher/gpu.hpp"
+#include "launcher/preload.hpp"
 #include "launcher/process.hpp"
 #include "launcher/slurm.hpp"
 #include "launcher/version.hpp"
@@ -267,6 +268,18 @@ void read_worker_command(Options& o, const Flags& g) {
   o.virtual_local_rank = g.flag("virtual-local-rank");
   if (g.has("role")) o.role = g.value("role");
   if (g.has("numa-binding")) o.numa_binding = g.value("numa-binding");
+  if (g.has("preload")) {
+    for_each_item(g.value("preload"), [&](const std::string& m) { o.preload.push_back(m); });
+    if (auto err = check_preload_list(o.preload); !err.empty())
+      throw UsageError(fmt::format("{}: {}", g.source("preload"), err));
+    // PET_PRELOAD may be set for every job of a cluster: it only applies to Python workers.
+    if (!o.preload.empty() && o.no_python) {
+      if (g.source("preload").starts_with("--"))
+        throw UsageError("--preload imports Python modules for Python workers; --no-python runs none");
+      o.infos.push_back("PET_PRELOAD ignored: --no-python runs no Python workers");
+      o.preload.clear();
+    }
+  }
 }
 
 std::set<int> parse_rank_list(const Given& g) {

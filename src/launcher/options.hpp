@@ -66,6 +66,7 @@ struct Options {
   // Worker command
   bool module = false, no_python = false, run_path = false;
   bool virtual_local_rank = false;
+  std::vector<std::string> preload;  // --preload: modules a warm process imports (docs/preload.md)
   std::string script;
   std::vector<std::string> script_args;
   // Output

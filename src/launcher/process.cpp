@@ -49,7 +49,7 @@ SpawnResult spawn(const SpawnSpec& spec) {
   std::vector<char*> argv = c_strings(spec.argv);
   std::vector<char*> envp = c_strings(spec.env);
   const char* path = spec.path.c_str();
-  const int in_fd = spec.stdin_fd, out_fd = spec.stdout_fd, err_fd = spec.stderr_fd;
+  const int in_fd = spec.stdin_fd, out_fd = spec.stdout_fd, err_fd = spec.stderr_fd, keep_fd = spec.inherit_fd;
   const pid_t parent = getpid();
   sigset_t none;
   sigemptyset(&none);
@@ -69,6 +69,7 @@ SpawnResult spawn(const SpawnSpec& spec) {
     for (int s = 1; s < NSIG; ++s)
       if (s != SIGKILL && s != SIGSTOP) sigaction(s, &dfl, nullptr);
     sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (keep_fd >= 0) fcntl(keep_fd, F_SETFD, 0);  // the child's descriptor table is its own
     if ((in_fd < 0 || dup2(in_fd, 0) >= 0) && (out_fd < 0 || dup2(out_fd, 1) >= 0) &&
         (err_fd < 0 || dup2(err_fd, 2) >= 0))
       execve(path, argv.data(), envp.data());

@@ -17,6 +17,7 @@ struct SpawnSpec {
   int stdin_fd = -1;              // dup2'ed onto 0 in the child; -1 inherits
   int stdout_fd = -1;             // dup2'ed onto 1 in the child; -1 inherits
   int stderr_fd = -1;             // dup2'ed onto 2 in the child; -1 inherits
+  int inherit_fd = -1;            // a close-on-exec descriptor the child keeps (same number)
 };
 
 struct SpawnResult {

@@ -371,7 +371,7 @@ std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, cons
 
 void StackDumps::at_failure(const std::vector<WorkerResult>& workers, const WorkerResult& root,
                             const std::string& attempt_dir) {
-  if (failing_ == root.pid) return;  // taken when it announced its failure
+  if (failing_ > 0) return;  // taken when a rank announced its failure (the root cause)
   failing_ = root.pid;
   failure_note_ = failure_stacks(workers, &root, attempt_dir, "Where the other ranks were");
   if (!failure_note_.empty()) spdlog::info("rank {} failed; {}", root.rank, failure_note_);

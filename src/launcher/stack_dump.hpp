@@ -86,6 +86,8 @@ class StackDumps {
   // stopped (for the line that says the job failed elsewhere).
   void at_remote_failure(const std::vector<WorkerResult>& workers, const std::string& attempt_dir);
   const std::string& failure_note() const { return failure_note_; }
+  // The worker that announced an uncaught exception this attempt (-1: none): it failed first.
+  pid_t announced_failure() const { return failing_ > 0 ? failing_ : -1; }
 
   // --hang-timeout. Progress: last_output (any worker's output), a touch of a worker's
   // DDPRUN_HEARTBEAT_FILE. Not yet: a libddp collective that completed (libddp could touch

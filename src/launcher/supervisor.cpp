@@ -25,6 +25,7 @@
 #include "launcher/background.hpp"
 #include "launcher/log.hpp"
 #include "launcher/output.hpp"
+#include "launcher/preload.hpp"
 #include "launcher/process.hpp"
 #include "launcher/rendezvous.hpp"
 #include "launcher/slurm_signals.hpp"
@@ -89,6 +90,8 @@ struct Supervisor::Impl {
   std::string log_root;       // <log_dir>/<run_id>_<suffix>
   std::string tmp_root;       // mkdtemp'd when no --log-dir: removed after success
   std::unique_ptr<RunTmpDir> tmp_dir;  // tmp_root, locked while this run lives (tmpdirs.hpp)
+  WarmPython warm;         // --preload's warm process (inert without the flag)
+  int warm_tag = 0;        // epoll tag of its answer
   AttemptWorkers workers;  // this attempt's
   std::unique_ptr<WorkerStreams> streams;  // this attempt's output pipes
   std::optional<Clock::time_point> drain_deadline;
@@ -105,7 +108,7 @@ struct Supervisor::Impl {
   int dumps_asked = 0;  // dumps asked on this node (they name the dump on every node)
 
   Impl(const Options& opt, std::map<std::string, std::string> env, Guardian& g, Rendezvous& r, std::string host)
-      : o(opt), base_env(std::move(env)), rdzv(r), guardian(g), workers(opt, g), stacks(opt, host) {
+      : o(opt), base_env(std::move(env)), rdzv(r), guardian(g), warm(opt, g), workers(opt, g, &warm), stacks(opt, host) {
     plan.run_id = o.rdzv_id;
     plan.hostname = std::move(host);
   }
@@ -143,6 +146,8 @@ struct Supervisor::Impl {
     tmp_dir = std::move(f.tmp_dir);
     tmp_root = f.tmp_root;
     log_root = f.log_root;
+    // --preload: the import runs while this node joins the rendezvous.
+    if (warm.enabled()) warm.start(warm_environment(o, base_env));
   }
 
   // Workers lead their own process groups, so on a terminal they are background jobs: a
@@ -206,6 +211,21 @@ struct Supervisor::Impl {
                  plan.rank_base + static_cast<int>(workers.all().size()) - 1, plan.world_size);
   }
 
+  // --preload: the warm process (a new one if it died) has imported its modules before the
+  // workers start; a signal meanwhile stops this node (false). Throws when it cannot be.
+  bool wait_warm() {
+    warm.start(warm_environment(o, base_env));  // nothing while one runs (or without --preload)
+    const int fd = warm.pending_fd();
+    if (fd < 0) return true;
+    add_fd(fd, &warm_tag);
+    bool answered = false;
+    while (!answered && !got_signal)
+      for (void* tag : wait_between_attempts()) answered |= tag == &warm_tag;
+    epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+    if (answered) warm.on_ready();
+    return answered;
+  }
+
   std::string attempt_dir() const { return fmt::format("{}/attempt_{}", log_root, attempt); }
 
   // ------------------------------------------------------------------ stopping
@@ -227,6 +247,21 @@ struct Supervisor::Impl {
 
   void reap() {
     for (WorkerResult* w : workers.reap()) fail(*w);
+    prefer_announced_root();
+  }
+
+  // A rank that announced its uncaught exception failed first, in whatever order the exits
+  // are reaped: its peers fail on its closed sockets while its own exit may still run. (Not
+  // when the stop's SIGTERM ended it: its exit status would tell nothing.)
+  void prefer_announced_root() {
+    const pid_t first = stacks.announced_failure();
+    if (!root || first <= 0 || root->pid == first) return;
+    for (auto& w : workers.all())
+      if (w.pid == first && (w.state == WorkerResult::State::kStopped || w.state == WorkerResult::State::kFailed) &&
+          !w.signal && w.exit_code != 0) {
+        w.state = WorkerResult::State::kFailed;
+        root = w;
+      }
   }
 
   void on_signal() {
@@ -558,6 +593,7 @@ struct Supervisor::Impl {
       if (!joined) break;  // a signal while joining
       plan = *joined;
       watch_rendezvous();
+      if (!wait_warm()) break;  // a signal while the warm process imports
       start_attempt();
       supervise();
       for (auto& w : workers.all())

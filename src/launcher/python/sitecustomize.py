@@ -15,6 +15,8 @@
 #      they still wait for this one (its sockets are still open), for the failure summary;
 #   3. imports the sitecustomize that would have been imported without ddprun (the user's
 #      on PYTHONPATH, Debian's in /usr/lib/python3.X), errors included, as site would.
+# --preload's warm process (ddprun_preload.py) runs this file in each worker it forks, for
+# steps 1-2 (its own start-up already imported the other sitecustomize).
 # Nothing here may break a worker: a failure in steps 1-2 only means no stacks.
 
 def _ddprun_bootstrap():
@@ -98,4 +100,5 @@ try:
 except Exception:  # noqa: BLE001
     pass
 del _ddprun_bootstrap, _notice_failures, _high_fd
-_ddprun_chain(__import__("sys").modules[__name__])
+if __name__ == "sitecustomize":  # not when --preload's warm process runs this file for a worker
+    _ddprun_chain(__import__("sys").modules[__name__])

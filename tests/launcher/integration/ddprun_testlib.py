@@ -82,6 +82,10 @@ def clean_env(**extra):
     # Node 0 hosts a store at the master port: tests running in parallel (and anything else
     # on this machine) must not all fight for the default 29500.
     env["PET_MASTER_PORT"] = str(free_port())
+    # A test file run again with --preload (the *.preload tests): every job's Python
+    # workers come from a warm process that imported these modules.
+    if os.environ.get("DDP_TEST_PRELOAD"):
+        env["PET_PRELOAD"] = os.environ["DDP_TEST_PRELOAD"]
     for k, v in extra.items():
         if v is None:
             env.pop(k, None)

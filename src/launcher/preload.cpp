@@ -1,0 +1,253 @@
+#include "launcher/preload.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <regex>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "ddp/error.hpp"
+#include "launcher/report.hpp"
+#include "launcher/stack_dump.hpp"
+
+namespace ddprun {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr int kReplyTimeoutMs = 10000;  // a fork answers in milliseconds
+
+bool uses_python(const Options& o) {
+  WorkerCommand probe = worker_command(o, 0, {});
+  return probe.argv.size() >= 2 && probe.argv[1] == "-u";
+}
+
+void send_all(int fd, const std::string& data, const int* fds, int nfds) {
+  const uint32_t n = htonl(static_cast<uint32_t>(data.size()));
+  msghdr msg{};
+  iovec iov{const_cast<uint32_t*>(&n), sizeof n};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(3 * sizeof(int))];
+  if (nfds > 0) {
+    msg.msg_control = ctrl;
+    msg.msg_controllen = CMSG_SPACE(static_cast<size_t>(nfds) * sizeof(int));
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(static_cast<size_t>(nfds) * sizeof(int));
+    std::memcpy(CMSG_DATA(c), fds, static_cast<size_t>(nfds) * sizeof(int));
+  }
+  ssize_t w;
+  while ((w = sendmsg(fd, &msg, MSG_NOSIGNAL)) < 0 && errno == EINTR) {
+  }
+  if (w != static_cast<ssize_t>(sizeof n)) throw ddp::SystemError("sending to the warm Python process", errno);
+  for (size_t off = 0; off < data.size();) {
+    ssize_t k = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) throw ddp::SystemError("sending to the warm Python process", errno);
+    off += static_cast<size_t>(k);
+  }
+}
+
+// Exactly n bytes within the deadline; false at the socket's end or the deadline.
+bool read_exact(int fd, char* p, size_t n, int timeout_ms) {
+  while (n > 0) {
+    pollfd pfd{fd, POLLIN, 0};
+    int r = ::poll(&pfd, 1, timeout_ms);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    ssize_t k = ::read(fd, p, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+std::optional<json> read_message(int fd, int timeout_ms) {
+  uint32_t n = 0;
+  if (!read_exact(fd, reinterpret_cast<char*>(&n), sizeof n, timeout_ms)) return std::nullopt;
+  std::string data(ntohl(n), '\0');
+  if (!read_exact(fd, data.data(), data.size(), timeout_ms)) return std::nullopt;
+  try {
+    return json::parse(data);
+  } catch (const json::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::string describe_status(int status) {
+  if (WIFSIGNALED(status)) return "was killed by " + signal_name(WTERMSIG(status));
+  return fmt::format("exited with code {}", WEXITSTATUS(status));
+}
+
+}  // namespace
+
+std::string check_preload_list(const std::vector<std::string>& modules) {
+  static const std::regex name(R"([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*)");
+  if (modules.empty()) return "expected Python modules like torch,numpy";
+  for (const auto& m : modules)
+    if (!std::regex_match(m, name)) return fmt::format("'{}' is not a Python module name (expected e.g. torch,numpy)", m);
+  return "";
+}
+
+std::map<std::string, std::string> warm_environment(const Options& o, const std::map<std::string, std::string>& base) {
+  auto env = worker_environment(o, JobPlan{}, 0, "", base);
+  for (const char* k : {"LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "GROUP_WORLD_SIZE",
+                        "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+                        "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE"})
+    env.erase(k);
+  // --virtual-local-rank gives each worker its own device: the warm process sees the node's.
+  if (auto it = base.find("CUDA_VISIBLE_DEVICES"); it != base.end()) env[it->first] = it->second;
+  else env.erase("CUDA_VISIBLE_DEVICES");
+  return env;
+}
+
+WarmPython::WarmPython(const Options& o, Guardian& guardian) : o_(o), guardian_(guardian) {
+  if (o.preload.empty()) return;
+  if (!uses_python(o)) {
+    spdlog::warn("--preload: {} does not run through Python: its workers start cold", o.script);
+    return;
+  }
+  std::string dir = bootstrap_dir();
+  if (dir.empty())
+    throw ddp::Error(fmt::format("--preload: ddprun's warm process (share/ddprun/python/ddprun_preload.py next "
+                                 "to {}) is missing",
+                                 fs::read_symlink("/proc/self/exe").string()));
+  script_ = dir + "/ddprun_preload.py";
+  enabled_ = true;
+}
+
+WarmPython::~WarmPython() { stop(); }
+
+void WarmPython::stop() {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+  if (pid_ > 0) {
+    kill(-pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);  // ECHILD when ddprun's reaper had it already
+  }
+  pid_ = -1;
+  ready_ = false;
+}
+
+void WarmPython::start(const Env& env) {
+  if (!enabled_ || fd_ >= 0) return;
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+    throw ddp::SystemError("socketpair for the warm Python process", errno);
+  WorkerCommand py = worker_command(o_, 0, env);
+  SpawnSpec spec{py.path,
+                 {py.argv[0], "-u", script_, std::to_string(sv[1]), std::to_string(getpid()),
+                  fmt::format("{}", fmt::join(o_.preload, ","))},
+                 to_envp(env)};
+  if (o_.module) spec.argv.push_back("-m");
+  spec.argv.push_back(o_.script);
+  spec.inherit_fd = sv[1];
+  spec.stdout_fd = 2;  // what it prints (an import's warning) goes to ddprun's stderr
+  spec.stdin_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  SpawnResult r = ddprun::spawn(spec);
+  close(sv[1]);
+  if (spec.stdin_fd >= 0) close(spec.stdin_fd);
+  if (r.exec_errno) {  // the workers start cold, and fail as they would have without --preload
+    close(sv[0]);
+    waitpid(r.pid, nullptr, 0);
+    spdlog::warn("--preload: {}: the workers start cold", describe_exec_failure(py.path, r.exec_errno));
+    enabled_ = false;
+    return;
+  }
+  guardian_.watch(r.pid);
+  fd_ = sv[0];
+  pid_ = r.pid;
+  exit_status_.reset();
+  ready_ = false;
+  if (starts_++ > 0) spdlog::warn("--preload: started a new warm Python process (pid {})", pid_);
+}
+
+// Why the warm process ended before it answered: its exit status, once it can be had.
+std::string WarmPython::how_it_ended() {
+  for (int i = 0; i < 100 && pid_ > 0 && !exit_status_; ++i) {
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) exit_status_ = status;
+    else usleep(10000);
+  }
+  return exit_status_ ? describe_status(*exit_status_) : "stopped answering";
+}
+
+void WarmPython::on_ready() {
+  if (ready_ || fd_ < 0) return;
+  auto msg = read_message(fd_, kReplyTimeoutMs);
+  if (!msg || !msg->is_object()) {
+    std::string how = how_it_ended();
+    stop();
+    throw ddp::Error(fmt::format("--preload: the warm Python process {} before it was ready (its output is above)",
+                                 how));
+  }
+  if (msg->contains("error")) {
+    std::string why = msg->value("error", std::string());
+    stop();
+    throw ddp::Error("--preload: " + why);
+  }
+  ready_ = true;
+  std::vector<std::string> threads = msg->value("threads", std::vector<std::string>());
+  if (!threads.empty())
+    spdlog::warn("--preload: {} thread(s) run in the warm process after importing {}, and a forked worker has "
+                 "none of them: {}",
+                 threads.size(), fmt::join(o_.preload, ","), fmt::join(threads, ", "));
+  spdlog::info("--preload: imported {} in {} s (warm process pid {})", fmt::join(o_.preload, ","),
+               msg->value("seconds", 0.0), pid_);
+}
+
+void WarmPython::exited(pid_t pid, int status) {
+  if (pid != pid_) return;
+  pid_ = -1;
+  exit_status_ = status;
+  if (!ready_) return;  // on_ready() reads the socket's end and says how it ended
+  spdlog::warn("--preload: the warm Python process (pid {}) {}: the next workers come from a new one", pid,
+               describe_status(status));
+  stop();
+}
+
+std::optional<SpawnResult> WarmPython::spawn(const WorkerCommand& cmd, const Env& env, int in_fd, int out_fd,
+                                             int err_fd) {
+  if (!ready_ || fd_ < 0) return std::nullopt;
+  json req;
+  std::vector<std::string> argv(cmd.argv.begin() + 2, cmd.argv.end());  // without python -u
+  req["module"] = o_.module;
+  if (o_.module) argv.erase(argv.begin());
+  req["argv"] = argv;
+  req["env"] = env;
+  const int fds[3] = {in_fd >= 0 ? in_fd : 0, out_fd, err_fd};
+  try {
+    send_all(fd_, req.dump(), fds, 3);
+  } catch (const ddp::Error& e) {
+    spdlog::warn("--preload: the warm Python process is gone ({}): starting this worker cold", e.what());
+    stop();
+    return std::nullopt;
+  }
+  auto reply = read_message(fd_, kReplyTimeoutMs);
+  if (!reply || !reply->contains("pid")) {
+    spdlog::warn("--preload: the warm Python process did not fork the worker ({}): starting it cold",
+                 reply ? reply->value("error", std::string("no pid")) : std::string("no answer"));
+    stop();
+    return std::nullopt;
+  }
+  return SpawnResult{reply->at("pid").get<pid_t>(), 0};
+}
+
+}  // namespace ddprun

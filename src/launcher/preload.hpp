@@ -1,0 +1,74 @@
+// --preload (docs/preload.md): one warm Python process per node that imports the listed
+// modules once and forks every worker from it, first attempt and restarts alike. The
+// worker is adopted by ddprun (a child subreaper) as soon as it exists, so it is reaped,
+// signalled and reported exactly like a worker ddprun started itself.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "launcher/options.hpp"
+#include "launcher/process.hpp"
+#include "launcher/worker.hpp"
+
+namespace ddprun {
+
+class Guardian;
+
+class WarmPython {
+ public:
+  using Env = std::map<std::string, std::string>;
+
+  // Inert unless --preload was given for Python workers.
+  WarmPython(const Options& o, Guardian& guardian);
+  ~WarmPython();
+  WarmPython(const WarmPython&) = delete;
+  WarmPython& operator=(const WarmPython&) = delete;
+
+  bool enabled() const { return enabled_; }
+  // Starts the warm process unless one runs or is starting. env: a worker's environment
+  // without the per-rank variables (warm_environment).
+  void start(const Env& env);
+  // The descriptor that becomes readable when the warm process has said it is ready (or
+  // why not, or ended); -1 when no start is pending.
+  int pending_fd() const { return ready_ ? -1 : fd_; }
+  // Reads the answer once pending_fd() is readable. Throws ddp::Error naming the module
+  // that failed, or initialised CUDA; warns about threads alive at fork time.
+  void on_ready();
+  bool ready() const { return ready_; }
+  // The warm process exited (ddprun reaped it): the next start() makes a new one.
+  void exited(pid_t pid, int status);
+  pid_t pid() const { return pid_; }
+
+  // Forks one worker running cmd (python's argv without the interpreter and -u) with env
+  // and the three descriptors. nullopt: the warm process is gone (the caller starts the
+  // worker cold).
+  std::optional<SpawnResult> spawn(const WorkerCommand& cmd, const Env& env, int in_fd, int out_fd, int err_fd);
+
+ private:
+  void stop();
+  std::string how_it_ended();
+
+  const Options& o_;
+  Guardian& guardian_;
+  bool enabled_ = false;
+  std::string script_;  // ddprun_preload.py
+  int fd_ = -1;         // our end of the socket
+  pid_t pid_ = -1;                // -1 once reaped
+  std::optional<int> exit_status_;  // how it ended, when ddprun's reaper saw it
+  bool ready_ = false;
+  int starts_ = 0;
+};
+
+// A worker's environment as the warm process gets it: every per-rank and per-round
+// variable removed (they reach each worker with its request).
+std::map<std::string, std::string> warm_environment(const Options& o, const std::map<std::string, std::string>& base);
+
+// The error when the list is not one of Python module names ("" when it is).
+std::string check_preload_list(const std::vector<std::string>& modules);
+
+}  // namespace ddprun

@@ -1,0 +1,340 @@
+# ddprun's warm Python process for --preload (docs/preload.md). One per node: ddprun starts
+# it as `PYTHON_EXEC -u ddprun_preload.py FD DDPRUN_PID MODULES [-m] SCRIPT` with a worker's
+# environment minus the per-rank variables, and sys.path[0] as the workers will have it (so a
+# module next to the script can be preloaded). It imports MODULES once, tells ddprun it is ready (or why
+# not), then forks one worker per request that ddprun sends over the socket FD. A worker
+# then runs its script exactly as `python -u script args` would have.
+#
+# Messages on FD (a Unix stream socket): a 4-byte big-endian length, then that much JSON.
+#   from here:  {"ready": true, "seconds": S, "threads": [...]} | {"error": "..."}
+#               then one {"pid": P} | {"error": "..."} per request
+#   from ddprun: {"argv": [...], "env": {...}, "module": bool}, with three descriptors
+#               (stdin, stdout, stderr) attached to the length
+# The socket's end (ddprun gone or done) ends this process.
+#
+# Each worker is a grandchild: the child between exits at once, so the worker is adopted by
+# ddprun (a child subreaper), which reaps it, signals its process group and reads its exit
+# status exactly as for a worker it started itself.
+
+import os
+import socket
+import struct
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SIGNALS = {}  # signal number -> disposition at start-up, before any preloaded module ran
+_PRCTL = []  # libc's prctl, looked up once (not in every worker)
+_ENV_CHANGES = []  # (set, removed): what start-up and preload changed in the environment
+
+
+def _send(sock, obj):
+    import json
+
+    data = json.dumps(obj).encode()
+    sock.sendall(struct.pack(">I", len(data)) + data)
+
+
+def _recv(sock):
+    """One request and its descriptors; None at the socket's end."""
+    import json
+
+    head, fds, _, _ = socket.recv_fds(sock, 4, 3)
+    if len(head) < 4:
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    (size,) = struct.unpack(">I", head)
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            return None, fds
+        data += chunk
+    return json.loads(data), fds
+
+
+def _cuda_in_use():
+    """Why CUDA counts as initialised in this process ("" if it is not)."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return "torch.cuda.is_initialized() is True"
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        for fd in os.listdir("/proc/self/fd"):
+            target = os.readlink("/proc/self/fd/" + fd)
+            if target.startswith("/dev/nvidia"):
+                return "it holds " + target + " open"
+    except OSError:
+        pass
+    return ""
+
+
+def _threads():
+    """The threads alive besides this one: Python's by name, the others by their comm."""
+    import threading
+
+    named = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    me = str(os.getpid())
+    native = []
+    try:
+        for tid in sorted(os.listdir("/proc/self/task")):
+            if tid == me:
+                continue
+            with open("/proc/self/task/%s/comm" % tid) as f:
+                native.append(f.read().strip())
+    except OSError:
+        pass
+    return named if len(named) >= len(native) else named + native[len(named):]
+
+
+def _environment_changes():
+    """What this process's start-up (a sitecustomize) and the preload did to its environment,
+    against the one it was started with: (set, removed). A worker gets the same changes on top
+    of its own environment, as its own start-up and imports would have made them."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            initial = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+    except OSError:
+        return {}, []
+    now = os.environb
+    return {k: v for k, v in now.items() if initial.get(k) != v}, [k for k in initial if k not in now]
+
+
+def _preload(modules):
+    import importlib
+    import signal
+    import time
+
+    for s in signal.valid_signals():
+        try:
+            _SIGNALS[s] = signal.getsignal(s)
+        except (OSError, ValueError):
+            pass
+    t0 = time.monotonic()
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException as e:  # noqa: BLE001  (SystemExit too: nothing may end us unexplained)
+            if not (isinstance(e, ModuleNotFoundError) and e.name == name):
+                import traceback
+
+                traceback.print_exc()  # the import's own failure: its traceback helps
+            return {"error": "importing %s failed: %s: %s" % (name, type(e).__name__, e)}
+        why = _cuda_in_use()
+        if why:
+            return {"error": "importing %s initialised CUDA (%s): a forked worker cannot use a CUDA context "
+                             "its parent made; preload it without initialising CUDA, or drop it from --preload"
+                             % (name, why)}
+    _ENV_CHANGES.extend(_environment_changes())
+    return {"ready": True, "seconds": round(time.monotonic() - t0, 3), "threads": _threads()}
+
+
+def _fork_worker(fds):
+    """Forks the worker: ("worker", pid of the child between) in the worker, its pid (None:
+    failed) here."""
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child between: forks the worker, tells its pid, leaves
+        between = os.getpid()
+        worker = -1
+        try:
+            os.close(r)
+            worker = os.fork()
+        except BaseException:  # noqa: BLE001
+            os._exit(1)
+        if worker == 0:
+            os.close(w)
+            return ("worker", between)
+        try:
+            os.setpgid(worker, worker)
+            os.write(w, b"%d" % worker)
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        pid = f.read()
+    os.waitpid(child, 0)
+    for fd in fds:
+        os.close(fd)
+    return int(pid) if pid else None
+
+
+def _serve(ddprun_pid, sock):
+    """Answers requests until the socket ends; returns in a forked worker: its request,
+    descriptors and the pid of the child between."""
+    while True:
+        req, fds = _recv(sock)
+        if req is None:
+            sys.exit(0)
+        if len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
+            _send(sock, {"error": "a request without its three descriptors"})
+            continue
+        try:
+            pid = _fork_worker(fds)
+        except OSError as e:
+            for fd in fds:
+                os.close(fd)
+            _send(sock, {"error": "fork: %s" % e.strerror})
+            continue
+        if isinstance(pid, tuple):
+            return req, fds, pid[1]
+        _send(sock, {"pid": pid} if pid else {"error": "the worker's fork failed"})
+
+
+def _adopted(ddprun_pid, between):
+    """Waits for the child between to leave; True once ddprun is the parent, with the death
+    signal armed."""
+    import signal
+
+    while os.getppid() == between:
+        os.sched_yield()
+    _PRCTL[0](1, signal.SIGKILL)  # PR_SET_PDEATHSIG: gone with ddprun
+    return os.getppid() == ddprun_pid  # else ddprun died first (or is no subreaper)
+
+
+def _become_worker(ddprun_pid, between, sock, req, fds):
+    """Everything a fresh `python -u` would be, but for the modules already imported."""
+    import signal
+
+    os.setpgid(0, 0)
+    if not _adopted(ddprun_pid, between):
+        os._exit(128 + signal.SIGKILL)
+    sock.close()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    for fd in set(fds):
+        if fd > 2:
+            os.close(fd)
+    for s, handler in _SIGNALS.items():
+        try:
+            if signal.getsignal(s) is not handler:
+                signal.signal(s, handler)
+        except (OSError, ValueError, TypeError):
+            pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    os.environ.clear()
+    os.environ.update(req["env"])
+    changed, removed = _ENV_CHANGES
+    os.environb.update(changed)
+    for k in removed:
+        os.environb.pop(k, None)
+    _reseed()
+    _run_bootstrap()
+
+
+def _reseed():
+    """Random states a fresh process would have seeded on its own."""
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
+        try:
+            np_random.seed()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _run_bootstrap():
+    """The stack-dump bootstrap's per-rank part (sitecustomize.py, which this process ran
+    without a rank), unless --no-stack-dumps left it off the rank's PYTHONPATH."""
+    path = os.path.join(_HERE, "sitecustomize.py")
+    if "DDPRUN_STACK_FILE" not in os.environ or _HERE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        return
+    try:
+        with open(path) as f:
+            code = compile(f.read(), path, "exec")
+        exec(code, {"__name__": "ddprun_bootstrap", "__file__": path})
+    except Exception:  # noqa: BLE001  (no stacks, but the worker runs)
+        pass
+
+
+def _run_script(script):
+    """`python -u script`: a fresh __main__ whose frames are the only ones a traceback shows."""
+    import importlib.machinery
+    import types
+
+    path = os.path.abspath(script)
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+    except OSError as e:
+        sys.stderr.write("%s: can't open file %r: [Errno %d] %s\n" % (sys.executable, path, e.errno, e.strerror))
+        sys.exit(2)
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__cached__ = None
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    main.__builtins__ = __builtins__
+    sys.modules["__main__"] = main
+    code = compile(source, path, "exec", dont_inherit=True)
+    exec(code, main.__dict__)
+
+
+def _as_uncaught(e):
+    """What Python does with an exception nothing caught, minus this file's frames."""
+    import signal
+
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    e.__traceback__ = tb  # what Python's hook prints (not its argument) when it has one
+    sys.excepthook(type(e), e, tb)
+    if isinstance(e, KeyboardInterrupt):  # Python exits by SIGINT then
+        sys.stdout.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    sys.exit(1)
+
+
+def _path0(module, script):
+    """sys.path[0] of `python -m module` or `python script`."""
+    return os.getcwd() if module else os.path.dirname(os.path.realpath(script))
+
+
+def _run(req):
+    argv = req["argv"]
+    sys.orig_argv = [sys.executable, "-u"] + (["-m"] if req["module"] else []) + argv
+    sys.argv = list(argv)
+    try:
+        if req["module"]:
+            import runpy
+
+            runpy._run_module_as_main(argv[0], alter_argv=True)
+        else:
+            _run_script(argv[0])
+    except SystemExit:
+        raise
+    except BaseException as e:  # noqa: BLE001
+        _as_uncaught(e)
+
+
+def _warm(sock, ddprun_pid, modules):
+    """The warm process's life; returns only in a worker, with its request."""
+    import ctypes
+
+    _PRCTL.append(ctypes.CDLL(None).prctl)
+    state = _preload(modules)
+    _send(sock, state)
+    if "error" in state:
+        sys.exit(1)
+    req, fds, between = _serve(ddprun_pid, sock)
+    _become_worker(ddprun_pid, between, sock, req, fds)
+    return req
+
+
+def main():
+    fd, ddprun_pid, modules = int(sys.argv[1]), int(sys.argv[2]), [m for m in sys.argv[3].split(",") if m]
+    sys.path[0] = _path0(sys.argv[4] == "-m", sys.argv[-1])
+    sock = socket.socket(fileno=fd)
+    os.set_inheritable(fd, False)
+    try:
+        req = _warm(sock, ddprun_pid, modules)
+    except (BrokenPipeError, ConnectionResetError):  # ddprun is gone
+        sys.exit(0)
+    _run(req)
+
+
+if __name__ == "__main__":
+    main()
