@@ -91,6 +91,16 @@ std::optional<json> read_message(int fd, int timeout_ms) {
   }
 }
 
+// "a\0b\0c": how the warm process reads arguments and environments (bytes, no encoding).
+std::string nul_joined(const std::vector<std::string>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += '\0';
+    out += items[i];
+  }
+  return out;
+}
+
 std::string describe_status(int status) {
   if (WIFSIGNALED(status)) return "was killed by " + signal_name(WTERMSIG(status));
   return fmt::format("exited with code {}", WEXITSTATUS(status));
@@ -172,6 +182,10 @@ void WarmPython::start(const Env& env) {
     return;
   }
   guardian_.watch(r.pid);
+  try {  // what it was started with: it tells the worker what its start-up changed
+    send_all(sv[0], nul_joined(spec.env), nullptr, 0);
+  } catch (const ddp::Error&) {
+  }  // (it died at once: the answer says how)
   fd_ = sv[0];
   pid_ = r.pid;
   exit_status_.reset();
@@ -226,15 +240,14 @@ void WarmPython::exited(pid_t pid, int status) {
 std::optional<SpawnResult> WarmPython::spawn(const WorkerCommand& cmd, const Env& env, int in_fd, int out_fd,
                                              int err_fd) {
   if (!ready_ || fd_ < 0) return std::nullopt;
-  json req;
-  std::vector<std::string> argv(cmd.argv.begin() + 2, cmd.argv.end());  // without python -u
-  req["module"] = o_.module;
-  if (o_.module) argv.erase(argv.begin());
-  req["argv"] = argv;
-  req["env"] = env;
+  // (-m|s) argc argv... env...: python -u and -m are not arguments of the script.
+  std::vector<std::string> argv(cmd.argv.begin() + (o_.module ? 3 : 2), cmd.argv.end());
+  std::vector<std::string> req{o_.module ? "m" : "s", std::to_string(argv.size())};
+  req.insert(req.end(), argv.begin(), argv.end());
+  for (auto& e : to_envp(env)) req.push_back(e);
   const int fds[3] = {in_fd >= 0 ? in_fd : 0, out_fd, err_fd};
   try {
-    send_all(fd_, req.dump(), fds, 3);
+    send_all(fd_, nul_joined(req), fds, 3);
   } catch (const ddp::Error& e) {
     spdlog::warn("--preload: the warm Python process is gone ({}): starting this worker cold", e.what());
     stop();

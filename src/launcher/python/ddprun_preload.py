@@ -5,11 +5,14 @@
 # not), then forks one worker per request that ddprun sends over the socket FD. A worker
 # then runs its script exactly as `python -u script args` would have.
 #
-# Messages on FD (a Unix stream socket): a 4-byte big-endian length, then that much JSON.
-#   from here:  {"ready": true, "seconds": S, "threads": [...]} | {"error": "..."}
+# Messages on FD (a Unix stream socket): a 4-byte big-endian length, then that many bytes.
+#   from ddprun: first the environment it started this process with ("K=V" entries joined
+#               by NUL), then one request per worker: "m" (-m) or "s", the argument count,
+#               the arguments, then the rank's environment, all joined by NUL, with three
+#               descriptors (stdin, stdout, stderr) attached to the length
+#   from here:  JSON {"ready": true, "seconds": S, "threads": [...]} | {"error": "..."},
 #               then one {"pid": P} | {"error": "..."} per request
-#   from ddprun: {"argv": [...], "env": {...}, "module": bool}, with three descriptors
-#               (stdin, stdout, stderr) attached to the length
+# (Arguments and environments are bytes, as the kernel has them: no encoding is assumed.)
 # The socket's end (ddprun gone or done) ends this process.
 #
 # Each worker is a grandchild: the child between exits at once, so the worker is adopted by
@@ -30,27 +33,37 @@ _ENV_CHANGES = []  # (set, removed): what start-up and preload changed in the en
 def _send(sock, obj):
     import json
 
-    data = json.dumps(obj).encode()
+    data = json.dumps(obj, ensure_ascii=False).encode("utf-8", "replace")  # (no lone surrogates)
     sock.sendall(struct.pack(">I", len(data)) + data)
 
 
 def _recv(sock):
-    """One request and its descriptors; None at the socket's end."""
-    import json
-
+    """One message and its descriptors; None at the socket's end."""
     head, fds, _, _ = socket.recv_fds(sock, 4, 3)
-    if len(head) < 4:
-        for fd in fds:
-            os.close(fd)
-        return None, []
-    (size,) = struct.unpack(">I", head)
     data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            return None, fds
-        data += chunk
-    return json.loads(data), fds
+    if len(head) == 4:
+        (size,) = struct.unpack(">I", head)
+        while len(data) < size:
+            chunk = sock.recv(size - len(data))
+            if not chunk:
+                break
+            data += chunk
+        if len(data) == size:
+            return bytes(data), fds
+    for fd in fds:
+        os.close(fd)
+    return None, []
+
+
+def _environment(entries):
+    return dict(e.split(b"=", 1) for e in entries if b"=" in e)
+
+
+def _request(data):
+    """A worker's request: (module?, argv as str, environment as bytes)."""
+    parts = data.split(b"\0")
+    n = int(parts[1])
+    return parts[0] == b"m", [os.fsdecode(a) for a in parts[2:2 + n]], _environment(parts[2 + n:])
 
 
 def _cuda_in_use():
@@ -89,20 +102,17 @@ def _threads():
     return named if len(named) >= len(native) else named + native[len(named):]
 
 
-def _environment_changes():
-    """What this process's start-up (a sitecustomize) and the preload did to its environment,
-    against the one it was started with: (set, removed). A worker gets the same changes on top
-    of its own environment, as its own start-up and imports would have made them."""
-    try:
-        with open("/proc/self/environ", "rb") as f:
-            initial = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-    except OSError:
-        return {}, []
+def _environment_changes(started_with):
+    """What happened to this process's environment since ddprun made it: the interpreter
+    wrapper's changes (a PYTHON_EXEC script that sets PYTHONPATH), its start-up's (a
+    sitecustomize) and the preload's: (set, removed). A worker gets the same changes on top of
+    its own environment, as its own start and imports would have made them."""
     now = os.environb
-    return {k: v for k, v in now.items() if initial.get(k) != v}, [k for k in initial if k not in now]
+    return ({k: v for k, v in now.items() if started_with.get(k) != v},
+            [k for k in started_with if k not in now])
 
 
-def _preload(modules):
+def _preload(modules, started_with):
     import importlib
     import signal
     import time
@@ -127,7 +137,7 @@ def _preload(modules):
             return {"error": "importing %s initialised CUDA (%s): a forked worker cannot use a CUDA context "
                              "its parent made; preload it without initialising CUDA, or drop it from --preload"
                              % (name, why)}
-    _ENV_CHANGES.extend(_environment_changes())
+    _ENV_CHANGES.extend(_environment_changes(started_with))
     return {"ready": True, "seconds": round(time.monotonic() - t0, 3), "threads": _threads()}
 
 
@@ -165,8 +175,8 @@ def _serve(ddprun_pid, sock):
     """Answers requests until the socket ends; returns in a forked worker: its request,
     descriptors and the pid of the child between."""
     while True:
-        req, fds = _recv(sock)
-        if req is None:
+        data, fds = _recv(sock)
+        if data is None:
             sys.exit(0)
         if len(fds) != 3:
             for fd in fds:
@@ -181,7 +191,7 @@ def _serve(ddprun_pid, sock):
             _send(sock, {"error": "fork: %s" % e.strerror})
             continue
         if isinstance(pid, tuple):
-            return req, fds, pid[1]
+            return _request(data), fds, pid[1]
         _send(sock, {"pid": pid} if pid else {"error": "the worker's fork failed"})
 
 
@@ -217,7 +227,7 @@ def _become_worker(ddprun_pid, between, sock, req, fds):
             pass
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     os.environ.clear()
-    os.environ.update(req["env"])
+    os.environb.update(req[2])
     changed, removed = _ENV_CHANGES
     os.environb.update(changed)
     for k in removed:
@@ -237,10 +247,10 @@ def _reseed():
 
 
 def _run_bootstrap():
-    """The stack-dump bootstrap's per-rank part (sitecustomize.py, which this process ran
-    without a rank), unless --no-stack-dumps left it off the rank's PYTHONPATH."""
+    """The stack-dump bootstrap's per-rank part (sitecustomize.py, which this process did not
+    run), unless --no-stack-dumps left the rank without a stack file."""
     path = os.path.join(_HERE, "sitecustomize.py")
-    if "DDPRUN_STACK_FILE" not in os.environ or _HERE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    if "DDPRUN_STACK_FILE" not in os.environ:
         return
     try:
         with open(path) as f:
@@ -263,6 +273,8 @@ def _run_script(script):
         sys.stderr.write("%s: can't open file %r: [Errno %d] %s\n" % (sys.executable, path, e.errno, e.strerror))
         sys.exit(2)
     main = types.ModuleType("__main__")
+    if "__annotations__" in vars(sys.modules["__main__"]):  # the interpreter's own __main__ has it
+        main.__annotations__ = {}
     main.__file__ = path
     main.__cached__ = None
     main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
@@ -294,11 +306,11 @@ def _path0(module, script):
 
 
 def _run(req):
-    argv = req["argv"]
-    sys.orig_argv = [sys.executable, "-u"] + (["-m"] if req["module"] else []) + argv
+    module, argv, _ = req
+    sys.orig_argv = [sys.executable, "-u"] + (["-m"] if module else []) + argv
     sys.argv = list(argv)
     try:
-        if req["module"]:
+        if module:
             import runpy
 
             runpy._run_module_as_main(argv[0], alter_argv=True)
@@ -315,7 +327,10 @@ def _warm(sock, ddprun_pid, modules):
     import ctypes
 
     _PRCTL.append(ctypes.CDLL(None).prctl)
-    state = _preload(modules)
+    hello, _ = _recv(sock)
+    if hello is None:
+        sys.exit(0)
+    state = _preload(modules, _environment(hello.split(b"\0")))
     _send(sock, state)
     if "error" in state:
         sys.exit(1)

@@ -1,0 +1,364 @@
+"""Issue 22: --preload MODULES, warm Python workers. One warm process per node imports the
+modules once and forks every worker from it, restarts too; a worker sees what `python -u
+script` would have shown it. Run on the host's torch 1.13 and on torch 2.6 (the .torch2
+variant). Other test files run again in this mode too (their *.preload variants)."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ddprun_testlib import DDPRUN, DdprunTestCase, clean_env, read_text, scaled, worker  # noqa: E402
+import test_c10d  # noqa: E402
+
+SOURCE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+
+# Imported by the warm process: counts its imports (one line per importing process).
+PROBE = """
+import os
+with open(os.environ["PROBE_LOG"], "a") as f:
+    f.write(f"{os.getpid()}\\n")
+"""
+
+# Stands in for a module that initialises CUDA at import (no GPU here).
+FAKE_CUDA = """
+import torch
+torch.cuda._initialized = True
+"""
+
+# Starts a thread at import, as some libraries do.
+THREADER = """
+import threading, time
+threading.Thread(target=time.sleep, args=(60,), name="telemetry-flusher", daemon=True).start()
+"""
+
+# What a worker sees of itself: compared between a cold and a warm start.
+VIEW = r"""
+import json, os, signal, sys
+def disp(s):
+    h = signal.getsignal(s)
+    return getattr(h, "__name__", str(h))
+view = {
+    "argv": sys.argv, "orig_argv": sys.orig_argv[1:], "path0": sys.path[0], "path": sys.path,
+    "file": __file__, "name": __name__, "spec": __spec__ and (__spec__.name, __spec__.origin), "executable": sys.executable,
+    "cwd": os.getcwd(), "pgid_is_pid": os.getpgid(0) == os.getpid(),
+    "parent_is_ddprun": os.getppid() == int(os.environ["EXPECT_PARENT"]) if "EXPECT_PARENT" in os.environ else None,
+    "env": {k: v for k, v in os.environ.items()
+            if k not in ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE")},
+    "signals": {str(int(s)): disp(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGCHLD,
+                                               signal.SIGUSR1, signal.SIGHUP)},
+    "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+    "stdin_fd": os.fstat(0).st_mode, "buffered": [sys.stdout.write_through, sys.stderr.write_through],
+    "main_keys": sorted(k for k in globals() if k.startswith("__")),
+}
+with open(os.path.join(os.environ["OUT"], "view_" + os.environ["RANK"]), "w") as f:
+    json.dump(view, f, sort_keys=True)
+"""
+
+# Attempt 0: rank 1 fails; attempt 1: every rank succeeds. Each start is logged.
+RESTART = """
+import os, sys, time
+import probe_mod
+with open(os.path.join(os.environ["OUT"], "starts"), "a") as f:
+    f.write(f"{os.environ['TORCHELASTIC_RESTART_COUNT']} {os.environ['RANK']} {os.getpid()}\\n")
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["RANK"] == "1":
+    sys.exit(3)
+"""
+
+RAISE = """
+import os, sys
+def train():
+    raise ValueError("bad batch on rank " + os.environ["RANK"])
+if os.environ["RANK"] == "1":
+    train()
+"""
+
+MULTIPROC = """
+import multiprocessing as mp, os, sys
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+def square(x):
+    return x * x
+
+if __name__ == "__main__":
+    out = {}
+    for method in ("spawn", "forkserver"):
+        with mp.get_context(method).Pool(2) as pool:
+            out[method] = pool.map(square, [1, 2, 3])
+    loader = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=2, num_workers=2)
+    out["dataloader"] = sum(float(b[0].sum()) for b in loader)
+    with open(os.path.join(os.environ["OUT"], "mp_" + os.environ["RANK"]), "w") as f:
+        f.write(repr(out))
+"""
+
+SLEEPER = """
+import os, signal, sys, time
+def on_term(*_):
+    open(os.path.join(os.environ["OUT"], "term_" + os.environ["RANK"]), "w").close()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+open(os.path.join(os.environ["OUT"], "ready_" + os.environ["RANK"]), "w").close()
+time.sleep(60)
+"""
+
+
+class PreloadTest(DdprunTestCase):
+    def setUp(self):
+        super().setUp()
+        self.mods = self.path("mods")
+        os.mkdir(self.mods)
+        for name, text in (("probe_mod", PROBE), ("fake_cuda", FAKE_CUDA), ("threader", THREADER)):
+            self.write(os.path.join("mods", name + ".py"), text)
+        self.probe_log = self.path("probe.log")
+
+    def write(self, name, text):
+        p = self.path(name)
+        with open(p, "w") as f:
+            f.write(text)
+        return p
+
+    def env(self, **extra):
+        e = clean_env(PYTHONPATH=self.mods, PROBE_LOG=self.probe_log, OUT=self.tmp, **extra)
+        e.pop("PET_PRELOAD", None)  # each test says itself whether it preloads
+        return e
+
+    def probe_imports(self):
+        return read_text(self.probe_log).split() if os.path.exists(self.probe_log) else []
+
+    def job(self, script, *args, preload=None, flags=(), nproc=2, env=None, timeout=120):
+        pre = ["--preload", preload] if preload else []
+        return self.run_ddprun(["--standalone", "--nproc-per-node", str(nproc), *pre, *flags, script, *args],
+                               env=env or self.env(), timeout=timeout)
+
+    # -- a real job
+
+    def test_ddp_trains_with_one_import_per_node(self):
+        res = self.job(worker("torch_allreduce.py"), self.tmp, preload="torch,probe_mod", nproc=4,
+                       flags=("--log-level", "info"))
+        self.assertEqual(res.rc, 0, res)
+        for r in range(4):
+            self.assertEqual(read_text(self.path(f"sum_{r}")).split(), ["10.0", "10.0"])
+        imports = self.probe_imports()
+        self.assertEqual(len(imports), 1, res)
+        warm = re.search(r"--preload: imported torch,probe_mod in [\d.]+ s \(warm process pid (\d+)\)", res.stderr)
+        self.assertIsNotNone(warm, res)
+        self.assertEqual(imports, [warm.group(1)])
+
+    def test_a_restart_forks_from_the_warm_process(self):
+        script = self.write("restart.py", RESTART)
+        res = self.job(script, preload="probe_mod", flags=("--max-restarts", "1"))
+        self.assertEqual(res.rc, 0, res)
+        starts = [l.split() for l in read_text(self.path("starts")).splitlines()]
+        self.assertEqual(sorted((a, r) for a, r, _ in starts), [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")])
+        self.assertEqual(len({p for _, _, p in starts}), 4)  # four processes ...
+        self.assertEqual(len(self.probe_imports()), 1)  # ... one import
+        self.assertNotIn("warm Python process", res.stderr)
+
+    def test_a_dead_warm_process_is_replaced_and_said(self):
+        # The warm process is killed while attempt 0 runs; attempt 1's workers come from a
+        # new one (a second import), and ddprun says so.
+        script = self.write("restart.py", RESTART.replace(
+            'sys.exit(3)', 'import time; time.sleep(float(os.environ["DIE_AFTER"])); sys.exit(3)'))
+        p = self.start(["--standalone", "--nproc-per-node", "2", "--preload", "probe_mod", "--max-restarts", "1",
+                        "--log-level", "info", script], env=self.env(DIE_AFTER=scaled(5)))
+        m = self.wait_for(lambda: re.search(r"warm process pid (\d+)", read_text(self.path("ddprun.stderr"))),
+                          what="the warm process's pid")
+        warm = int(m.group(1))
+        self.wait_for(lambda: os.path.exists(self.path("starts")) and len(read_text(self.path("starts")).split("\n"))
+                      > 2, what="attempt 0's workers")
+        os.kill(warm, signal.SIGKILL)  # ddprun's child, started for this test
+        self.assertEqual(p.wait(timeout=scaled(60)), 0)
+        err = read_text(self.path("ddprun.stderr"))
+        self.assertIn(f"--preload: the warm Python process (pid {warm}) was killed by SIGKILL: the next workers "
+                      "come from a new one", err)
+        self.assertIn("--preload: started a new warm Python process", err)
+        self.assertEqual(len(self.probe_imports()), 2)
+
+    # -- what a worker sees
+
+    def view(self, flags, env, script):
+        res = self.job(script, "a", "--b", "\udcff", preload=flags, env=env)  # (b"\xff": not UTF-8)
+        self.assertEqual(res.rc, 0, res)
+        views = [json.loads(read_text(self.path(f"view_{r}"))) for r in range(2)]
+        for r in range(2):
+            os.unlink(self.path(f"view_{r}"))
+        return views
+
+    def test_a_worker_sees_what_python_u_script_shows(self):
+        script = self.write("view.py", VIEW)
+        env = self.env(NOT_UTF8="\udcfe")
+        cold, warm = self.view(None, env, script), self.view("json,probe_mod", env, script)
+        for c, w in zip(cold, warm):
+            self.assertEqual(c, w)
+        self.assertEqual(warm[1]["argv"], [script, "a", "--b", "\udcff"])
+        self.assertEqual(warm[1]["env"]["NOT_UTF8"], "\udcfe")
+        self.assertEqual(warm[1]["name"], "__main__")
+        self.assertTrue(warm[1]["pgid_is_pid"])
+
+    def test_a_worker_sees_what_python_u_m_module_shows(self):
+        self.write(os.path.join("mods", "view_mod.py"), VIEW)
+        env = self.env()
+        runs = []
+        for pre in ([], ["--preload", "json"]):
+            res = self.run_ddprun(["--standalone", "--nproc-per-node", "2", *pre, "-m", "view_mod", "x"], env=env)
+            self.assertEqual(res.rc, 0, res)
+            runs.append(json.loads(read_text(self.path("view_1"))))
+        self.assertEqual(runs[0], runs[1])
+        self.assertEqual(runs[1]["argv"], [self.path("mods", "view_mod.py"), "x"])
+
+    def test_multiprocessing_spawn_forkserver_and_dataloader_workers(self):
+        script = self.write("mp.py", MULTIPROC)
+        res = self.job(script, preload="torch")
+        self.assertEqual(res.rc, 0, res)
+        for r in range(2):
+            self.assertEqual(read_text(self.path(f"mp_{r}")),
+                             "{'spawn': [1, 4, 9], 'forkserver': [1, 4, 9], 'dataloader': 28.0}")
+
+    # -- failures, signals: as without --preload
+
+    def test_a_failing_rank_gives_the_same_summary_and_status(self):
+        script = self.write("raise.py", RAISE)
+        cold, warm = self.job(script), self.job(script, preload="torch")
+        self.assertEqual((cold.rc, warm.rc), (1, 1), warm)
+
+        def root(res):  # the root cause's lines but its time and pid
+            block = self.summary_block(res.stderr)
+            lines = block[block.index("Root Cause"):].splitlines()[1:]
+            lines = lines[:next(i for i, l in enumerate(lines) if l.startswith(("---", "===", "Where")))]
+            return [re.sub(r"\(pid: \d+\)", "", l) for l in lines if not l.lstrip().startswith("time")]
+
+        self.assertEqual(root(cold), root(warm))
+        self.assertIn('File "%s", line 4, in train' % script, warm.stderr)
+        self.assertNotIn("ddprun_preload", warm.stderr)
+
+    def test_exit_codes_and_signals_of_workers(self):
+        for how, rc in (("import sys; sys.exit(7)", 7), ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)",
+                                                         139), ("raise KeyboardInterrupt", 130)):
+            script = self.write("die.py", how + "\n")
+            res = self.job(script, preload="json", nproc=1)
+            self.assertEqual(res.rc, rc, (how, res))
+
+    def test_a_signal_while_the_warm_process_imports_stops_at_once(self):
+        self.write(os.path.join("mods", "slow_import.py"), "import os, time\n"
+                   "open(os.path.join(os.environ['OUT'], 'importing'), 'w').close()\ntime.sleep(60)\n")
+        p = self.start(["--standalone", "--nproc-per-node", "2", "--preload", "slow_import",
+                        self.write("ok.py", "pass\n")], env=self.env())
+        self.wait_for_files([self.path("importing")])
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        self.assertEqual(p.wait(timeout=scaled(30)), 143)
+        self.assertLess(time.monotonic() - t0, 2.0)  # a quiet machine: about 10 ms
+
+    def test_sigterm_reaches_the_workers(self):
+        script = self.write("sleeper.py", SLEEPER)
+        p = self.start(["--standalone", "--nproc-per-node", "2", "--preload", "json", script], env=self.env())
+        self.wait_for_files([self.path("ready_0"), self.path("ready_1")])
+        p.send_signal(signal.SIGTERM)
+        self.assertEqual(p.wait(timeout=scaled(30)), 143)
+        self.assertTrue(os.path.exists(self.path("term_0")) and os.path.exists(self.path("term_1")))
+
+    # -- refused, with a clear error
+
+    def test_a_module_that_initialises_cuda_is_refused(self):
+        res = self.job(worker("torch_allreduce.py"), self.tmp, preload="torch,fake_cuda")
+        self.assertEqual(res.rc, 1, res)
+        self.assertIn("ddprun: error: --preload: importing fake_cuda initialised CUDA "
+                      "(torch.cuda.is_initialized() is True)", res.stderr)
+        self.assertFalse(os.path.exists(self.path("sum_0")))
+
+    def test_a_missing_or_broken_module_is_an_error(self):
+        res = self.job(worker("torch_allreduce.py"), self.tmp, preload="json,no_such_module_x")
+        self.assertEqual(res.rc, 1, res)
+        self.assertEqual(res.stderr.splitlines()[-1], "ddprun: error: --preload: importing no_such_module_x "
+                         "failed: ModuleNotFoundError: No module named 'no_such_module_x'")
+        self.write(os.path.join("mods", "broken.py"), "import json\nraise RuntimeError('config missing')\n")
+        res = self.job(worker("torch_allreduce.py"), self.tmp, preload="broken")
+        self.assertEqual(res.rc, 1, res)
+        self.assertIn("RuntimeError: config missing", res.stderr)  # its traceback first
+        self.assertIn("ddprun: error: --preload: importing broken failed: RuntimeError: config missing",
+                      res.stderr)
+
+    def test_bad_flag_values_are_usage_errors(self):
+        for args, msg in ((["--preload", "torch,,x"], "--preload: '' is not a Python module name"),
+                          (["--preload", "torch-x"], "--preload: 'torch-x' is not a Python module name"),
+                          (["--preload", "json", "--no-python"], "--preload imports Python modules for Python "
+                                                                 "workers; --no-python runs none")):
+            r = subprocess.run([DDPRUN, *args, "true"], capture_output=True, text=True, env=self.env(),
+                               timeout=scaled(30))
+            self.assertEqual(r.returncode, 2, (args, r.stderr))
+            self.assertTrue(r.stderr.startswith("ddprun: error: " + msg), (args, r.stderr))
+        # PET_PRELOAD (set for every job, say) leaves --no-python jobs alone.
+        r = subprocess.run([DDPRUN, "--no-python", "true"], capture_output=True, text=True,
+                           env=self.env(PET_PRELOAD="json"), timeout=scaled(30))
+        self.assertEqual((r.returncode, r.stderr), (0, ""))
+
+    def test_threads_alive_in_the_warm_process_are_named(self):
+        res = self.job(self.write("ok.py", "pass\n"), preload="threader")
+        self.assertEqual(res.rc, 0, res)
+        self.assertIn("--preload: 1 thread(s) run in the warm process after importing threader, and a forked worker "
+                      "has none of them: telemetry-flusher", res.stderr)
+
+    def test_a_cold_python_exec_failure_is_reported_as_without_preload(self):
+        env = self.env(PYTHON_EXEC="/nonexistent/python3.99")
+        res = self.job(self.write("ok.py", "pass\n"), preload="json", env=env)
+        self.assertEqual(res.rc, 127, res)
+        self.assertIn("cannot execute /nonexistent/python3.99: No such file or directory", res.stderr)
+
+
+class ReadmeLine(DdprunTestCase):
+    def test_the_readme_line_as_written(self):
+        readme = read_text(os.path.join(SOURCE, "README.md"))
+        section = readme[readme.index("## Warm workers"):]
+        block = section[section.index("```sh\n") + 6:section.index("```", section.index("```sh\n") + 6)]
+        lines = [l.strip() for l in block.splitlines() if l.strip()]
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("--preload torch", lines[0])
+        for name in ("build", "examples"):  # the line's relative paths, from this folder
+            os.symlink(os.path.join(SOURCE, name), self.path(name))
+        if os.environ.get("DDPRUN"):  # the binary under test, wherever it was built
+            os.unlink(self.path("build"))
+            os.makedirs(self.path("build"))
+            os.symlink(os.path.dirname(os.path.dirname(DDPRUN)) + "/bin", self.path("build", "bin"))
+        env = clean_env()
+        env.pop("PET_PRELOAD", None)
+        r = subprocess.run(lines[0], shell=True, cwd=self.tmp, env=env, capture_output=True, text=True,
+                           timeout=scaled(180))
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        self.assertRegex(r.stdout, r"\[rank0\]:.*epoch 2")
+
+
+class PreloadElasticTest(test_c10d.C10dTestCase):
+    def test_host_loss_reforms_from_the_warm_process(self):
+        # B is SIGKILLed; A's workers of the next round are forked from A's warm process: A
+        # imported the probe once for both rounds.
+        probe_dir = self.path("mods")
+        os.mkdir(probe_dir)
+        with open(os.path.join(probe_dir, "probe_mod.py"), "w") as f:
+            f.write(PROBE)
+        env = clean_env(PYTHONPATH=probe_dir, PROBE_LOG=self.path("probe_A"))
+        conf = test_c10d.CONF.replace("last_call_timeout=1", "last_call_timeout=0.3")
+        args = ["--sleep", "30", "--sleep-at-world", "2=0.5"]
+        pre = ["--max-restarts", "1", "--preload", "probe_mod"]
+        a = self.start_node("A", "127.0.0.2", args, nnodes="1:2", conf=conf + ",is_host=1", extra=pre, env=env)
+        b = self.start_node("B", "127.0.0.3", args, nnodes="1:2", conf=conf + ",is_host=0", extra=pre,
+                            env=clean_env(PYTHONPATH=probe_dir, PROBE_LOG=self.path("probe_B")))
+        r0 = self.wait_workers(4, world=4)
+        t_kill = time.time()
+        b.proc.send_signal(signal.SIGKILL)
+        r1 = self.wait_workers(2, world=2)
+        reform = min(r["t"] for r in r1) - t_kill
+        self.wait_nodes([a], 30)
+        self.assertEqual(a.rc, 0, self.describe())
+        self.assertEqual(len(read_text(self.path("probe_A")).split()), 1)
+        self.assertLess(reform, 2.0, self.describe())
+        self.assertEqual(len(r0), 4)
+        print(f"\nhost loss to the survivor's new (warm) workers: {reform:.2f} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
