@@ -30,12 +30,12 @@ class SignalCases:
     def sender(self):
         return "slurmstepd" if self.PROCTRACK == "linuxproc" else "ddprun"
 
-    def start_signal_job(self, name, mode, *sbatch_options, rdzv=""):
+    def start_signal_job(self, name, mode, *sbatch_options, rdzv="", flags=""):
         d = self.job_dir(name)
         job = self.submit(name, f"""
 HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
-     $DDPRUN --log-level info {rdzv} --nproc-per-node {self.NPROC} $WORKERS/sig_worker.py {d} {mode}
+     $DDPRUN --log-level info {rdzv} {flags} --nproc-per-node {self.NPROC} $WORKERS/sig_worker.py {d} {mode}
 """, "-N2", *sbatch_options)
         ranks = 2 * self.NPROC
         deadline = time.monotonic() + lib.scaled(60)
@@ -121,10 +121,14 @@ srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
         port = lib.derived_port(self.cluster.first_job_id + n, 5)
         return f"--nnodes 2 --rdzv-backend c10d --rdzv-endpoint $HEAD:{port} --rdzv-id $SLURM_JOB_ID"
 
-    def scancel_case(self, name, rdzv="", late=None):
+    def test_scancel_preload_one_sigterm_per_worker_exit_143(self):
+        """Issue 22: workers forked by --preload's warm process, the same result."""
+        self.scancel_case("scancel_preload", flags="--preload json")
+
+    def scancel_case(self, name, rdzv="", late=None, flags=""):
         """scancel of a 2-node job; with `late`, that node's slurmd is held (SIGSTOP) for a
         second meanwhile, so Slurm's signal reaches it a second after the other node."""
-        job, d = self.start_signal_job(name, "term", rdzv=rdzv)
+        job, d = self.start_signal_job(name, "term", rdzv=rdzv, flags=flags)
         t0 = time.monotonic()
         if late:
             slurmd = self.cluster.procs[f"slurmd-{late}"].pid
@@ -152,6 +156,8 @@ srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
                 self.assertIn("Slurm sent SIGTERM", log, f"task {t}")
             self.assertIn("exiting with 143", log, f"task {t}: {log}")
             self.assertNotIn("killing the workers now", log)
+            if flags:
+                self.assertIn("--preload: imported json", log, f"task {t}: {log}")
             if rdzv:  # the host is SLURM_NODEID 0 (task 0); nobody tries another round
                 self.assertIn("this node hosts the c10d store" if t == 0 else "joining the c10d store", log)
                 self.assertNotIn("forming the next", log, f"task {t}")
@@ -221,3 +227,5 @@ srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
             self.assertIn("Slurm sent SIGUSR1", log, f"task {t}")
             self.assertIn("exiting with 143", log, f"task {t}: {log}")
             self.assertNotIn("killing the workers now", log)
+            if flags:
+                self.assertIn("--preload: imported json", log, f"task {t}: {log}")

@@ -66,6 +66,21 @@ srun --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node 2 $WORKERS/wh
         self.assertIn("--node-rank 1 --master-addr n1", out)
         self.assert_nothing_left(name)
 
+    @lib.torch_workers
+    def test_preload_torch_two_nodes_train(self):
+        """Issue 22: the same job with its workers forked from a warm process on each node."""
+        name = "preload"
+        d = self.job_dir(name)
+        job, info = self.run_job(name, f"""
+srun --ntasks-per-node=1 $DDPRUN --log-level info --preload torch --nproc-per-node 2 $WORKERS/where.py {d} \\
+     --train --epochs 3""", "-N2")
+        out = self.job_output(name)
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
+        self.assert_four_ranks_on(name, job, ["n1", "n2"], "n1")
+        self.assertEqual(out.count("--preload: imported torch in"), 2, out)
+        self.assertIn("parameters identical on all 4 ranks", out)
+        self.assert_nothing_left(name)
+
     def test_static_line_with_rank_and_master(self):
         name = "static"
         d = self.job_dir(name)
