@@ -141,6 +141,10 @@ class Stop(unittest.TestCase):
         out = self.stop_and_check()
         self.assertIn("received SIGTERM: forwarding it to the workers", out)
 
+    def test_podman_stop_with_preload_the_same(self):
+        """Issue 22: workers forked by --preload's warm process (ddprun is PID 1)."""
+        self.stop_and_check(entry_args=("--preload", "json"))
+
     def test_init_catatonit_above_ddprun(self):
         self.stop_and_check("--init")
 
@@ -352,6 +356,14 @@ class Torch2Variant(unittest.TestCase):
         self.assertIn("[rank0]:parameters identical on all 2 ranks", p.stdout)
         self.assertIn("[rank0]:epoch 1", p.stdout)
         self.assertGreater(os.path.getsize(os.path.join(out, "ckpt.pt")), 0)
+
+    def test_trains_ddp_on_torch2_as_pid1_with_preload(self):
+        """Issue 22: PET_PRELOAD set in the container's environment."""
+        p, out = self.train("-v", f"{NOLIBUV}:/nolibuv:ro", "-e", "PYTHONPATH=/nolibuv", "-e", "PET_PRELOAD=torch",
+                            "-e", "LOGLEVEL=info")
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertIn("[rank0]:parameters identical on all 2 ranks", p.stdout)
+        self.assertIn("--preload: imported torch in", p.stderr)
 
     def test_torch_without_libuv_is_named_in_the_summary(self):
         p, out = self.train()

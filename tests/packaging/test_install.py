@@ -14,6 +14,7 @@ from pkgtest import BUILD, SRC, TAG, run
 
 EXPECTED = [
     "bin/ddprun", "bin/ddp-store-server", "share/ddprun/python/sitecustomize.py",
+    "share/ddprun/python/ddprun_preload.py",
     "lib/libddp.so", "lib/libddp.so.0", "include/ddp/ddp.hpp", "include/ddp/process_group.hpp",
     "lib/cmake/ddp/ddpConfig.cmake", "lib/cmake/ddp/ddpConfigVersion.cmake", "lib/cmake/ddp/ddpTargets.cmake",
     "share/man/man1/ddprun.1.gz",
@@ -113,6 +114,20 @@ class Install(unittest.TestCase):
             job.wait()
             job.stdout.close()
             job.stderr.close()
+
+
+    def test_installed_ddprun_finds_its_warm_process(self):
+        """docs/preload.md: --preload's warm process comes from <prefix>/share/ddprun/python."""
+        ddprun = os.path.join(self.prefix, "bin/ddprun")
+        script = os.path.join(self.tmp, "preloaded.py")
+        with open(script, "w") as f:
+            f.write("import sys; print('json' in sys.modules)\n")
+        p = run([ddprun, "--standalone", "--nproc-per-node", "2", "--preload", "json", "--log-level", "info",
+                 script], timeout=60,
+                env=dict(os.environ, PYTHON_EXEC="/usr/bin/python3"))
+        self.assertIn("--preload: imported json in", p.stderr)
+        self.assertEqual(sorted(l for l in p.stdout.splitlines() if l.startswith("[rank")),
+                         ["[rank0]:True", "[rank1]:True"])
 
 
 class BuildInfo(unittest.TestCase):
