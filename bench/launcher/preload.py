@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Warm workers, `ddprun --preload torch` (issue 22), each beside its anchor measured in the same run.
 
-  /usr/bin/python3 bench/launcher/preload.py [--runs 7] [--torchrun-runs 3] [--mem-runs 3] [--loss-runs 3]
+  /usr/bin/python3 bench/launcher/preload.py [--runs 7] [--torch2-runs 3] [--mem-runs 3] [--loss-runs 3]
                                              [--parts launch,restart,memory,hostloss] [--no-torch2] [--json out.json]
 
 Every part runs its variants interleaved, one of each per round, their order rotated from
@@ -15,7 +15,8 @@ round to round, so the drift of this noisy machine hits them alike. Medians.
    script` process (the same script, no launcher) to past its import, per torch version.
    The torch 2.6 launchers are started inside the chroot (one `torch2-chroot.sh exec` each,
    like the anchor's tests/torch2/python3), so every torch 2.6 line pays one entry (~50 ms)
-   and no worker pays its own. torchrun runs in the first --torchrun-runs rounds only.
+   and no worker pays its own. The torch 2.6 lines (anchor included) run in the first
+   --torch2-runs rounds only (they are the slow ones).
 2. restart: `--max-restarts 1`, 4 workers; in attempt 0 every rank writes a ready file after
    `import torch`, rank 0 waits for all four, writes a stamp and exits 1 (the others sleep);
    in attempt 1 every rank writes a stamp after `import torch` and exits 0. Measured: the
@@ -35,7 +36,7 @@ round to round, so the drift of this noisy machine hits them alike. Medians.
 
 Prints markdown tables of medians and ratios, then one JSON line of the medians and every run.
 """
-import argparse, json, os, re, signal, socket, statistics, subprocess, sys, tempfile, time
+import argparse, atexit, json, os, re, shutil, signal, socket, statistics, subprocess, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DDPRUN = os.path.join(ROOT, "build", "bin", "ddprun")
@@ -95,8 +96,15 @@ time.sleep(600)
 '''
 
 
-def write(d, name, text):
-    path = os.path.join(d, name)
+_SCRIPTS = []
+
+
+def write(name, text):
+    """The worker script `name` in this run's folder (removed at exit)."""
+    if not _SCRIPTS:
+        _SCRIPTS.append(tempfile.mkdtemp(dir=TMP, prefix="preload-bench-"))
+        atexit.register(shutil.rmtree, _SCRIPTS[0], True)
+    path = os.path.join(_SCRIPTS[0], name)
     with open(path, "w") as f:
         f.write(text)
     return path
@@ -115,6 +123,9 @@ def rounds(n, variants):
 
 
 # ------------------------------------------------------------------ 1. launch
+
+
+TORCH2_KINDS = ("anchor2", "cold2", "preload2", "torchrun2")
 
 
 def launch_cmd(kind, n, script, d):
@@ -154,9 +165,9 @@ def launch_once(kind, n, script):
     return max(stamps) - t0
 
 
-def bench_launch(runs, torchrun_runs, sizes, torch2):
-    script = write(tempfile.mkdtemp(dir=TMP, prefix="preload-bench-"), "launch_worker.py", LAUNCH_WORKER)
-    kinds = ["anchor", "cold", "preload"] + (["anchor2", "cold2", "preload2", "torchrun2"] if torch2 else [])
+def bench_launch(runs, torch2_runs, sizes, torch2):
+    script = write("launch_worker.py", LAUNCH_WORKER)
+    kinds = ["anchor", "cold", "preload"] + (list(TORCH2_KINDS) if torch2 else [])
     # Warm the page cache (torch's files, the chroot), not counted.
     for kind in kinds:
         if kind != "torchrun2":
@@ -172,7 +183,7 @@ def bench_launch(runs, torchrun_runs, sizes, torch2):
                 res[f"{kind}_{n}"] = []
                 variants.append((f"{kind}_{n}", lambda kind=kind, n=n: launch_once(kind, n, script)))
     for r, name, fn in rounds(runs, variants):
-        if name.startswith("torchrun2") and r >= torchrun_runs:
+        if name.split("_")[0] in TORCH2_KINDS and r >= torch2_runs:
             continue
         res[name].append(fn())
     return res
@@ -226,7 +237,7 @@ RESTART_VARIANTS = [  # name, ddprun flags, rank 0 ends at once (os._exit) inste
 
 
 def bench_restart(runs):
-    script = write(tempfile.mkdtemp(dir=TMP, prefix="preload-bench-"), "restart_worker.py", RESTART_WORKER)
+    script = write("restart_worker.py", RESTART_WORKER)
     res = {name: [] for name, _, _ in RESTART_VARIANTS}
     variants = [(name, lambda flags=flags, hard=hard: restart_once(flags, hard, script))
                 for name, flags, hard in RESTART_VARIANTS]
@@ -292,7 +303,7 @@ def memory_once(preload, script):
 
 
 def bench_memory(runs):
-    script = write(tempfile.mkdtemp(dir=TMP, prefix="preload-bench-"), "mem_worker.py", MEM_WORKER)
+    script = write("mem_worker.py", MEM_WORKER)
     res = {"cold": [], "preload": []}
     for _, name, fn in rounds(runs, [("cold", lambda: memory_once(False, script)),
                                      ("preload", lambda: memory_once(True, script))]):
@@ -390,7 +401,8 @@ def torch2_ready():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=7, help="rounds of the launch and restart parts")
-    ap.add_argument("--torchrun-runs", type=int, default=3, help="rounds of the launch part that include torchrun 2.6")
+    ap.add_argument("--torch2-runs", type=int, default=3,
+                    help="rounds of the launch part that include the torch 2.6 lines (torchrun 2.6 among them)")
     ap.add_argument("--mem-runs", type=int, default=3)
     ap.add_argument("--loss-runs", type=int, default=3)
     ap.add_argument("--last-call", type=float, default=1.0, help="host loss: --rdzv-conf last_call_timeout")
@@ -406,7 +418,7 @@ def main():
     t_start = time.time()
     raw = {}
     if "launch" in parts:
-        raw["launch"] = bench_launch(a.runs, a.torchrun_runs, sizes, torch2)
+        raw["launch"] = bench_launch(a.runs, a.torch2_runs, sizes, torch2)
     if "restart" in parts:
         raw["restart"] = bench_restart(a.runs)
     if "memory" in parts:
@@ -422,8 +434,8 @@ def main():
     if "launch" in raw:
         L = {k: med(v) for k, v in raw["launch"].items()}
         M["launch_s"] = L
-        print(f"| launch to every worker past `import torch` (medians of {a.runs}; torchrun of "
-              f"{min(a.runs, a.torchrun_runs)}) | seconds | / one import | target |")
+        print(f"| launch to every worker past `import torch` (medians of {a.runs}; torch 2.6 lines: of "
+              f"{min(a.runs, a.torch2_runs)}) | seconds | / one import (same torch) | target |")
         print("|---|---|---|---|")
         lines = [("anchor", None, "torch 1.13: one `python3 -u script` (the anchor)")]
         for n in sizes:
@@ -437,7 +449,7 @@ def main():
                           ("torchrun2", n, f"torch 2.6, {n} workers: torchrun 2.6")]
         for kind, n, label in lines:
             key = kind if n is None else f"{kind}_{n}"
-            base = L["anchor2" if kind.endswith("2") else "anchor"]
+            base = L["anchor2" if kind in TORCH2_KINDS else "anchor"]
             target = ""
             if kind.startswith("preload") and n in (4, 8):
                 limit = 1.15 if n == 4 else 1.3

@@ -45,25 +45,26 @@ std::vector<WorkerResult*> AttemptWorkers::start(const JobPlan& plan, int attemp
   stopping_ = false;
   kill_deadline_.reset();
   make_records(plan, attempt, dir);
-  std::vector<SpawnResult> started;
-  std::vector<std::string> paths;
+  std::vector<SpawnSpec> specs;
   for (size_t i = 0; i < workers_.size(); ++i) {
     WorkerResult& w = workers_[i];
     const std::string wdir = fmt::format("{}/{}", dir, w.local_rank);
-    int out_w = open_stream(static_cast<int>(i), false, wdir);
-    int err_w = open_stream(static_cast<int>(i), true, wdir);
     WorkerCommand cmd = worker_command(o_, w.local_rank, base_env);
     Env env = worker_environment(o_, plan, w.local_rank, w.error_file, base_env);
     if (env_hook) env_hook(env, w);
-    SpawnSpec spec{cmd.path, cmd.argv, to_envp(env), stdin_fd, out_w, err_w};
+    specs.push_back(SpawnSpec{cmd.path, cmd.argv, to_envp(env), stdin_fd, open_stream(static_cast<int>(i), false, wdir),
+                              open_stream(static_cast<int>(i), true, wdir)});
+  }
+  // --preload: forked by the warm process, all at once; what it could not, cold.
+  std::vector<SpawnResult> started = warm_ && warm_->ready() ? warm_->spawn(specs) : std::vector<SpawnResult>();
+  started.resize(specs.size());
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    WorkerResult& w = workers_[i];
     w.start = std::chrono::system_clock::now();
-    std::optional<SpawnResult> warm;
-    if (warm_ && warm_->ready()) warm = warm_->spawn(cmd, env, stdin_fd, out_w, err_w);
-    started.push_back(warm ? *warm : spawn(spec));
-    paths.push_back(cmd.path);
-    close(out_w);
-    close(err_w);
-    w.pid = started.back().pid;
+    if (started[i].pid <= 0) started[i] = spawn(specs[i]);
+    close(specs[i].stdout_fd);
+    close(specs[i].stderr_fd);
+    w.pid = started[i].pid;
     w.state = WorkerResult::State::kRunning;
     guardian_.watch(w.pid);
     ++live_;
@@ -74,7 +75,7 @@ std::vector<WorkerResult*> AttemptWorkers::start(const JobPlan& plan, int attemp
     if (int err = started[i].exec_errno) {
       w.state = WorkerResult::State::kExecFailed;
       w.exit_code = err == ENOENT ? 127 : 126;
-      w.exec_error = describe_exec_failure(paths[i], err);
+      w.exec_error = describe_exec_failure(specs[i].path, err);
       w.end = std::chrono::system_clock::now();
       spdlog::error("rank {}: {}", w.rank, w.exec_error);
       failed.push_back(&w);

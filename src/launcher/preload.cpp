@@ -41,9 +41,9 @@ void send_all(int fd, const std::string& data, const int* fds, int nfds) {
   iovec iov{const_cast<uint32_t*>(&n), sizeof n};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char ctrl[CMSG_SPACE(3 * sizeof(int))];
+  std::vector<cmsghdr> ctrl(CMSG_SPACE(static_cast<size_t>(nfds) * sizeof(int)) / sizeof(cmsghdr) + 1);
   if (nfds > 0) {
-    msg.msg_control = ctrl;
+    msg.msg_control = ctrl.data();
     msg.msg_controllen = CMSG_SPACE(static_cast<size_t>(nfds) * sizeof(int));
     cmsghdr* c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
@@ -237,30 +237,44 @@ void WarmPython::exited(pid_t pid, int status) {
   stop();
 }
 
-std::optional<SpawnResult> WarmPython::spawn(const WorkerCommand& cmd, const Env& env, int in_fd, int out_fd,
-                                             int err_fd) {
-  if (!ready_ || fd_ < 0) return std::nullopt;
-  // (-m|s) argc argv... env...: python -u and -m are not arguments of the script.
-  std::vector<std::string> argv(cmd.argv.begin() + (o_.module ? 3 : 2), cmd.argv.end());
-  std::vector<std::string> req{o_.module ? "m" : "s", std::to_string(argv.size())};
-  req.insert(req.end(), argv.begin(), argv.end());
-  for (auto& e : to_envp(env)) req.push_back(e);
-  const int fds[3] = {in_fd >= 0 ? in_fd : 0, out_fd, err_fd};
-  try {
-    send_all(fd_, nul_joined(req), fds, 3);
-  } catch (const ddp::Error& e) {
-    spdlog::warn("--preload: the warm Python process is gone ({}): starting this worker cold", e.what());
-    stop();
-    return std::nullopt;
+// One request: specs[from, to) forked through one child between; their pids in order.
+std::vector<pid_t> WarmPython::fork_batch(const std::vector<SpawnSpec>& specs, size_t from, size_t to) {
+  std::vector<std::string> req{std::to_string(to - from)};
+  std::vector<int> fds;
+  for (size_t i = from; i < to; ++i) {
+    const SpawnSpec& s = specs[i];
+    // (-m|s) argc argv... envc env...: python, -u and -m are not arguments of the script.
+    std::vector<std::string> argv(s.argv.begin() + (o_.module ? 3 : 2), s.argv.end());
+    req.push_back(o_.module ? "m" : "s");
+    req.push_back(std::to_string(argv.size()));
+    req.insert(req.end(), argv.begin(), argv.end());
+    req.push_back(std::to_string(s.env.size()));
+    req.insert(req.end(), s.env.begin(), s.env.end());
+    fds.insert(fds.end(), {s.stdin_fd >= 0 ? s.stdin_fd : 0, s.stdout_fd, s.stderr_fd});
   }
+  send_all(fd_, nul_joined(req), fds.data(), static_cast<int>(fds.size()));
   auto reply = read_message(fd_, kReplyTimeoutMs);
-  if (!reply || !reply->contains("pid")) {
-    spdlog::warn("--preload: the warm Python process did not fork the worker ({}): starting it cold",
-                 reply ? reply->value("error", std::string("no pid")) : std::string("no answer"));
-    stop();
-    return std::nullopt;
+  if (!reply || !reply->contains("pids"))
+    throw ddp::Error(reply ? reply->value("error", std::string("no pids")) : std::string("no answer"));
+  return reply->at("pids").get<std::vector<pid_t>>();
+}
+
+std::vector<SpawnResult> WarmPython::spawn(const std::vector<SpawnSpec>& specs) {
+  constexpr size_t kBatch = 64;  // 192 descriptors: under the kernel's 253 a message
+  std::vector<SpawnResult> out(specs.size());
+  for (size_t from = 0; from < specs.size() && ready_ && fd_ >= 0; from += kBatch) {
+    const size_t to = std::min(specs.size(), from + kBatch);
+    try {
+      std::vector<pid_t> pids = fork_batch(specs, from, to);
+      for (size_t i = 0; i < pids.size() && from + i < to; ++i) out[from + i].pid = pids[i];
+      if (pids.size() < to - from) spdlog::warn("--preload: {} worker(s) could not be forked: they start cold",
+                                                 to - from - pids.size());
+    } catch (const ddp::Error& e) {
+      spdlog::warn("--preload: the warm Python process did not fork the workers ({}): they start cold", e.what());
+      stop();
+    }
   }
-  return SpawnResult{reply->at("pid").get<pid_t>(), 0};
+  return out;
 }
 
 }  // namespace ddprun

@@ -44,14 +44,16 @@ class WarmPython {
   void exited(pid_t pid, int status);
   pid_t pid() const { return pid_; }
 
-  // Forks one worker running cmd (python's argv without the interpreter and -u) with env
-  // and the three descriptors. nullopt: the warm process is gone (the caller starts the
-  // worker cold).
-  std::optional<SpawnResult> spawn(const WorkerCommand& cmd, const Env& env, int in_fd, int out_fd, int err_fd);
+  // Forks the workers of `specs` (each a python -u [-m] script command line, its
+  // environment and descriptors), 64 at a time through one child between. One result per
+  // spec, in order; those it could not fork (the warm process is gone) are left to the
+  // caller to start cold (pid -1).
+  std::vector<SpawnResult> spawn(const std::vector<SpawnSpec>& specs);
 
  private:
   void stop();
   std::string how_it_ended();
+  std::vector<pid_t> fork_batch(const std::vector<SpawnSpec>& specs, size_t from, size_t to);
 
   const Options& o_;
   Guardian& guardian_;
