@@ -22,6 +22,7 @@
 // Logs in the backend (backend.hpp), per run:
 //   events      what happens to the job (events.hpp); waiting nodes and watchers read it
 //   requests    joins and leaves waiting to be applied to the state (machine.hpp)
+//   (each round's rank 0 drops the lines of both that nobody needs any more: trim_logs)
 //   exit/<R>    who passed round R's exit barrier, and lease lines (see arrive_exit)
 //   left        who left the finished job (the store's host waits for everyone)
 // Counters: exit/<R>/n, the members that passed round R's exit barrier; progress/<R>, the
