@@ -280,9 +280,12 @@ class EdgeTest(DdprunTestCase):
         # last round's or two.
         self.assertLess(logs9, 4096, f"the logs hold {logs9} bytes at round {rounds * 9 // 10} ({logs1} at "
                                      f"round {rounds // 10})")
+        # glibc's heap settles over the first rounds, with one step of up to 0.8 MB at a
+        # round that varies from run to run: the slack is above that, below 800 rounds of
+        # a leak of even 1.5 kB a round.
         for name, before, after in zip(("host", "other agent"), rss1, rss9):
-            self.assertLess(after - before, 512, f"the {name}'s RSS grew from {before} to {after} kB over "
-                                                 f"{rounds * 8 // 10} rounds")
+            self.assertLess(after - before, 1200, f"the {name}'s RSS grew from {before} to {after} kB over "
+                                                  f"{rounds * 8 // 10} rounds")
 
     def test_c10d_signal_while_waiting_for_nodes(self):
         n = self.c10d_node("host", "127.0.0.2", 1, self.work(0), conf="join_timeout=300")
