@@ -81,6 +81,20 @@ class TcpStore : public Store {
   // ddprun's GET_FROM: the value's bytes from `offset` on ("" when the key is missing or not
   // longer than offset), without waiting: an appended log read from where the reader is.
   std::string get_from(const std::string& key, int64_t offset);
+  // Whether the server trims logs (TRIM_LOG, LOG_FROM): asked with GET_FROM's feature
+  // offset, which servers before them answer "" (so the question costs no connection).
+  bool serves_log_trim();
+  // ddprun's TRIM_LOG: drops the key's '\n'-ended lines before line `line` (lines and
+  // offsets count from the key's first byte ever and stay valid); returns the first line
+  // still held.
+  int64_t trim_log(const std::string& key, int64_t line);
+  // ddprun's LOG_FROM: what TRIM_LOG dropped and the bytes held from `offset` on (from the
+  // first byte held, when offset is below it).
+  struct LogChunk {
+    int64_t trimmed_bytes = 0, trimmed_lines = 0;
+    std::string bytes;
+  };
+  LogChunk log_from(const std::string& key, int64_t offset);
 
   const TcpStoreOptions& options() const { return options_; }
 

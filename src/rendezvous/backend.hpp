@@ -9,7 +9,8 @@
 //
 // What it offers, and nothing more:
 //   - the state: one opaque value, replaced only if unchanged since a token (compare-and-set);
-//   - logs: append-only lists of lines (round events, the list of lost nodes, ...);
+//   - logs: append-only lists of lines (round events, the list of lost nodes, ...), whose
+//     first lines can be dropped once nobody needs them;
 //   - counters;
 //   - a lease: this node's liveness. When this process dies, its connection closes, or it
 //     stops renewing the lease for the lease's ttl, the backend appends the lines registered
@@ -50,6 +51,18 @@ class NotNeeded : public ddp::Error {
   using ddp::Error::Error;
 };
 
+// read/wait's error when the lines asked for begin before the first line the log still
+// holds (trim_log dropped them): the reader resumes from first() (a cursor that fell behind),
+// or starts over from a newer state (a state's line number that is out of date).
+class LogTrimmed : public ddp::Error {
+ public:
+  LogTrimmed(const std::string& what, size_t first) : ddp::Error(what), first_(first) {}
+  size_t first() const { return first_; }
+
+ private:
+  size_t first_;
+};
+
 using std::chrono::milliseconds;
 
 // An opaque version of the state as the backend hands it out (the whole value for a
@@ -88,11 +101,19 @@ class Backend {
 
   // ---- logs (append-only lists of lines; a line holds no '\n') -----------------------
   virtual void append(const std::string& log, const std::string& line) = 0;
-  // Lines [from, end); empty if the log has no more (or does not exist).
+  // Lines [from, end); empty if the log has no more (or does not exist). LogTrimmed when
+  // line `from` was dropped (trim_log).
   virtual std::vector<std::string> read(const std::string& log, size_t from) = 0;
   // Lines [from, end) once there is at least one, waiting up to `timeout`; empty at the
   // timeout. Every node sees the same lines in the same order.
   virtual std::vector<std::string> wait(const std::string& log, size_t from, milliseconds timeout) = 0;
+
+  // Drops lines [0, upto) of a log (those nobody reads any more): the log holds what its
+  // readers still need, not the job's whole history. Lines keep their numbers (line upto is
+  // still line upto); a read or wait from a dropped line throws LogTrimmed. Dropping fewer
+  // lines than before, or more than the log has, drops what it can. Returns false when
+  // this backend cannot drop lines (a store server without the extension): nothing changed.
+  virtual bool trim_log(const std::string& log, size_t upto) = 0;
 
   // Removes a log that nobody reads any more (a finished round's): a long job's state does
   // not grow with its age. Removing a missing log is no error.

@@ -22,6 +22,7 @@
 // Logs in the backend (backend.hpp), per run:
 //   events      what happens to the job (events.hpp); waiting nodes and watchers read it
 //   requests    joins and leaves waiting to be applied to the state (machine.hpp)
+//   (each round's rank 0 drops the lines of both that nobody needs any more: trim_logs)
 //   exit/<R>    who passed round R's exit barrier, and lease lines (see arrive_exit)
 //   left        who left the finished job (the store's host waits for everyone)
 // Counters: exit/<R>/n, the members that passed round R's exit barrier; progress/<R>, the
@@ -77,12 +78,19 @@ State DynamicRendezvous::decode(const Snapshot& s) const {
   return s.state ? decode_state(*s.state, backend_name_) : State{};
 }
 
-void DynamicRendezvous::read_events() { take_events(main_->read("events", events_log_.count())); }
+void DynamicRendezvous::read_events() { fetch_events(false, {}); }
 
 // Until something happens to the job (the state changed for waiting nodes, a node was
 // lost, ...), or `t`.
-void DynamicRendezvous::wait_events(Clock::time_point t) {
-  take_events(main_->wait("events", events_log_.count(), until(t)));
+void DynamicRendezvous::wait_events(Clock::time_point t) { fetch_events(true, t); }
+
+void DynamicRendezvous::fetch_events(bool wait, Clock::time_point t) {
+  for (;;) {
+    size_t skip = 0;
+    auto more = next_events(*main_, events_log_, wait, until(t), skip);
+    if (!skip) return take_events(more);
+    events_log_.skip_to(skip);  // behind a trim: on from the first line held
+  }
 }
 
 void DynamicRendezvous::take_events(const std::vector<std::string>& more) {
@@ -182,7 +190,18 @@ bool DynamicRendezvous::join_step(std::optional<Snapshot>& snap, Clock::time_poi
   // Requests not applied yet. This node writes them all in only while one of its own is
   // among them: then a thousand joiners need a few writes, and a node that is in waits
   // instead of writing the others' requests again and again.
-  auto pending = main_->read("requests", static_cast<size_t>(t.requests_seen));
+  std::vector<std::string> pending;
+  try {
+    pending = main_->read("requests", static_cast<size_t>(t.requests_seen));
+  } catch (const LogTrimmed& e) {
+    // A newer state applied those requests (and its round's rank 0 dropped them): read it.
+    if (Clock::now() >= deadline)
+      throw ddp::StoreError(fmt::format("rendezvous: the state at {} applied requests up to line {}, but the "
+                                        "requests log holds none before line {}",
+                                        backend_name_, t.requests_seen, e.first()));
+    snap.reset();
+    return false;
+  }
   const bool mine = std::any_of(pending.begin(), pending.end(), [&](const std::string& l) {
     return l.find(c_.me.id) != std::string::npos;
   });
@@ -268,6 +287,7 @@ RoundPlan DynamicRendezvous::next_round() {
       auto end = reader_for(round_, members_).end();
       main_->append("requests", leave_request(c_.me.id, round_, end ? end->counted() : true));
     }
+    const size_t events_mark = events_log_.count();  // every line of the round to come lies after it
     main_->append("requests", join_request(c_.me, c_.job));
     State s = join(deadline);
     round_ = s.round;
@@ -310,7 +330,10 @@ RoundPlan DynamicRendezvous::next_round() {
       spdlog::warn("rendezvous: round {} ended before it started ({}): forming the next", round_, end.describe());
       continue;
     }
-    if (p.group_rank == 0) forget_round(p.round - 1);
+    if (p.group_rank == 0) {
+      forget_round(p.round - 1);
+      trim_logs(s, events_mark);
+    }
     spdlog::info("rendezvous: round {} of job '{}': node rank {} of {} ({}), ranks {}..{} of {}, restarts so far {}",
                  p.round, c_.run_id, p.group_rank, p.group_world_size, describe_nodes(p.members), p.rank_base,
                  p.rank_base + c_.me.nproc - 1, p.world_size, p.restart_count);
@@ -329,6 +352,32 @@ void DynamicRendezvous::forget_round(int64_t r) {
   } catch (const std::exception& e) {
     spdlog::debug("rendezvous: removing round {}'s exit log: {}", r, e.what());
   }
+}
+
+// Round s.round is complete: its rank 0 drops the log lines that no reader needs any more
+// (docs/design.md, "State that does not grow"): the requests the state applied, and the
+// events before this node asked to join the round (every line of the round comes later).
+// Not those events while the state or a pending request names a node lost among them: its
+// lost line must stay for whoever reads it next (a later round's rank 0 drops them).
+void DynamicRendezvous::trim_logs(const State& s, size_t events_mark) {
+  try {
+    if (!main_->trim_log("requests", static_cast<size_t>(s.requests_seen))) return;  // the backend keeps every line
+    if (names_lost_node(s)) return;
+    main_->trim_log("events", events_mark);
+  } catch (const std::exception& e) {
+    spdlog::debug("rendezvous: dropping log lines before round {}: {}", s.round, e.what());
+  }
+}
+
+bool DynamicRendezvous::names_lost_node(const State& s) {
+  if (lost_.empty()) return false;
+  for (auto* list : {&s.participants, &s.wait_list, &s.redundancy_list})
+    for (auto& n : *list)
+      if (lost_.count(n.id)) return true;
+  for (auto& request : main_->read("requests", static_cast<size_t>(s.requests_seen)))
+    for (auto& id : lost_)
+      if (request.find(id) != std::string::npos) return true;
+  return false;
 }
 
 // Rank 0 hosts the round's worker store (a fresh port every round: no worker ever reads an

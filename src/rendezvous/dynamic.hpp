@@ -118,6 +118,9 @@ class DynamicRendezvous {
   bool join_step(std::optional<Snapshot>& snap, Clock::time_point deadline, int& conflicts);
   void publish_or_fetch_master(RoundPlan& p);
   void forget_round(int64_t r);
+  void trim_logs(const State& s, size_t events_mark);
+  bool names_lost_node(const State& s);
+  void fetch_events(bool wait, Clock::time_point until);
   void read_events();
   void take_events(const std::vector<std::string>& more);
   void wait_events(Clock::time_point until);

@@ -345,7 +345,12 @@ void DynamicRendezvous::watcher_loop() {
         reader.feed(seen.lines());
         judge();
       }
-      auto more = events_->wait("events", seen.count(), r < 0 ? 200ms : 1s);
+      size_t skip = 0;
+      auto more = next_events(*events_, seen, true, r < 0 ? 200ms : 1s, skip);
+      if (skip) {
+        seen.skip_to(skip);  // behind a trim: on from the first line held
+        continue;
+      }
       seen.add(more);
       reader.feed(more);  // before a round is watched: remembers lost lines
       if (r >= 0) {

@@ -16,6 +16,7 @@
 
 #include "ddp/error.hpp"
 #include "rendezvous/backend.hpp"
+#include "rendezvous/events.hpp"
 #include "rendezvous/state.hpp"
 
 namespace ddprun::rdzv::detail {
@@ -43,6 +44,20 @@ inline std::string describe_nodes(const std::vector<NodeDesc>& nodes) {
 inline void fault_point(const char* point) {
   static const char* fault = std::getenv("DDPRUN_TEST_FAULT");
   if (fault && std::strcmp(fault, point) == 0) ::raise(SIGKILL);
+}
+
+// The events after those `tail` has read: waiting up to `timeout` for one (wait), or not
+// (read). A tail that fell behind a trim skips to the first line held: what was dropped
+// was of rounds before every reader's (docs/design.md, "State that does not grow").
+inline std::vector<std::string> next_events(Backend& b, const EventsTail& tail, bool wait, milliseconds timeout,
+                                            size_t& skip_to) {
+  try {
+    return wait ? b.wait("events", tail.count(), timeout) : b.read("events", tail.count());
+  } catch (const LogTrimmed& e) {
+    if (e.first() <= tail.count()) throw;
+    skip_to = e.first();
+    return {};
+  }
 }
 
 inline milliseconds until(std::chrono::steady_clock::time_point t) {

@@ -16,6 +16,7 @@
 // whose workers already succeeded in that round (it passed the exit barrier, then went).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -66,6 +67,9 @@ class EventsTail {
   size_t count() const { return count_; }
   void add(const std::vector<std::string>& lines);
   void keep_from(int64_t round);
+  // The log's lines before `line` were dropped (Backend::trim_log) before this tail read
+  // them: the next read starts at `line`.
+  void skip_to(size_t line) { count_ = std::max(count_, line); }
   const std::vector<std::string>& lines() const { return lines_; }
 
  private:

@@ -50,7 +50,7 @@ class MemoryBackend : public Backend {
   std::vector<std::string> wait(const std::string& log, size_t from, milliseconds timeout) override {
     std::unique_lock lk(w_->mu_);
     w_->check(name_);
-    w_->cv_.wait_for(lk, timeout, [&] { return w_->down_ || interrupted_ || w_->logs_[log].size() > from; });
+    w_->cv_.wait_for(lk, timeout, [&] { return w_->down_ || interrupted_ || end(log) > from; });
     w_->check(name_);
     if (interrupted_) throw ddp::NetworkError(fmt::format("{}: interrupted", describe()));
     return tail(log, from);
@@ -60,6 +60,20 @@ class MemoryBackend : public Backend {
     std::lock_guard lk(w_->mu_);
     w_->check(name_);
     w_->logs_.erase(log);
+    w_->trimmed_.erase(log);
+  }
+
+  bool trim_log(const std::string& log, size_t upto) override {
+    std::lock_guard lk(w_->mu_);
+    w_->check(name_);
+    if (!w_->trims_) return false;
+    auto it = w_->logs_.find(log);
+    if (it == w_->logs_.end()) return true;
+    size_t& first = w_->trimmed_[log];
+    const size_t n = std::min(upto > first ? upto - first : 0, it->second.size());
+    it->second.erase(it->second.begin(), it->second.begin() + static_cast<long>(n));
+    first += n;
+    return true;
   }
 
   void drop_counter(const std::string& counter) override {
@@ -139,10 +153,22 @@ class MemoryBackend : public Backend {
     s.token.value = w_->state_ ? std::to_string(w_->version_) : "";
     return s;
   }
-  std::vector<std::string> tail(const std::string& log, size_t from) const {
+  // The log's line count, dropped lines included (mu_ held).
+  size_t end(const std::string& log) const {
     auto it = w_->logs_.find(log);
-    if (it == w_->logs_.end() || it->second.size() <= from) return {};
-    return {it->second.begin() + static_cast<long>(from), it->second.end()};
+    auto t = w_->trimmed_.find(log);
+    return (it == w_->logs_.end() ? 0 : it->second.size()) + (t == w_->trimmed_.end() ? 0 : t->second);
+  }
+  std::vector<std::string> tail(const std::string& log, size_t from) const {
+    auto t = w_->trimmed_.find(log);
+    const size_t first = t == w_->trimmed_.end() ? 0 : t->second;
+    if (from < first)
+      throw LogTrimmed(fmt::format("{}: log '{}' from line {}: lines before {} were dropped", describe(), log, from,
+                                   first),
+                       first);
+    auto it = w_->logs_.find(log);
+    if (it == w_->logs_.end() || it->second.size() + first <= from) return {};
+    return {it->second.begin() + static_cast<long>(from - first), it->second.end()};
   }
   MemoryWorld::Lease* lease() {
     auto it = w_->leases_.find(lease_);
@@ -200,6 +226,16 @@ void MemoryWorld::set_down(bool down) {
 std::vector<std::string> MemoryWorld::log(const std::string& name) {
   std::lock_guard lk(mu_);
   return logs_[name];
+}
+
+size_t MemoryWorld::trimmed(const std::string& name) {
+  std::lock_guard lk(mu_);
+  return trimmed_.count(name) ? trimmed_[name] : 0;
+}
+
+void MemoryWorld::set_trims(bool trims) {
+  std::lock_guard lk(mu_);
+  trims_ = trims;
 }
 
 std::optional<std::string> MemoryWorld::state() {

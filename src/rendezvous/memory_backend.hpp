@@ -32,8 +32,12 @@ class MemoryWorld : public std::enable_shared_from_this<MemoryWorld> {
   // lease, which then ends at the next advance() past its ttl.
   void cut_off(const std::string& name);
 
-  // For assertions.
+  // Whether trim_log drops lines (true) or refuses, as a store server without the extension.
+  void set_trims(bool trims);
+
+  // For assertions: the lines a log holds, and how many were dropped before them.
   std::vector<std::string> log(const std::string& name);
+  size_t trimmed(const std::string& name);
   std::optional<std::string> state();
 
  private:
@@ -52,7 +56,9 @@ class MemoryWorld : public std::enable_shared_from_this<MemoryWorld> {
   std::condition_variable cv_;
   std::optional<std::string> state_;
   uint64_t version_ = 0;
-  std::map<std::string, std::vector<std::string>> logs_;
+  std::map<std::string, std::vector<std::string>> logs_;  // the lines held
+  std::map<std::string, size_t> trimmed_;                 // lines dropped before them
+  bool trims_ = true;
   std::map<std::string, int64_t> counters_;
   std::map<int, Lease> leases_;
   int next_lease_ = 1;

@@ -84,17 +84,46 @@ void StoreBackend::append(const std::string& log, const std::string& line) {
   });
 }
 
-// Reads from where this object's last read of the log ended (GET_FROM): a reader fetches
-// each line once, however long the log grows. A read of an earlier line starts over.
+// A server that trims logs answers LOG_FROM (what was dropped, then the bytes); one that
+// does not never drops a line, and GET_FROM is all there is.
+bool StoreBackend::serves_trim() {
+  if (!serves_trim_) serves_trim_ = named([&] { return store_->serves_log_trim(); });
+  return *serves_trim_;
+}
+
+ddp::TcpStore::LogChunk StoreBackend::fetch(const std::string& log, int64_t offset) {
+  if (serves_trim()) return named([&] { return store_->log_from(key(log), offset); });
+  ddp::TcpStore::LogChunk c;
+  c.bytes = named([&] { return store_->get_from(key(log), offset); });
+  return c;
+}
+
+// TRIM_LOG; false (nothing dropped) on a server without it.
+bool StoreBackend::trim_log(const std::string& log, size_t upto) {
+  if (!serves_trim()) return false;
+  named([&] { return store_->trim_log(key(log), static_cast<int64_t>(upto)); });
+  return true;
+}
+
+// Reads from where this object's last read of the log ended (GET_FROM, LOG_FROM): a reader
+// fetches each line once, however long the log grows. A read of an earlier line starts
+// over; one of a line that was dropped (TRIM_LOG) throws LogTrimmed, the cursor then at the
+// first line held.
 std::vector<std::string> StoreBackend::read(const std::string& log, size_t from) {
   if (!cursors_.count(log) && cursors_.size() >= 16) cursors_.clear();  // per-round logs come and go
   LogCursor& c = cursors_[log];
   const size_t first_known = c.lines - c.starts.size();
   if (from < first_known) c = LogCursor{};  // older than what is remembered: from the start
   // Fetch from line `at`: `from` when its start is known, else the end of what was read.
-  const size_t at = from < c.lines ? from : c.lines;
-  const int64_t offset = at < c.lines ? c.starts[at - (c.lines - c.starts.size())] : c.bytes;
-  std::string raw = named([&] { return store_->get_from(key(log), offset); });
+  size_t at = from < c.lines ? from : c.lines;
+  int64_t offset = at < c.lines ? c.starts[at - (c.lines - c.starts.size())] : c.bytes;
+  auto chunk = fetch(log, offset);
+  if (chunk.trimmed_bytes > offset) {  // lines this cursor had not read were dropped
+    c = LogCursor{static_cast<size_t>(chunk.trimmed_lines), chunk.trimmed_bytes, {}};
+    at = c.lines;
+    offset = c.bytes;
+  }
+  const std::string& raw = chunk.bytes;
   std::vector<std::string> out;
   size_t line = at;
   int64_t pos = offset;
@@ -108,6 +137,9 @@ std::vector<std::string> StoreBackend::read(const std::string& log, size_t from)
     pos += static_cast<int64_t>(nl - start + 1);
     if (line >= from) out.push_back(raw.substr(start, nl - start));
   }
+  if (from < at)
+    throw LogTrimmed(fmt::format("{}: log '{}' from line {}: lines before {} were dropped", describe(), log, from, at),
+                     at);
   return out;
 }
 

@@ -11,13 +11,12 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "rendezvous/backend.hpp"
 
-namespace ddp {
-class TcpStore;
-}
+#include "ddp/tcp_store.hpp"
 
 namespace ddprun::rdzv {
 
@@ -49,6 +48,7 @@ class StoreBackend : public Backend {
   void on_lease_end(const std::string& log, const std::string& line) override;
   void drop_lease_end(const std::string& log) override;
   void drop_log(const std::string& log) override;
+  bool trim_log(const std::string& log, size_t upto) override;
   void drop_counter(const std::string& counter) override;
   void close() override;
   void release() override;
@@ -84,6 +84,10 @@ class StoreBackend : public Backend {
     std::deque<int64_t> starts;  // lines [lines - starts.size(), lines)
   };
   std::map<std::string, LogCursor> cursors_;
+  // The log's bytes from `offset` on, and what TRIM_LOG dropped before them.
+  ddp::TcpStore::LogChunk fetch(const std::string& log, int64_t offset);
+  bool serves_trim();
+  std::optional<bool> serves_trim_;  // asked once, when first needed
 
   StoreBackendOptions o_;
   std::unique_ptr<ddp::TcpStore> store_, lease_;

@@ -23,7 +23,8 @@ constexpr Op kV2Ops[] = {Op::kValidate,  Op::kSet,       Op::kCompareSet, Op::kG
                          Op::kDeleteKey, Op::kAppend,    Op::kMultiGet,   Op::kMultiSet,
                          Op::kCancelWait, Op::kPing,     Op::kQueuePush,  Op::kQueuePop,
                          Op::kQueueLen,  Op::kList,      Op::kBarrier};
-constexpr Op kV2Extensions[] = {Op::kLease, Op::kOnLeaseEnd, Op::kWaitGrows, Op::kGetFrom};
+constexpr Op kV2Extensions[] = {Op::kLease,   Op::kOnLeaseEnd, Op::kWaitGrows,
+                                Op::kGetFrom, Op::kTrimLog,    Op::kLogFrom};
 
 // Generation-1 opcodes whose meaning differs between torch <= 2.0 and torch 2.1.
 constexpr uint8_t kV1WatchOrDelete = 7;  // 1.13 WATCH_KEY, 2.1 DELETE_KEY
@@ -75,6 +76,8 @@ const char* op_name(Op op) {
     case Op::kOnLeaseEnd: return "ON_LEASE_END";
     case Op::kWaitGrows: return "WAIT_GROWS";
     case Op::kGetFrom: return "GET_FROM";
+    case Op::kTrimLog: return "TRIM_LOG";
+    case Op::kLogFrom: return "LOG_FROM";
   }
   return "?";
 }
@@ -186,6 +189,8 @@ bool RequestParser::begin_op(uint8_t opcode) {
     case Op::kAdd:
     case Op::kWaitGrows:
     case Op::kGetFrom:
+    case Op::kTrimLog:
+    case Op::kLogFrom:
     case Op::kBarrier: schema(kKeyI64, 2); break;
     case Op::kCheck:
     case Op::kWait:
@@ -434,6 +439,8 @@ void encode_request(Generation g, const Request& r, std::string& out) {
     case Op::kAdd:
     case Op::kWaitGrows:
     case Op::kGetFrom:
+    case Op::kTrimLog:
+    case Op::kLogFrom:
     case Op::kBarrier:
       need(1, 0);
       put_str(out, r.keys[0]);

@@ -62,8 +62,20 @@ enum class Op : uint8_t {
   kWaitGrows,   // key, i64 n: reply kWaitStopWaiting once the key's value is longer than n
                 // bytes (a missing key is 0 bytes long); CANCEL_WAIT cancels it like a WAIT.
   kGetFrom,     // key, i64 offset: reply the value's bytes from offset on (a string: "" when
-                // the key is missing or not longer than offset); never waits.
+                // the key is missing or not longer than offset); never waits. Offsets count
+                // from the key's first byte ever (TRIM_LOG keeps them). Offset -1 asks for
+                // the server's features: "log-trim" (servers before it read -1 as 0: ask
+                // with a key that does not exist, and they reply "").
+  kTrimLog,     // key, i64 n: drops the value's '\n'-ended lines before line n (lines count
+                // from the key's first ever); offsets and line numbers stay. Reply i64: the
+                // first line still held.
+  kLogFrom,     // key, i64 offset: reply i64 trimmed bytes, i64 trimmed lines, then the
+                // value's bytes from max(offset, trimmed bytes) on (a string); never waits.
 };
+
+// GET_FROM's offset that asks for the server's features, and the reply naming log trimming.
+inline constexpr int64_t kFeaturesOffset = -1;
+inline constexpr char kFeatureLogTrim[] = "log-trim";
 
 // First opcode of ddprun's extensions in generation 2.
 inline constexpr uint8_t kExtensionBase = 0x60;
@@ -76,7 +88,7 @@ const char* op_name(Op op);
 //   kV1Torch21  SET0 ... GETNUMKEYS6 DELETE_KEY7 APPEND8 MULTI_GET9 MULTI_SET10 CANCEL_WAIT11
 //   kV2         VALIDATE0 SET1 ... CANCEL_WAIT12 PING13 QUEUE_PUSH14 QUEUE_POP15 QUEUE_LEN16
 //               LIST_KEYS17 BARRIER18, and ddprun's LEASE 0x60 ON_LEASE_END 0x61 WAIT_GROWS 0x62
-//               GET_FROM 0x63
+//               GET_FROM 0x63 TRIM_LOG 0x64 LOG_FROM 0x65
 // The parser does not use the kV1 table as is: it tells torch 2.1 apart per connection (see
 // RequestParser).
 //
@@ -96,7 +108,8 @@ inline constexpr uint8_t kWatchUpdated = 0, kWatchCreated = 1, kWatchDeleted = 2
 //   keys    the key fields in wire order (SET/GET/... one; CHECK/WAIT/MULTI_GET/MULTI_SET n)
 //   values  the payload fields in wire order (SET/APPEND/QUEUE_PUSH one value; COMPARE_SET
 //           expected then desired; MULTI_SET one per key)
-//   i64     ADD's delta, BARRIER's world size
+//   i64     ADD's delta, BARRIER's world size, LEASE's ttl, WAIT_GROWS's size, GET_FROM's
+//           and LOG_FROM's offset, TRIM_LOG's line
 //   u32     VALIDATE's magic, PING's nonce
 struct Request {
   Op op = Op::kGetNumKeys;

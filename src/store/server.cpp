@@ -205,6 +205,8 @@ class StoreServer::Impl {
   void unwatch(Conn& c);
   void watch(Conn& c, const std::string& key);
   void add_lease_line(Conn& c, std::string key, std::string value);
+  int64_t trim_log(const std::string& key, int64_t line);
+  int64_t logical_size(const std::string& key) const;
   void drop_lease_lines(Conn& c, const std::string& key);
   size_t reply_bytes(const proto::Request& r) const;
   void check_connection(const Conn& c, size_t bytes, const char* what) const;
@@ -228,6 +230,12 @@ class StoreServer::Impl {
   std::vector<ConnPtr> dirty_;
 
   std::unordered_map<std::string, std::string> kv_;
+  // TRIM_LOG: per trimmed key, what its value no longer holds (offsets and line numbers
+  // count from the key's first byte ever). Gone with the key's value (any write but APPEND).
+  struct Trimmed {
+    int64_t bytes = 0, lines = 0;
+  };
+  std::unordered_map<std::string, Trimmed> trimmed_;
   std::unordered_map<std::string, std::deque<std::string>> queues_;
   std::unordered_map<std::string, std::vector<Wait*>> waiters_;
   std::unordered_map<std::string, std::vector<Conn*>> watchers_;
@@ -592,9 +600,11 @@ size_t StoreServer::Impl::reply_bytes(const proto::Request& r) const {
   switch (r.op) {
     case Op::kGet:
       return 8 + value_size(r.keys[0]);
-    case Op::kGetFrom: {  // the value from the offset on
-      const size_t size = value_size(r.keys[0]), from = static_cast<size_t>(std::max<int64_t>(r.i64, 0));
-      return 8 + (size > from ? size - from : 0);
+    case Op::kGetFrom:  // the value from the offset on
+    case Op::kLogFrom: {
+      const size_t size = static_cast<size_t>(logical_size(r.keys[0]));
+      const size_t from = static_cast<size_t>(std::max<int64_t>(r.i64, 0));
+      return (r.op == Op::kLogFrom ? 24 : 8) + (size > from ? size - from : 0);
     }
     case Op::kCompareSet:  // at most the larger of the value, expected and desired
       return 8 + std::max({value_size(r.keys[0]), r.values[0].size(), r.values[1].size()});
@@ -657,6 +667,7 @@ bool StoreServer::Impl::present(const std::string& key) const {
 // only; BARRIER's are on an existing key, as are WAITs registered before a barrier created
 // its key, and a SET/ADD/... of that key releases them as torch's would.
 void StoreServer::Impl::store_value(const std::string& key, std::string value, bool wake) {
+  if (!trimmed_.empty()) trimmed_.erase(key);  // a new value: its offsets start at 0
   auto w = watchers_.find(key);
   auto [it, inserted] = kv_.try_emplace(key);
   if (w != watchers_.end()) {
@@ -753,8 +764,7 @@ void StoreServer::Impl::wake_all(const std::string& key) {
   std::vector<Wait*> still;  // WAIT_GROWS waiters whose key has not grown enough yet
   for (Wait* w : list) {
     if (w->grows_beyond >= 0) {
-      auto v = kv_.find(key);
-      if (v == kv_.end() || static_cast<int64_t>(v->second.size()) <= w->grows_beyond) {
+      if (logical_size(key) <= w->grows_beyond) {
         still.push_back(w);
         continue;
       }
@@ -784,13 +794,35 @@ void StoreServer::Impl::append_value(const std::string& key, std::string value) 
 }
 
 void StoreServer::Impl::wait_grows(Conn& c, const std::string& key, int64_t beyond) {
-  auto it = kv_.find(key);
-  int64_t size = it == kv_.end() ? 0 : static_cast<int64_t>(it->second.size());
-  if (size > beyond) {
+  if (logical_size(key) > beyond) {
     proto::put_u8(out(c), proto::kWaitStopWaiting);
     return;
   }
   wait_on(c, key, std::max<int64_t>(beyond, 0));
+}
+
+// The value's length counted from its first byte ever (its trimmed bytes included).
+int64_t StoreServer::Impl::logical_size(const std::string& key) const {
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return 0;
+  auto t = trimmed_.find(key);
+  return static_cast<int64_t>(it->second.size()) + (t == trimmed_.end() ? 0 : t->second.bytes);
+}
+
+// TRIM_LOG: drops the value's whole lines before line `line`; returns the first line held.
+int64_t StoreServer::Impl::trim_log(const std::string& key, int64_t line) {
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return 0;
+  auto t = trimmed_.find(key);
+  Trimmed now = t == trimmed_.end() ? Trimmed{} : t->second;
+  const std::string& v = it->second;
+  size_t cut = 0;
+  for (size_t nl; now.lines < line && (nl = v.find('\n', cut)) != std::string::npos; ++now.lines) cut = nl + 1;
+  if (cut == 0) return now.lines;
+  now.bytes += static_cast<int64_t>(cut);
+  it->second.erase(0, cut);
+  trimmed_[key] = now;
+  return now.lines;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1003,6 +1035,7 @@ void StoreServer::Impl::handle(Conn& c, proto::Request& r) {
       if (it != kv_.end()) {
         std::string old = std::move(it->second);
         kv_.erase(it);
+        trimmed_.erase(r.keys[0]);
         n = 1;
         notify(r.keys[0], proto::kWatchDeleted, old, "");
       }
@@ -1078,13 +1111,30 @@ void StoreServer::Impl::handle(Conn& c, proto::Request& r) {
     case Op::kWaitGrows:
       wait_grows(c, r.keys[0], r.i64);
       break;
-    case Op::kGetFrom: {
+    case Op::kGetFrom:
+    case Op::kLogFrom: {
+      if (r.op == Op::kLogFrom && !opt_.log_trim) throw Violation("LOG_FROM: log trimming is off");
+      if (r.op == Op::kGetFrom && r.i64 == proto::kFeaturesOffset && opt_.log_trim) {
+        proto::put_str(out(c), proto::kFeatureLogTrim);
+        break;
+      }
       auto it = kv_.find(r.keys[0]);
-      const size_t from = static_cast<size_t>(std::max<int64_t>(r.i64, 0));
+      auto t = trimmed_.find(r.keys[0]);
+      const Trimmed held = t == trimmed_.end() ? Trimmed{} : t->second;
+      // Below the trimmed bytes: from the first byte held (LOG_FROM says where that is).
+      const size_t from = static_cast<size_t>(std::max<int64_t>(r.i64, held.bytes) - held.bytes);
+      if (r.op == Op::kLogFrom) {
+        proto::put_i64(out(c), held.bytes);
+        proto::put_i64(out(c), held.lines);
+      }
       if (it == kv_.end() || it->second.size() <= from) proto::put_str(out(c), "");
       else proto::put_str(out(c), std::string_view(it->second).substr(from));
       break;
     }
+    case Op::kTrimLog:
+      if (!opt_.log_trim) throw Violation("TRIM_LOG: log trimming is off");
+      proto::put_i64(out(c), trim_log(r.keys[0], r.i64));
+      break;
   }
 }
 

@@ -47,6 +47,11 @@ struct StoreServerOptions {
   size_t max_pending_waits = size_t{64} << 10;
   size_t max_watches = size_t{64} << 10;
   size_t max_lease_lines = size_t{64} << 10;
+
+  // ddprun's log trimming (TRIM_LOG, LOG_FROM, GET_FROM's feature question). false serves
+  // as servers before it did (the two unknown: the connection is closed; GET_FROM reads a
+  // negative offset as 0): the tests of the rendezvous's fallback.
+  bool log_trim = true;
 };
 
 // The backlog a listener asks for: the larger of `configured` and the kernel's maximum

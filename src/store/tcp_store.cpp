@@ -722,6 +722,36 @@ std::string TcpStore::get_from(const std::string& key, int64_t offset) {
   });
 }
 
+bool TcpStore::serves_log_trim() {
+  return get_from("ddprun.features", proto::kFeaturesOffset) == proto::kFeatureLogTrim;
+}
+
+int64_t TcpStore::trim_log(const std::string& key, int64_t line) {
+  require_v2(options_, "trim_log");
+  std::lock_guard lk(impl_->mu);
+  auto r = proto::request(proto::Op::kTrimLog, {key});
+  r.i64 = line;
+  return extension_call(*impl_, "TRIM_LOG", [&] {
+    return impl_->call(r, timeout(), [&](auto d, const std::string& w) { return impl_->recv_value<int64_t>(d, w); });
+  });
+}
+
+TcpStore::LogChunk TcpStore::log_from(const std::string& key, int64_t offset) {
+  require_v2(options_, "log_from");
+  std::lock_guard lk(impl_->mu);
+  auto r = proto::request(proto::Op::kLogFrom, {key});
+  r.i64 = offset;
+  return extension_call(*impl_, "LOG_FROM", [&] {
+    return impl_->call(r, timeout(), [&](auto d, const std::string& w) {
+      LogChunk c;
+      c.trimmed_bytes = impl_->recv_value<int64_t>(d, w);
+      c.trimmed_lines = impl_->recv_value<int64_t>(d, w);
+      c.bytes = impl_->recv_str(d, w);
+      return c;
+    });
+  });
+}
+
 bool TcpStore::wait_grows(const std::string& key, int64_t size, std::chrono::milliseconds timeout) {
   require_v2(options_, "wait_grows");
   std::lock_guard lk(impl_->mu);

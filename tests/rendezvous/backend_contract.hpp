@@ -429,6 +429,51 @@ TYPED_TEST_P(BackendContract, FinishedRoundsAreDropped) {
   EXPECT_EQ(other->read("exit/1", 0), std::vector<std::string>{"again"}) << "the dropped registration wrote nothing";
 }
 
+// Issue 19: a log's first lines go once nobody needs them (trim_log); the others keep their
+// numbers for every reader: one that read them all, one that fell behind (LogTrimmed names
+// the first line held), one that read nothing yet.
+TYPED_TEST_P(BackendContract, TrimmedLinesGoAndTheRestKeepTheirNumbers) {
+  using ddprun::rdzv::LogTrimmed;
+  auto b = this->make(this->run_id());
+  auto behind = b->clone(), fresh = b->clone();
+  EXPECT_TRUE(b->trim_log("log", 3)) << "a missing log: nothing to drop";
+  for (int i = 0; i < 2; ++i) b->append("log", std::to_string(i));
+  ASSERT_EQ(behind->read("log", 0).size(), 2u);
+  for (int i = 2; i < 6; ++i) b->append("log", std::to_string(i));
+  ASSERT_EQ(b->read("log", 0).size(), 6u);
+  ASSERT_TRUE(b->trim_log("log", 4));
+  const std::vector<std::string> held{"4", "5"};
+  EXPECT_EQ(b->read("log", 4), held);
+  EXPECT_EQ(b->read("log", 5), std::vector<std::string>{"5"});
+  auto first_held = [](auto&& call) -> size_t {
+    try {
+      call();
+    } catch (const LogTrimmed& e) {
+      return e.first();
+    }
+    return 0;
+  };
+  EXPECT_EQ(first_held([&] { b->read("log", 2); }), 4u);
+  EXPECT_EQ(first_held([&] { behind->read("log", 2); }), 4u) << "a reader that fell behind";
+  EXPECT_EQ(behind->read("log", 4), held);
+  EXPECT_EQ(first_held([&] { fresh->wait("log", 0, milliseconds(5000)); }), 4u) << "a reader that read nothing";
+  EXPECT_EQ(fresh->read("log", 4), held);
+  EXPECT_EQ(first_held([&] { b->clone()->read("log", 0); }), 4u);
+  EXPECT_EQ(b->clone()->read("log", 5), std::vector<std::string>{"5"});
+  b->append("log", "6");
+  EXPECT_EQ(fresh->wait("log", 6, scale(milliseconds(5000))), std::vector<std::string>{"6"});
+  EXPECT_TRUE(b->trim_log("log", 2)) << "fewer than before: nothing changes";
+  EXPECT_EQ(first_held([&] { b->read("log", 3); }), 4u);
+  EXPECT_TRUE(b->trim_log("log", 100)) << "more than the log has: all of it";
+  EXPECT_TRUE(b->read("log", 7).empty());
+  b->append("log", "7");
+  EXPECT_EQ(fresh->read("log", 7), std::vector<std::string>{"7"});
+  EXPECT_EQ(first_held([&] { b->clone()->read("log", 0); }), 7u);
+  b->drop_log("log");  // a dropped log starts again at line 0
+  b->append("log", "again");
+  EXPECT_EQ(b->clone()->read("log", 0), std::vector<std::string>{"again"});
+}
+
 TYPED_TEST_P(BackendContract, KeepAliveHoldsTheLease) {
   auto run = this->run_id();
   auto node = this->make(run);
@@ -626,7 +671,7 @@ REGISTER_TYPED_TEST_SUITE_P(BackendContract, StateStartsEmpty, CasWithEmptyToken
                             LogsReadInAppendOrder, LogsReadFromAnyLine, WaitSkipsToTheLineAskedFor, LogsAreSeparate, LinesKeepTheirText, WaitReturnsWhatIsThereAtOnce,
                             WaitTimesOutEmpty, WaitWakesOnAnAppendFromAnotherClone, ConcurrentAppendersSeeOneOrder,
                             CountersAdd, ConcurrentAddsGiveDistinctValues, RunsAreSeparate, LeaseLinesOnClose,
-                            FinishedRoundsAreDropped,
+                            FinishedRoundsAreDropped, TrimmedLinesGoAndTheRestKeepTheirNumbers,
                             KeepAliveHoldsTheLease, LeaseEndsWithoutKeepAlive, LeaseEndsWhenTheProcessDies,
                             LeaseMisuseIsAnError, ReleaseAppendsNothing, InterruptEndsAWaitAndLaterCalls,
                             EveryCallIsBoundedWhenTheServerHangs,

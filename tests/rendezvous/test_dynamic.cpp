@@ -380,6 +380,66 @@ TEST(DynamicRendezvous, ADumpAskedOnOneNodeReachesTheOthers) {
   EXPECT_FALSE(a->round_end().has_value());
 }
 
+// Runs `rounds` rounds of the nodes, each ended by a worker failure on the first.
+void fail_rounds(const std::vector<DynamicRendezvous*>& nodes, int rounds) {
+  for (int r = 0; r < rounds; ++r) {
+    all_next_round(nodes);
+    nodes[0]->end_round(K::kFailed, "rank 0 exited with 1");
+    for (auto* n : nodes) {
+      auto e = end_within(*n);
+      ASSERT_TRUE(e);
+      ASSERT_EQ(n->restart_refused(*e), "");
+    }
+  }
+}
+
+// Issue 19: the events and requests logs hold the last rounds' lines, not the job's whole
+// history: each round's rank 0 drops what no reader needs any more. A node that comes after
+// that still joins (it reads from the first line held), and rounds keep their numbers.
+TEST(DynamicRendezvous, LogsHoldTheLastRoundsNotTheJobsHistory) {
+  Cluster c;
+  c.job = {2, 3, 100};
+  c.last_call = 20ms;
+  auto a = c.node("a"), b = c.node("b");
+  fail_rounds({a.get(), b.get()}, 30);
+  const size_t events = c.world->log("events").size(), requests = c.world->log("requests").size();
+  EXPECT_GT(c.world->trimmed("events"), 100u);
+  EXPECT_LT(events, 20u) << "30 rounds of 2 nodes write about 6 events a round";
+  EXPECT_LT(requests, 8u) << "4 requests a round";
+  fail_rounds({a.get(), b.get()}, 30);
+  EXPECT_LE(c.world->log("events").size(), events + 4);
+  EXPECT_LE(c.world->log("requests").size(), requests + 4);
+  auto plans = all_next_round({a.get(), b.get()});
+  EXPECT_EQ(plans[0].round, 60);
+  auto cn = c.node("c");  // scales the running round up
+  auto joined = std::async(std::launch::async, [&] { return cn->next_round(); });
+  for (auto* n : {a.get(), b.get()}) {
+    auto e = end_within(*n);
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->kind, K::kScaleUp);
+  }
+  plans = all_next_round({a.get(), b.get()});
+  ASSERT_EQ(joined.wait_for(kGuard), std::future_status::ready);
+  RoundPlan pc = joined.get();
+  EXPECT_EQ(pc.round, 61);
+  EXPECT_EQ(pc.group_world_size, 3);
+  EXPECT_EQ(pc.restart_count, 60);
+}
+
+// A backend that cannot drop lines (a store server without the extension) keeps every line,
+// and the rounds go on as before.
+TEST(DynamicRendezvous, ABackendThatCannotTrimKeepsEveryLine) {
+  Cluster c;
+  c.job = {2, 2, 100};
+  c.last_call = 20ms;
+  c.world->set_trims(false);
+  auto a = c.node("a"), b = c.node("b");
+  fail_rounds({a.get(), b.get()}, 20);
+  EXPECT_EQ(c.world->trimmed("events"), 0u);
+  EXPECT_GE(c.world->log("requests").size(), 70u) << "4 requests a round";
+  EXPECT_EQ(all_next_round({a.get(), b.get()})[0].restart_count, 20);
+}
+
 TEST(DynamicRendezvous, LosingTheBackendEndsTheRound) {
   Cluster c;
   c.job = {1, 1, 0};

@@ -229,6 +229,22 @@ TEST_F(EtcdRun, TheLastNodeToCloseRemovesTheRun) {
   EXPECT_EQ(again->add("c", 0), 0);
 }
 
+// Issue 19: trimmed lines leave etcd (their keys are deleted, a mark keeps the numbering),
+// in transactions of at most 64 deletions (etcd's --max-txn-ops is 128 by default).
+TEST_F(EtcdRun, TrimmedLinesLeaveEtcd) {
+  const std::string run = run_id();
+  auto a = make(run);
+  for (int i = 0; i < 150; ++i) a->append("events", std::to_string(i));
+  const std::string dir = "/ddprun/rdzv/" + run + "/log/events/";
+  ASSERT_EQ(keys(dir).size(), 150u);
+  ASSERT_TRUE(a->trim_log("events", 148));
+  EXPECT_EQ(keys(dir).size(), 2u);
+  EXPECT_EQ(keys("/ddprun/rdzv/" + run + "/trim/").size(), 1u) << "the mark";
+  EXPECT_EQ(make(run)->read("events", 148), (std::vector<std::string>{"148", "149"}));
+  a->drop_log("events");
+  EXPECT_TRUE(keys("/ddprun/rdzv/" + run + "/trim/").empty()) << "a dropped log takes its mark along";
+}
+
 TEST_F(EtcdRun, ANodeJoiningARunningJobSeesItsState) {
   const std::string run = run_id();
   auto a = make(run);

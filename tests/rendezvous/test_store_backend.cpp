@@ -90,6 +90,24 @@ TEST_F(StoreBackendTest, LogsAppendReadAndWait) {
   EXPECT_EQ(b->add("n", 3), 5);
 }
 
+// A store server from before log trimming: trim_log says it cannot (and the connection
+// stays usable), and every line stays readable, as before.
+TEST_F(StoreBackendTest, AServerWithoutLogTrimKeepsEveryLine) {
+  server.reset();
+  ddp::detail::StoreServerOptions so;
+  so.host = "127.0.0.1";
+  so.log_trim = false;
+  server = std::make_unique<ddp::detail::StoreServer>(so);
+  server->start();
+  auto a = backend(), b = backend();
+  for (int i = 0; i < 4; ++i) a->append("log", std::to_string(i));
+  EXPECT_FALSE(a->trim_log("log", 3));
+  EXPECT_EQ(b->read("log", 0).size(), 4u);
+  a->append("log", "4");
+  EXPECT_EQ(a->read("log", 1), (std::vector<std::string>{"1", "2", "3", "4"}));
+  EXPECT_EQ(b->wait("log", 4, kGuard), std::vector<std::string>{"4"});
+}
+
 TEST_F(StoreBackendTest, LeaseLinesAreWrittenWhenTheLeaseCloses) {
   auto a = backend(), watcher = backend();
   a->open_lease(0ms);

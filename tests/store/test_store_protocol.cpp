@@ -99,6 +99,8 @@ std::vector<proto::Request> all_requests(Generation g) {
     v.push_back(request(Op::kOnLeaseEnd, {"gone"}, {"node7 "}));
     v.push_back(request(Op::kWaitGrows, {"log"}, {}, 42));
     v.push_back(request(Op::kGetFrom, {"log"}, {}, 7));
+    v.push_back(request(Op::kTrimLog, {"log"}, {}, 3));
+    v.push_back(request(Op::kLogFrom, {"log"}, {}, 12));
   }
   return v;
 }
@@ -137,7 +139,9 @@ TEST(StoreProtocol, OpcodeTablesMatchTheWireReference) {
   EXPECT_EQ(proto::encode_opcode(Generation::kV2, Op::kOnLeaseEnd), 0x61);
   EXPECT_EQ(proto::encode_opcode(Generation::kV2, Op::kWaitGrows), 0x62);
   EXPECT_EQ(proto::encode_opcode(Generation::kV2, Op::kGetFrom), 0x63);
-  EXPECT_FALSE(proto::decode_opcode(Generation::kV2, 0x64));
+  EXPECT_EQ(proto::encode_opcode(Generation::kV2, Op::kTrimLog), 0x64);
+  EXPECT_EQ(proto::encode_opcode(Generation::kV2, Op::kLogFrom), 0x65);
+  EXPECT_FALSE(proto::decode_opcode(Generation::kV2, 0x66));
   EXPECT_FALSE(proto::encode_opcode(Generation::kV1, Op::kLease));
   EXPECT_FALSE(proto::decode_opcode(Generation::kV1Torch21, 0x60));
 }
@@ -327,7 +331,7 @@ TEST(StoreProtocol, LimitsAndGarbageAreErrors) {
   bad(encode(g, request(Op::kSet, {"k"}, {"123456789"})), "value of 9 bytes exceeds the limit of 8");
   bad(encode(g, request(Op::kWait, {"a", "b", "c"})), "WAIT of 3 keys exceeds the limit of 2");
   bad(encode(g, request(Op::kMultiSet, {"a", "b"}, {"12345678", "12345678"})), "request of more");
-  bad(std::string("\x64", 1), "unknown opcode 0x64");
+  bad(std::string("\x66", 1), "unknown opcode 0x66");
   // A second VALIDATE with a wrong magic.
   bad(encode(g, request(Op::kValidate, {}, {}, 0, 0xdeadbeef)), "bad VALIDATE magic");
   // The default limits are the libuv server's.

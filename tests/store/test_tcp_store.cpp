@@ -210,7 +210,7 @@ TEST_P(StoreGen, GarbageOrOversizedRequestsDisconnectOnlyThatClient) {
   EXPECT_TRUE(waiter.silent_for(50ms));
   {
     RawConn bad(server->port(), gen());
-    bad.send(std::string("\x64junk", 5));  // unknown opcode in both generations
+    bad.send(std::string("\x66junk", 5));  // unknown opcode in both generations
     EXPECT_TRUE(bad.closed_by_peer());
   }
   {
@@ -428,6 +428,53 @@ TEST(StoreGen2, GetFromReadsTheValueFromAnOffset) {
   EXPECT_EQ(s.get_from("log", -5), "one\ntwo\n");
   ddp::TcpStore v1(client_options(server->port(), WireGeneration::kV1));
   EXPECT_THROW(v1.get_from("log", 0), ddp::StoreError);
+}
+
+// ddprun's TRIM_LOG and LOG_FROM: a log's first lines go, offsets and line numbers stay.
+TEST(StoreGen2, TrimLogDropsWholeLinesAndKeepsOffsets) {
+  auto server = start_server();
+  ddp::TcpStore s(client_options(server->port(), WireGeneration::kV2));
+  EXPECT_TRUE(s.serves_log_trim());
+  EXPECT_EQ(s.trim_log("log", 5), 0);  // missing: nothing to drop
+  s.append("log", "zero\none\ntwo\nthr");  // the last line is not complete yet
+  EXPECT_EQ(s.trim_log("log", 2), 2);
+  EXPECT_EQ(s.get("log"), "two\nthr");  // what the value holds
+  EXPECT_EQ(s.get_from("log", 9), "two\nthr");  // offsets count from the first byte ever
+  EXPECT_EQ(s.get_from("log", 13), "thr");
+  auto c = s.log_from("log", 0);  // below what is held: from the first byte held, saying where
+  EXPECT_EQ(c.trimmed_bytes, 9);
+  EXPECT_EQ(c.trimmed_lines, 2);
+  EXPECT_EQ(c.bytes, "two\nthr");
+  EXPECT_EQ(s.log_from("log", 13).bytes, "thr");
+  EXPECT_EQ(s.trim_log("log", 1), 2) << "never fewer lines than before";
+  EXPECT_EQ(s.trim_log("log", 100), 3) << "an unfinished line stays";
+  EXPECT_EQ(s.get("log"), "thr");
+  EXPECT_FALSE(s.wait_grows("log", 16, std::chrono::milliseconds(50))) << "sizes count the dropped bytes";
+  s.append("log", "ee\n");
+  EXPECT_TRUE(s.wait_grows("log", 16, hang_guard()));
+  EXPECT_EQ(s.get_from("log", 13), "three\n");
+  EXPECT_TRUE(s.delete_key("log"));  // a new value starts at offset 0
+  s.append("log", "new\n");
+  c = s.log_from("log", 0);
+  EXPECT_EQ(c.trimmed_bytes, 0);
+  EXPECT_EQ(c.bytes, "new\n");
+  s.trim_log("log", 1);
+  s.set("log", "set\n");  // so does a SET
+  EXPECT_EQ(s.log_from("log", 0).trimmed_lines, 0);
+  EXPECT_EQ(s.get_from("log", 0), "set\n");
+}
+
+// A server without log trimming (ddprun's before it): the feature question reads as offset
+// 0 of a missing key, and TRIM_LOG closes the connection, as any unknown request does.
+TEST(StoreGen2, AServerWithoutLogTrimSaysSoWithoutClosing) {
+  ddp::detail::StoreServerOptions o;
+  o.log_trim = false;
+  auto server = start_server(o);
+  ddp::TcpStore s(client_options(server->port(), WireGeneration::kV2));
+  EXPECT_FALSE(s.serves_log_trim());
+  s.append("log", "a\n");
+  EXPECT_EQ(s.get_from("log", 0), "a\n") << "the question left the connection working";
+  EXPECT_THROW(s.trim_log("log", 1), ddp::NetworkError);
 }
 
 TEST(StoreGen2, Queues) {

@@ -107,6 +107,7 @@ json to_json(const Range& r) {
     j["sort_target"] = "CREATE";
   }
   if (r.min_create_revision) j["min_create_revision"] = std::to_string(r.min_create_revision);
+  if (r.max_create_revision) j["max_create_revision"] = std::to_string(r.max_create_revision);
   if (r.count_only) j["count_only"] = true;
   return j;
 }

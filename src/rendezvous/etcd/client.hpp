@@ -67,6 +67,7 @@ struct Range {
   bool keys_only = false;   // no values
   bool by_creation = false;          // sorted by create revision (else by key)
   int64_t min_create_revision = 0;   // only keys created at or after it (0: all)
+  int64_t max_create_revision = 0;   // only keys created at or before it (0: all)
 };
 struct Put {
   std::string key, value;

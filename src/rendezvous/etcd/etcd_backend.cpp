@@ -6,6 +6,8 @@
 //   log/<name>/<op>   a line of a log, under a name no other write uses (a retried append
 //                     writes the same key again: never twice); the lines' order is their
 //                     create revisions' (then their keys', within one transaction)
+//   trim/<name>       "<n> <revision> <key>": the log's lines [0, n) are dropped, the last of
+//                     them was (revision, key); readers count lines after it from n
 //   alive/<lease>     one per open node lease, attached to that lease: gone when it ends
 //   pending/<lease>   that lease's end lines (JSON); deleted in the transaction that
 //                     appends them, so they are appended exactly once
@@ -75,6 +77,7 @@ struct Keys {
   std::string log_key(const std::string& log, const std::string& op, size_t i) const {
     return log_dir(log) + fmt::format("{}{:04}", op, i);
   }
+  std::string trim(const std::string& log) const { return p + "trim/" + escape(log); }
   std::string alive_dir() const { return p + "alive/"; }
   std::string alive(int64_t lease) const { return alive_dir() + hex(lease); }
   std::string pending_dir() const { return p + "pending/"; }
@@ -120,6 +123,29 @@ struct CounterValue {
     for (const auto& [op, v] : recent) out += fmt::format(" {}:{}", op, v);
     return out;
   }
+};
+
+// A log's dropped lines (trim_log): [0, lines), the last of them at `last` (create revision,
+// key). A line at or before `last` is never counted, even while its key is not deleted yet.
+struct TrimMark {
+  size_t lines = 0;
+  std::pair<int64_t, std::string> last;
+
+  static TrimMark parse(const std::optional<KeyValue>& kv) {
+    TrimMark m;
+    if (!kv) return m;
+    const std::string& v = kv->value;
+    size_t a = v.find(' '), b = a == std::string::npos ? a : v.find(' ', a + 1);
+    if (b == std::string::npos) return m;
+    try {
+      m.lines = std::stoull(v.substr(0, a));
+      m.last = {std::stoll(v.substr(a + 1, b - a - 1)), v.substr(b + 1)};
+    } catch (const std::exception&) {
+      return TrimMark{};
+    }
+    return m;
+  }
+  std::string text() const { return fmt::format("{} {} {}", lines, last.first, last.second); }
 };
 
 class Watching;
@@ -196,8 +222,11 @@ class EtcdBackend final : public Backend {
     check_interrupted();
     seen_lines_.erase(log);
     const std::string dir = keys_.log_dir(log);
-    client_->txn({}, {Delete{dir, prefix_end(dir)}}, {}, deadline(), "removing a finished round's log");
+    client_->txn({}, {Delete{dir, prefix_end(dir)}, Delete{keys_.trim(log), {}}}, {}, deadline(),
+                 "removing a finished round's log");
   }
+
+  bool trim_log(const std::string& log, size_t upto) override;
 
   int64_t add(const std::string& counter, int64_t delta) override;
 
@@ -241,6 +270,8 @@ class EtcdBackend final : public Backend {
   void ensure_run_lease(Deadline d);
   TxnResult with_run_lease(Deadline d, const std::function<TxnResult(int64_t)>& f);
   std::vector<std::string> read_at(const std::string& log, size_t from, Deadline d, int64_t* revision);
+  std::optional<std::pair<int64_t, std::string>> line_position(const std::string& log, size_t& upto, Deadline d);
+  void delete_lines_up_to(const std::string& log, const std::pair<int64_t, std::string>& last, Deadline d);
   bool reap(int64_t lease, const std::string* reason, Deadline d);
   bool reap_ended(Deadline d);
   TxnResult register_lease(int64_t lease, Deadline d);
@@ -352,14 +383,21 @@ std::vector<std::string> EtcdBackend::read_at(const std::string& log, size_t fro
   for (int pass = 0;; ++pass) {
     // Only lines after the last one known before `from` (or all, knowing none).
     const size_t first_known = seen.count - seen.last.size();
-    const size_t base = from > first_known ? std::min(from, seen.count) : 0;
+    size_t base = from > first_known ? std::min(from, seen.count) : 0;
     const std::pair<int64_t, std::string>* after = base > 0 ? &seen.last[base - 1 - first_known] : nullptr;
     Range lines = whole(keys_.log_dir(log));
     lines.by_creation = true;
     if (after) lines.min_create_revision = after->first;
-    TxnResult t = client_->txn({}, {lines, whole(keys_.pending_dir(), true), whole(keys_.alive_dir(), true)}, {}, d,
-                               "reading a log");
+    TxnResult t = client_->txn(
+        {}, {lines, whole(keys_.pending_dir(), true), whole(keys_.alive_dir(), true), Range(keys_.trim(log))}, {}, d,
+        "reading a log");
     if (pass == 0 && t.ranges.at(1).count > t.ranges.at(2).count && reap_ended(d)) continue;
+    if (TrimMark mark = TrimMark::parse(first(t, 3)); mark.lines > base) {
+      // Lines this cursor had not read were dropped: count on from the first line held.
+      seen = LineCursor{mark.lines, {mark.last}};
+      base = mark.lines;
+      after = &seen.last.back();
+    }
     auto& kvs = t.ranges.at(0).kvs;
     // One transaction's lines share a create revision: their keys order them.
     std::sort(kvs.begin(), kvs.end(), [](const KeyValue& a, const KeyValue& b) {
@@ -379,8 +417,69 @@ std::vector<std::string> EtcdBackend::read_at(const std::string& log, size_t fro
       if (line >= from) out.push_back(std::move(kvs[i].value));
     }
     if (revision) *revision = t.revision;
+    if (from < base)
+      throw LogTrimmed(fmt::format("{}: log '{}' from line {}: lines before {} were dropped", describe(), log, from,
+                                   base),
+                       base);
     return out;
   }
+}
+
+// Where line upto-1 is (create revision, key), read if this object does not know it yet;
+// upto is cut to the log's length. nullopt: nothing to drop (or too old to find).
+std::optional<std::pair<int64_t, std::string>> EtcdBackend::line_position(const std::string& log, size_t& upto,
+                                                                          Deadline d) {
+  if (upto == 0) return std::nullopt;
+  try {
+    read_at(log, upto - 1, d, nullptr);
+  } catch (const LogTrimmed&) {
+    return std::nullopt;  // dropped already
+  }
+  const auto& seen = seen_lines_[log];
+  upto = std::min(upto, seen.count);
+  const size_t first_known = seen.count - seen.last.size();
+  if (upto == 0 || upto - 1 < first_known) return std::nullopt;
+  return seen.last[upto - 1 - first_known];
+}
+
+// Deletes the keys of the lines at or before `last` (a transaction per 64 of them).
+void EtcdBackend::delete_lines_up_to(const std::string& log, const std::pair<int64_t, std::string>& last,
+                                     Deadline d) {
+  Range r = whole(keys_.log_dir(log), false, true);
+  r.by_creation = true;
+  r.max_create_revision = last.first;
+  auto found = client_->range(r, d, "listing a log's dropped lines");
+  std::vector<Request> ops;
+  auto flush = [&] {
+    if (!ops.empty()) client_->txn({}, ops, {}, d, "deleting a log's dropped lines");
+    ops.clear();
+  };
+  for (const auto& kv : found.kvs) {
+    if (std::make_pair(kv.create_revision, kv.key) > last) continue;
+    ops.push_back(Delete{kv.key, {}});
+    if (ops.size() == 64) flush();
+  }
+  flush();
+}
+
+// The mark first (readers then skip the lines it covers), then the lines' keys. A mark
+// that moved meanwhile (another node trimmed) is left as it is.
+bool EtcdBackend::trim_log(const std::string& log, size_t upto) {
+  check_interrupted();
+  Deadline d = deadline();
+  auto last = line_position(log, upto, d);
+  if (!last) return true;
+  auto now = client_->range(Range(keys_.trim(log)), d, "reading a log's trim mark");
+  std::optional<KeyValue> kv;
+  if (!now.kvs.empty()) kv = now.kvs[0];
+  if (TrimMark::parse(kv).lines >= upto) return true;
+  const std::string key = keys_.trim(log), text = TrimMark{upto, *last}.text();
+  Compare unchanged = kv ? Compare::mod_is(key, kv->mod_revision) : Compare::absent(key);
+  TxnResult t = with_run_lease(d, [&](int64_t run) {
+    return client_->txn({unchanged}, {Put{key, text, run}}, {}, d, "marking a log's dropped lines");
+  });
+  if (t.succeeded || t.maybe_repeated) delete_lines_up_to(log, *last, d);
+  return true;
 }
 
 // Makes the watch of a wait() in progress reachable by interrupt() (another thread).

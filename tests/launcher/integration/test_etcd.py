@@ -33,6 +33,9 @@ FAST = CONF.replace("last_call_timeout=1", "last_call_timeout=0.3")
 THREE = ("last_call_timeout=0.3,join_timeout=20,keep_alive_interval=1,"
          f"keep_alive_max_attempt={max(4, round(scaled(4)))}")
 
+# Rounds of test_rounds_hold_no_more_state (about 0.12 s each on 2 cores: a minute).
+ROUNDS = 500
+
 _clusters = {}
 _pki_dir = None
 
@@ -140,27 +143,32 @@ class EtcdScenarios(EtcdTestCase):
             self.assertEqual(r["env"]["TORCHELASTIC_MAX_RESTARTS"], "1")
 
     def test_rounds_hold_no_more_state(self):
-        """Issue 19: a job's per-round keys in etcd and its agents' memory do not grow with its
-        age. Two agents whose worker fails at once (every round a counted restart) run 300
-        rounds; between 10% and 90% of them the exit logs' and counters' keys and each agent's
-        RSS stay flat (before: an exit log and counter more every round, and a lease-end line
-        more in every node's pending record). The events and requests logs still grow by a
-        few keys a round (docs/design.md)."""
-        rounds = 300
+        """Issue 19: a job's keys in etcd and its agents' memory do not grow with its age. Two
+        agents whose worker fails at once (every round a counted restart) run ROUNDS rounds;
+        between 10% and 90% of them the run's keys (exit logs, counters, the events and
+        requests logs' lines, lease records) and each agent's RSS stay flat (before: an exit
+        log and counter more every round, a lease-end line more in every node's pending
+        record, and about ten log lines more a round)."""
+        rounds = ROUNDS
         rec = self.path("rounds")
         kw = dict(nnodes="2", conf=FAST, nproc=1, extra=["--max-restarts", str(rounds), "--no-python"],
                   script="sh", script_args=[os.path.join(HERE, "workers", "fail_round.sh"), rec])
         agents = [self.start_node(n, addr, **kw) for n, addr in (("A", "127.0.0.2"), ("B", "127.0.0.3"))]
         samples = {}
-        for at in (rounds // 10, rounds * 9 // 10):
+        for at in (rounds // 10, rounds * 4 // 10, rounds * 9 // 10):
             self.wait_for(lambda: jobwatch.highest_round(rec) >= at, 120, f"round {at}")
-            per_round = [k for k in self.run_keys() if "/log/exit" in k or "/ctr/exit" in k]
-            samples[at] = (len(per_round), [vm_rss_kb(a.proc.pid) for a in agents])
+            keys = self.run_keys()
+            samples[at] = (len(keys), [vm_rss_kb(a.proc.pid) for a in agents])
         self.wait_nodes(agents, 120)
-        (k1, rss1), (k9, rss9) = samples[rounds // 10], samples[rounds * 9 // 10]
-        self.assertLessEqual(k9, k1 + 4, f"exit keys at round {rounds // 10}: {k1}, at {rounds * 9 // 10}: {k9}")
-        for before, after, name in zip(rss1, rss9, "AB"):
-            self.assertLess(after - before, 512, f"{name}'s RSS grew from {before} to {after} kB")
+        (k1, _), (_, rss4), (k9, rss9) = (samples[rounds * i // 10] for i in (1, 4, 9))
+        # The lines since the last trim (a round's or two) come and go.
+        self.assertLessEqual(k9, k1 + 16, f"the run's keys at round {rounds // 10}: {k1}, at {rounds * 9 // 10}: "
+                                          f"{k9}:\n" + "\n".join(keys))
+        # glibc's heap settles over the first rounds, with one step of up to 0.8 MB at a
+        # round that varies from run to run: the slack is above that, far below a leak's
+        # 250 rounds' worth.
+        for before, after, name in zip(rss4, rss9, "AB"):
+            self.assertLess(after - before, 1024, f"{name}'s RSS grew from {before} to {after} kB")
 
     def test_s5_node_beyond_max_waits_and_times_out_alone(self):
         args = ["--sleep", "4"]
