@@ -352,7 +352,7 @@ TEST(StoreProtocol, ByteByByteIsLinear) {
   // 128 Ki keys fed one byte at a time: a parser that rescans from the request start on
   // every byte would take ~10^11 steps; an incremental one takes ~10^6.
   std::vector<std::string> keys;
-  for (int i = 0; i < (128 << 10); ++i) keys.push_back("k" + std::to_string(i));
+  for (int i = 0; i < (128 << 10); ++i) keys.push_back(std::string("k").append(std::to_string(i)));
   auto stream = encode(Generation::kV1, request(Op::kWait, keys));
   auto t0 = std::chrono::steady_clock::now();
   auto p = parse(stream, 1, Generation::kV1);
