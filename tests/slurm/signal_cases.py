@@ -227,5 +227,3 @@ srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
             self.assertIn("Slurm sent SIGUSR1", log, f"task {t}")
             self.assertIn("exiting with 143", log, f"task {t}: {log}")
             self.assertNotIn("killing the workers now", log)
-            if flags:
-                self.assertIn("--preload: imported json", log, f"task {t}: {log}")
