@@ -28,6 +28,9 @@ round to round, so the drift of this noisy machine hits them alike. Medians.
 3. memory: 4 workers that write their pid after `import torch` and sleep; the sum of the
    workers' Pss (/proc/PID/smaps_rollup, shared pages divided among their sharers) cold
    against --preload, and the warm process's own Pss (its pid from ddprun's info line).
+   Pss_Anon (the heap: shared only by the warm process and its workers) is split from
+   Pss_File (mapped files, libtorch's code: shared with every process on the machine that
+   maps them, other jobs' too, so it moves with what else runs).
 4. hostloss: bench/rendezvous/run.py's host loss (two ddprun agents of 2 gloo workers each,
    bench/rendezvous/elastic_train.py, `--rdzv-backend c10d --nnodes 1:2 --max-restarts 3
    --rdzv-conf last_call_timeout=1`; SIGKILL to the process group of one agent, by the pid
@@ -249,20 +252,18 @@ def bench_restart(runs):
 # ------------------------------------------------------------------ 3. memory
 
 
-def pss_kb(pid):
+MEM_FIELDS = ("Pss", "Pss_Anon", "Pss_File", "Rss")
+
+
+def mem_kb(pid):
+    """/proc/PID/smaps_rollup's MEM_FIELDS, in kB."""
+    out = {}
     with open(f"/proc/{pid}/smaps_rollup") as f:
         for line in f:
-            if line.startswith("Pss:"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no Pss for {pid}")
-
-
-def rss_kb(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+            k, _, v = line.partition(":")
+            if k in MEM_FIELDS:
+                out[k] = int(v.split()[0])
+    return out
 
 
 def memory_once(preload, script):
@@ -281,14 +282,14 @@ def memory_once(preload, script):
             time.sleep(0.02)
         time.sleep(0.5)  # let every worker reach its sleep
         pids = [int(open(os.path.join(d, f"pid_{r}")).read()) for r in range(4)]
-        res = {"workers_pss_kb": sum(pss_kb(x) for x in pids), "workers_rss_kb": sum(rss_kb(x) for x in pids)}
+        per = [mem_kb(x) for x in pids]
+        res = {"workers": {k: sum(m[k] for m in per) for k in MEM_FIELDS}}
         if preload:
             m = re.search(r"--preload: imported torch in ([0-9.]+) s \(warm process pid (\d+)\)", open(err).read())
             if not m:
                 raise SystemExit("memory: no --preload info line in ddprun's stderr:\n" + open(err).read()[-3000:])
             res["import_s"] = float(m.group(1))
-            res["warm_pss_kb"] = pss_kb(int(m.group(2)))
-            res["warm_rss_kb"] = rss_kb(int(m.group(2)))
+            res["warm"] = mem_kb(int(m.group(2)))
         return res
     finally:
         p.send_signal(signal.SIGTERM)
@@ -391,6 +392,14 @@ def bench_hostloss(runs, last_call):
 # ------------------------------------------------------------------ report
 
 
+def ddprun_version():
+    """`ddprun --version` and the mtimes of the binary and of its warm-process script."""
+    v = subprocess.run([DDPRUN, "--version"], capture_output=True, text=True).stdout.strip()
+    share = os.path.join(ROOT, "build", "share", "ddprun", "python", "ddprun_preload.py")
+    stamp = lambda f: time.strftime("%H:%M:%S", time.gmtime(os.path.getmtime(f))) if os.path.exists(f) else "-"  # noqa: E731
+    return f"{v}, binary of {stamp(DDPRUN)} UTC, ddprun_preload.py of {stamp(share)} UTC"
+
+
 def torch2_ready():
     if os.geteuid() != 0:
         return "the torch 2.6 chroot needs root"
@@ -412,9 +421,12 @@ def main():
     ap.add_argument("--json", help="also write the medians and every run here")
     a = ap.parse_args()
     parts = set(a.parts.split(","))
+    if parts - {"launch", "restart", "memory", "hostloss"}:
+        ap.error(f"--parts: unknown {','.join(sorted(parts - {'launch', 'restart', 'memory', 'hostloss'}))}")
     sizes = [int(x) for x in a.sizes.split(",") if x]
     why_not = "not asked for" if a.no_torch2 else torch2_ready()
     torch2 = why_not is None
+    version = ddprun_version()
     t_start = time.time()
     raw = {}
     if "launch" in parts:
@@ -426,8 +438,11 @@ def main():
     if "hostloss" in parts:
         raw["hostloss"] = bench_hostloss(a.loss_runs, a.last_call)
     took = time.time() - t_start
+    if ddprun_version() != version:
+        print(f"**warning: {DDPRUN} changed during this run (was {version}, now {ddprun_version()}): rerun**\n")
 
-    out = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t_start)), "seconds": round(took, 1),
+    out = {"ddprun": version, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t_start)),
+           "seconds": round(took, 1),
            "load_average_at_end": os.getloadavg(), "medians": {}, "runs": raw}
     M = out["medians"]
     ok = lambda c: "met" if c else "**not met**"  # noqa: E731
@@ -478,18 +493,21 @@ def main():
         print()
     if "memory" in raw:
         mem = raw["memory"]
-        C = {k: med([x[k] for x in mem["cold"]]) for k in mem["cold"][0]}
-        P = {k: med([x[k] for x in mem["preload"]]) for k in mem["preload"][0]}
-        M["memory_kb"] = {"cold": C, "preload": P}
+        C = {k: med([x["workers"][k] for x in mem["cold"]]) for k in MEM_FIELDS}
+        P = {k: med([x["workers"][k] for x in mem["preload"]]) for k in MEM_FIELDS}
+        W = {k: med([x["warm"][k] for x in mem["preload"]]) for k in MEM_FIELDS}
+        T = {k: med([x["workers"][k] + x["warm"][k] for x in mem["preload"]]) for k in MEM_FIELDS}
+        M["memory_kb"] = {"cold_workers": C, "preload_workers": P, "warm_process": W, "preload_total": T,
+                          "import_s": med([x["import_s"] for x in mem["preload"]])}
         mb = lambda kb: f"{kb / 1024:.0f} MB"  # noqa: E731
-        print(f"| memory, 4 workers past `import torch` (medians of {a.mem_runs}) | Pss, sum | Rss, sum |")
-        print("|---|---|---|")
-        print(f"| ddprun cold: the 4 workers | {mb(C['workers_pss_kb'])} | {mb(C['workers_rss_kb'])} |")
-        print(f"| ddprun --preload torch: the 4 workers | {mb(P['workers_pss_kb'])} "
-              f"({C['workers_pss_kb'] / P['workers_pss_kb']:.1f}x less) | {mb(P['workers_rss_kb'])} |")
-        print(f"| --preload: the warm process alone | {mb(P['warm_pss_kb'])} | {mb(P['warm_rss_kb'])} |")
-        tot = P["workers_pss_kb"] + P["warm_pss_kb"]
-        print(f"| --preload: workers + warm process | {mb(tot)} ({C['workers_pss_kb'] / tot:.1f}x less than cold) | |")
+        print(f"| memory, 4 workers past `import torch` (medians of {a.mem_runs}) | Pss | Pss_Anon | Pss_File | Rss |")
+        print("|---|---|---|---|---|")
+        for label, x in (("ddprun cold: the 4 workers", C), ("ddprun --preload torch: the 4 workers", P),
+                         ("--preload: the warm process alone", W), ("--preload: the 4 workers + the warm process", T)):
+            print(f"| {label} | {mb(x['Pss'])} | {mb(x['Pss_Anon'])} | {mb(x['Pss_File'])} | {mb(x['Rss'])} |")
+        print(f"| cold / --preload (workers alone; with the warm process) | {C['Pss'] / P['Pss']:.1f}x; "
+              f"{C['Pss'] / T['Pss']:.1f}x | {C['Pss_Anon'] / P['Pss_Anon']:.1f}x; {C['Pss_Anon'] / T['Pss_Anon']:.1f}x "
+              f"| | |")
         print()
     if "hostloss" in raw:
         H = {k: med(v) for k, v in raw["hostloss"].items()}
@@ -502,7 +520,8 @@ def main():
         print(f"| ddprun --preload torch | {H['preload']:.2f} s | {H['preload_restarted']:.3f} s "
               f"| <= {lc + 0.5:g} s: {ok(H['preload'] <= lc + 0.5)} |")
         print()
-    print(f"(whole run {took:.0f} s, load average at its end {os.getloadavg()[0]:.1f})")
+    print(f"({version}; whole run {took:.0f} s from {out['started']}, load average at its end "
+          f"{os.getloadavg()[0]:.1f})")
     print(json.dumps(out))
     if a.json:
         with open(a.json, "w") as f:
