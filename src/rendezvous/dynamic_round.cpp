@@ -341,8 +341,9 @@ void DynamicRendezvous::watcher_loop() {
     try {
       if (started) {
         // Events of round r that came before it was watched may already end it (a round of
-        // `true` workers can be over by now).
+        // `true` workers can be over by now), or ask for a dump (read while no round was).
         reader.feed(seen.lines());
+        note_dumps(r, seen.lines());
         judge();
       }
       size_t skip = 0;
