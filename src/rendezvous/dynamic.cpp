@@ -120,12 +120,16 @@ void DynamicRendezvous::backoff(int attempt) {
 // false: write now.
 bool DynamicRendezvous::defer_to_older(size_t ahead, Seen& seen, Clock::time_point deadline) {
   constexpr auto kStep = 2ms, kMax = 30ms;
+  if (!cheap_probe_) return false;
   const auto until = std::min<Clock::time_point>(
       deadline, Clock::now() + std::min<Clock::duration>(kStep * static_cast<int64_t>(ahead), kMax));
   for (auto now = Clock::now(); now < until && !cancel_; now = Clock::now()) {
     std::this_thread::sleep_for(std::min<Clock::duration>(kStep, until - now));
     auto changed = main_->changed(seen.snap->token);
-    if (!changed) return false;  // a backend that cannot tell cheaply: write now, as before
+    if (!changed) {  // a backend that cannot tell cheaply: write now, as before, from now on
+      cheap_probe_ = false;
+      return false;
+    }
     if (*changed) {
       seen.reset();
       return true;

@@ -174,6 +174,7 @@ class DynamicRendezvous {
   int64_t announced_round_ = -1;  // the running round this node asked to restart with it
   int64_t exit_registered_ = -1;  // the round whose exit log holds this node's lease line
   Clock::time_point lc_deadline_{};
+  bool cheap_probe_ = true;  // the backend tells whether the state changed without a load
 
   // Shared with the watcher and keeper.
   std::mutex mu_;
