@@ -25,12 +25,15 @@ struct TcpStoreOptions {
   // Connection attempts retry with jittered exponential backoff until this deadline.
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
   WireGeneration generation = WireGeneration::kV2;
+  // Connect at the first request instead of in the constructor (a connection that may
+  // never be used: the rendezvous's per-thread clones).
+  bool lazy = false;
 };
 
 class TcpStore : public Store {
  public:
-  // Connects (retrying until options.connect_timeout); throws NetworkError/TimeoutError
-  // naming host:port and the time spent.
+  // Connects (retrying until options.connect_timeout; at the first request with
+  // options.lazy); throws NetworkError/TimeoutError naming host:port and the time spent.
   explicit TcpStore(TcpStoreOptions options);
   ~TcpStore() override;
   TcpStore(const TcpStore&) = delete;

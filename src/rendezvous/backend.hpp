@@ -98,12 +98,34 @@ class Backend {
   // Writes `value` if the state is still what `expected` names (an empty token names "no
   // state yet"). On conflict nothing is written and current is the winner's.
   virtual CasResult compare_and_set(const std::string& value, const Token& expected) = 0;
+  // Whether the state is still the one `t` names, found out without fetching it (the
+  // store: the version at its end): false when unchanged. nullopt when this backend cannot
+  // tell without a load (the default). A waiting node loads the state only when it changed.
+  virtual std::optional<bool> changed(const Token& t) {
+    (void)t;
+    return std::nullopt;
+  }
 
   // ---- logs (append-only lists of lines; a line holds no '\n') -----------------------
   virtual void append(const std::string& log, const std::string& line) = 0;
   // Lines [from, end); empty if the log has no more (or does not exist). LogTrimmed when
   // line `from` was dropped (trim_log).
   virtual std::vector<std::string> read(const std::string& log, size_t from) = 0;
+  // As read(log, from), where `at` is where line `from` begins as another object of this
+  // backend saw it (position(); -1: unknown): an object that has not read the log that far
+  // starts there, not at the log's first line. (A joiner reads the requests from the
+  // state's count on: without it, each of N joiners would fetch the N lines before.)
+  virtual std::vector<std::string> read(const std::string& log, size_t from, int64_t at) {
+    (void)at;
+    return read(log, from);
+  }
+  // Where line `line` of `log` begins, in this backend's own terms (the store: the byte
+  // offset), when this object has read that far; -1 when it cannot tell.
+  virtual int64_t position(const std::string& log, size_t line) {
+    (void)log;
+    (void)line;
+    return -1;
+  }
   // Lines [from, end) once there is at least one, waiting up to `timeout`; empty at the
   // timeout. Every node sees the same lines in the same order.
   virtual std::vector<std::string> wait(const std::string& log, size_t from, milliseconds timeout) = 0;

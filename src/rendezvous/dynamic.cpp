@@ -103,10 +103,39 @@ void DynamicRendezvous::bump_epoch() { main_->append("events", "state"); }
 
 void DynamicRendezvous::backoff(int attempt) {
   // Jittered exponential backoff after a lost compare-and-set: the writers thin out.
-  static thread_local std::mt19937_64 rng(std::random_device{}() ^ static_cast<uint64_t>(::getpid()));
+  static thread_local std::mt19937_64 rng(static_cast<uint64_t>(::getpid()) * 0x9E3779B97F4A7C15ULL ^
+                                          static_cast<uint64_t>(Clock::now().time_since_epoch().count()));
   auto cap = std::min<int64_t>(32, int64_t{1} << std::min(attempt, 5));
   std::uniform_int_distribution<int64_t> us(0, cap * 1000);
   std::this_thread::sleep_for(std::chrono::microseconds(us(rng)));
+}
+
+// This node's request is pending behind `ahead` older ones. The node of the oldest writes
+// the state now (and applies every pending request, this one too); the others wait for
+// that write, the k-th in line at most k x 2 ms (capped), before writing it themselves: a
+// node that is slow or gone never holds the others up for long, and N joiners arriving at
+// once make a few writes instead of N that collide (each lost compare-and-set sends the
+// whole state twice and gets it back once). Meanwhile the state is asked every 2 ms whether
+// it changed (a few bytes, not the state). True: it changed (seen is reset: decide again);
+// false: write now.
+bool DynamicRendezvous::defer_to_older(size_t ahead, Seen& seen, Clock::time_point deadline) {
+  constexpr auto kStep = 2ms, kMax = 30ms;
+  if (!cheap_probe_) return false;
+  const auto until = std::min<Clock::time_point>(
+      deadline, Clock::now() + std::min<Clock::duration>(kStep * static_cast<int64_t>(ahead), kMax));
+  for (auto now = Clock::now(); now < until && !cancel_; now = Clock::now()) {
+    std::this_thread::sleep_for(std::min<Clock::duration>(kStep, until - now));
+    auto changed = main_->changed(seen.snap->token);
+    if (!changed) {  // a backend that cannot tell cheaply: write now, as before, from now on
+      cheap_probe_ = false;
+      return false;
+    }
+    if (*changed) {
+      seen.reset();
+      return true;
+    }
+  }
+  return false;
 }
 
 // A node on the wait list of a running round asks that round to restart with it, itself:
@@ -181,10 +210,19 @@ void DynamicRendezvous::join_failed(JoinAction a, const State& s) {
 
 // One read-decide-write step. Returns true (with the state in snap) when this node is a
 // member of a complete round. Every write also applies the requests other nodes appended.
-bool DynamicRendezvous::join_step(std::optional<Snapshot>& snap, Clock::time_point deadline, int& conflicts) {
+bool DynamicRendezvous::join_step(Seen& seen, Clock::time_point deadline, int& conflicts) {
   if (cancel_) throw ddp::Error("rendezvous: joining the next round was cancelled (this node is stopping)");
-  if (!snap) snap = main_->load();
-  State s = decode(*snap);
+  // After a wait: the state is loaded again only if it changed (a thousand waiting nodes
+  // would each fetch and decode the whole state at every wake-up).
+  if (seen.recheck && seen.snap && main_->changed(seen.snap->token).value_or(true)) seen.reset();
+  seen.recheck = false;
+  if (!seen.snap) {
+    seen.snap = main_->load();
+    seen.state.reset();
+  }
+  if (!seen.state) seen.state = decode(*seen.snap);
+  const auto& snap = seen.snap;
+  const State& s = *seen.state;
   State t = s;
   bool changed = remove_lost(t, lost_), wake = changed;
   // Requests not applied yet. This node writes them all in only while one of its own is
@@ -192,21 +230,25 @@ bool DynamicRendezvous::join_step(std::optional<Snapshot>& snap, Clock::time_poi
   // instead of writing the others' requests again and again.
   std::vector<std::string> pending;
   try {
-    pending = main_->read("requests", static_cast<size_t>(t.requests_seen));
+    pending = main_->read("requests", static_cast<size_t>(t.requests_seen), t.requests_at);
   } catch (const LogTrimmed& e) {
     // A newer state applied those requests (and its round's rank 0 dropped them): read it.
     if (Clock::now() >= deadline)
       throw ddp::StoreError(fmt::format("rendezvous: the state at {} applied requests up to line {}, but the "
                                         "requests log holds none before line {}",
                                         backend_name_, t.requests_seen, e.first()));
-    snap.reset();
+    seen.reset();
     return false;
   }
   const bool mine = std::any_of(pending.begin(), pending.end(), [&](const std::string& l) {
     return l.find(c_.me.id) != std::string::npos;
   });
   if (mine) {
+    size_t ahead = 0;  // pending requests older than this node's
+    while (ahead < pending.size() && pending[ahead].find(c_.me.id) == std::string::npos) ++ahead;
+    if (ahead > 0 && defer_to_older(ahead, seen, deadline)) return false;
     Absorbed ab = absorb(t, pending, lost_);
+    t.requests_at = main_->position("requests", static_cast<size_t>(t.requests_seen));
     changed |= ab.changed;
     wake |= ab.wake;
   }
@@ -233,7 +275,11 @@ bool DynamicRendezvous::join_step(std::optional<Snapshot>& snap, Clock::time_poi
   }
   if (changed) {
     auto r = main_->compare_and_set(encode_state(t), snap->token);
-    snap = r.current;
+    seen.snap = std::move(r.current);
+    struct Forget {  // what was written (or the winner's) is decoded next step; `s` lives until then
+      Seen& v;
+      ~Forget() { v.state.reset(); }
+    } forget{seen};
     if (!r.ok) {
       backoff(++conflicts);
       return false;
@@ -259,17 +305,21 @@ bool DynamicRendezvous::join_step(std::optional<Snapshot>& snap, Clock::time_poi
   // Waiting: for the state to change, the last call to run out, or the deadline.
   auto limit = std::min(deadline, now + 1s);
   if (lc_round_ == t.round && t.last_call && !t.complete) limit = std::min(limit, lc_deadline_);
+  const size_t events_before = events_log_.count();
   wait_events(limit);
-  snap.reset();
+  // New events (the writer's "state" line, a lost node, ...): load the state again at
+  // once. None: the wait ran out; whether the state changed is a cheaper question.
+  if (events_log_.count() != events_before) seen.reset();
+  else seen.recheck = true;
   return false;
 }
 
 State DynamicRendezvous::join(Clock::time_point deadline) {
-  std::optional<Snapshot> snap;
+  Seen seen;
   int conflicts = 0;
-  while (!join_step(snap, deadline, conflicts)) {
+  while (!join_step(seen, deadline, conflicts)) {
   }
-  return decode(*snap);
+  return seen.state ? std::move(*seen.state) : decode(*seen.snap);
 }
 
 RoundPlan DynamicRendezvous::next_round() {
@@ -292,13 +342,12 @@ RoundPlan DynamicRendezvous::next_round() {
     State s = join(deadline);
     round_ = s.round;
     events_log_.keep_from(round_);
-    members_ = s.participants;
+    members_ = std::make_shared<const std::vector<NodeDesc>>(s.participants);
     RoundPlan p;
     p.round = s.round;
     p.group_rank = s.rank_of(c_.me.id);
     p.group_world_size = static_cast<int>(s.participants.size());
     p.restart_count = s.restarts;
-    p.members = s.participants;
     p.world_size = 0;
     for (int i = 0; i < p.group_world_size; ++i) {
       int n = s.participants[static_cast<size_t>(i)].nproc;
@@ -334,6 +383,7 @@ RoundPlan DynamicRendezvous::next_round() {
       forget_round(p.round - 1);
       trim_logs(s, events_mark);
     }
+    p.members = std::move(s.participants);  // s is done with
     spdlog::info("rendezvous: round {} of job '{}': node rank {} of {} ({}), ranks {}..{} of {}, restarts so far {}",
                  p.round, c_.run_id, p.group_rank, p.group_world_size, describe_nodes(p.members), p.rank_base,
                  p.rank_base + c_.me.nproc - 1, p.world_size, p.restart_count);
@@ -374,7 +424,7 @@ bool DynamicRendezvous::names_lost_node(const State& s) {
   for (auto* list : {&s.participants, &s.wait_list, &s.redundancy_list})
     for (auto& n : *list)
       if (lost_.count(n.id)) return true;
-  for (auto& request : main_->read("requests", static_cast<size_t>(s.requests_seen)))
+  for (auto& request : main_->read("requests", static_cast<size_t>(s.requests_seen), s.requests_at))
     for (auto& id : lost_)
       if (request.find(id) != std::string::npos) return true;
   return false;
@@ -408,7 +458,7 @@ void DynamicRendezvous::publish_or_fetch_master(RoundPlan& p) {
     if (Clock::now() >= deadline)
       throw ddp::TimeoutError(fmt::format("rendezvous: node rank 0 ({}) did not publish round {}'s worker store "
                                           "within {}",
-                                          members_.front().describe(), p.round, seconds_text(c_.join_timeout)));
+                                          members_->front().describe(), p.round, seconds_text(c_.join_timeout)));
     wait_events(std::min(deadline, Clock::now() + 1s));
   }
 }
@@ -425,7 +475,7 @@ std::set<std::string> DynamicRendezvous::exited_before_lost(int64_t r) {
 }
 
 // The round's events as this (caller) thread has read them.
-RoundReader DynamicRendezvous::reader_for(int64_t r, const std::vector<NodeDesc>& members) {
+RoundReader DynamicRendezvous::reader_for(int64_t r, const Members& members) {
   RoundReader reader;
   reader.feed(events_log_.lines());  // lost lines before the round
   reader.start(r, members);

@@ -114,8 +114,21 @@ class DynamicRendezvous {
   using Clock = std::chrono::steady_clock;
 
   void open();
+  // What a joining node last read of the state: the snapshot, decoded once; `recheck`:
+  // it has waited since, and asks the backend whether the state changed before loading it.
+  struct Seen {
+    std::optional<Snapshot> snap;
+    std::optional<State> state;
+    bool recheck = false;
+    void reset() {
+      snap.reset();
+      state.reset();
+      recheck = false;
+    }
+  };
   State join(Clock::time_point deadline);
-  bool join_step(std::optional<Snapshot>& snap, Clock::time_point deadline, int& conflicts);
+  bool join_step(Seen& seen, Clock::time_point deadline, int& conflicts);
+  bool defer_to_older(size_t ahead, Seen& seen, Clock::time_point deadline);
   void publish_or_fetch_master(RoundPlan& p);
   void forget_round(int64_t r);
   void trim_logs(const State& s, size_t events_mark);
@@ -130,7 +143,7 @@ class DynamicRendezvous {
   void announce_waiting(const State& t);
   [[noreturn]] void join_failed(JoinAction a, const State& s);
   std::set<std::string> exited_before_lost(int64_t round);
-  RoundReader reader_for(int64_t round, const std::vector<NodeDesc>& members);
+  RoundReader reader_for(int64_t round, const std::shared_ptr<const std::vector<NodeDesc>>& members);
   void close_rendezvous(const std::string& reason);
   void wait_for_everyone_to_leave(const std::vector<NodeDesc>& nodes);
   static void backoff(int attempt);
@@ -152,7 +165,8 @@ class DynamicRendezvous {
   EventsTail events_log_;  // the "events" log as read so far (what still matters of it)
   std::set<std::string> lost_;
   int64_t round_ = -1;  // the round this node is in (-1: none yet)
-  std::vector<NodeDesc> members_;
+  using Members = std::shared_ptr<const std::vector<NodeDesc>>;  // shared, not copied, by every reader
+  Members members_ = std::make_shared<const std::vector<NodeDesc>>();
   std::unique_ptr<ddp::detail::StoreServer> worker_store_;
   bool wrote_done_ = false;  // this node's arrival completed the exit barrier
   int64_t lc_round_ = -1;
@@ -160,12 +174,13 @@ class DynamicRendezvous {
   int64_t announced_round_ = -1;  // the running round this node asked to restart with it
   int64_t exit_registered_ = -1;  // the round whose exit log holds this node's lease line
   Clock::time_point lc_deadline_{};
+  bool cheap_probe_ = true;  // the backend tells whether the state changed without a load
 
   // Shared with the watcher and keeper.
   std::mutex mu_;
   std::condition_variable cv_;
   int64_t watched_round_ = -1;
-  std::vector<NodeDesc> watched_members_;
+  Members watched_members_;
   std::optional<RoundEnd> end_;           // the watched round's end, once seen
   std::optional<RoundEnd> node_problem_;  // partitioned / store lost: ends every round
   std::vector<std::string> dump_requests_;  // dumps other nodes asked for, not yet taken

@@ -107,8 +107,8 @@ void DynamicRendezvous::arrive_exit() {
   fault_point("exit-appended");
   const int64_t n = main_->add(exit_log(round_) + "/n", 1);
   fault_point("exit-counted");
-  spdlog::debug("rendezvous: round {}: exit barrier, {} of {} arrived", round_, n, members_.size());
-  if (n == static_cast<int64_t>(members_.size())) {
+  spdlog::debug("rendezvous: round {}: exit barrier, {} of {} arrived", round_, n, members_->size());
+  if (n == static_cast<int64_t>(members_->size())) {
     main_->append("events", round_event(round_, "done", c_.me.id, ""));
     wrote_done_ = true;
   }
@@ -149,7 +149,7 @@ std::string DynamicRendezvous::restart_refused(const RoundEnd& end) {
     if (e.round == round_ && e.kind == "leave") out.insert(e.node);
   }
   int available = static_cast<int>(s.wait_list.size() + s.redundancy_list.size());
-  for (auto& m : members_) available += out.count(m.id) ? 0 : 1;
+  for (auto& m : *members_) available += out.count(m.id) ? 0 : 1;
   if (available < c_.job.min_nodes)
     return fmt::format("{}; only {} node{} remain{}, fewer than the {} the job needs ({})", end.text, available,
                        available == 1 ? "" : "s", available == 1 ? "s" : "", c_.job.min_nodes, nnodes_flag(c_.job));
@@ -234,7 +234,7 @@ void DynamicRendezvous::finish(FinishKind kind, const std::string& reason) {
     }
     if (c_.hosts_store) {
       State s = decode(main_->load());
-      std::vector<NodeDesc> nodes = members_;
+      std::vector<NodeDesc> nodes = *members_;
       for (auto* list : {&s.participants, &s.wait_list, &s.redundancy_list})
         for (auto& n : *list)
           if (!State::contains(nodes, n.id)) nodes.push_back(n);
@@ -324,11 +324,20 @@ void DynamicRendezvous::watcher_loop() {
     }
     if (auto end = reader.end()) notify_end(r, *end);
   };
+  // No round to watch (this node is joining one), or the watched one's end is known (mu_
+  // held): then no wait on the events, which would wake a thousand idle watchers at every
+  // line. next_round wakes this thread when it has a round; a read once a second still
+  // finds a store that is gone.
+  auto quiet = [&] { return watched_round_ == r && (r < 0 || end_.has_value()); };
   for (;;) {
-    bool started = false;
+    bool started = false, idle = false;
     {
       std::unique_lock lk(mu_);
       if (stop_) return;
+      if (quiet()) {
+        cv_.wait_for(lk, 1s, [&] { return stop_ || !quiet(); });
+        if (stop_) return;
+      }
       if (watched_round_ != r) {
         r = watched_round_;
         if (r >= 0) {
@@ -346,8 +355,12 @@ void DynamicRendezvous::watcher_loop() {
         note_dumps(r, seen.lines());
         judge();
       }
+      {
+        std::lock_guard lk(mu_);
+        idle = quiet();
+      }
       size_t skip = 0;
-      auto more = next_events(*events_, seen, true, r < 0 ? 200ms : 1s, skip);
+      auto more = next_events(*events_, seen, !idle, 1s, skip);
       if (skip) {
         seen.skip_to(skip);  // behind a trim: on from the first line held
         continue;

@@ -34,9 +34,12 @@ inline std::string nnodes_flag(const JobSettings& j) {
 }
 
 inline std::string describe_nodes(const std::vector<NodeDesc>& nodes) {
-  std::vector<std::string> names;
-  for (auto& n : nodes) names.push_back(n.describe());
-  return fmt::format("{}", fmt::join(names, ", "));
+  std::string out;
+  for (auto& n : nodes) {
+    if (!out.empty()) out += ", ";
+    out += n.describe();
+  }
+  return out;
 }
 
 // Test-only fault injection (the issue 19 tests kill a node between two of its writes):

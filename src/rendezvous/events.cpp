@@ -57,6 +57,10 @@ std::string round_event(int64_t round, const std::string& kind, const std::strin
 std::string lost_event(const std::string& node) { return "lost " + node; }
 
 void RoundReader::start(int64_t round, std::vector<NodeDesc> members) {
+  start(round, std::make_shared<const std::vector<NodeDesc>>(std::move(members)));
+}
+
+void RoundReader::start(int64_t round, std::shared_ptr<const std::vector<NodeDesc>> members) {
   round_ = round;
   members_ = std::move(members);
   events_.clear();
@@ -90,13 +94,13 @@ void EventsTail::keep_from(int64_t round) {
 }
 
 bool RoundReader::member(const std::string& id) const {
-  for (auto& n : members_)
+  for (auto& n : *members_)
     if (n.id == id) return true;
   return false;
 }
 
 std::string RoundReader::who(const std::string& id) const {
-  for (auto& n : members_)
+  for (auto& n : *members_)
     if (n.id == id) return n.describe();
   return id;
 }
@@ -160,7 +164,8 @@ std::optional<RoundEnd> RoundReader::reevaluate() {
     }
   // Every member passed the exit barrier: done, whether or not the one that completed the
   // count lived to write "done" (it may die between its writes; its lost line woke us).
-  if (!members_.empty() && std::all_of(members_.begin(), members_.end(), [&](auto& n) { return exited_.count(n.id); }))
+  if (!members_->empty() &&
+      std::all_of(members_->begin(), members_->end(), [&](auto& n) { return exited_.count(n.id); }))
     end_ = RoundEnd{RoundEnd::Kind::kDone, "", ""};
   return end_;
 }

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -84,6 +85,8 @@ class RoundReader {
  public:
   // Starts reading round `round` with these members; earlier lost lines still count.
   void start(int64_t round, std::vector<NodeDesc> members);
+  // The same, sharing the list (a thousand members are not copied for every reader).
+  void start(int64_t round, std::shared_ptr<const std::vector<NodeDesc>> members);
   // Feeds new lines; returns the round's end once there is one (then always the same).
   std::optional<RoundEnd> feed(const std::vector<std::string>& lines);
   // Nodes that passed this round's exit barrier: their lost/leave lines do not count.
@@ -103,7 +106,7 @@ class RoundReader {
   std::string who(const std::string& id) const;
 
   int64_t round_ = -1;
-  std::vector<NodeDesc> members_;
+  std::shared_ptr<const std::vector<NodeDesc>> members_ = std::make_shared<const std::vector<NodeDesc>>();
   std::vector<Event> events_;  // this round's, and lost lines
   std::set<std::string> lost_, exited_;
   std::map<std::string, std::string> lost_why_;  // what each lost line said

@@ -240,6 +240,7 @@ Absorbed absorb(State& s, const std::vector<std::string>& requests, const std::s
   }
   if (!requests.empty()) {
     s.requests_seen += static_cast<int64_t>(requests.size());
+    s.requests_at = -1;  // the caller knows where the next line begins (Backend::position)
     out.changed = true;
   }
   return out;

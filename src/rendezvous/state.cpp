@@ -22,7 +22,7 @@ namespace ddprun::rdzv {
 //   restarts 1
 //   job 1 4 3                      (min max max_restarts)
 //   ending 3 1                     (round, counted)
-//   requests 57
+//   requests 57 4321               (lines applied; where the next begins, if known)
 //   closed_reason <text to the end of the line>
 //   P <id> <addr> <host> <master> <nproc> [<fixed node rank>]
 
@@ -119,6 +119,7 @@ void read_line(State& s, std::string_view line) {
   } else if (k == "requests") {
     need(t, 2, line);
     s.requests_seen = number<int64_t>(t[1]);
+    if (t.size() > 2) s.requests_at = number<int64_t>(t[2]);
   } else if (k == "closed_reason") {
     s.closed_reason = line.size() > 14 ? std::string(line.substr(14)) : "";
   }
@@ -146,10 +147,11 @@ bool State::contains(const std::vector<NodeDesc>& list, const std::string& id) {
 }
 
 std::string encode_state(const State& s) {
-  std::string out = fmt::format("{}{}\nseq {}\nround {}\nflags{}{}{}\nrestarts {}\nending {} {}\nrequests {}\n", kMagic,
+  std::string out = fmt::format("{}{}\nseq {}\nround {}\nflags{}{}{}\nrestarts {}\nending {} {}\nrequests {}", kMagic,
                                 State::kFormat, s.seq, s.round, s.complete ? " complete" : "",
                                 s.last_call ? " last_call" : "", s.closed ? " closed" : "", s.restarts, s.ending_round,
                                 s.ending_counted ? 1 : 0, s.requests_seen);
+  out += s.requests_at >= 0 ? fmt::format(" {}\n", s.requests_at) : "\n";
   if (s.job) out += fmt::format("job {} {} {}\n", s.job->min_nodes, s.job->max_nodes, s.job->max_restarts);
   if (!s.closed_reason.empty()) {
     std::string r = s.closed_reason;

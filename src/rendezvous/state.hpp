@@ -57,6 +57,10 @@ struct State {
   int64_t ending_round = -1;
   bool ending_counted = false;
   int64_t requests_seen = 0;  // lines of the "requests" log applied so far (machine.hpp)
+  // Where line requests_seen of the log begins, as the backend counts (Backend::position;
+  // the store: its byte offset), so that a reader fetches only the requests after it; -1
+  // when unknown (a state written before it was recorded: read from the first line).
+  int64_t requests_at = -1;
 
   int rank_of(const std::string& id) const;  // -1 if not a participant
   bool has_participant(const std::string& id) const { return rank_of(id) >= 0; }

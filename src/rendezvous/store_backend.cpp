@@ -1,5 +1,7 @@
 #include "rendezvous/store_backend.hpp"
 
+#include <string_view>
+
 #include <fmt/format.h>
 
 #include "ddp/error.hpp"
@@ -42,6 +44,7 @@ StoreBackend::StoreBackend(StoreBackendOptions o) : o_(std::move(o)) {
   so.port = o_.port;
   so.timeout = o_.timeout;
   so.connect_timeout = o_.connect_timeout;
+  so.lazy = o_.lazy;
   store_ = std::make_unique<ddp::TcpStore>(so);
 }
 
@@ -52,7 +55,14 @@ std::string StoreBackend::describe() const {
                                                 : fmt::format("the c10d store at {}:{}", o_.host, o_.port);
 }
 
-std::unique_ptr<Backend> StoreBackend::clone() const { return std::make_unique<StoreBackend>(o_); }
+std::unique_ptr<Backend> StoreBackend::clone() const {
+  // Connected when first used: the clone that holds the lease never uses its own.
+  StoreBackendOptions o = o_;
+  o.lazy = true;
+  auto b = std::make_unique<StoreBackend>(o);
+  b->serves_trim_ = serves_trim_;  // the same server: no need to ask it again
+  return b;
+}
 
 // PyTorch's TCPStore client puts "/" before every key it sends: torchrun's state is
 // "/torch.rendezvous.<run id>" on the wire.
@@ -73,6 +83,20 @@ CasResult StoreBackend::compare_and_set(const std::string& value, const Token& e
   r.ok = now == desired;
   r.current = snapshot_of(now);
   return r;
+}
+
+// The state's stored bytes end with its version ("\n@<n>"), and no two writes store the
+// same version (each compare-and-set goes from n to n + 1): the state is unchanged exactly
+// when its bytes from where the token's version mark stands are that mark (GET_FROM there:
+// a few bytes instead of the whole state). A token without a version (a torchrun agent's
+// value) cannot be told that way.
+std::optional<bool> StoreBackend::changed(const Token& t) {
+  const std::string& raw = t.value;
+  if (raw.empty()) return !named([&] { return store_->get_from(state_key(), 0); }).empty();
+  const size_t at = raw.rfind(kVersionMark);
+  if (at == std::string::npos || split_version(raw).second == 0) return std::nullopt;
+  const std::string_view mark = std::string_view(raw).substr(at);
+  return named([&] { return store_->get_from(state_key(), static_cast<int64_t>(at)); }) != mark;
 }
 
 // APPEND has no reply: the PING after it returns once the server has applied it, so the
@@ -143,9 +167,39 @@ std::vector<std::string> StoreBackend::read(const std::string& log, size_t from)
   return out;
 }
 
+// As read(log, from), starting at byte `at` (where line `from` begins: position() of the
+// object that read it) when this object has not read up to line `from`, or has forgotten
+// where it begins: a joiner reads the pending requests, not the whole log before them.
+std::vector<std::string> StoreBackend::read(const std::string& log, size_t from, int64_t at) {
+  if (at >= 0) {
+    if (!cursors_.count(log) && cursors_.size() >= 16) cursors_.clear();
+    LogCursor& c = cursors_[log];
+    if (from > c.lines || from < c.lines - c.starts.size()) c = LogCursor{from, at, {}};
+  }
+  return read(log, from);
+}
+
+int64_t StoreBackend::position(const std::string& log, size_t line) {
+  auto it = cursors_.find(log);
+  if (it == cursors_.end()) return -1;
+  const LogCursor& c = it->second;
+  if (line == c.lines) return c.bytes;
+  const size_t first_known = c.lines - c.starts.size();
+  if (line >= first_known && line < c.lines) return c.starts[line - first_known];
+  return -1;
+}
+
 // Until line `from` exists (earlier lines wake the wait, which then waits on) or the timeout.
 std::vector<std::string> StoreBackend::wait(const std::string& log, size_t from, milliseconds timeout) {
   const auto end = std::chrono::steady_clock::now() + timeout;
+  // Waiting for lines after all this object has read: WAIT_GROWS first (it returns at once
+  // when the log is longer already), so a wait that finds nothing costs one request, not
+  // a read that comes back empty and then the wait.
+  if (auto it = cursors_.find(log); it != cursors_.end() && from >= it->second.lines) {
+    const int64_t known = it->second.bytes;
+    auto left = std::chrono::duration_cast<milliseconds>(end - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || !named([&] { return store_->wait_grows(key(log), known, left); })) return {};
+  }
   for (;;) {
     auto lines = read(log, from);
     auto left = std::chrono::duration_cast<milliseconds>(end - std::chrono::steady_clock::now());
@@ -161,6 +215,7 @@ int64_t StoreBackend::add(const std::string& counter, int64_t delta) {
 
 void StoreBackend::open_lease(milliseconds ttl) {
   ddp::TcpStoreOptions so = store_->options();
+  so.lazy = false;  // the lease is this connection: made now
   named([&] {
     lease_ = std::make_unique<ddp::TcpStore>(so);
     lease_->lease(ttl);

@@ -26,11 +26,13 @@ struct StoreBackendOptions {
   std::string run_id;
   milliseconds timeout{60000};          // each call (read_timeout)
   milliseconds connect_timeout{60000};  // reaching the store
+  bool lazy = false;  // connect at the first call (clones: the lease's never makes one)
 };
 
 class StoreBackend : public Backend {
  public:
-  // Connects now (retrying until connect_timeout); throws ddp::NetworkError naming host:port.
+  // Connects now (retrying until connect_timeout; lazy: at the first call); throws
+  // ddp::NetworkError naming host:port.
   explicit StoreBackend(StoreBackendOptions o);
   ~StoreBackend() override;
 
@@ -39,8 +41,11 @@ class StoreBackend : public Backend {
 
   Snapshot load() override;
   CasResult compare_and_set(const std::string& value, const Token& expected) override;
+  std::optional<bool> changed(const Token& t) override;
   void append(const std::string& log, const std::string& line) override;
   std::vector<std::string> read(const std::string& log, size_t from) override;
+  std::vector<std::string> read(const std::string& log, size_t from, int64_t at) override;
+  int64_t position(const std::string& log, size_t line) override;
   std::vector<std::string> wait(const std::string& log, size_t from, milliseconds timeout) override;
   int64_t add(const std::string& counter, int64_t delta) override;
   void open_lease(milliseconds ttl) override;

@@ -175,7 +175,9 @@ struct TcpStore::Impl {
   void connect() {
     const auto t0 = Clock::now();
     const auto deadline = t0 + opt.connect_timeout;
-    std::mt19937_64 rng(std::random_device{}() ^ static_cast<uint64_t>(::getpid()) ^
+    // Jitter for the retries only: the pid and the clock make a seed (std::random_device
+    // probes the CPU first, costly in a VM, and a thousand agents connect several times each).
+    std::mt19937_64 rng(static_cast<uint64_t>(::getpid()) * 0x9E3779B97F4A7C15ULL ^
                         static_cast<uint64_t>(t0.time_since_epoch().count()));
     auto backoff = milliseconds(10);
     int attempts = 0;
@@ -498,7 +500,7 @@ struct TcpStore::Impl {
 TcpStore::TcpStore(TcpStoreOptions options)
     : options_(std::move(options)), impl_(std::make_unique<Impl>(options_)) {
   timeout_ = options_.timeout;
-  impl_->connect();
+  if (!options_.lazy) impl_->connect();
 }
 
 TcpStore::~TcpStore() = default;

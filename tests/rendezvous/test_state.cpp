@@ -59,7 +59,13 @@ TEST(RendezvousState, RoundTrips) {
   EXPECT_EQ(t.ending_round, 3);
   EXPECT_TRUE(t.ending_counted);
   EXPECT_EQ(t.requests_seen, 9);
+  EXPECT_EQ(t.requests_at, -1);  // not known: a reader starts at the log's first line
   EXPECT_EQ(encode_state(t), v);
+  // Where the next request begins: a field an older ddprun's decoder ignores.
+  s.requests_at = 4321;
+  v = encode_state(s);
+  EXPECT_NE(v.find("\nrequests 9 4321\n"), std::string::npos) << v;
+  EXPECT_EQ(decode_state(v, "x").requests_at, 4321);
   // Empty names, a closing reason with spaces and newlines.
   State e;
   e.participants = {NodeDesc{"id1", "", "", "", 1}};

@@ -68,6 +68,52 @@ TEST_F(StoreBackendTest, CompareAndSetWithTokens) {
   EXPECT_FALSE(backend("run2")->load().state.has_value());
 }
 
+// Whether the state changed, asked without fetching it: every write makes a new version,
+// even a write of the same value.
+TEST_F(StoreBackendTest, ChangedTellsANewVersionWithoutALoad) {
+  auto a = backend(), b = backend();
+  Snapshot s0 = a->load();
+  EXPECT_EQ(a->changed(s0.token), false);  // no state yet, still none
+  CasResult r1 = a->compare_and_set("one", s0.token);
+  ASSERT_TRUE(r1.ok);
+  EXPECT_EQ(b->changed(s0.token), true);
+  EXPECT_EQ(b->changed(r1.current.token), false);
+  CasResult r2 = b->compare_and_set("one", r1.current.token);  // the same value again
+  ASSERT_TRUE(r2.ok);
+  EXPECT_EQ(a->changed(r1.current.token), true);
+  EXPECT_EQ(a->changed(r2.current.token), false);
+  CasResult r3 = a->compare_and_set("a longer value", r2.current.token);
+  ASSERT_TRUE(r3.ok);
+  EXPECT_EQ(b->changed(r2.current.token), true);
+  // A value without ddprun's version (a torchrun agent's) cannot be told apart cheaply.
+  EXPECT_EQ(a->changed(Token{"gASVxyz"}), std::nullopt);
+}
+
+// A reader that starts at a line another reader located (position) fetches from there, not
+// from the log's first line, and reads on as usual.
+TEST_F(StoreBackendTest, ReadFromAPositionAnotherReaderFound) {
+  auto a = backend(), b = backend();
+  for (int i = 0; i < 5; ++i) a->append("log", "line " + std::to_string(i));
+  ASSERT_EQ(a->read("log", 0).size(), 5u);
+  EXPECT_EQ(a->position("log", 0), 0);
+  const int64_t at3 = a->position("log", 3);
+  EXPECT_EQ(at3, 3 * 7);  // "line N\n"
+  EXPECT_EQ(a->position("log", 5), 5 * 7);
+  EXPECT_EQ(a->position("log", 6), -1);  // not read that far
+  EXPECT_EQ(b->position("log", 3), -1);  // b has read nothing
+  EXPECT_EQ(b->read("log", 3, at3), (std::vector<std::string>{"line 3", "line 4"}));
+  a->append("log", "line 5");
+  EXPECT_EQ(b->read("log", 3, at3), (std::vector<std::string>{"line 3", "line 4", "line 5"}));
+  EXPECT_EQ(b->wait("log", 6, 100ms), std::vector<std::string>{});
+  // An earlier line than the hint's starts over from the first line, as before.
+  EXPECT_EQ(b->read("log", 1).size(), 5u);
+  // Dropped lines: the hint does not hide that they are gone.
+  ASSERT_TRUE(a->trim_log("log", 4));
+  auto c = backend();
+  EXPECT_THROW(c->read("log", 3, at3), LogTrimmed);
+  EXPECT_EQ(c->read("log", 4), (std::vector<std::string>{"line 4", "line 5"}));
+}
+
 TEST_F(StoreBackendTest, LogsAppendReadAndWait) {
   auto a = backend(), b = backend();
   EXPECT_TRUE(a->read("log", 0).empty());
