@@ -40,6 +40,10 @@ round to round, so the drift of this noisy machine hits them alike. Medians.
 Prints markdown tables of medians and ratios, then one JSON line of the medians and every run.
 """
 import argparse, atexit, json, os, re, shutil, signal, socket, statistics, subprocess, tempfile, time
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "rendezvous"))
+from run import wait_for_line, workers_restarted  # noqa: E402  (the host-loss measure, shared)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DDPRUN = os.path.join(ROOT, "build", "bin", "ddprun")
@@ -320,32 +324,6 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_for_line(path, pred, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(path) as f:
-                for line in f:
-                    rec = json.loads(line)
-                    if pred(rec):
-                        return rec
-        except (FileNotFoundError, json.JSONDecodeError):
-            pass
-        time.sleep(0.01)
-    raise TimeoutError(f"no matching record in {path} within {timeout} s")
-
-
-def workers_restarted(log, t_kill):
-    """Seconds from the kill to the survivor starting its attempt-1 workers (its debug log)."""
-    day = time.strftime("%Y-%m-%d ", time.localtime(t_kill))
-    for line in open(log):
-        if "attempt 1: started" in line:
-            stamp = line.split()[1]  # [ddprun HH:MM:SS.mmm debug]
-            t = time.mktime(time.strptime(day + stamp.split(".")[0], "%Y-%m-%d %H:%M:%S"))
-            return t + int(stamp.split(".")[1]) / 1000 - t_kill
-    return float("nan")
 
 
 def host_loss_once(tmp, flags, last_call):
