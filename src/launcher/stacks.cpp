@@ -92,8 +92,11 @@ std::vector<ThreadStack> parse_faulthandler(const std::string& text) {
       continue;
     }
     Frame f;
-    if (!threads.empty() && (native ? parse_native_frame(line, f) : parse_frame(line, f)))
-      threads.back().frames.push_back(std::move(f));
+    if (threads.empty() || !(native ? parse_native_frame(line, f) : parse_frame(line, f))) continue;
+    // --preload's warm process (docs/preload.md) lies under every forked worker's script:
+    // ddprun's machinery, not where the rank is.
+    if (!native && f.file.ends_with("/ddprun_preload.py")) continue;
+    threads.back().frames.push_back(std::move(f));
   }
   return threads;
 }

@@ -63,6 +63,21 @@ TEST(LauncherStacks, ToleratesOddAndCutLines) {
   EXPECT_TRUE(ddprun::parse_faulthandler("  File \"x.py\", line 1 in f\n").empty());  // no thread header
 }
 
+TEST(LauncherStacks, TheWarmProcessFramesUnderAPreloadedScriptAreNotTheRanks) {
+  auto threads = ddprun::parse_faulthandler(
+      "Current thread 0x2 (most recent call first):\n"
+      "  File \"/job/train.py\", line 7 in <module>\n"
+      "  File \"/usr/share/ddprun/python/ddprun_preload.py\", line 308 in _run_script\n"
+      "  File \"/usr/share/ddprun/python/ddprun_preload.py\", line 380 in <module>\n");
+  ASSERT_EQ(threads.size(), 1u);
+  ASSERT_EQ(threads[0].frames.size(), 1u);
+  EXPECT_EQ(threads[0].frames[0].file, "/job/train.py");
+  RankStack starting = stack(0, Kind::kStack,
+                             "Current thread 0x2 (most recent call first):\n"
+                             "  File \"/usr/share/ddprun/python/ddprun_preload.py\", line 308 in _run_script\n");
+  EXPECT_EQ(starting.signature(), "<no Python frame>");  // as a cold worker's before its script runs
+}
+
 TEST(LauncherStacks, InnermostFramesWithoutFolders) {
   auto threads = ddprun::parse_faulthandler(kAllReduce);
   EXPECT_EQ(ddprun::innermost(threads.back(), 2), "all_reduce (distributed_c10d.py:1536) <- step (train.py:20) <- ...");

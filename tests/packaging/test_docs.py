@@ -41,7 +41,7 @@ ZPTY = r"""
 zmodload zsh/zpty
 zpty z zsh -f -i
 zpty -w z "fpath=($1 \$fpath); autoload -Uz compinit; compinit -u -D; PROMPT='%% ';\
- zstyle ':completion:*' list-prompt ''; unsetopt beep; print READY"
+ zstyle ':completion:*' list-prompt ''; unsetopt beep; print RE\"\"ADY"
 zpty -r -m z out '*READY*'
 zpty -n -w z "$2"$'\t'
 out=
@@ -52,7 +52,9 @@ zpty -d z
 
 
 def zsh_complete(line):
-    """What an interactive zsh shows after `line<TAB>` with _ddprun on its fpath."""
+    """What an interactive zsh shows after `line<TAB>` with _ddprun on its fpath. (READY is
+    printed as RE""ADY: the echo of that line must not pass for its output, or the TAB
+    comes before compinit has run.)"""
     p = run(["zsh", "-f", "-c", ZPTY, "zsh", os.path.dirname(ZSH), line], timeout=60)
     return re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]|\x08|\r", "", p.stdout)
 
