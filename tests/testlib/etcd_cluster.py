@@ -12,6 +12,7 @@ Start one per test file (setUpModule / setUpClass), not per test: a member takes
 second to start on 2 cores.
 """
 import base64
+import ctypes
 import json
 import os
 import shutil
@@ -62,6 +63,16 @@ class TestPki:
         self.client_cert, self.client_key = f("client.crt"), f("client.key")
 
 
+def _die_with_parent(parent):
+    """preexec_fn: the member gets SIGKILL when the test process ends, however it ends (a
+    ctest timeout's SIGKILL skips tearDownModule, and the member would outlive the test)."""
+    def arm():
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the test died before the signal was armed
+            os._exit(1)
+    return arm
+
+
 class EtcdCluster:
     def __init__(self, n, tls=None, ready_timeout=30):
         self.etcd = find_etcd()
@@ -101,7 +112,8 @@ class EtcdCluster:
             args += ["--cert-file", self.tls.server_cert, "--key-file", self.tls.server_key, "--trusted-ca-file",
                      self.tls.ca, "--client-cert-auth"]
         log = open(m["log"], "ab")
-        m["proc"] = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        m["proc"] = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                                     preexec_fn=_die_with_parent(os.getpid()))
         log.close()
         if wait:
             self.wait_ready(30)
