@@ -116,18 +116,6 @@ std::string check_preload_list(const std::vector<std::string>& modules) {
   return "";
 }
 
-std::map<std::string, std::string> warm_environment(const Options& o, const std::map<std::string, std::string>& base) {
-  auto env = worker_environment(o, JobPlan{}, 0, "", base);
-  for (const char* k : {"LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "GROUP_WORLD_SIZE",
-                        "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
-                        "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE"})
-    env.erase(k);
-  // --virtual-local-rank gives each worker its own device: the warm process sees the node's.
-  if (auto it = base.find("CUDA_VISIBLE_DEVICES"); it != base.end()) env[it->first] = it->second;
-  else env.erase("CUDA_VISIBLE_DEVICES");
-  return env;
-}
-
 WarmPython::WarmPython(const Options& o, Guardian& guardian) : o_(o), guardian_(guardian) {
   if (o.preload.empty()) return;
   if (!uses_python(o)) {

@@ -31,7 +31,7 @@ class WarmPython {
 
   bool enabled() const { return enabled_; }
   // Starts the warm process unless one runs or is starting. env: a worker's environment
-  // without the per-rank variables (warm_environment).
+  // without the per-rank variables (node_environment).
   void start(const Env& env);
   // The descriptor that becomes readable when the warm process has said it is ready (or
   // why not, or ended); -1 when no start is pending.
@@ -65,10 +65,6 @@ class WarmPython {
   bool ready_ = false;
   int starts_ = 0;
 };
-
-// A worker's environment as the warm process gets it: every per-rank and per-round
-// variable removed (they reach each worker with its request).
-std::map<std::string, std::string> warm_environment(const Options& o, const std::map<std::string, std::string>& base);
 
 // The error when the list is not one of Python module names ("" when it is).
 std::string check_preload_list(const std::vector<std::string>& modules);

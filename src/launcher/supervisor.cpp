@@ -147,7 +147,7 @@ struct Supervisor::Impl {
     tmp_root = f.tmp_root;
     log_root = f.log_root;
     // --preload: the import runs while this node joins the rendezvous.
-    if (warm.enabled()) warm.start(warm_environment(o, base_env));
+    if (warm.enabled()) warm.start(node_environment(o, base_env));
   }
 
   // Workers lead their own process groups, so on a terminal they are background jobs: a
@@ -214,7 +214,7 @@ struct Supervisor::Impl {
   // --preload: the warm process (a new one if it died) has imported its modules before the
   // workers start; a signal meanwhile stops this node (false). Throws when it cannot be.
   bool wait_warm() {
-    warm.start(warm_environment(o, base_env));  // nothing while one runs (or without --preload)
+    warm.start(node_environment(o, base_env));  // nothing while one runs (or without --preload)
     const int fd = warm.pending_fd();
     if (fd < 0) return true;
     add_fd(fd, &warm_tag);

@@ -56,30 +56,35 @@ bool sets_omp_threads(const Options& o, const std::map<std::string, std::string>
   return !base.count("OMP_NUM_THREADS") && o.nproc_per_node > 1;
 }
 
+std::map<std::string, std::string> node_environment(const Options& o, const std::map<std::string, std::string>& base) {
+  std::map<std::string, std::string> env = base;
+  env["ROLE_NAME"] = o.role;
+  env["LOCAL_WORLD_SIZE"] = std::to_string(o.nproc_per_node);
+  env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(o.max_restarts);
+  env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = get(base, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+  if (sets_omp_threads(o, base)) env["OMP_NUM_THREADS"] = "1";
+  return env;
+}
+
 std::map<std::string, std::string> worker_environment(const Options& o, const JobPlan& plan, int local_rank,
                                                       const std::string& error_file,
                                                       const std::map<std::string, std::string>& base) {
-  std::map<std::string, std::string> env = base;
+  std::map<std::string, std::string> env = node_environment(o, base);
   const int rank = plan.rank_base + local_rank;
   auto s = [](auto v) { return std::to_string(v); };
   env["LOCAL_RANK"] = s(local_rank);
   env["RANK"] = s(rank);
   env["GROUP_RANK"] = s(plan.group_rank);
   env["ROLE_RANK"] = s(rank);
-  env["ROLE_NAME"] = o.role;
-  env["LOCAL_WORLD_SIZE"] = s(o.nproc_per_node);
   env["WORLD_SIZE"] = s(plan.world_size);
   env["GROUP_WORLD_SIZE"] = s(plan.group_world_size);
   env["ROLE_WORLD_SIZE"] = s(plan.world_size);
   env["MASTER_ADDR"] = plan.master_addr;
   env["MASTER_PORT"] = s(plan.master_port);
   env["TORCHELASTIC_RESTART_COUNT"] = s(plan.restart_count);
-  env["TORCHELASTIC_MAX_RESTARTS"] = s(o.max_restarts);
   env["TORCHELASTIC_RUN_ID"] = plan.run_id;
   env["TORCHELASTIC_USE_AGENT_STORE"] = plan.use_agent_store ? "True" : "False";
   env["TORCHELASTIC_ERROR_FILE"] = error_file;
-  env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = get(base, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
-  if (sets_omp_threads(o, base)) env["OMP_NUM_THREADS"] = "1";
   if (o.virtual_local_rank) {
     // Each worker sees only its own GPU, as device 0.
     std::string visible = get(base, "CUDA_VISIBLE_DEVICES");

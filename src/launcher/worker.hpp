@@ -35,7 +35,11 @@ struct WorkerCommand {
 // executables that are not .py files; ${local_rank} in args replaced.
 WorkerCommand worker_command(const Options& o, int local_rank, const std::map<std::string, std::string>& env);
 
-// The worker's whole environment: ddprun's own plus torchrun's variables.
+// What every worker of this node gets, whatever its rank and round: ddprun's environment
+// plus the node's torchrun variables (--preload's warm process is started with it).
+std::map<std::string, std::string> node_environment(const Options& o, const std::map<std::string, std::string>& base);
+
+// The worker's whole environment: node_environment plus its rank's and round's variables.
 std::map<std::string, std::string> worker_environment(const Options& o, const JobPlan& plan, int local_rank,
                                                       const std::string& error_file,
                                                       const std::map<std::string, std::string>& base);
