@@ -43,19 +43,12 @@ import argparse, atexit, json, os, re, shutil, signal, socket, statistics, subpr
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "rendezvous"))
-from run import wait_for_line, workers_restarted  # noqa: E402  (the host-loss measure, shared)
+# The rendezvous bench's paths, its launcher environment and its host-loss measure, shared.
+from run import DDPRUN, ENV, PY, ROOT, TRAIN, wait_for_line, workers_restarted  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DDPRUN = os.path.join(ROOT, "build", "bin", "ddprun")
 TORCH2_PY = os.path.join(ROOT, "tests", "torch2", "python3")
 CHROOT = os.path.join(ROOT, "scripts", "torch2-chroot.sh")
 NOLIBUV = os.path.join(ROOT, "tests", "torch2", "nolibuv")
-TRAIN = os.path.join(ROOT, "bench", "rendezvous", "elastic_train.py")
-PY = "/usr/bin/python3"
-ENV = dict(os.environ, PYTHON_EXEC=PY, OMP_NUM_THREADS="1", LOGLEVEL="ERROR")
-for k in list(ENV):
-    if k.startswith(("PET_", "TORCHELASTIC_")):
-        del ENV[k]
 # torch 2.6: the launcher inside the chroot, its python3.13 as the workers' interpreter.
 ENV2 = dict(ENV, PYTHON_EXEC="/usr/bin/python3", PYTHONPATH=NOLIBUV, DDP_TORCH2_BIND=os.path.join(ROOT, "build"))
 ENV2_HOST = dict(ENV, DDP_TORCH2_BIND=os.path.join(ROOT, "build"))  # tests/torch2/python3 adds the shim itself
