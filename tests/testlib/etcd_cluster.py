@@ -79,7 +79,10 @@ class EtcdCluster:
         if not self.etcd:
             raise RuntimeError("no etcd binary (Debian package etcd-server)")
         self.tls = tls
-        self.root = tempfile.mkdtemp(prefix="ddprun-etcd-it-")
+        # On tmpfs when there is one: etcd fsyncs every write, and a disk that other tests
+        # keep busy can stall an fsync for seconds (leases then end late).
+        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else None
+        self.root = tempfile.mkdtemp(prefix="ddprun-etcd-it-", dir=shm)
         self.token = f"ddprun-it-{os.getpid()}-{time.monotonic_ns()}"
         self.members = []
         for i in range(n):
