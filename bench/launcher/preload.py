@@ -18,7 +18,8 @@ round to round, so the drift of this noisy machine hits them alike. Medians.
    and no worker pays its own. The torch 2.6 lines (anchor included) run in the first
    --torch2-runs rounds only (they are the slow ones).
 2. restart: `--max-restarts 1`, 4 workers; in attempt 0 every rank writes a ready file after
-   `import torch`, rank 0 waits for all four, writes a stamp and exits 1 (the others sleep);
+   `import torch`, rank 0 waits for all four and one second more, writes a stamp and exits 1
+   (the others sleep);
    in attempt 1 every rank writes a stamp after `import torch` and exits 0. Measured: the
    latest attempt-1 stamp minus the failure stamp, and, from ddprun's `--log-level debug`
    line of rank 0's exit (millisecond stamps), how much of it was rank 0's own exit (Python's
@@ -75,9 +76,11 @@ def stamp(name):
 
 if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
     stamp("ready_" + rank)
-    if rank == "0":  # fail once every rank is past its import: a quiet machine at the failure
+    if rank == "0":  # fail once every rank is past its import, and the job ran a second (as
+        # a failure in training would: a quiet machine at the failure, spare workers forked)
         while sum(n.startswith("ready_") and not n.endswith(".tmp") for n in os.listdir(d)) < int(os.environ["WORLD_SIZE"]):
             time.sleep(0.002)
+        time.sleep(1)
         stamp("fail")
         if os.environ.get("HARD_EXIT") == "1":
             os._exit(1)  # the process ends at once (a crash, an OOM kill)

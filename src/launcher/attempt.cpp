@@ -145,8 +145,9 @@ std::vector<WorkerResult*> AttemptWorkers::reap() {
 void AttemptWorkers::kill_leftovers() {
   for (auto& w : workers_)
     if (w.pid > 0) kill(-w.pid, SIGKILL);
-  for (pid_t p : descendants())
-    if (p != guardian_.pid() && !(warm_ && p == warm_->pid())) kill(p, SIGKILL);
+  // (Not the warm process's own children: its spare workers wait there for the next attempt.)
+  for (pid_t p : descendants(warm_ ? warm_->pid() : -1))
+    if (p != guardian_.pid()) kill(p, SIGKILL);
 }
 
 }  // namespace ddprun

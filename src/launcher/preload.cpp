@@ -30,6 +30,10 @@ namespace {
 
 constexpr int kReplyTimeoutMs = 10000;  // a fork answers in milliseconds
 
+// Whether another attempt or round may come, so the warm process keeps spare workers ready
+// for it (forked ahead: a restart forks nothing).
+bool refills(const Options& o) { return o.max_restarts > 0 || (o.dynamic() && o.max_nodes > 1); }
+
 bool uses_python(const Options& o) {
   WorkerCommand probe = worker_command(o, 0, {});
   return probe.argv.size() >= 2 && probe.argv[1] == "-u";
@@ -152,7 +156,8 @@ void WarmPython::start(const Env& env) {
   WorkerCommand py = worker_command(o_, 0, env);
   SpawnSpec spec{py.path,
                  {py.argv[0], "-u", script_, std::to_string(sv[1]), std::to_string(getpid()),
-                  fmt::format("{}", fmt::join(o_.preload, ","))},
+                  fmt::format("{}", fmt::join(o_.preload, ",")), std::to_string(o_.nproc_per_node),
+                  refills(o_) ? "1" : "0"},
                  to_envp(env)};
   if (o_.module) spec.argv.push_back("-m");
   spec.argv.push_back(o_.script);
@@ -254,9 +259,10 @@ std::vector<SpawnResult> WarmPython::spawn(const std::vector<SpawnSpec>& specs) 
     const size_t to = std::min(specs.size(), from + kBatch);
     try {
       std::vector<pid_t> pids = fork_batch(specs, from, to);
-      for (size_t i = 0; i < pids.size() && from + i < to; ++i) out[from + i].pid = pids[i];
-      if (pids.size() < to - from) spdlog::warn("--preload: {} worker(s) could not be forked: they start cold",
-                                                 to - from - pids.size());
+      size_t cold = to - from;
+      for (size_t i = 0; i < pids.size() && from + i < to; ++i)
+        if (pids[i] > 0) out[from + i].pid = pids[i], --cold;
+      if (cold) spdlog::warn("--preload: {} worker(s) could not be forked: they start cold", cold);
     } catch (const ddp::Error& e) {
       spdlog::warn("--preload: the warm Python process did not fork the workers ({}): they start cold", e.what());
       stop();

@@ -100,7 +100,7 @@ std::string describe_exec_failure(const std::string& path, int err) {
 
 void become_subreaper() { prctl(PR_SET_CHILD_SUBREAPER, 1); }
 
-std::vector<pid_t> descendants() {
+std::vector<pid_t> descendants(pid_t skip) {
   std::vector<pid_t> out;
   std::vector<pid_t> frontier{getpid()};
   while (!frontier.empty()) {
@@ -114,6 +114,7 @@ std::vector<pid_t> descendants() {
       std::istringstream f(read_file(taskdir + "/" + e->d_name + "/children").value_or(""));
       pid_t c;
       while (f >> c) {
+        if (c == skip) continue;
         out.push_back(c);
         frontier.push_back(c);
       }

@@ -33,7 +33,8 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 // A dump is complete once its file stopped growing for this long (faulthandler writes it
-// from one signal handler in well under a millisecond; it marks no end).
+// from one signal handler in well under a millisecond; it marks no end), or at once when
+// it has grown and no thread of the process is running any more (the handler returned).
 constexpr std::chrono::milliseconds kQuiet{50};
 constexpr std::chrono::milliseconds kPoll{5};
 
@@ -54,6 +55,27 @@ char process_state(pid_t pid, pid_t* ppid = nullptr) {
 bool gone(pid_t pid) {
   char s = process_state(pid);
   return s == 0 || s == 'Z' || s == 'X';
+}
+
+// Whether some thread of pid is running or runnable (R), or in an uninterruptible wait (D,
+// as in a write): one may still be in the dump's signal handler. True when unreadable.
+bool some_thread_busy(pid_t pid) {
+  const std::string dir = fmt::format("/proc/{}/task", pid);
+  DIR* d = opendir(dir.c_str());
+  if (!d) return true;
+  bool busy = false;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    auto stat = read_file(dir + "/" + e->d_name + "/stat", 1024).value_or("");
+    auto close = stat.rfind(')');
+    char state = close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : 'R';
+    if (state == 'R' || state == 'D') {
+      busy = true;
+      break;
+    }
+  }
+  closedir(d);
+  return busy;
 }
 
 // Whether pid is root or one of its descendants (a wrapper script's python).
@@ -110,7 +132,7 @@ bool settled(const StackTarget& t, Asked& a, RankStack& out, Clock::time_point n
     a.changed = now;
     return false;
   }
-  if (size > a.start && now - a.changed >= kQuiet) {
+  if (size > a.start && (now - a.changed >= kQuiet || (!some_thread_busy(a.pid) && file_size(t.file) == size))) {
     out.text = readable_native(read_from(t.file, a.start));
     if (out.text.empty() || out.text.back() != '\n') return false;
     out.kind = RankStack::Kind::kStack;

@@ -1,9 +1,10 @@
 # ddprun's warm Python process for --preload (docs/preload.md). One per node: ddprun starts
-# it as `PYTHON_EXEC -u ddprun_preload.py FD DDPRUN_PID MODULES [-m] SCRIPT` with a worker's
-# environment minus the per-rank variables, and sys.path[0] as the workers will have it (so a
-# module next to the script can be preloaded). It imports MODULES once, tells ddprun it is ready (or why
-# not), then forks one worker per request that ddprun sends over the socket FD. A worker
-# then runs its script exactly as `python -u script args` would have.
+# it as `PYTHON_EXEC -u ddprun_preload.py FD DDPRUN_PID MODULES SPARES REFILL [-m] SCRIPT`
+# with a worker's environment minus the per-rank variables, and sys.path[0] as the workers
+# will have it (so a module next to the script can be preloaded). It imports MODULES once,
+# tells ddprun it is ready (or why not), then forks one worker per request that ddprun sends
+# over the socket FD. A worker then runs its script exactly as `python -u script args` would
+# have.
 #
 # Messages on FD (a Unix stream socket): a 4-byte big-endian length, then that many bytes.
 #   from ddprun: first the environment it started this process with ("K=V" entries joined
@@ -12,13 +13,16 @@
 #               environment's count and entries, all joined by NUL, with three descriptors
 #               per worker (stdin, stdout, stderr) attached to the length
 #   from here:  JSON {"ready": true, "seconds": S, "threads": [...]} | {"error": "..."},
-#               then {"pids": [...]} per request (fewer than asked when a fork failed)
+#               then {"pids": [...]} per request, in its order (-1: not forked, start it cold)
 # (Arguments and environments are bytes, as the kernel has them: no encoding is assumed.)
 # The socket's end (ddprun gone or done) ends this process.
 #
-# Each worker is a grandchild: one child between forks a request's workers and exits, so
-# they are adopted by ddprun (a child subreaper), which reaps them, signals their process
-# groups and reads their exit statuses exactly as for workers it started itself.
+# Each worker is a grandchild: a child between forks it and leaves, so that it is adopted
+# by ddprun (a child subreaper), which reaps it, signals its process group and reads its
+# exit status exactly as for a worker it started itself. To keep forks off a restart's
+# path, SPARES workers are forked ahead (once ready, and after each request when REFILL is
+# 1, once this process has been idle for a moment): they wait for their requests, and a
+# request they can serve costs a message each.
 
 import os
 import socket
@@ -28,7 +32,8 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SIGNALS = {}  # signal number -> disposition at start-up, before any preloaded module ran
 _BATCH = 64  # workers in one request at most (ddprun's kBatch)
-_PRCTL = []  # libc's prctl, looked up once (not in every worker)
+_LIBC = []  # libc (ctypes), looked up once (not in every worker)
+_KEEP = []  # this file's module, once a worker's __main__ replaced it
 _ENV_CHANGES = []  # (set, removed): what start-up and preload changed in the environment
 
 
@@ -150,13 +155,14 @@ def _preload(modules, started_with):
     return {"ready": True, "seconds": round(time.monotonic() - t0, 3), "threads": _threads()}
 
 
-def _fork_workers(count):
-    """Forks `count` workers through one child between, which leaves once they all exist:
-    (index, its pid) in a worker, the pids (fewer when a fork failed) here."""
+def _fork_workers(count, betweens):
+    """Forks `count` workers through one child between, which leaves once they all exist
+    (its pid is added to betweens, to reap): (index, its pid) in a worker, the pids (fewer
+    when a fork failed) here."""
     import gc
 
     # What exists now is shared with the workers: their collections skip it, so they do
-    # not copy its pages (a worker's exit with torch loaded: 0.19 s instead of 0.41 s).
+    # not copy its pages.
     gc.freeze()
     r, w = os.pipe()
     between = os.fork()
@@ -183,15 +189,154 @@ def _fork_workers(count):
     os.close(w)
     with os.fdopen(r, "rb") as f:
         pids = [int(p) for p in f.read().split()]
-    os.waitpid(between, 0)
+    betweens.append(between)
     return pids
 
 
-def _serve(ddprun_pid, sock):
+class _Spares:
+    """Workers forked ahead of the next request, so that its critical path forks nothing.
+    Each waits on a socket of its own for one worker's request; they are children of a
+    child between (a `cat` by then, so that leaving costs it nothing), and ddprun adopts
+    them once it is released. A spare whose socket ends without a request exits."""
+
+    def __init__(self, socks, release, between, pids):
+        self.socks, self.release, self.between, self.pids = socks, release, between, pids
+
+    def dispatch(self, reqs, fds):
+        """Hands reqs[i] (with fds[3i:3i+3]) to spare i: the pids by index (None where the
+        spare is gone, or the request too large for one message). Releases every spare."""
+        import pickle
+
+        pids = [None] * len(reqs)
+        for i, req in enumerate(reqs):
+            try:
+                socket.send_fds(self.socks[i], [pickle.dumps(req)], fds[3 * i:3 * i + 3])
+                pids[i] = self.pids[i]
+            except OSError:
+                pass
+        self.close()
+        return pids
+
+    def close(self):
+        """No more requests: the unused spares exit, the child between leaves (reaped
+        later, off the request's path)."""
+        for s in self.socks:
+            s.close()
+        os.close(self.release)
+
+
+def _reap(betweens):
+    """Reaps the children between that have left (the others stay listed)."""
+    for pid in list(betweens):
+        try:
+            done = os.waitpid(pid, os.WNOHANG)[0] == pid
+        except ChildProcessError:
+            done = True
+        if done:
+            betweens.remove(pid)
+
+
+def _fork_spares(count, sock):
+    """count spares: a _Spares here; in a spare, once it has a request: (its request, its
+    three descriptors, (a pipe's read end that ends when the child between has left, that
+    child's pid)). None when the fork failed."""
+    import gc
+    import pickle
+
+    gc.freeze()  # (as in _fork_workers)
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(count)]
+    release_r, release_w = os.pipe()
+    r, w = os.pipe()
+    try:
+        between = os.fork()
+    except OSError:
+        for pair in pairs:
+            for x in pair:
+                x.close()
+        for fd in (release_r, release_w, r, w):
+            os.close(fd)
+        return None
+    if between == 0:
+        sock.close()  # (ddprun sees this process's end as soon as it ends)
+        os.close(release_w)
+        os.close(r)
+        me = os.getpid()
+        gone_r, gone_w = os.pipe()
+        pids = []
+        try:
+            for i in range(count):
+                pid = os.fork()
+                if pid == 0:
+                    for fd in (w, gone_w, release_r):
+                        os.close(fd)
+                    for j, pair in enumerate(pairs):
+                        pair[0].close()
+                        if j != i:
+                            pair[1].close()
+                    data, fds, _, _ = socket.recv_fds(pairs[i][1], 1 << 20, 3)
+                    if not data:
+                        os._exit(0)  # not needed
+                    pairs[i][1].close()
+                    return pickle.loads(data), fds, (gone_r, me)
+                os.setpgid(pid, pid)
+                pids.append(pid)
+        except BaseException:  # noqa: BLE001  (the spares forked so far wait)
+            pass
+        try:
+            os.write(w, " ".join(map(str, pids)).encode())
+            os.close(w)
+            for pair in pairs:
+                for x in pair:
+                    x.close()
+            _wait_for_release(release_r, gone_w)
+        finally:
+            os._exit(0)
+    for pair in pairs:
+        pair[1].close()
+    os.close(release_r)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        pids = [int(p) for p in f.read().split()]
+    for pair in pairs[len(pids):]:  # (a fork failed: no spare behind them)
+        pair[0].close()
+    return _Spares([pair[0] for pair in pairs[:len(pids)]], release_w, between, pids)
+
+
+def _wait_for_release(release_r, gone_w):
+    """The child between's wait: as `cat` (holding the spares' pipe), whose exit is
+    instant where this process's would unmap everything the warm process holds."""
+    import shutil
+
+    os.dup2(release_r, 0)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.set_inheritable(gone_w, True)
+    cat = shutil.which("cat", path="/usr/bin:/bin")
+    if cat:
+        try:
+            os.execv(cat, [cat])
+        except OSError:
+            pass
+    os.read(0, 1)
+
+
+def _serve(ddprun_pid, sock, spares_wanted, refill):
     """Answers requests until the socket ends; returns in a forked worker: its request,
     its three descriptors, and (a pipe's read end that ends when the child between has left,
-    that child's pid)."""
+    that child's pid). With spares_wanted, that many spares wait for each request (for later
+    ones too with refill, once this process has been idle for a moment)."""
+    import select
+
+    spares, idle, betweens, due = None, 0.0, [], spares_wanted > 0
     while True:
+        # Idle for a moment: the children between reaped, spares forked (if due).
+        if (due or betweens) and not select.select([sock], [], [], idle)[0]:
+            _reap(betweens)
+            if due:
+                due = False
+                spares = _fork_spares(spares_wanted, sock)
+                if isinstance(spares, tuple):
+                    return spares
         data, fds = _recv(sock)
         if data is None:
             sys.exit(0)
@@ -201,20 +346,32 @@ def _serve(ddprun_pid, sock):
                 os.close(fd)
             _send(sock, {"error": "a request without its descriptors"})
             continue
+        pids = [None] * len(reqs)
+        if spares is not None and len(spares.pids) >= len(reqs):
+            pids = spares.dispatch(reqs, fds)
+        elif spares is not None:
+            spares.close()
+        if spares is not None:
+            betweens.append(spares.between)
+        spares, idle = None, 0.3  # (new spares once the workers had a moment to start)
+        due = refill and spares_wanted > 0
+        rest = [i for i, pid in enumerate(pids) if pid is None]
         try:
-            forked = _fork_workers(len(reqs))
-        except OSError as e:
+            forked = _fork_workers(len(rest), betweens) if rest else []
+        except OSError:
             forked = []
         if isinstance(forked, tuple):
             i, gone, between = forked
-            mine = fds[3 * i:3 * i + 3]
+            mine = fds[3 * rest[i]:3 * rest[i] + 3]
             for fd in fds:
                 if fd not in mine:
                     os.close(fd)  # another rank's pipes: their ends must close with that rank
-            return reqs[i], mine, (gone, between)
+            return reqs[rest[i]], mine, (gone, between)
         for fd in fds:
             os.close(fd)
-        _send(sock, {"pids": forked})
+        for i, pid in zip(rest, forked):
+            pids[i] = pid
+        _send(sock, {"pids": [-1 if p is None else p for p in pids]})
 
 
 def _adopted(ddprun_pid, gone):
@@ -227,17 +384,16 @@ def _adopted(ddprun_pid, gone):
     os.close(fd)
     while os.getppid() == between:  # its exit reparents us a moment after
         os.sched_yield()
-    _PRCTL[0](1, signal.SIGKILL)  # PR_SET_PDEATHSIG: gone with ddprun
+    _LIBC[0].prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: gone with ddprun
     return os.getppid() == ddprun_pid  # else ddprun died first (or is no subreaper)
 
 
 def _become_worker(ddprun_pid, gone, sock, req, fds):
-    """Everything a fresh `python -u` would be, but for the modules already imported."""
+    """Everything a fresh `python -u` would be, but for the modules already imported. The
+    set-up overlaps the child between's exit; the script runs only once ddprun adopted it."""
     import signal
 
     os.setpgid(0, 0)
-    if not _adopted(ddprun_pid, gone):
-        os._exit(128 + signal.SIGKILL)
     sock.close()
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
@@ -250,7 +406,6 @@ def _become_worker(ddprun_pid, gone, sock, req, fds):
                 signal.signal(s, handler)
         except (OSError, ValueError, TypeError):
             pass
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
     os.environ.clear()
     os.environb.update(req[2])
     changed, removed = _ENV_CHANGES
@@ -258,6 +413,9 @@ def _become_worker(ddprun_pid, gone, sock, req, fds):
     for k in removed:
         os.environb.pop(k, None)
     _reseed()
+    if not _adopted(ddprun_pid, gone):
+        os._exit(128 + signal.SIGKILL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
     _run_bootstrap()
 
 
@@ -285,10 +443,22 @@ def _run_bootstrap():
         pass
 
 
+def _fresh_main():
+    """In place of this file's module, an empty __main__ as the interpreter makes one."""
+    import types
+
+    main = types.ModuleType("__main__")
+    if "__annotations__" in vars(sys.modules["__main__"]):  # the interpreter's own __main__ has it
+        main.__annotations__ = {}
+    main.__builtins__ = __builtins__
+    _KEEP.append(sys.modules["__main__"])  # (this file's functions still run)
+    sys.modules["__main__"] = main
+    return main
+
+
 def _run_script(script):
     """`python -u script`: a fresh __main__ whose frames are the only ones a traceback shows."""
     import importlib.machinery
-    import types
 
     path = os.path.abspath(script)
     try:
@@ -297,32 +467,85 @@ def _run_script(script):
     except OSError as e:
         sys.stderr.write("%s: can't open file %r: [Errno %d] %s\n" % (sys.executable, path, e.errno, e.strerror))
         sys.exit(2)
-    main = types.ModuleType("__main__")
-    if "__annotations__" in vars(sys.modules["__main__"]):  # the interpreter's own __main__ has it
-        main.__annotations__ = {}
+    main = _fresh_main()
     main.__file__ = path
     main.__cached__ = None
     main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
-    main.__builtins__ = __builtins__
-    sys.modules["__main__"] = main
     code = compile(source, path, "exec", dont_inherit=True)
     exec(code, main.__dict__)
 
 
 def _as_uncaught(e):
-    """What Python does with an exception nothing caught, minus this file's frames."""
-    import signal
-
+    """What Python does with an exception nothing caught, minus this file's frames: its
+    exit status (None: by SIGINT, for KeyboardInterrupt)."""
     tb = e.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
     e.__traceback__ = tb  # what Python's hook prints (not its argument) when it has one
     sys.excepthook(type(e), e, tb)
-    if isinstance(e, KeyboardInterrupt):  # Python exits by SIGINT then
-        sys.stdout.flush()
+    return None if isinstance(e, KeyboardInterrupt) else 1
+
+
+def _exit_status(e):
+    """The status `python` exits with for SystemExit `e` (a code that is no integer is printed)."""
+    code = e.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF if -(2**63) <= code < 2**63 else 255  # C's (int)PyLong_AsLong, or -1
+    try:
+        sys.stderr.write(str(code) + "\n")
+    except Exception:  # noqa: BLE001
+        pass
+    return 1
+
+
+def _finish(status):
+    """Python's exit, less what only costs time in a fork: non-daemon threads joined, atexit
+    handlers, the script's globals released (its open files closed by their finalizers),
+    stdio flushed (C's too), then the process ends. The preloaded modules are not torn
+    down, nor C libraries' exit handlers run (torch's take 0.15-0.25 s, touching pages
+    shared with the warm process), as in a multiprocessing fork child. status None: SIGINT."""
+    import atexit
+    import gc
+    import signal
+
+    libc, main = _LIBC[0], sys.modules.get("__main__")
+    threading = sys.modules.get("threading")
+    steps = [threading._shutdown if threading else None, atexit._run_exitfuncs]
+    if main is not None:
+        steps.append(lambda: _release(vars(main)))
+    steps.append(gc.collect)
+    for step in steps:
+        try:
+            if step:
+                step()
+        except BaseException:  # noqa: BLE001  (as Python: reported, the exit goes on)
+            try:
+                sys.excepthook(*sys.exc_info())
+            except BaseException:  # noqa: BLE001
+                pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except BaseException:  # noqa: BLE001
+            if stream is sys.stdout:
+                status = 120  # Python's status when its stdout cannot be flushed at exit
+    libc.fflush(None)
+    if status is None:  # Python ends an uncaught KeyboardInterrupt by SIGINT
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
-    sys.exit(1)
+        status = 128 + signal.SIGINT
+    os._exit(status)
+
+
+def _release(names):
+    """A module's globals dropped in Python's own order at exit: _names first, then the rest."""
+    for private in (True, False):
+        for k in list(names):
+            if k != "__builtins__" and (k.startswith("_") and not k.startswith("__")) == private:
+                names[k] = None
 
 
 def _path0(module, script):
@@ -334,24 +557,27 @@ def _run(req):
     module, argv, _ = req
     sys.orig_argv = [sys.executable, "-u"] + (["-m"] if module else []) + argv
     sys.argv = list(argv)
+    status = 0
     try:
         if module:
             import runpy
 
+            _fresh_main()  # (runpy runs the module in __main__'s globals)
             runpy._run_module_as_main(argv[0], alter_argv=True)
         else:
             _run_script(argv[0])
-    except SystemExit:
-        raise
+    except SystemExit as e:
+        status = _exit_status(e)
     except BaseException as e:  # noqa: BLE001
-        _as_uncaught(e)
+        status = _as_uncaught(e)
+    _finish(status)
 
 
-def _warm(sock, ddprun_pid, modules):
+def _warm(sock, ddprun_pid, modules, spares, refill):
     """The warm process's life; returns only in a worker, with its request."""
     import ctypes
 
-    _PRCTL.append(ctypes.CDLL(None).prctl)
+    _LIBC.append(ctypes.CDLL(None))
     hello, _ = _recv(sock)
     if hello is None:
         sys.exit(0)
@@ -359,18 +585,18 @@ def _warm(sock, ddprun_pid, modules):
     _send(sock, state)
     if "error" in state:
         sys.exit(1)
-    req, fds, gone = _serve(ddprun_pid, sock)
+    req, fds, gone = _serve(ddprun_pid, sock, spares, refill)
     _become_worker(ddprun_pid, gone, sock, req, fds)
     return req
 
 
 def main():
     fd, ddprun_pid, modules = int(sys.argv[1]), int(sys.argv[2]), [m for m in sys.argv[3].split(",") if m]
-    sys.path[0] = _path0(sys.argv[4] == "-m", sys.argv[-1])
+    sys.path[0] = _path0(sys.argv[6] == "-m", sys.argv[-1])
     sock = socket.socket(fileno=fd)
     os.set_inheritable(fd, False)
     try:
-        req = _warm(sock, ddprun_pid, modules)
+        req = _warm(sock, ddprun_pid, modules, int(sys.argv[4]), sys.argv[5] == "1")
     except (BrokenPipeError, ConnectionResetError):  # ddprun is gone
         sys.exit(0)
     _run(req)

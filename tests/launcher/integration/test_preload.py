@@ -96,6 +96,46 @@ if __name__ == "__main__":
         f.write(repr(out))
 """
 
+# How a worker ends: what Python's exit does (a file left open, atexit, a thread still
+# running, a global's finalizer), for each way out. Compared between a cold and a warm start.
+ENDINGS = """
+import atexit, os, sys, threading, time
+out = open(os.path.join(os.environ["OUT"], "left_open_" + os.environ["RANK"]), "w")
+out.write("written, never closed\\n")
+atexit.register(lambda: print("atexit ran", flush=True))
+class Finalized:
+    def __del__(self):
+        print("__del__ ran", flush=True)
+kept = Finalized()
+def late():
+    time.sleep(0.3)
+    print("thread ended", flush=True)
+threading.Thread(target=late).start()
+how = sys.argv[1]
+if how == "exit":
+    sys.exit(int(sys.argv[2]))
+if how == "exit-text":
+    sys.exit("goodbye text")
+if how == "raise":
+    raise ValueError("boom")
+if how == "interrupt":
+    raise KeyboardInterrupt
+"""
+
+# Attempt 0: rank 0 fails once the test says so (it has seen the spare workers); every
+# worker of either attempt logs its pid.
+SPARE_RESTART = """
+import os, sys, time
+with open(os.path.join(os.environ["OUT"], "starts"), "a") as f:
+    f.write(f"{os.environ['TORCHELASTIC_RESTART_COUNT']} {os.environ['RANK']} {os.getpid()}\\n")
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    while not os.path.exists(os.path.join(os.environ["OUT"], "fail_now")):
+        time.sleep(0.01)
+    if os.environ["RANK"] == "0":
+        sys.exit(3)
+    time.sleep(60)
+"""
+
 SLEEPER = """
 import os, signal, sys, time
 def on_term(*_):
@@ -158,6 +198,53 @@ class PreloadTest(DdprunTestCase):
         self.assertEqual(len({p for _, _, p in starts}), 4)  # four processes ...
         self.assertEqual(len(self.probe_imports()), 1)  # ... one import
         self.assertNotIn("warm Python process", res.stderr)
+
+    def spares(self, warm):
+        """The spare workers waiting under the warm process (children of its child between,
+        a `cat` by then)."""
+        def children(pid):
+            try:
+                return [int(c) for t in os.listdir(f"/proc/{pid}/task")
+                        for c in read_text(f"/proc/{pid}/task/{t}/children").split()]
+            except OSError:
+                return []
+
+        def comm(pid):
+            try:
+                return read_text(f"/proc/{pid}/comm").strip()
+            except OSError:
+                return ""
+
+        return sorted(s for c in children(warm) if comm(c) == "cat" for s in children(c))
+
+    def test_a_restart_is_served_by_spare_workers(self):
+        # While attempt 0 runs, two spares wait under the warm process; attempt 1's workers
+        # are those two processes (nothing forked on the restart's path), with one import.
+        script = self.write("spare.py", SPARE_RESTART)
+        p = self.start(["--standalone", "--nproc-per-node", "2", "--preload", "probe_mod", "--max-restarts", "1",
+                        "--log-level", "info", script], env=self.env())
+        m = self.wait_for(lambda: re.search(r"warm process pid (\d+)", read_text(self.path("ddprun.stderr"))),
+                          what="the warm process's pid")
+        warm = int(m.group(1))
+        spares = self.wait_for(lambda: len(self.spares(warm)) == 2 and self.spares(warm), what="two spare workers")
+        open(self.path("fail_now"), "w").close()
+        self.assertEqual(p.wait(timeout=scaled(60)), 0)
+        starts = [l.split() for l in read_text(self.path("starts")).splitlines()]
+        self.assertEqual(sorted(int(pid) for a, _, pid in starts if a == "1"), spares)
+        self.assertEqual(len(self.probe_imports()), 1)
+
+    def test_no_spares_wait_when_no_attempt_can_follow(self):
+        # --max-restarts 0 on one node: no restart, no new round; the first attempt's spares
+        # were used, and no new ones are forked.
+        script = self.write("sleeper.py", SLEEPER)
+        p = self.start(["--standalone", "--nproc-per-node", "2", "--preload", "json", "--log-level", "info", script],
+                       env=self.env())
+        self.wait_for_files([self.path("ready_0"), self.path("ready_1")])
+        warm = int(re.search(r"warm process pid (\d+)", read_text(self.path("ddprun.stderr"))).group(1))
+        time.sleep(1.0)  # the warm process forks new spares 0.3 s after a request, if any
+        self.assertEqual(self.spares(warm), [])
+        p.send_signal(signal.SIGTERM)
+        self.assertEqual(p.wait(timeout=scaled(30)), 143)
 
     def test_a_dead_warm_process_is_replaced_and_said(self):
         # The warm process is killed while attempt 0 runs; attempt 1's workers come from a
@@ -242,6 +329,21 @@ class PreloadTest(DdprunTestCase):
             script = self.write("die.py", how + "\n")
             res = self.job(script, preload="json", nproc=1)
             self.assertEqual(res.rc, rc, (how, res))
+
+    def test_a_worker_ends_as_python_does(self):
+        # A warm worker skips tearing down the preloaded modules, not what a script sees of
+        # Python's exit: its output, its status and its open file's data are a cold worker's.
+        script = self.write("endings.py", ENDINGS)
+        for how in (["ok"], ["exit", "3"], ["exit", "256"], ["exit-text"], ["raise"], ["interrupt"]):
+            runs = []
+            for pre in (None, "json"):
+                res = self.job(script, *how, preload=pre, nproc=1, flags=("--no-stack-dumps",))
+                lines = [l for l in res.stdout.splitlines() + res.stderr.splitlines() if l.startswith("[rank0]:")]
+                runs.append((res.rc, lines, read_text(self.path("left_open_0"))))
+            self.assertEqual(runs[0], runs[1], how)
+            self.assertIn("[rank0]:__del__ ran", runs[1][1], how)
+            self.assertEqual(runs[1][2], "written, never closed\n", how)
+        self.assertEqual(runs[1][0], 130)
 
     def test_a_signal_while_the_warm_process_imports_stops_at_once(self):
         self.write(os.path.join("mods", "slow_import.py"), "import os, time\n"
