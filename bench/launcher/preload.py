@@ -28,7 +28,8 @@ round to round, so the drift of this noisy machine hits them alike. Medians.
    would), with and without the stacks ddprun gathers at a failure (`--no-stack-dumps`).
 3. memory: 4 workers that write their pid after `import torch` and sleep; the sum of the
    workers' Pss (/proc/PID/smaps_rollup, shared pages divided among their sharers) cold
-   against --preload, and the warm process's own Pss (its pid from ddprun's info line).
+   against --preload (with --max-restarts 1), the warm process's own Pss (its pid from
+   ddprun's info line) and that of the spare workers it keeps ready for a restart.
    Pss_Anon (the heap: shared only by the warm process and its workers) is split from
    Pss_File (mapped files, libtorch's code: shared with every process on the machine that
    maps them, other jobs' too, so it moves with what else runs).
@@ -266,12 +267,31 @@ def mem_kb(pid):
     return out
 
 
+def children(pid):
+    try:
+        return [int(c) for t in os.listdir(f"/proc/{pid}/task")
+                for c in open(f"/proc/{pid}/task/{t}/children").read().split()]
+    except OSError:
+        return []
+
+
+def spares_of(warm):
+    """The warm process's descendants: the child between (a cat) and the spare workers."""
+    out, todo = [], children(warm)
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children(pid)
+    return out
+
+
 def memory_once(preload, script):
-    """Pss of the 4 workers (and of the warm process) once all are past the import."""
+    """Pss of the 4 workers (and of the warm process, and of the spares it keeps for a
+    restart: --max-restarts 1) once all are past the import."""
     d = tempfile.mkdtemp(dir=TMP, prefix="preload-bench-")
     err = os.path.join(d, "ddprun.err")
     cmd = [DDPRUN, "--standalone", "--nproc-per-node", "4", "--log-level", "info",
-           *(["--preload", "torch"] if preload else []), script, d]
+           *(["--preload", "torch", "--max-restarts", "1"] if preload else []), script, d]
     p = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=open(err, "w"))
     try:
         deadline = time.monotonic() + 120
@@ -289,7 +309,16 @@ def memory_once(preload, script):
             if not m:
                 raise SystemExit("memory: no --preload info line in ddprun's stderr:\n" + open(err).read()[-3000:])
             res["import_s"] = float(m.group(1))
-            res["warm"] = mem_kb(int(m.group(2)))
+            warm = int(m.group(2))
+            res["warm"] = mem_kb(warm)
+            deadline = time.monotonic() + 10
+            while len(spares_of(warm)) < 5 and time.monotonic() < deadline:  # a cat and 4 spares
+                time.sleep(0.05)
+            time.sleep(0.2)
+            found = [mem_kb(x) for x in spares_of(warm)]
+            if len(found) != 5:
+                raise SystemExit(f"memory: {len(found)} processes under the warm process, not a cat and 4 spares")
+            res["spares"] = {k: sum(m[k] for m in found) for k in MEM_FIELDS}
         return res
     finally:
         p.send_signal(signal.SIGTERM)
@@ -470,16 +499,19 @@ def main():
         C = {k: med([x["workers"][k] for x in mem["cold"]]) for k in MEM_FIELDS}
         P = {k: med([x["workers"][k] for x in mem["preload"]]) for k in MEM_FIELDS}
         W = {k: med([x["warm"][k] for x in mem["preload"]]) for k in MEM_FIELDS}
-        T = {k: med([x["workers"][k] + x["warm"][k] for x in mem["preload"]]) for k in MEM_FIELDS}
-        M["memory_kb"] = {"cold_workers": C, "preload_workers": P, "warm_process": W, "preload_total": T,
+        S = {k: med([x["spares"][k] for x in mem["preload"]]) for k in MEM_FIELDS}
+        T = {k: med([x["workers"][k] + x["warm"][k] + x["spares"][k] for x in mem["preload"]]) for k in MEM_FIELDS}
+        M["memory_kb"] = {"cold_workers": C, "preload_workers": P, "warm_process": W, "spares": S, "preload_total": T,
                           "import_s": med([x["import_s"] for x in mem["preload"]])}
         mb = lambda kb: f"{kb / 1024:.0f} MB"  # noqa: E731
         print(f"| memory, 4 workers past `import torch` (medians of {a.mem_runs}) | Pss | Pss_Anon | Pss_File | Rss |")
         print("|---|---|---|---|---|")
         for label, x in (("ddprun cold: the 4 workers", C), ("ddprun --preload torch: the 4 workers", P),
-                         ("--preload: the warm process alone", W), ("--preload: the 4 workers + the warm process", T)):
+                         ("--preload: the warm process alone", W),
+                         ("--preload: the 4 spare workers waiting for a restart, and their cat", S),
+                         ("--preload: all of these", T)):
             print(f"| {label} | {mb(x['Pss'])} | {mb(x['Pss_Anon'])} | {mb(x['Pss_File'])} | {mb(x['Rss'])} |")
-        print(f"| cold / --preload (workers alone; with the warm process) | {C['Pss'] / P['Pss']:.1f}x; "
+        print(f"| cold / --preload (workers alone; all) | {C['Pss'] / P['Pss']:.1f}x; "
               f"{C['Pss'] / T['Pss']:.1f}x | {C['Pss_Anon'] / P['Pss_Anon']:.1f}x; {C['Pss_Anon'] / T['Pss_Anon']:.1f}x "
               f"| | |")
         print()

@@ -36,7 +36,7 @@ namespace {
 // from one signal handler in well under a millisecond; it marks no end), or at once when
 // it has grown and no thread of the process is running any more (the handler returned).
 constexpr std::chrono::milliseconds kQuiet{50};
-constexpr std::chrono::milliseconds kPoll{5};
+constexpr std::chrono::milliseconds kPoll{1};
 
 // The state letter of /proc/<pid>/stat (R, S, D, Z...), 0 when the process is gone.
 char process_state(pid_t pid, pid_t* ppid = nullptr) {

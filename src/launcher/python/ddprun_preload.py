@@ -34,6 +34,7 @@ _SIGNALS = {}  # signal number -> disposition at start-up, before any preloaded 
 _BATCH = 64  # workers in one request at most (ddprun's kBatch)
 _LIBC = []  # libc (ctypes), looked up once (not in every worker)
 _KEEP = []  # this file's module, once a worker's __main__ replaced it
+_BOOTSTRAP = []  # (path, code) of the stack-dump bootstrap, compiled before any fork
 _ENV_CHANGES = []  # (set, removed): what start-up and preload changed in the environment
 
 
@@ -432,15 +433,23 @@ def _reseed():
 def _run_bootstrap():
     """The stack-dump bootstrap's per-rank part (sitecustomize.py, which this process did not
     run), unless --no-stack-dumps left the rank without a stack file."""
-    path = os.path.join(_HERE, "sitecustomize.py")
     if "DDPRUN_STACK_FILE" not in os.environ:
         return
     try:
-        with open(path) as f:
-            code = compile(f.read(), path, "exec")
+        path, code = _BOOTSTRAP[0] if _BOOTSTRAP else _compile_bootstrap()
         exec(code, {"__name__": "ddprun_bootstrap", "__file__": path})
     except Exception:  # noqa: BLE001  (no stacks, but the worker runs)
         pass
+
+
+def _compile_bootstrap():
+    """sitecustomize.py's path and code, compiled once here rather than in every worker."""
+    import faulthandler  # noqa: F401  (what it imports, imported here too)
+    import fcntl  # noqa: F401
+
+    path = os.path.join(_HERE, "sitecustomize.py")
+    with open(path) as f:
+        return path, compile(f.read(), path, "exec")
 
 
 def _fresh_main():
@@ -582,6 +591,10 @@ def _warm(sock, ddprun_pid, modules, spares, refill):
     if hello is None:
         sys.exit(0)
     state = _preload(modules, _environment(hello.split(b"\0")))
+    try:
+        _BOOTSTRAP.append(_compile_bootstrap())
+    except (OSError, SyntaxError):
+        pass
     _send(sock, state)
     if "error" in state:
         sys.exit(1)
