@@ -141,6 +141,7 @@ void WarmPython::stop() {
   if (fd_ >= 0) close(fd_);
   fd_ = -1;
   if (pid_ > 0) {
+    for (pid_t p : descendants(-1, pid_)) kill(p, SIGKILL);  // its spare workers (own groups)
     kill(-pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);  // ECHILD when ddprun's reaper had it already
   }

@@ -100,9 +100,9 @@ std::string describe_exec_failure(const std::string& path, int err) {
 
 void become_subreaper() { prctl(PR_SET_CHILD_SUBREAPER, 1); }
 
-std::vector<pid_t> descendants(pid_t skip) {
+std::vector<pid_t> descendants(pid_t skip, pid_t root) {
   std::vector<pid_t> out;
-  std::vector<pid_t> frontier{getpid()};
+  std::vector<pid_t> frontier{root > 0 ? root : getpid()};
   while (!frontier.empty()) {
     pid_t p = frontier.back();
     frontier.pop_back();

@@ -36,9 +36,9 @@ std::string describe_exec_failure(const std::string& path, int err);
 // Makes ddprun the reaper of every orphan its workers leave behind.
 void become_subreaper();
 
-// Every descendant of this process (children first), read from /proc; not `skip` nor
-// anything below it.
-std::vector<pid_t> descendants(pid_t skip = -1);
+// Every descendant of `root` (this process by default; children first), read from /proc;
+// not `skip` nor anything below it.
+std::vector<pid_t> descendants(pid_t skip = -1, pid_t root = -1);
 
 // Resolves a command like execvp would; "" if not found.
 std::string find_executable(const std::string& name, const std::string& path_env);

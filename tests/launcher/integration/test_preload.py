@@ -233,6 +233,24 @@ class PreloadTest(DdprunTestCase):
         self.assertEqual(sorted(int(pid) for a, _, pid in starts if a == "1"), spares)
         self.assertEqual(len(self.probe_imports()), 1)
 
+    def test_spares_do_not_outlive_ddprun(self):
+        script = self.write("sleeper.py", SLEEPER)
+        p = self.start(["--standalone", "--nproc-per-node", "2", "--preload", "json", "--max-restarts", "1",
+                        "--log-level", "info", script], env=self.env())
+        self.wait_for_files([self.path("ready_0"), self.path("ready_1")])
+        warm = int(re.search(r"warm process pid (\d+)", read_text(self.path("ddprun.stderr"))).group(1))
+        spares = self.wait_for(lambda: len(self.spares(warm)) == 2 and self.spares(warm), what="two spare workers")
+        p.send_signal(signal.SIGTERM)
+        self.assertEqual(p.wait(timeout=scaled(30)), 143)
+
+        def alive(pid):
+            try:
+                return read_text(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()[0] != "Z"
+            except OSError:
+                return False
+
+        self.assertEqual([s for s in spares if alive(s)], [])
+
     def test_no_spares_wait_when_no_attempt_can_follow(self):
         # --max-restarts 0 on one node: no restart, no new round; the first attempt's spares
         # were used, and no new ones are forked.
