@@ -156,6 +156,25 @@ def _preload(modules, started_with):
     return {"ready": True, "seconds": round(time.monotonic() - t0, 3), "threads": _threads()}
 
 
+def _fork_children(count, child):
+    """In a child between: forks `count` children, each in a process group of its own.
+    Here: (their pids, fewer when a fork failed; None). In child i: (None, child(i))."""
+    pids = []
+    try:
+        for i in range(count):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    return None, child(i)
+                except BaseException:  # noqa: BLE001  (never on as the child between)
+                    os._exit(1)
+            os.setpgid(pid, pid)
+            pids.append(pid)
+    except BaseException:  # noqa: BLE001  (those forked so far go on)
+        pass
+    return pids, None
+
+
 def _fork_workers(count, betweens):
     """Forks `count` workers through one child between, which leaves once they all exist
     (its pid is added to betweens, to reap): (index, its pid) in a worker, the pids (fewer
@@ -171,18 +190,14 @@ def _fork_workers(count, betweens):
         os.close(r)
         me = os.getpid()
         gone_r, gone_w = os.pipe()  # its end tells the workers they have been adopted
-        pids = []
-        try:
-            for i in range(count):
-                pid = os.fork()
-                if pid == 0:
-                    os.close(w)
-                    os.close(gone_w)
-                    return i, gone_r, me
-                os.setpgid(pid, pid)
-                pids.append(pid)
-        except BaseException:  # noqa: BLE001  (the workers forked so far run)
-            pass
+        def worker(i):
+            os.close(w)
+            os.close(gone_w)
+            return i, gone_r, me
+
+        pids, mine = _fork_children(count, worker)
+        if mine is not None:
+            return mine
         try:
             os.write(w, " ".join(map(str, pids)).encode())
         finally:
@@ -263,26 +278,22 @@ def _fork_spares(count, sock):
         os.close(r)
         me = os.getpid()
         gone_r, gone_w = os.pipe()
-        pids = []
-        try:
-            for i in range(count):
-                pid = os.fork()
-                if pid == 0:
-                    for fd in (w, gone_w, release_r):
-                        os.close(fd)
-                    for j, pair in enumerate(pairs):
-                        pair[0].close()
-                        if j != i:
-                            pair[1].close()
-                    data, fds, _, _ = socket.recv_fds(pairs[i][1], 1 << 20, 3)
-                    if not data:
-                        os._exit(0)  # not needed
-                    pairs[i][1].close()
-                    return pickle.loads(data), fds, (gone_r, me)
-                os.setpgid(pid, pid)
-                pids.append(pid)
-        except BaseException:  # noqa: BLE001  (the spares forked so far wait)
-            pass
+        def spare(i):
+            for fd in (w, gone_w, release_r):
+                os.close(fd)
+            for j, pair in enumerate(pairs):
+                pair[0].close()
+                if j != i:
+                    pair[1].close()
+            data, fds, _, _ = socket.recv_fds(pairs[i][1], 1 << 20, 3)
+            if not data:
+                os._exit(0)  # not needed
+            pairs[i][1].close()
+            return pickle.loads(data), fds, (gone_r, me)
+
+        pids, mine = _fork_children(count, spare)
+        if mine is not None:
+            return mine
         try:
             os.write(w, " ".join(map(str, pids)).encode())
             os.close(w)
