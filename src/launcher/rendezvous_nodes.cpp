@@ -30,6 +30,23 @@ namespace ddprun {
 
 namespace {
 
+// A round whose MASTER_ADDR is a loopback address while some of its nodes are on other
+// hosts (node rank 0 has no other interface that is up, and reached the endpoint over
+// loopback, e.g. through a tunnel) cannot run: every node says so at once, rather than
+// its workers timing out connecting to an address that is their own machine. (An endpoint
+// that is itself a loopback name puts every node on one machine.)
+void check_master_reachable(const rdzv::RoundPlan& r, const std::string& endpoint_host) {
+  if (r.members.empty() || is_loopback_host(endpoint_host) || !is_loopback_host(r.master_addr)) return;
+  const rdzv::NodeDesc& master = r.members.front();
+  for (const rdzv::NodeDesc& n : r.members)
+    if (n.host != master.host)
+      throw ddp::Error(fmt::format(
+          "rendezvous: no usable address: node rank 0, {}, published MASTER_ADDR={}, a loopback address, as it "
+          "has no other network interface that is up, but {} is another host, whose workers cannot reach it; "
+          "bring up a network interface on {}, or give it --local-addr with an address the other hosts reach",
+          master.describe(), r.master_addr, n.describe(), master.host));
+}
+
 using std::chrono::milliseconds;
 
 milliseconds seconds(double s) { return milliseconds(static_cast<long>(s * 1000)); }
@@ -398,6 +415,7 @@ JobPlan NodeRendezvous::next_round() {
     } else {
       throw ddp::Error("rendezvous: no further round may follow (asked to join one after a refusal)");
     }
+    if (o_.dynamic()) check_master_reachable(r, o_.rdzv_host);
   } catch (...) {
     // The store lives in this process: the nodes still joining keep it until they have
     // learnt how their own join ends (or close_timeout), instead of losing it with this one.

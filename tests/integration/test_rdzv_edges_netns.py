@@ -13,6 +13,10 @@ the c10d line.
   endpoint: MASTER_ADDR is the host's reachable address, never loopback, and a real gloo job
   runs across both hosts. Before: MASTER_ADDR=127.0.0.1 and the other host's workers timed
   out connecting to it.
+- The same host with no network interface up, whose store the other host reaches through a
+  tunnel (as an SSH port forward would): no address of it is usable for MASTER_ADDR, and
+  both nodes fail at once with an error that says so. Before: the round formed with
+  MASTER_ADDR=127.0.0.1, and the other host's workers connected to their own machine.
 
 Needs root (skipped otherwise). Only the processes started here are signalled, by pid.
 """
@@ -21,6 +25,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import ddprun_testlib as lib
@@ -37,8 +42,12 @@ class RdzvEdgesNetns(NetnsHosts):
     def setUp(self):
         super().setUp()
         self.etc_dirs = []
+        self.relays = []
 
     def tearDown(self):
+        for p in self.relays:  # started here: killed by the pid recorded
+            p.kill()
+            p.wait()
         try:
             super().tearDown()
         finally:
@@ -168,6 +177,99 @@ class RdzvEdgesNetns(NetnsHosts):
         addrs = {l.split("MASTER_ADDR=")[1].split()[0] for l in out.splitlines() if "MASTER_ADDR=" in l}
         self.assertEqual(addrs, {self.topo.addr(0)}, self.describe())
         self.assertIn("a loopback address other hosts cannot use", nodes[0].stderr(), self.describe())
+
+    def relay(self, ns, args, ready):
+        script = os.path.join(self.tmp, "relay.py")
+        with open(script, "w") as f:
+            f.write(RELAY)
+        err = open(os.path.join(self.tmp, "relay.err"), "a")
+        self._files.append(err)
+        p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, script, *args], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        self.relays.append(p)
+        deadline = time.monotonic() + lib.scaled(20)
+        while not os.path.exists(ready):
+            self.assertIsNone(p.poll(), "the relay ended")
+            self.assertLess(time.monotonic(), deadline, "the relay did not start")
+            time.sleep(0.02)
+
+    def test_c10d_a_host_with_only_loopback_is_a_clear_error(self):
+        # hosta: Debian's /etc/hosts, its link down (loopback only), the c10d store on it.
+        # hostb reaches that store by a name that leads to a third host (node 2), which relays
+        # to hosta over a Unix socket (the file system is shared; the network is not).
+        self.make_topology(3)
+        names = ["hosta", "hostb"]
+        self.debian_hosts(0, names)
+        d = os.path.join("/etc/netns", self.topo.nodes[1])
+        os.makedirs(d, exist_ok=True)
+        self.etc_dirs.append(d)
+        with open(os.path.join(d, "hosts"), "w") as f:
+            f.write(f"127.0.0.1\tlocalhost\n127.0.1.1\thostb\n{self.topo.addr(2)}\thosta\n")
+        self.topo.cut(0)
+        sock = os.path.join(self.tmp, "tunnel.sock")
+        self.relay(self.topo.nodes[0], ["unix", sock, "127.0.0.1", str(PORT)], sock + ".unix-ready")
+        self.relay(self.topo.nodes[2], ["tcp", self.topo.addr(2), str(PORT), sock], sock + ".tcp-ready")
+        nodes = [self.start_node(i, ["--log-level", "info", "--nnodes", "2", "--nproc-per-node", "1",
+                                     "--rdzv-backend", "c10d", "--rdzv-endpoint", f"hosta:{PORT}", "--rdzv-id", "lo",
+                                     "--rdzv-conf", "last_call_timeout=0.3", "--no-python", "true"],
+                                 hostname=names[i]) for i in range(2)]
+        running = jobwatch.wait_exited(nodes, lib.scaled(60))
+        self.assertEqual(running, [], self.describe())
+        for n in nodes:
+            self.assertEqual(n.rc, 1, self.describe())
+            self.assertRegex(n.stderr(), r"ddprun: error: rendezvous: no usable address: node rank 0, hosta .*published "
+                                         r"MASTER_ADDR=127\.[0-9.]+, a loopback address, .* but hostb .*is another host",
+                             self.describe())
+        self.assertIn("which only nodes on this machine can reach", nodes[0].stderr(), self.describe())
+
+
+# A TCP <-> Unix-socket relay (one direction of an SSH-like tunnel): `tcp HOST PORT PATH`
+# listens on TCP and forwards to the socket PATH; `unix PATH HOST PORT` listens on PATH and
+# forwards to TCP. It writes PATH + ".<mode>-ready" once it listens.
+RELAY = r"""
+import socket, sys, threading
+
+def pump(a, b):
+    try:
+        while True:
+            data = a.recv(65536)
+            if not data:
+                break
+            b.sendall(data)
+    except OSError:
+        pass
+    for s in (a, b):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+mode = sys.argv[1]
+if mode == "tcp":
+    host, port, path = sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    server = socket.create_server((host, port))
+    def peer():
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(path)
+        return s
+else:
+    path, host, port = sys.argv[2], sys.argv[3], int(sys.argv[4])
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen(64)
+    def peer():
+        return socket.create_connection((host, port))
+open(path + "." + mode + "-ready", "w").close()
+while True:
+    conn, _ = server.accept()
+    try:
+        other = peer()
+    except OSError:
+        conn.close()
+        continue
+    for a, b in ((conn, other), (other, conn)):
+        threading.Thread(target=pump, args=(a, b), daemon=True).start()
+"""
 
 
 def read_stamp(path):
