@@ -426,6 +426,41 @@ TEST(DynamicRendezvous, LogsHoldTheLastRoundsNotTheJobsHistory) {
   EXPECT_EQ(pc.restart_count, 60);
 }
 
+// A node waiting for a place in a full job is killed; rounds go on (each rank 0 trimming the
+// logs); when a place opens, the next round forms at once without counting on that node.
+TEST(DynamicRendezvous, AWaitingNodeLostBeforeAPlaceOpensIsNotCountedOn) {
+  Cluster c;
+  c.job = {1, 2, 100};
+  c.last_call = 20ms;
+  auto a = c.node("a"), b = c.node("b");
+  all_next_round({a.get(), b.get()});
+  const size_t requests = c.world->log("requests").size();
+  c.join_timeout = 1s;  // (n's next_round ends by it: its backend was killed, not its thread)
+  auto n = c.node("n");
+  auto waiting = std::async(std::launch::async, [&] {
+    try {
+      n->next_round();
+    } catch (const std::exception&) {
+    }
+  });
+  for (auto t0 = std::chrono::steady_clock::now();
+       c.world->log("requests").size() == requests && std::chrono::steady_clock::now() - t0 < kGuard;)
+    std::this_thread::sleep_for(2ms);
+  std::this_thread::sleep_for(50ms);  // its request applied: listed as redundant
+  c.world->kill("n");
+  ASSERT_EQ(waiting.wait_for(kGuard), std::future_status::ready);  // its join_timeout
+  fail_rounds({a.get(), b.get()}, 3);  // each round's rank 0 trims
+  all_next_round({a.get(), b.get()});
+  c.world->kill("b");  // a place opens: the next round must not count on n
+  auto e = end_within(*a);
+  ASSERT_TRUE(e);
+  ASSERT_EQ(a->restart_refused(*e), "");
+  auto t0 = std::chrono::steady_clock::now();
+  RoundPlan p = a->next_round();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  EXPECT_EQ(p.group_world_size, 1);
+}
+
 // A backend that cannot drop lines (a store server without the extension) keeps every line,
 // and the rounds go on as before.
 TEST(DynamicRendezvous, ABackendThatCannotTrimKeepsEveryLine) {
