@@ -278,6 +278,7 @@ def _fork_spares(count, sock):
         os.close(r)
         me = os.getpid()
         gone_r, gone_w = os.pipe()
+
         def spare(i):
             for fd in (w, gone_w, release_r):
                 os.close(fd)
