@@ -105,6 +105,15 @@ std::string nul_joined(const std::vector<std::string>& items) {
   return out;
 }
 
+// Until every process of `pids` (killed) is gone: reaped here once its parent died and
+// ddprun, the subreaper, adopted it, or a zombie of another. At most 2 s.
+void wait_gone(std::vector<pid_t> pids) {
+  for (int i = 0; i < 2000 && !pids.empty(); ++i) {
+    std::erase_if(pids, [](pid_t p) { return waitpid(p, nullptr, WNOHANG) == p || process_gone(p); });
+    if (!pids.empty()) usleep(1000);
+  }
+}
+
 std::string describe_status(int status) {
   if (WIFSIGNALED(status)) return "was killed by " + signal_name(WTERMSIG(status));
   return fmt::format("exited with code {}", WEXITSTATUS(status));
@@ -141,9 +150,11 @@ void WarmPython::stop() {
   if (fd_ >= 0) close(fd_);
   fd_ = -1;
   if (pid_ > 0) {
-    for (pid_t p : descendants(-1, pid_)) kill(p, SIGKILL);  // its spare workers (own groups)
+    const std::vector<pid_t> below = descendants(-1, pid_);  // its spare workers (own groups) and their cat
+    for (pid_t p : below) kill(p, SIGKILL);
     kill(-pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);  // ECHILD when ddprun's reaper had it already
+    wait_gone(below);
   }
   pid_ = -1;
   ready_ = false;

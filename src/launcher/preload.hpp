@@ -50,8 +50,11 @@ class WarmPython {
   // caller to start cold (pid -1).
   std::vector<SpawnResult> spawn(const std::vector<SpawnSpec>& specs);
 
- private:
+  // Ends the warm process and its spare workers, and waits until they are gone (the job
+  // is over: nothing of it outlives ddprun).
   void stop();
+
+ private:
   std::string how_it_ended();
   std::vector<pid_t> fork_batch(const std::vector<SpawnSpec>& specs, size_t from, size_t to);
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <sstream>
 
@@ -99,6 +100,24 @@ std::string describe_exec_failure(const std::string& path, int err) {
 }
 
 void become_subreaper() { prctl(PR_SET_CHILD_SUBREAPER, 1); }
+
+char process_state(pid_t pid, pid_t* ppid) {
+  auto stat = read_file(fmt::format("/proc/{}/stat", pid), 1024);
+  if (!stat) return 0;
+  auto close = stat->rfind(')');
+  if (close == std::string::npos || close + 4 >= stat->size()) return 0;
+  if (ppid) {
+    *ppid = 0;
+    const char* p = stat->data() + close + 4;
+    std::from_chars(p, stat->data() + stat->size(), *ppid);
+  }
+  return (*stat)[close + 2];
+}
+
+bool process_gone(pid_t pid) {
+  char s = process_state(pid);
+  return s == 0 || s == 'Z' || s == 'X';
+}
 
 std::vector<pid_t> descendants(pid_t skip, pid_t root) {
   std::vector<pid_t> out;

@@ -36,6 +36,12 @@ std::string describe_exec_failure(const std::string& path, int err);
 // Makes ddprun the reaper of every orphan its workers leave behind.
 void become_subreaper();
 
+// The state letter of /proc/<pid>/stat (R, S, D, Z...), 0 when the process is gone; its
+// parent in *ppid if asked.
+char process_state(pid_t pid, pid_t* ppid = nullptr);
+// Gone, or a zombie.
+bool process_gone(pid_t pid);
+
 // Every descendant of `root` (this process by default; children first), read from /proc;
 // not `skip` nor anything below it.
 std::vector<pid_t> descendants(pid_t skip = -1, pid_t root = -1);

@@ -24,6 +24,7 @@
 #include "ddp/error.hpp"
 #include "launcher/fileio.hpp"
 #include "launcher/output.hpp"
+#include "launcher/process.hpp"
 
 namespace ddprun {
 
@@ -37,25 +38,6 @@ namespace {
 // it has grown and no thread of the process is running any more (the handler returned).
 constexpr std::chrono::milliseconds kQuiet{50};
 constexpr std::chrono::milliseconds kPoll{1};
-
-// The state letter of /proc/<pid>/stat (R, S, D, Z...), 0 when the process is gone.
-char process_state(pid_t pid, pid_t* ppid = nullptr) {
-  auto stat = read_file(fmt::format("/proc/{}/stat", pid), 1024);
-  if (!stat) return 0;
-  auto close = stat->rfind(')');
-  if (close == std::string::npos || close + 4 >= stat->size()) return 0;
-  if (ppid) {
-    *ppid = 0;
-    const char* p = stat->data() + close + 4;
-    std::from_chars(p, stat->data() + stat->size(), *ppid);
-  }
-  return (*stat)[close + 2];
-}
-
-bool gone(pid_t pid) {
-  char s = process_state(pid);
-  return s == 0 || s == 'Z' || s == 'X';
-}
 
 // Whether some thread of pid is running or runnable (R), or in an uninterruptible wait (D,
 // as in a write): one may still be in the dump's signal handler. True when unreadable.
@@ -138,7 +120,7 @@ bool settled(const StackTarget& t, Asked& a, RankStack& out, Clock::time_point n
     out.kind = RankStack::Kind::kStack;
     return true;
   }
-  if (size == a.start && gone(a.pid)) {
+  if (size == a.start && process_gone(a.pid)) {
     out.kind = RankStack::Kind::kExited;
     return true;
   }
@@ -178,7 +160,7 @@ std::vector<RankStack> take_stacks(const std::vector<StackTarget>& targets, Cloc
     const StackTarget& t = targets[i];
     RankStack& r = out[i];
     r.rank = t.rank, r.local_rank = t.local_rank, r.pid = t.pid;
-    if (gone(t.pid)) {
+    if (process_gone(t.pid)) {
       r.kind = RankStack::Kind::kExited;
       continue;
     }

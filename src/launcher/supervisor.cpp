@@ -639,6 +639,7 @@ struct Supervisor::Impl {
     // Nothing outlives the job (each attempt already killed what its workers left behind),
     // and as PID 1 everything in the namespace goes.
     if (getpid() == 1) kill(-1, SIGKILL);
+    warm.stop();  // (not left to a destructor: an abandoned goodbye ends ddprun without them)
     guardian.disarm();
     while (waitpid(-1, nullptr, WNOHANG) > 0) {
     }

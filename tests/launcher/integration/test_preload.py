@@ -59,13 +59,17 @@ with open(os.path.join(os.environ["OUT"], "view_" + os.environ["RANK"]), "w") as
     json.dump(view, f, sort_keys=True)
 """
 
-# Attempt 0: rank 1 fails; attempt 1: every rank succeeds. Each start is logged.
+# Attempt 0: rank 1 fails once both ranks logged their start; attempt 1: every rank
+# succeeds. Each start is logged.
 RESTART = """
 import os, sys, time
 import probe_mod
-with open(os.path.join(os.environ["OUT"], "starts"), "a") as f:
+starts = os.path.join(os.environ["OUT"], "starts")
+with open(starts, "a") as f:
     f.write(f"{os.environ['TORCHELASTIC_RESTART_COUNT']} {os.environ['RANK']} {os.getpid()}\\n")
 if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["RANK"] == "1":
+    while sum(l.startswith("0 ") for l in open(starts)) < 2:
+        time.sleep(0.005)
     sys.exit(3)
 """
 
