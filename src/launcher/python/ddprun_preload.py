@@ -156,55 +156,63 @@ def _preload(modules, started_with):
     return {"ready": True, "seconds": round(time.monotonic() - t0, 3), "threads": _threads()}
 
 
-def _fork_children(count, child):
-    """In a child between: forks `count` children, each in a process group of its own.
-    Here: (their pids, fewer when a fork failed; None). In child i: (None, child(i))."""
-    pids = []
+def _fork_between(count, child, linger=None):
+    """Forks a child between that forks `count` children, each in a process group of its
+    own, tells their pids, and leaves (after linger(gone_w), when given). In child i: (True,
+    child(i, (gone_r, the child between's pid))), gone_r ending once the child between has
+    left. Here: (False, (the child between's pid, the children's pids: fewer when a fork
+    failed)). OSError when the child between cannot be forked."""
+    import gc
+
+    # What exists now is shared with the children: their collections skip it, so they do
+    # not copy its pages.
+    gc.freeze()
+    r, w = os.pipe()
     try:
-        for i in range(count):
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    return None, child(i)
-                except BaseException:  # noqa: BLE001  (never on as the child between)
-                    os._exit(1)
-            os.setpgid(pid, pid)
-            pids.append(pid)
-    except BaseException:  # noqa: BLE001  (those forked so far go on)
-        pass
-    return pids, None
+        between = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        raise
+    if between == 0:
+        os.close(r)
+        me = os.getpid()
+        gone_r, gone_w = os.pipe()  # its end tells the children they have been adopted
+        pids = []
+        try:
+            for i in range(count):
+                pid = os.fork()
+                if pid == 0:
+                    try:
+                        os.close(w)
+                        os.close(gone_w)
+                        return True, child(i, (gone_r, me))
+                    except BaseException:  # noqa: BLE001  (never on as the child between)
+                        os._exit(1)
+                os.setpgid(pid, pid)
+                pids.append(pid)
+        except BaseException:  # noqa: BLE001  (those forked so far go on)
+            pass
+        try:
+            os.write(w, " ".join(map(str, pids)).encode())
+            os.close(w)
+            if linger:
+                linger(gone_w)
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        return False, (between, [int(p) for p in f.read().split()])
 
 
 def _fork_workers(count, betweens):
     """Forks `count` workers through one child between, which leaves once they all exist
     (its pid is added to betweens, to reap): (index, its pid) in a worker, the pids (fewer
     when a fork failed) here."""
-    import gc
-
-    # What exists now is shared with the workers: their collections skip it, so they do
-    # not copy its pages.
-    gc.freeze()
-    r, w = os.pipe()
-    between = os.fork()
-    if between == 0:
-        os.close(r)
-        me = os.getpid()
-        gone_r, gone_w = os.pipe()  # its end tells the workers they have been adopted
-        def worker(i):
-            os.close(w)
-            os.close(gone_w)
-            return i, gone_r, me
-
-        pids, mine = _fork_children(count, worker)
-        if mine is not None:
-            return mine
-        try:
-            os.write(w, " ".join(map(str, pids)).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        pids = [int(p) for p in f.read().split()]
+    forked, got = _fork_between(count, lambda i, gone: (i, *gone))
+    if forked:
+        return got
+    between, pids = got
     betweens.append(between)
     return pids
 
@@ -256,60 +264,48 @@ def _fork_spares(count, sock):
     """count spares: a _Spares here; in a spare, once it has a request: (its request, its
     three descriptors, (a pipe's read end that ends when the child between has left, that
     child's pid)). None when the fork failed."""
-    import gc
     import pickle
 
-    gc.freeze()  # (as in _fork_workers)
     pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(count)]
     release_r, release_w = os.pipe()
-    r, w = os.pipe()
+
+    def spare(i, gone):
+        sock.close()  # (ddprun sees the warm process's end as soon as it ends)
+        for fd in (release_r, release_w):
+            os.close(fd)
+        for j, pair in enumerate(pairs):
+            pair[0].close()
+            if j != i:
+                pair[1].close()
+        data, fds, _, _ = socket.recv_fds(pairs[i][1], 1 << 20, 3)
+        if not data:
+            os._exit(0)  # not needed
+        pairs[i][1].close()
+        return pickle.loads(data), fds, gone
+
+    def linger(gone_w):
+        sock.close()
+        os.close(release_w)
+        for pair in pairs:
+            for x in pair:
+                x.close()
+        _wait_for_release(release_r, gone_w)
+
     try:
-        between = os.fork()
+        forked, got = _fork_between(count, spare, linger)
     except OSError:
         for pair in pairs:
             for x in pair:
                 x.close()
-        for fd in (release_r, release_w, r, w):
+        for fd in (release_r, release_w):
             os.close(fd)
         return None
-    if between == 0:
-        sock.close()  # (ddprun sees this process's end as soon as it ends)
-        os.close(release_w)
-        os.close(r)
-        me = os.getpid()
-        gone_r, gone_w = os.pipe()
-
-        def spare(i):
-            for fd in (w, gone_w, release_r):
-                os.close(fd)
-            for j, pair in enumerate(pairs):
-                pair[0].close()
-                if j != i:
-                    pair[1].close()
-            data, fds, _, _ = socket.recv_fds(pairs[i][1], 1 << 20, 3)
-            if not data:
-                os._exit(0)  # not needed
-            pairs[i][1].close()
-            return pickle.loads(data), fds, (gone_r, me)
-
-        pids, mine = _fork_children(count, spare)
-        if mine is not None:
-            return mine
-        try:
-            os.write(w, " ".join(map(str, pids)).encode())
-            os.close(w)
-            for pair in pairs:
-                for x in pair:
-                    x.close()
-            _wait_for_release(release_r, gone_w)
-        finally:
-            os._exit(0)
+    if forked:
+        return got
+    between, pids = got
     for pair in pairs:
         pair[1].close()
     os.close(release_r)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        pids = [int(p) for p in f.read().split()]
     for pair in pairs[len(pids):]:  # (a fork failed: no spare behind them)
         pair[0].close()
     return _Spares([pair[0] for pair in pairs[:len(pids)]], release_w, between, pids)
@@ -445,10 +441,10 @@ def _reseed():
 def _run_bootstrap():
     """The stack-dump bootstrap's per-rank part (sitecustomize.py, which this process did not
     run), unless --no-stack-dumps left the rank without a stack file."""
-    if "DDPRUN_STACK_FILE" not in os.environ:
-        return
+    if "DDPRUN_STACK_FILE" not in os.environ or not _BOOTSTRAP:
+        return  # (not when the warm process could not read it either)
     try:
-        path, code = _BOOTSTRAP[0] if _BOOTSTRAP else _compile_bootstrap()
+        path, code = _BOOTSTRAP[0]
         exec(code, {"__name__": "ddprun_bootstrap", "__file__": path})
     except Exception:  # noqa: BLE001  (no stacks, but the worker runs)
         pass
