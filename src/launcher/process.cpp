@@ -101,8 +101,11 @@ std::string describe_exec_failure(const std::string& path, int err) {
 
 void become_subreaper() { prctl(PR_SET_CHILD_SUBREAPER, 1); }
 
-char process_state(pid_t pid, pid_t* ppid) {
-  auto stat = read_file(fmt::format("/proc/{}/stat", pid), 1024);
+namespace {
+
+// The state letter of a /proc stat file (a process's or a thread's), 0 when unreadable.
+char stat_state(const std::string& path, pid_t* ppid) {
+  auto stat = read_file(path, 1024);
   if (!stat) return 0;
   auto close = stat->rfind(')');
   if (close == std::string::npos || close + 4 >= stat->size()) return 0;
@@ -112,6 +115,23 @@ char process_state(pid_t pid, pid_t* ppid) {
     std::from_chars(p, stat->data() + stat->size(), *ppid);
   }
   return (*stat)[close + 2];
+}
+
+}  // namespace
+
+char process_state(pid_t pid, pid_t* ppid) { return stat_state(fmt::format("/proc/{}/stat", pid), ppid); }
+
+std::optional<std::vector<std::pair<std::string, char>>> thread_states(pid_t pid) {
+  const std::string dir = fmt::format("/proc/{}/task", pid);
+  DIR* d = opendir(dir.c_str());
+  if (!d) return std::nullopt;
+  std::vector<std::pair<std::string, char>> out;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    out.emplace_back(e->d_name, stat_state(dir + "/" + e->d_name + "/stat", nullptr));
+  }
+  closedir(d);
+  return out;
 }
 
 bool process_gone(pid_t pid) {

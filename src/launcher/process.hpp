@@ -5,7 +5,9 @@
 
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddprun {
@@ -39,6 +41,9 @@ void become_subreaper();
 // The state letter of /proc/<pid>/stat (R, S, D, Z...), 0 when the process is gone; its
 // parent in *ppid if asked.
 char process_state(pid_t pid, pid_t* ppid = nullptr);
+// Each thread of pid (its id in /proc/<pid>/task) and its state letter (0: unreadable);
+// nullopt when the process is gone.
+std::optional<std::vector<std::pair<std::string, char>>> thread_states(pid_t pid);
 // Gone, or a zombie.
 bool process_gone(pid_t pid);
 

@@ -42,22 +42,10 @@ constexpr std::chrono::milliseconds kPoll{1};
 // Whether some thread of pid is running or runnable (R), or in an uninterruptible wait (D,
 // as in a write): one may still be in the dump's signal handler. True when unreadable.
 bool some_thread_busy(pid_t pid) {
-  const std::string dir = fmt::format("/proc/{}/task", pid);
-  DIR* d = opendir(dir.c_str());
-  if (!d) return true;
-  bool busy = false;
-  while (dirent* e = readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    auto stat = read_file(dir + "/" + e->d_name + "/stat", 1024).value_or("");
-    auto close = stat.rfind(')');
-    char state = close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : 'R';
-    if (state == 'R' || state == 'D') {
-      busy = true;
-      break;
-    }
-  }
-  closedir(d);
-  return busy;
+  auto threads = thread_states(pid);
+  return !threads || std::any_of(threads->begin(), threads->end(), [](const auto& t) {
+           return t.second == 'R' || t.second == 'D' || t.second == 0;
+         });
 }
 
 // Whether pid is root or one of its descendants (a wrapper script's python).
@@ -130,23 +118,17 @@ bool settled(const StackTarget& t, Asked& a, RankStack& out, Clock::time_point n
 }  // namespace
 
 std::string native_threads(pid_t pid) {
-  const std::string dir = fmt::format("/proc/{}/task", pid);
-  DIR* d = opendir(dir.c_str());
-  if (!d) return "gone";
+  auto threads = thread_states(pid);
+  if (!threads) return "gone";
   std::map<std::string, int> states;
   int n = 0;
-  while (dirent* e = readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    const std::string task = dir + "/" + e->d_name;
-    auto stat = read_file(task + "/stat", 1024).value_or("");
-    auto close = stat.rfind(')');
-    std::string what = close != std::string::npos && close + 2 < stat.size() ? stat.substr(close + 2, 1) : "?";
-    std::string wchan = read_file(task + "/wchan", 128).value_or("");
+  for (const auto& [tid, state] : *threads) {
+    std::string what = state ? std::string(1, state) : "?";
+    std::string wchan = read_file(fmt::format("/proc/{}/task/{}/wchan", pid, tid), 128).value_or("");
     if (!wchan.empty() && wchan != "0") what += " " + wchan;
     ++states[what];
     ++n;
   }
-  closedir(d);
   std::vector<std::string> parts;
   for (const auto& [what, count] : states) parts.push_back(fmt::format("{}x {}", count, what));
   return fmt::format("{} thread{}: {}", n, n == 1 ? "" : "s", fmt::join(parts, ", "));
