@@ -13,24 +13,26 @@
 // (end_round() and cancel() are safe then; nothing else is).
 //
 // Threads: the caller's (all of the above), a keeper (renews this node's lease every
-// keep_alive_interval) and a watcher (reads the running round's log). Each uses its own
-// Backend object.
+// keep_alive_interval: LeaseKeeper) and a watcher (reads the running round's log:
+// RoundWatcher). Each uses its own Backend object; they report to the caller through a
+// RoundSignal. Joining a round is a Joiner's.
 #pragma once
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "rendezvous/backend.hpp"
 #include "rendezvous/events.hpp"
-#include "rendezvous/machine.hpp"
+#include "rendezvous/joiner.hpp"
+#include "rendezvous/lease_keeper.hpp"
+#include "rendezvous/node_events.hpp"
+#include "rendezvous/round_signal.hpp"
+#include "rendezvous/round_watcher.hpp"
 #include "rendezvous/state.hpp"
 
 namespace ddp::detail {
@@ -87,7 +89,7 @@ class DynamicRendezvous {
   DynamicRendezvous& operator=(const DynamicRendezvous&) = delete;
 
   RoundPlan next_round();
-  int notify_fd() const { return efd_; }
+  int notify_fd() const { return signal_.fd(); }
   std::optional<RoundEnd> round_end();
   void end_round(RoundEnd::Kind kind, const std::string& text);
   void arrive_exit();
@@ -112,81 +114,35 @@ class DynamicRendezvous {
 
  private:
   using Clock = std::chrono::steady_clock;
+  using Members = detail::Members;
 
-  void open();
-  // What a joining node last read of the state: the snapshot, decoded once; `recheck`:
-  // it has waited since, and asks the backend whether the state changed before loading it.
-  struct Seen {
-    std::optional<Snapshot> snap;
-    std::optional<State> state;
-    bool recheck = false;
-    void reset() {
-      snap.reset();
-      state.reset();
-      recheck = false;
-    }
-  };
-  State join(Clock::time_point deadline);
-  bool join_step(Seen& seen, Clock::time_point deadline, int& conflicts);
-  bool defer_to_older(size_t ahead, Seen& seen, Clock::time_point deadline);
+  RoundPlan plan_of(const State& s) const;
   void publish_or_fetch_master(RoundPlan& p);
   void forget_round(int64_t r);
   void trim_logs(const State& s, size_t events_mark);
-  bool names_lost_node(const State& s);
-  void fetch_events(bool wait, Clock::time_point until);
-  void read_events();
-  void take_events(const std::vector<std::string>& more);
-  void wait_events(Clock::time_point until);
-  void bump_epoch();
-  State decode(const Snapshot& s) const;
-  void say_waiting(const State& t);
-  void announce_waiting(const State& t);
-  [[noreturn]] void join_failed(JoinAction a, const State& s);
-  std::set<std::string> exited_before_lost(int64_t round);
-  RoundReader reader_for(int64_t round, const std::shared_ptr<const std::vector<NodeDesc>>& members);
+  RoundReader reader_for(int64_t round, const Members& members);
+  template <class F>
+  auto post(F f);  // f(backend) on end_round's backend, which works while next_round runs
   void close_rendezvous(const std::string& reason);
   void wait_for_everyone_to_leave(const std::vector<NodeDesc>& nodes);
-  static void backoff(int attempt);
-
-  void keeper_loop();
-  void watcher_loop();
-  void notify_end(int64_t round, const RoundEnd& end);
-  void note_dumps(int64_t round, const std::vector<std::string>& lines);
 
   DynamicConfig c_;
   std::string backend_name_;
-  std::unique_ptr<Backend> main_, events_, lease_;
-  std::mutex lease_mu_;  // lease_ is used by the keeper and by next_round (on_lease_end)
+  std::unique_ptr<Backend> main_;
+  detail::RoundSignal signal_;
+  detail::NodeEvents events_;  // the caller's view of the events
+  std::atomic<bool> cancel_{false};
+  detail::Joiner joiner_;
+  std::unique_ptr<detail::LeaseKeeper> keeper_;
+  std::unique_ptr<detail::RoundWatcher> watcher_;
   std::unique_ptr<Backend> post_;  // end_round's: callable while next_round runs elsewhere
   std::mutex post_mu_;
-  std::atomic<bool> cancel_{false};
 
   // Caller thread.
-  EventsTail events_log_;  // the "events" log as read so far (what still matters of it)
-  std::set<std::string> lost_;
   int64_t round_ = -1;  // the round this node is in (-1: none yet)
-  using Members = std::shared_ptr<const std::vector<NodeDesc>>;  // shared, not copied, by every reader
   Members members_ = std::make_shared<const std::vector<NodeDesc>>();
   std::unique_ptr<ddp::detail::StoreServer> worker_store_;
   bool wrote_done_ = false;  // this node's arrival completed the exit barrier
-  int64_t lc_round_ = -1;
-  int said_waiting_ = 0;  // 1: said this node waits on the wait list, 2: on the redundancy list
-  int64_t announced_round_ = -1;  // the running round this node asked to restart with it
-  int64_t exit_registered_ = -1;  // the round whose exit log holds this node's lease line
-  Clock::time_point lc_deadline_{};
-  bool cheap_probe_ = true;  // the backend tells whether the state changed without a load
-
-  // Shared with the watcher and keeper.
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int64_t watched_round_ = -1;
-  Members watched_members_;
-  std::optional<RoundEnd> end_;           // the watched round's end, once seen
-  std::optional<RoundEnd> node_problem_;  // partitioned / store lost: ends every round
-  std::vector<std::string> dump_requests_;  // dumps other nodes asked for, not yet taken
-  bool stop_ = false;
-  int efd_ = -1;
-  std::thread keeper_, watcher_;
 };
 
 }  // namespace ddprun::rdzv

@@ -1,5 +1,4 @@
-// Helpers shared by the dynamic rendezvous's files (dynamic.cpp: joining; dynamic_round.cpp:
-// a running round, the end, the threads). Internal to src/rendezvous/.
+// Helpers shared by the dynamic rendezvous's parts (dynamic.hpp). Internal to src/rendezvous/.
 #pragma once
 
 #include <signal.h>
@@ -8,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -22,6 +22,7 @@
 namespace ddprun::rdzv::detail {
 
 using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
 
 inline std::string exit_log(int64_t r) { return fmt::format("exit/{}", r); }
 
@@ -62,6 +63,20 @@ inline std::vector<std::string> next_events(Backend& b, const EventsTail& tail, 
     return {};
   }
 }
+
+// Who passed round r's exit barrier before being lost (their lost lines do not count).
+inline std::set<std::string> exited_before_lost(Backend& b, int64_t r) {
+  std::set<std::string> exited, lost;
+  for (auto& l : b.read(exit_log(r), 0)) {
+    Event e = parse_event(l);
+    if (e.kind == "lost") lost.insert(e.node);
+    else if (!lost.count(e.kind)) exited.insert(e.kind);  // an exit line is the node's id alone
+  }
+  return exited;
+}
+
+// Jittered exponential backoff after a lost compare-and-set: the writers thin out.
+void backoff(int attempt);
 
 inline milliseconds until(std::chrono::steady_clock::time_point t) {
   return std::max(0ms, std::chrono::duration_cast<milliseconds>(t - std::chrono::steady_clock::now()));

@@ -246,4 +246,15 @@ Absorbed absorb(State& s, const std::vector<std::string>& requests, const std::s
   return out;
 }
 
+bool names_any(const State& s, const std::vector<std::string>& pending, const std::set<std::string>& ids) {
+  if (ids.empty()) return false;
+  for (auto* list : {&s.participants, &s.wait_list, &s.redundancy_list})
+    for (auto& n : *list)
+      if (ids.count(n.id)) return true;
+  for (auto& request : pending)
+    for (auto& id : ids)
+      if (request.find(id) != std::string::npos) return true;
+  return false;
+}
+
 }  // namespace ddprun::rdzv

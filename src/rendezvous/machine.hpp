@@ -74,4 +74,9 @@ struct Absorbed {
 // it then finds out itself); a leave is leave_round.
 Absorbed absorb(State& s, const std::vector<std::string>& requests, const std::set<std::string>& lost);
 
+// Whether the state's lists or a request in `pending` (not applied yet) name one of `ids`.
+// A round's rank 0 keeps the events that say a node was lost while this is so for it: the
+// lost line must stay for whoever reads the state or the request next.
+bool names_any(const State& s, const std::vector<std::string>& pending, const std::set<std::string>& ids);
+
 }  // namespace ddprun::rdzv

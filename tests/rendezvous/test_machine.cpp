@@ -241,6 +241,27 @@ TEST_F(Machine, ApplyingWaitOrFinishChangesNothing) {
   EXPECT_EQ(s.seq, before.seq);
 }
 
+// A round's rank 0 keeps the events that say a node was lost while the state (any of its
+// lists) or a request not applied yet still names that node (DynamicRendezvous::trim_logs).
+TEST_F(Machine, TheTrimGuardSeesALostNodeInEveryListAndInPendingRequests) {
+  State s = running({a, b});
+  EXPECT_FALSE(names_any(s, {}, {}));
+  EXPECT_FALSE(names_any(s, {join_request(c, kJob)}, {"d"}));
+  EXPECT_TRUE(names_any(s, {}, {"b"})) << "a participant";
+  join(s, c);  // the running round's wait list
+  ASSERT_TRUE(State::contains(s.wait_list, "c"));
+  EXPECT_TRUE(names_any(s, {}, {"c"})) << "the wait list";
+  State full = running({a, b, c});
+  join(full, d);  // the job is full (3): the redundancy list
+  ASSERT_TRUE(State::contains(full.redundancy_list, "d"));
+  EXPECT_TRUE(names_any(full, {}, {"x", "d"})) << "the redundancy list";
+  EXPECT_FALSE(names_any(full, {}, {"x"}));
+  State t = running({a, b});
+  EXPECT_TRUE(names_any(t, {join_request(d, kJob)}, {"d"})) << "a pending join";
+  EXPECT_TRUE(names_any(t, {leave_request("d", 0, true)}, {"d"})) << "a pending leave";
+  EXPECT_FALSE(names_any(t, {join_request(c, kJob), leave_request("a", 0, true)}, {"d"}));
+}
+
 }  // namespace
 
 namespace {

@@ -1,0 +1,251 @@
+#include "rendezvous/joiner.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <random>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include "ddp/error.hpp"
+#include "rendezvous/dynamic.hpp"
+
+namespace ddprun::rdzv::detail {
+
+State decode(const Snapshot& s, const std::string& backend_name) {
+  return s.state ? decode_state(*s.state, backend_name) : State{};
+}
+
+void backoff(int attempt) {
+  static thread_local std::mt19937_64 rng(static_cast<uint64_t>(::getpid()) * 0x9E3779B97F4A7C15ULL ^
+                                          static_cast<uint64_t>(Clock::now().time_since_epoch().count()));
+  auto cap = std::min<int64_t>(32, int64_t{1} << std::min(attempt, 5));
+  std::uniform_int_distribution<int64_t> us(0, cap * 1000);
+  std::this_thread::sleep_for(std::chrono::microseconds(us(rng)));
+}
+
+Joiner::Joiner(const DynamicConfig& c, Backend& main, NodeEvents& events, const std::atomic<bool>& cancel)
+    : c_(c), backend_name_(main.describe()), main_(main), events_(events), cancel_(cancel) {}
+
+State Joiner::join(Clock::time_point deadline) {
+  Seen seen;
+  int conflicts = 0;
+  while (!step(seen, deadline, conflicts)) {
+  }
+  return seen.state ? std::move(*seen.state) : decode(*seen.snap, backend_name_);
+}
+
+// This node's request is pending behind `ahead` older ones. The node of the oldest writes
+// the state now (and applies every pending request, this one too); the others wait for
+// that write, the k-th in line at most k x 2 ms (capped), before writing it themselves: a
+// node that is slow or gone never holds the others up for long, and N joiners arriving at
+// once make a few writes instead of N that collide (each lost compare-and-set sends the
+// whole state twice and gets it back once). Meanwhile the state is asked every 2 ms whether
+// it changed (a few bytes, not the state). True: it changed (seen is reset: decide again);
+// false: write now.
+bool Joiner::defer_to_older(size_t ahead, Seen& seen, Clock::time_point deadline) {
+  constexpr auto kStep = 2ms, kMax = 30ms;
+  if (!cheap_probe_) return false;
+  const auto until = std::min<Clock::time_point>(
+      deadline, Clock::now() + std::min<Clock::duration>(kStep * static_cast<int64_t>(ahead), kMax));
+  for (auto now = Clock::now(); now < until && !cancel_; now = Clock::now()) {
+    std::this_thread::sleep_for(std::min<Clock::duration>(kStep, until - now));
+    auto changed = main_.changed(seen.snap->token);
+    if (!changed) {  // a backend that cannot tell cheaply: write now, as before, from now on
+      cheap_probe_ = false;
+      return false;
+    }
+    if (*changed) {
+      seen.reset();
+      return true;
+    }
+  }
+  return false;
+}
+
+// A node on the wait list of a running round asks that round to restart with it, itself:
+// whoever wrote it onto the list also does, but may die before it does (the first "join"
+// line ends the round; a second is ignored).
+void Joiner::announce_waiting(const State& t) {
+  if (!t.complete || !State::contains(t.wait_list, c_.me.id) || announced_round_ == t.round) return;
+  announced_round_ = t.round;
+  main_.append("events", round_event(t.round, "join", c_.me.id, c_.me.describe()));
+}
+
+// One line when this node starts waiting for a running round (whoever wrote it in).
+void Joiner::say_waiting(const State& t) {
+  const auto& j = c_.job;
+  if (State::contains(t.redundancy_list, c_.me.id) && said_waiting_ != 2) {
+    said_waiting_ = 2;
+    spdlog::warn("rendezvous: the job '{}' is full ({} nodes running, --nnodes {}:{}): this node waits for a place",
+                 c_.run_id, t.participants.size(), j.min_nodes, j.max_nodes);
+  } else if (t.complete && State::contains(t.wait_list, c_.me.id) && said_waiting_ != 1) {
+    said_waiting_ = 1;
+    spdlog::info("rendezvous: round {} of job '{}' is running without this node: it restarts with this node within "
+                 "--monitor-interval",
+                 t.round, c_.run_id);
+  }
+}
+
+void Joiner::failed(JoinAction a, const State& s) {
+  const auto& j = c_.job;
+  if (a == JoinAction::kErrorClosed && said_waiting_ && s.closed_reason.empty())
+    throw NotNeeded(fmt::format("rendezvous: the job '{}' succeeded while this node waited for a place in it: "
+                                "nothing for this node to do",
+                                c_.run_id));
+  if (a == JoinAction::kErrorClosed)
+    throw ddp::Error(fmt::format(
+        "rendezvous '{}' at {} is closed ({}): nobody joins a finished job; give a new job its own --rdzv-id",
+        c_.run_id, backend_name_,
+        s.closed_reason.empty() ? "its job succeeded" : "its job failed: " + s.closed_reason));
+  if (a == JoinAction::kErrorMismatch)
+    throw ddp::UsageError(fmt::format(
+        "rendezvous: this node has --nnodes {}:{} --max-restarts {}, but the job '{}' at {} has --nnodes {}:{} "
+        "--max-restarts {}: every node must be given the same values",
+        j.min_nodes, j.max_nodes, j.max_restarts, c_.run_id, backend_name_, s.job->min_nodes, s.job->max_nodes,
+        s.job->max_restarts));
+  if (a == JoinAction::kErrorRankTaken)
+    throw ddp::UsageError(fmt::format("rendezvous: --node-rank {} is taken by two nodes ({} and {}): give each node "
+                                      "its own rank",
+                                      c_.me.rank, rank_holder(s, c_.me)->describe(), c_.me.describe()));
+  const std::string timeout = fmt::format("join_timeout {} (--rdzv-conf join_timeout=SECONDS)",
+                                          seconds_text(c_.join_timeout));
+  if (c_.me.rank >= 0 && !s.complete) {
+    std::vector<int> missing;
+    for (int r = 0; r < j.max_nodes; ++r)
+      if (std::none_of(s.participants.begin(), s.participants.end(), [&](const NodeDesc& n) { return n.rank == r; }))
+        missing.push_back(r);
+    throw ddp::TimeoutError(fmt::format("rendezvous: node rank{} {} never joined job '{}' within {}",
+                                        missing.size() == 1 ? "" : "s", fmt::join(missing, ", "), c_.run_id, timeout));
+  }
+  if (s.complete && static_cast<int>(s.participants.size()) >= j.max_nodes)
+    throw ddp::TimeoutError(fmt::format(
+        "rendezvous: the job '{}' is full: its {} nodes (the maximum, --nnodes {}:{}) are running ({}); this node "
+        "waited {} for a place and gives up; the running job is not affected",
+        c_.run_id, s.participants.size(), j.min_nodes, j.max_nodes, describe_nodes(s.participants), timeout));
+  if (s.complete)
+    throw ddp::TimeoutError(fmt::format(
+        "rendezvous: the running round of job '{}' did not restart to take this node in within {} (members: {})",
+        c_.run_id, timeout, describe_nodes(s.participants)));
+  throw ddp::TimeoutError(fmt::format(
+      "rendezvous: no round of job '{}' formed at {} within {}: {} of the {} node{} needed (--nnodes {}:{}) joined{}{}",
+      c_.run_id, backend_name_, timeout, s.participants.size(), j.min_nodes, j.min_nodes == 1 ? "" : "s",
+      j.min_nodes, j.max_nodes, s.participants.empty() ? "" : ": ", describe_nodes(s.participants)));
+}
+
+// One read-decide-write step. Returns true (with the state in seen) when this node is a
+// member of a complete round. Every write also applies the requests other nodes appended.
+bool Joiner::step(Seen& seen, Clock::time_point deadline, int& conflicts) {
+  if (cancel_) throw ddp::Error("rendezvous: joining the next round was cancelled (this node is stopping)");
+  // After a wait: the state is loaded again only if it changed (a thousand waiting nodes
+  // would each fetch and decode the whole state at every wake-up).
+  if (seen.recheck && seen.snap && main_.changed(seen.snap->token).value_or(true)) seen.reset();
+  seen.recheck = false;
+  if (!seen.snap) {
+    seen.snap = main_.load();
+    seen.state.reset();
+  }
+  if (!seen.state) seen.state = decode(*seen.snap, backend_name_);
+  const State& s = *seen.state;
+  State t = s;
+  bool changed = remove_lost(t, events_.lost()), wake = changed;
+  // Requests not applied yet. This node writes them all in only while one of its own is
+  // among them: then a thousand joiners need a few writes, and a node that is in waits
+  // instead of writing the others' requests again and again.
+  std::vector<std::string> pending;
+  try {
+    pending = main_.read("requests", static_cast<size_t>(t.requests_seen), t.requests_at);
+  } catch (const LogTrimmed& e) {
+    // A newer state applied those requests (and its round's rank 0 dropped them): read it.
+    if (Clock::now() >= deadline)
+      throw ddp::StoreError(fmt::format("rendezvous: the state at {} applied requests up to line {}, but the "
+                                        "requests log holds none before line {}",
+                                        backend_name_, t.requests_seen, e.first()));
+    seen.reset();
+    return false;
+  }
+  const bool mine = std::any_of(pending.begin(), pending.end(), [&](const std::string& l) {
+    return l.find(c_.me.id) != std::string::npos;
+  });
+  if (mine) {
+    size_t ahead = 0;  // pending requests older than this node's
+    while (ahead < pending.size() && pending[ahead].find(c_.me.id) == std::string::npos) ++ahead;
+    if (ahead > 0 && defer_to_older(ahead, seen, deadline)) return false;
+    Absorbed ab = absorb(t, pending, events_.lost());
+    t.requests_at = main_.position("requests", static_cast<size_t>(t.requests_seen));
+    changed |= ab.changed;
+    wake |= ab.wake;
+  }
+  const auto now = Clock::now();
+  if (t.last_call && !t.complete && t.has_participant(c_.me.id) && lc_round_ != t.round) {
+    lc_round_ = t.round;  // MIN nodes are in: this node times the last call from now
+    lc_deadline_ = now + c_.last_call_timeout;
+  }
+  JoinContext ctx{c_.me, c_.job, now >= deadline, lc_round_ == t.round && now >= lc_deadline_};
+  say_waiting(t);
+  JoinAction a = mine ? JoinAction::kWait : decide_join(t, ctx);
+  switch (a) {
+    case JoinAction::kFinish:
+    case JoinAction::kWait:
+      break;
+    case JoinAction::kErrorClosed:
+    case JoinAction::kErrorTimeout:
+    case JoinAction::kErrorMismatch:
+    case JoinAction::kErrorRankTaken:
+      failed(a, t);
+    default:
+      wake |= apply_join(t, a, ctx);
+      changed = true;
+  }
+  if (changed && !write(seen, s, t, a, mine, wake, conflicts)) return false;
+  say_waiting(t);
+  announce_waiting(t);
+  if (a == JoinAction::kFinish) {
+    said_waiting_ = 0;
+    spdlog::debug("rendezvous: round {} is complete with {} nodes", t.round, t.participants.size());
+    return true;
+  }
+  wait(seen, t, now, deadline);
+  return false;
+}
+
+// Writes `t` over `s` (what seen holds). False: decide again (on what was written, or on
+// the winner's state when the compare-and-set was lost); true: this node waits on `t`.
+bool Joiner::write(Seen& seen, const State& s, const State& t, JoinAction a, bool mine, bool wake, int& conflicts) {
+  auto r = main_.compare_and_set(encode_state(t), seen.snap->token);
+  seen.snap = std::move(r.current);
+  struct Forget {  // what was written (or the winner's) is decoded next step; `s` lives until then
+    Seen& v;
+    ~Forget() { v.state.reset(); }
+  } forget{seen};
+  if (!r.ok) {
+    backoff(++conflicts);
+    return false;
+  }
+  spdlog::debug("rendezvous: round {}: {}{} (after {} lost compare-and-set{})", t.round,
+                mine ? "applied requests, " : "", to_string(a), conflicts, conflicts == 1 ? "" : "s");
+  conflicts = 0;
+  if (wake) main_.append("events", "state");  // waiting nodes look at the state again
+  // Nodes this write put on the wait list ask the running round to restart with them.
+  for (auto& n : t.wait_list)
+    if (t.complete && !State::contains(s.wait_list, n.id))
+      main_.append("events", round_event(t.round, "join", n.id, n.describe()));
+  if (a == JoinAction::kRemoveMe) failed(JoinAction::kErrorTimeout, s);  // as it was, with this node
+  return !mine && a == JoinAction::kWait;
+}
+
+// Waiting: for the state to change, the last call to run out, or the deadline.
+void Joiner::wait(Seen& seen, const State& t, Clock::time_point now, Clock::time_point deadline) {
+  auto limit = std::min(deadline, now + 1s);
+  if (lc_round_ == t.round && t.last_call && !t.complete) limit = std::min(limit, lc_deadline_);
+  const size_t events_before = events_.count();
+  events_.wait(limit);
+  // New events (the writer's "state" line, a lost node, ...): load the state again at
+  // once. None: the wait ran out; whether the state changed is a cheaper question.
+  if (events_.count() != events_before) seen.reset();
+  else seen.recheck = true;
+}
+
+}  // namespace ddprun::rdzv::detail

@@ -1,0 +1,65 @@
+// How a node joins the next round of the dynamic rendezvous (dynamic.hpp): read the state,
+// decide (machine.hpp), write it with a compare-and-set, and wait for the others, until
+// this node is a member of a complete round. Every write also applies the join and leave
+// requests other nodes appended ("requests"); docs/design.md, "Joining at scale".
+#pragma once
+
+#include <atomic>
+#include <optional>
+
+#include "rendezvous/machine.hpp"
+#include "rendezvous/node_events.hpp"
+#include "rendezvous/state.hpp"
+
+namespace ddprun::rdzv {
+struct DynamicConfig;
+}
+
+namespace ddprun::rdzv::detail {
+
+State decode(const Snapshot& s, const std::string& backend_name);
+
+class Joiner {
+ public:
+  // All are the caller's: its backend, its view of the events, and its cancel flag (the
+  // join throws within a second of it).
+  Joiner(const DynamicConfig& c, Backend& main, NodeEvents& events, const std::atomic<bool>& cancel);
+
+  // The state of the complete round this node is a member of; throws when it cannot be
+  // (join timeout, the job closed, a mismatch of settings).
+  State join(Clock::time_point deadline);
+
+ private:
+  // What this node last read of the state: the snapshot, decoded once; `recheck`: it has
+  // waited since, and asks the backend whether the state changed before loading it.
+  struct Seen {
+    std::optional<Snapshot> snap;
+    std::optional<State> state;
+    bool recheck = false;
+    void reset() {
+      snap.reset();
+      state.reset();
+      recheck = false;
+    }
+  };
+  bool step(Seen& seen, Clock::time_point deadline, int& conflicts);
+  bool write(Seen& seen, const State& s, const State& t, JoinAction a, bool mine, bool wake, int& conflicts);
+  bool defer_to_older(size_t ahead, Seen& seen, Clock::time_point deadline);
+  void say_waiting(const State& t);
+  void announce_waiting(const State& t);
+  [[noreturn]] void failed(JoinAction a, const State& s);
+  void wait(Seen& seen, const State& t, Clock::time_point now, Clock::time_point deadline);
+
+  const DynamicConfig& c_;
+  const std::string backend_name_;
+  Backend& main_;
+  NodeEvents& events_;
+  const std::atomic<bool>& cancel_;
+  int64_t lc_round_ = -1;  // the round whose last call this node times
+  Clock::time_point lc_deadline_{};
+  int said_waiting_ = 0;  // 1: said this node waits on the wait list, 2: on the redundancy list
+  int64_t announced_round_ = -1;  // the running round this node asked to restart with it
+  bool cheap_probe_ = true;  // the backend tells whether the state changed without a load
+};
+
+}  // namespace ddprun::rdzv::detail

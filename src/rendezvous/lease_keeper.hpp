@@ -1,0 +1,53 @@
+// The dynamic rendezvous's keeper (dynamic.hpp): this node's lease on the backend, renewed
+// every keep_alive_interval by a thread of its own. When the node dies or falls silent for
+// the lease's ttl, the backend writes "lost <id>" into the events (and into the exit log of
+// the round this node is in). A lease that ended, or that no renewal reached for the whole
+// window, is reported to the RoundSignal as this node cut off.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "rendezvous/backend.hpp"
+#include "rendezvous/round_signal.hpp"
+
+namespace ddprun::rdzv::detail {
+
+class LeaseKeeper {
+ public:
+  struct Settings {
+    std::string me;  // this node's id
+    std::string backend;  // describe() of the backend
+    milliseconds interval{5000};
+    int max_attempt = 3;
+  };
+  // Opens the lease (its lost line registered on "events") and starts renewing it.
+  LeaseKeeper(std::unique_ptr<Backend> lease, Settings s, RoundSignal& signal);
+  // Stops the thread (call signal.stop() first) and closes the lease.
+  ~LeaseKeeper();
+  LeaseKeeper(const LeaseKeeper&) = delete;
+  LeaseKeeper& operator=(const LeaseKeeper&) = delete;
+
+  // If this node dies after its workers succeeded in `round`, its lost line lands in that
+  // round's exit log after its exit: the others can tell. One registration at a time: the
+  // previous round's is dropped.
+  void register_exit(int64_t round);
+  // Leaves in good order: the lease ends without its lines written.
+  void release();
+
+ private:
+  void loop();
+  milliseconds ttl() const { return s_.interval * s_.max_attempt; }
+
+  std::unique_ptr<Backend> lease_;
+  std::mutex mu_;  // lease_: the thread renews it, the caller registers and releases
+  Settings s_;
+  RoundSignal& signal_;
+  int64_t exit_registered_ = -1;  // the round whose exit log holds this node's lease line
+  std::thread thread_;
+};
+
+}  // namespace ddprun::rdzv::detail

@@ -1,0 +1,72 @@
+// What the dynamic rendezvous's three threads share (dynamic.hpp): the round the caller is
+// in, how that round ended or why this node is cut off, and the stack dumps other nodes
+// asked for. The watcher and the keeper report here; fd() wakes the caller.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rendezvous/events.hpp"
+
+namespace ddprun::rdzv::detail {
+
+using Members = std::shared_ptr<const std::vector<NodeDesc>>;  // shared, not copied, by every reader
+
+class RoundSignal {
+ public:
+  RoundSignal();
+  ~RoundSignal();
+  RoundSignal(const RoundSignal&) = delete;
+  RoundSignal& operator=(const RoundSignal&) = delete;
+
+  int fd() const { return efd_; }  // readable when an end, a cut-off or a dump request came
+
+  // The caller's side.
+  void watch(int64_t round, Members members);  // round -1: between rounds (joining)
+  int64_t watched() const;
+  std::optional<RoundEnd> take();  // round_end(): the cut-off, else the round's end
+  RoundEnd wait();                 // blocks until there is one (or stop())
+  bool cut_off() const;
+  std::vector<std::string> take_dumps();
+  void stop();
+
+  // The watcher's and keeper's side. A round's end counts only for the watched round, and
+  // only the first; round -1 is this node cut off (it ends every round).
+  void notify_end(int64_t round, const RoundEnd& end);
+  void add_dumps(const std::vector<std::string>& asked);
+  // Waits while round `r` needs no reading (no round watched, or its end is known), at most
+  // 1 s; then what is watched now. nullopt: stopping.
+  struct Watch {
+    int64_t round = -1;
+    Members members;
+  };
+  std::optional<Watch> await(int64_t r);
+  bool idle(int64_t r) const;
+  // Sleeps for d, or until stop(); true when stopping.
+  bool sleep(std::chrono::milliseconds d);
+  bool stopped() const;
+  // Sleeps until stop().
+  void until_stopped();
+
+ private:
+  bool quiet(int64_t r) const { return round_ == r && (r < 0 || end_.has_value()); }  // mu_ held
+  void wake();
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t round_ = -1;
+  Members members_;
+  std::optional<RoundEnd> end_;      // the watched round's end, once seen
+  std::optional<RoundEnd> problem_;  // partitioned / store lost: ends every round
+  std::vector<std::string> dumps_;   // dumps other nodes asked for, not yet taken
+  bool stop_ = false;
+  int efd_ = -1;
+};
+
+}  // namespace ddprun::rdzv::detail
