@@ -60,7 +60,7 @@ std::unique_ptr<Backend> StoreBackend::clone() const {
   StoreBackendOptions o = o_;
   o.lazy = true;
   auto b = std::make_unique<StoreBackend>(o);
-  b->serves_trim_ = serves_trim_;  // the same server: no need to ask it again
+  b->serves_trim_ = serves_trim_;  // the same server: asked once for all
   return b;
 }
 
@@ -111,8 +111,8 @@ void StoreBackend::append(const std::string& log, const std::string& line) {
 // A server that trims logs answers LOG_FROM (what was dropped, then the bytes); one that
 // does not never drops a line, and GET_FROM is all there is.
 bool StoreBackend::serves_trim() {
-  if (!serves_trim_) serves_trim_ = named([&] { return store_->serves_log_trim(); });
-  return *serves_trim_;
+  if (*serves_trim_ < 0) *serves_trim_ = named([&] { return store_->serves_log_trim(); }) ? 1 : 0;
+  return *serves_trim_ == 1;
 }
 
 ddp::TcpStore::LogChunk StoreBackend::fetch(const std::string& log, int64_t offset) {

@@ -6,6 +6,7 @@
 // (docs/store.md).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -92,7 +93,9 @@ class StoreBackend : public Backend {
   // The log's bytes from `offset` on, and what TRIM_LOG dropped before them.
   ddp::TcpStore::LogChunk fetch(const std::string& log, int64_t offset);
   bool serves_trim();
-  std::optional<bool> serves_trim_;  // asked once, when first needed
+  // Whether the server trims logs (-1: not asked yet): asked once, when first needed, and
+  // shared with the clones (the same server).
+  std::shared_ptr<std::atomic<int>> serves_trim_ = std::make_shared<std::atomic<int>>(-1);
 
   StoreBackendOptions o_;
   std::unique_ptr<ddp::TcpStore> store_, lease_;
