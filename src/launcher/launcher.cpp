@@ -1,7 +1,12 @@
 #include "launcher/launcher.hpp"
 
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 
@@ -42,6 +47,59 @@ void print_error(const std::string& msg) {
   (void)r;
 }
 
+// Opens the rendezvous (the store connected, this node's lease taken: calls that may wait
+// out a whole timeout on a host that accepts and never answers, a frozen one) on a thread
+// of its own while this one waits for a stop signal (--signals-to-handle). One ends the
+// wait: no worker exists yet, so ddprun stops at once (`sig` set, nullptr returned).
+std::unique_ptr<Rendezvous> open_rendezvous(const Options& o, const std::string& host, int& sig) {
+  if (!o.dynamic() && o.max_nodes == 1) return make_rendezvous(o, host);  // one node: no network
+  sigset_t stops;
+  sigemptyset(&stops);
+  const auto triggers = StackDumps::trigger_signals(o);
+  for (int s : o.signals_to_handle)
+    if (std::find(triggers.begin(), triggers.end(), s) == triggers.end()) sigaddset(&stops, s);
+  struct Opened {
+    std::unique_ptr<Rendezvous> r;
+    std::exception_ptr error;
+    int fd = -1;
+    ~Opened() {
+      if (fd >= 0) close(fd);
+    }
+  };
+  auto c = std::make_shared<Opened>();
+  c->fd = eventfd(0, EFD_CLOEXEC);
+  const int sfd = signalfd(-1, &stops, SFD_CLOEXEC);
+  if (c->fd < 0 || sfd < 0) {
+    if (sfd >= 0) close(sfd);
+    return make_rendezvous(o, host);
+  }
+  // (If abandoned, the thread may still use `o`: ddprun then ends with _Exit at once.)
+  BackgroundTask task([c, &o, host] {
+    try {
+      c->r = make_rendezvous(o, host);
+    } catch (...) {
+      c->error = std::current_exception();
+    }
+    uint64_t one = 1;
+    ssize_t n = write(c->fd, &one, sizeof one);
+    (void)n;
+  });
+  pollfd fds[2] = {{c->fd, POLLIN, 0}, {sfd, POLLIN, 0}};
+  while (poll(fds, 2, -1) < 0 && errno == EINTR) {
+  }
+  signalfd_siginfo si{};
+  if (!(fds[0].revents & POLLIN) && read(sfd, &si, sizeof si) == sizeof si) {
+    close(sfd);
+    sig = static_cast<int>(si.ssi_signo);
+    task.abandon();
+    return nullptr;
+  }
+  close(sfd);
+  task.wait();
+  if (c->error) std::rethrow_exception(c->error);
+  return std::move(c->r);
+}
+
 }  // namespace
 
 int run_main(const std::vector<std::string>& args) {
@@ -68,7 +126,15 @@ int run_main(const std::vector<std::string>& args) {
     guardian.start();
     if (o.standalone) o.rdzv_id = random_run_id();
     const std::string host = host_name();
-    std::unique_ptr<Rendezvous> rdzv = make_rendezvous(o, host);
+    int sig = 0;
+    std::unique_ptr<Rendezvous> rdzv = open_rendezvous(o, host, sig);
+    if (!rdzv) {
+      spdlog::warn("received {} while connecting to the rendezvous (before any worker started): stopping",
+                   signal_name(sig));
+      spdlog::default_logger()->flush();
+      std::fflush(nullptr);
+      std::_Exit(128 + sig);  // (the thread that was opening it may still be in a call)
+    }
     if (sets_omp_threads(o, env))
       spdlog::warn(
           "OMP_NUM_THREADS is not set: setting it to 1 for each worker so that {} workers do not overload the "

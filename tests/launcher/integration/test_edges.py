@@ -119,6 +119,43 @@ class EdgeTest(DdprunTestCase):
         self.assertEqual(n0.rc, 128 + signal.SIGTERM, self.describe())
         self.assertLess(n0.exited_at - t0, scaled(3), "a signal must not wait for the join" + self.describe())
 
+    def check_signal_while_the_store_host_is_frozen(self, host, start_other):
+        """The store's host is frozen (SIGSTOP) before another node starts: the kernel still
+        accepts that node's connection, and nobody answers it. A SIGTERM to that node, while
+        it waits for the store's first reply, stops it at once (before: at the end of its
+        join_timeout, 300 s here); thawed, the host stops on its own SIGTERM."""
+        import socket
+
+        def listening():
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return True
+            except OSError:
+                return False
+
+        self.wait_for(listening, 30, "the host's store")
+        os.kill(host.proc.pid, signal.SIGSTOP)  # ddprun started by this test; no worker yet
+        try:
+            other = start_other()
+            time.sleep(scaled(1.5))  # it has connected and waits for the store's reply
+            t0 = time.time()
+            other.proc.send_signal(signal.SIGTERM)
+            self.assertEqual(jobwatch.wait_exited([other], scaled(10)), [], self.describe())
+        finally:
+            os.kill(host.proc.pid, signal.SIGCONT)
+        self.assertEqual(other.rc, 128 + signal.SIGTERM, self.describe())
+        self.assertLess(other.exited_at - t0, scaled(2), "a signal must not wait for the store" + self.describe())
+        self.assertIn("received SIGTERM while connecting to the rendezvous", read_text(other.err_path),
+                      self.describe())
+        host.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(jobwatch.wait_exited([host], scaled(10)), [], self.describe())
+        self.assertEqual(host.rc, 128 + signal.SIGTERM, self.describe())
+
+    def test_static_signal_while_node_0_is_frozen(self):
+        n0 = self.static_node(0, self.work(0), conf="join_timeout=300")
+        self.check_signal_while_the_store_host_is_frozen(
+            n0, lambda: self.static_node(1, self.work(0), conf="join_timeout=300"))
+
     def test_static_frozen_node_is_lost_and_the_job_stops(self):
         """Static nodes share the dynamic rendezvous's liveness: node 1 frozen (SIGSTOP of its
         ddprun and its workers) past the keep-alive window is lost; node 0 stops its workers
@@ -286,6 +323,11 @@ class EdgeTest(DdprunTestCase):
         for name, before, after in zip(("host", "other agent"), rss1, rss9):
             self.assertLess(after - before, 1200, f"the {name}'s RSS grew from {before} to {after} kB over "
                                                   f"{rounds * 8 // 10} rounds")
+
+    def test_c10d_signal_while_the_store_host_is_frozen(self):
+        host = self.c10d_node("host", "127.0.0.2", 1, self.work(0), conf="join_timeout=300")
+        self.check_signal_while_the_store_host_is_frozen(
+            host, lambda: self.c10d_node("other", "127.0.0.3", 0, self.work(0), conf="join_timeout=300"))
 
     def test_c10d_signal_while_waiting_for_nodes(self):
         n = self.c10d_node("host", "127.0.0.2", 1, self.work(0), conf="join_timeout=300")
