@@ -2,33 +2,29 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <sys/signalfd.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <functional>
 #include <optional>
-#include <ctime>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "ddp/error.hpp"
 #include "launcher/attempt.hpp"
-#include "launcher/background.hpp"
+#include "launcher/event_loop.hpp"
+#include "launcher/job_record.hpp"
 #include "launcher/log.hpp"
+#include "launcher/node_signals.hpp"
 #include "launcher/output.hpp"
 #include "launcher/preload.hpp"
 #include "launcher/process.hpp"
 #include "launcher/rendezvous.hpp"
-#include "launcher/slurm_signals.hpp"
 #include "launcher/stack_dump.hpp"
 #include "launcher/streams.hpp"
 #include "launcher/tmpdirs.hpp"
@@ -37,7 +33,6 @@ namespace ddprun {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-using SysClock = std::chrono::system_clock;
 
 namespace {
 
@@ -52,9 +47,7 @@ sigset_t supervised_set(const Options& o) {
 
 constexpr size_t kConsoleBound = 4 << 20;  // bytes queued per console before readers pause
 constexpr int kTailLines = 20;
-constexpr int kHistoryAttempts = 64;  // attempts whose workers --summary-json lists
 constexpr long kTricklePauseNs = 1'000'000;
-
 
 }  // namespace
 
@@ -73,81 +66,91 @@ void block_supervised_signals(const Options& o) {
   signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the launcher
 }
 
-struct Supervisor::Impl {
-  const Options& o;
-  JobPlan plan;
-  std::map<std::string, std::string> base_env;
+namespace {
+
+// What the parts of the supervisor share: the rendezvous, the running round and attempt.
+struct Job {
+  Job(Rendezvous& r, std::map<std::string, std::string> env) : rdzv(r), base_env(std::move(env)) {}
+  std::string attempt_dir() const { return fmt::format("{}/attempt_{}", log_root, attempt); }
+
   Rendezvous& rdzv;
-  int notify_tag = 0;  // epoll tag of the rendezvous's notify fd
-  bool notify_registered = false;
-  std::unique_ptr<SlurmSignals> slurm;  // inside a Slurm job: its signals taken once
-
-  int epfd = -1, sigfd = -1, wakefd = -1, stdin_fd = -1;
-  std::unique_ptr<ConsoleWriter> out_writer, err_writer;
-  Console out_console, err_console;
-  Guardian& guardian;
-
-  std::string log_root;       // <log_dir>/<run_id>_<suffix>
-  std::string tmp_root;       // mkdtemp'd when no --log-dir: removed after success
-  std::unique_ptr<RunTmpDir> tmp_dir;  // tmp_root, locked while this run lives (tmpdirs.hpp)
-  WarmPython warm;         // --preload's warm process (inert without the flag)
-  int warm_tag = 0;        // epoll tag of its answer
-  AttemptWorkers workers;  // this attempt's
-  std::unique_ptr<WorkerStreams> streams;  // this attempt's output pipes
-  std::optional<Clock::time_point> drain_deadline;
-  std::optional<WorkerResult> root;
-  int got_signal = 0;
-  Clock::time_point signal_at{};  // when got_signal came
-  bool joining = false;           // off_loop() waits for the rendezvous (no round to end)
+  std::map<std::string, std::string> base_env;
+  JobPlan plan;
   int attempt = 0;
-  std::optional<RoundEnd> remote_end;  // the round ended elsewhere (or the rendezvous ended it)
-  std::string stop_reason;             // why no further round followed a failure
-  bool looked_ahead = false;  // this round's prejoin() was asked for
-  JobOutcome outcome;
-  StackDumps stacks;  // every rank's stack: on demand, at a failure, at a hang (stack_dump.hpp)
-  int dumps_asked = 0;  // dumps asked on this node (they name the dump on every node)
+  std::string log_root;  // <log_dir>/<run_id>_<suffix>
+};
 
-  Impl(const Options& opt, std::map<std::string, std::string> env, Guardian& g, Rendezvous& r, std::string host)
-      : o(opt), base_env(std::move(env)), rdzv(r), guardian(g), warm(opt, g), workers(opt, g, &warm), stacks(opt, host) {
-    plan.run_id = o.rdzv_id;
-    plan.hostname = std::move(host);
+// Where output goes: ddprun's stdout and stderr, each written by a thread of its own with
+// a bound (output.hpp; spdlog goes through stderr's), and the attempt's worker streams
+// (streams.hpp), each with its log file, console and prefix.
+class NodeOutput {
+ public:
+  NodeOutput(const Options& o, const JobPlan& plan) : o_(o), plan_(plan) {}
+
+  void start(EventLoop& loop) {
+    streams_ = std::make_unique<WorkerStreams>(loop.epfd());
+    out_writer_ = std::make_unique<ConsoleWriter>(1, kConsoleBound, loop.wakefd());
+    err_writer_ = std::make_unique<ConsoleWriter>(2, kConsoleBound, loop.wakefd());
+    out_console_.writer = out_writer_.get();
+    err_console_.writer = err_writer_.get();
+    route_logging_through(err_writer_.get());
+  }
+  void close_streams() { streams_.reset(); }
+  void flush() {
+    if (out_writer_) out_writer_->flush();
+    if (err_writer_) err_writer_->flush();
   }
 
-  ~Impl() {
-    // Also on an exception out of run(): spdlog must not write through a dead writer.
-    route_logging_through(nullptr);
-    streams.reset();  // its pipes leave the epoll set before it closes
-    if (out_writer) out_writer->flush();
-    if (err_writer) err_writer->flush();
-    for (int fd : {epfd, sigfd, wakefd, stdin_fd})
-      if (fd >= 0) close(fd);
+  WorkerStreams& streams() { return *streams_; }
+  ConsoleWriter& err() { return *err_writer_; }
+
+  // A pipe for one worker stream (worker w, index idx), its forwarder, log file and
+  // console routing.
+  int open_stream(const WorkerResult& w, int idx, bool is_stderr, const std::string& dir) {
+    const int lr = w.local_rank;
+    const int bit = is_stderr ? 2 : 1;
+    const bool redirect = o_.redirects.of(lr) & bit, tee = o_.tee.of(lr) & bit;
+    ForwarderConfig cfg;
+    int file_fd = -1;
+    if (redirect || tee) file_fd = cfg.file_fd = open_log(dir + (is_stderr ? "/stderr.log" : "/stdout.log"));
+    if (!(redirect && !tee) && shown(lr)) cfg.console = is_stderr ? &err_console_ : &out_console_;
+    cfg.prefix = expand_prefix(o_.log_line_prefix_template.value_or("[rank${rank}]:"), w.rank, lr, o_.role,
+                               plan_.hostname);
+    cfg.timestamps = o_.log_timestamps;
+    cfg.tail_lines = is_stderr ? kTailLines : 0;
+    return streams_->open(idx, is_stderr, std::move(cfg), file_fd);
   }
 
-  void setup() {
-    become_subreaper();
-    slurm = SlurmSignals::create(o);
-    sigset_t set = supervised_set(o);
-    sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
-    if (sigfd < 0) throw ddp::SystemError("signalfd", errno);
-    wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    epfd = epoll_create1(EPOLL_CLOEXEC);
-    if (wakefd < 0 || epfd < 0) throw ddp::SystemError("epoll/eventfd", errno);
-    add_fd(sigfd, nullptr);
-    add_fd(wakefd, &wakefd);
-    streams = std::make_unique<WorkerStreams>(epfd);
-    out_writer = std::make_unique<ConsoleWriter>(1, kConsoleBound, wakefd);
-    err_writer = std::make_unique<ConsoleWriter>(2, kConsoleBound, wakefd);
-    out_console.writer = out_writer.get();
-    err_console.writer = err_writer.get();
-    route_logging_through(err_writer.get());
-    setup_stdin();
+ private:
+  bool shown(int local_rank) const {
+    return !o_.local_ranks_filter || o_.local_ranks_filter->count(local_rank) > 0;
+  }
 
-    RunFolders f = make_run_folders(o.log_dir, plan.run_id);
-    tmp_dir = std::move(f.tmp_dir);
-    tmp_root = f.tmp_root;
-    log_root = f.log_root;
-    // --preload: the import runs while this node joins the rendezvous.
-    if (warm.enabled()) warm.start(node_environment(o, base_env));
+  static int open_log(const std::string& path) {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw ddp::SystemError(fmt::format("open log file {}", path), errno);
+    return fd;
+  }
+
+  const Options& o_;
+  const JobPlan& plan_;
+  std::unique_ptr<ConsoleWriter> out_writer_, err_writer_;
+  Console out_console_, err_console_;
+  std::unique_ptr<WorkerStreams> streams_;  // this attempt's output pipes
+};
+
+// This node's workers, attempt after attempt: starts an attempt's workers and serves the
+// loop until every one has exited and every stream drained. The first failure here is the
+// root cause; it, another node's end of the round, a hang or a stopping signal
+// (node_signals.hpp) stops the workers. Signals are read here between attempts too.
+class AttemptSupervisor {
+ public:
+  AttemptSupervisor(Job& job, EventLoop& loop, NodeOutput& output, AttemptWorkers& workers, StackDumps& stacks,
+                    NodeSignals& signals, const void* notify_tag)
+      : job_(job), rdzv_(job.rdzv), loop_(loop), output_(output), workers_(workers), stacks_(stacks),
+        signals_(signals), notify_tag_(notify_tag) {}
+  ~AttemptSupervisor() {
+    if (stdin_fd_ >= 0) close(stdin_fd_);
   }
 
   // Workers lead their own process groups, so on a terminal they are background jobs: a
@@ -155,98 +158,115 @@ struct Supervisor::Impl {
   // read /dev/null instead (EOF at once); a piped or redirected stdin is inherited.
   void setup_stdin() {
     if (!isatty(0)) return;
-    stdin_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    stdin_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
 
-  void add_fd(int fd, void* tag) {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.ptr = tag;
-    if (epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) != 0) throw ddp::SystemError("epoll_ctl", errno);
-  }
-
-  // ------------------------------------------------------------------ starting
-
-  bool shown(int local_rank) const {
-    return !o.local_ranks_filter || o.local_ranks_filter->count(local_rank) > 0;
-  }
-
-  int open_log(const std::string& path) {
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) throw ddp::SystemError(fmt::format("open log file {}", path), errno);
-    return fd;
-  }
-
-  // A pipe for one worker stream, its forwarder, log file and console routing.
-  int make_stream(int idx, bool is_stderr, const std::string& dir) {
-    const WorkerResult& w = workers.all()[static_cast<size_t>(idx)];
-    const int lr = w.local_rank;
-    const int bit = is_stderr ? 2 : 1;
-    const bool redirect = o.redirects.of(lr) & bit, tee = o.tee.of(lr) & bit;
-    ForwarderConfig cfg;
-    int file_fd = -1;
-    if (redirect || tee) file_fd = cfg.file_fd = open_log(dir + (is_stderr ? "/stderr.log" : "/stdout.log"));
-    if (!(redirect && !tee) && shown(lr)) cfg.console = is_stderr ? &err_console : &out_console;
-    cfg.prefix = expand_prefix(o.log_line_prefix_template.value_or("[rank${rank}]:"), w.rank, lr, o.role,
-                               plan.hostname);
-    cfg.timestamps = o.log_timestamps;
-    cfg.tail_lines = is_stderr ? kTailLines : 0;
-    return streams->open(idx, is_stderr, std::move(cfg), file_fd);
-  }
-
-  void start_attempt() {
-    if (slurm) slurm->attempt_starting();
-    streams->clear();
-    drain_deadline.reset();
-    root.reset();
-    remote_end.reset();
-    stacks.attempt_started();
+  // Starts the running attempt's workers (an exec that failed is a failure at once).
+  void start() {
+    signals_.attempt_starting();
+    output_.streams().clear();
+    drain_deadline_.reset();
+    root_.reset();
+    remote_end_.reset();
+    stacks_.attempt_started();
     auto open_stream = [this](int idx, bool is_stderr, const std::string& dir) {
-      return make_stream(idx, is_stderr, dir);
+      return output_.open_stream(workers_.all()[static_cast<size_t>(idx)], idx, is_stderr, dir);
     };
-    auto add_env = [this](AttemptWorkers::Env& env, const WorkerResult& w) { stacks.add_env(env, w); };
-    auto failed = workers.start(plan, attempt, attempt_dir(), stdin_fd, base_env, open_stream, add_env);
+    auto add_env = [this](AttemptWorkers::Env& env, const WorkerResult& w) { stacks_.add_env(env, w); };
+    const JobPlan& plan = job_.plan;
+    auto failed =
+        workers_.start(plan, job_.attempt, job_.attempt_dir(), stdin_fd_, job_.base_env, open_stream, add_env);
     for (WorkerResult* w : failed) fail(*w);
-    spdlog::info("attempt {}: started {} workers (ranks {}..{} of {})", attempt, workers.all().size(), plan.rank_base,
-                 plan.rank_base + static_cast<int>(workers.all().size()) - 1, plan.world_size);
+    spdlog::info("attempt {}: started {} workers (ranks {}..{} of {})", job_.attempt, workers_.all().size(),
+                 plan.rank_base, plan.rank_base + static_cast<int>(workers_.all().size()) - 1, plan.world_size);
   }
 
-  // --preload: the warm process (a new one if it died) has imported its modules before the
-  // workers start; a signal meanwhile stops this node (false). Throws when it cannot be.
-  bool wait_warm() {
-    warm.start(node_environment(o, base_env));  // nothing while one runs (or without --preload)
-    const int fd = warm.pending_fd();
-    if (fd < 0) return true;
-    add_fd(fd, &warm_tag);
-    bool answered = false;
-    while (!answered && !got_signal)
-      for (void* tag : wait_between_attempts()) answered |= tag == &warm_tag;
-    epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
-    if (answered) warm.on_ready();
-    return answered;
+  // Runs one attempt to its end: every worker exited and every stream drained.
+  void supervise() {
+    while (!over()) {
+      const Clock::time_point next = next_due();
+      // Output that trickles in small writes (python -u writes every line on its own) is
+      // read in batches: a short pause lets the pipes fill, so a burst of lines costs one
+      // wake-up instead of one per line. Floods (full reads) and idle pipes never pause.
+      if (output_.streams().trickling() && !workers_.stopping()) {
+        timespec pause{0, kTricklePauseNs};
+        nanosleep(&pause, nullptr);
+      }
+      loop_.wait(timeout_ms(next), EventLoop::kMaxEvents, [this](void* tag) {
+        if (tag == notify_tag_) on_remote();
+        else output_.streams().on_readable(*static_cast<WorkerStreams::Stream*>(tag));
+      });
+      workers_.escalate_if_due();
+      if (!workers_.stopping() && workers_.live() > 0) check_hang();
+    }
+    keep_tails();
   }
 
-  std::string attempt_dir() const { return fmt::format("{}/attempt_{}", log_root, attempt); }
+  // The loop's signals handler: SIGCHLD reaps, a stack-dump trigger dumps; the others stop
+  // this node or reach its workers (NodeSignals).
+  void on_signals() {
+    signalfd_siginfo si;
+    while (loop_.next_signal(si)) {
+      const int sig = static_cast<int>(si.ssi_signo);
+      if (sig == SIGCHLD) reap();
+      else if (stacks_.is_trigger(sig)) on_trigger(sig, static_cast<pid_t>(si.ssi_pid));
+      else signals_.take(si);
+    }
+  }
 
-  // ------------------------------------------------------------------ stopping
+  const std::optional<WorkerResult>& root() const { return root_; }
+  const std::optional<RoundEnd>& remote_end() const { return remote_end_; }
+  void ended_elsewhere(const RoundEnd& end) { remote_end_ = end; }
+  void round_over() { looked_ahead_ = false; }  // the next round's prejoin() may be asked
+
+ private:
+  // The attempt is over once every worker has exited and every stream drained; 5 s after
+  // the last exit, streams still open are closed, unless one is paused on a full console.
+  // The first time no worker lives, what they left behind is killed.
+  bool over() {
+    const int live = workers_.live();
+    if (live == 0 && !drain_deadline_) {
+      workers_.kill_leftovers();
+      drain_deadline_ = Clock::now() + std::chrono::seconds(5);
+    }
+    if (live == 0 && output_.streams().open_count() == 0) return true;
+    return live == 0 && Clock::now() >= *drain_deadline_ && !output_.streams().close_unpaused();
+  }
+
+  // The next deadline: the SIGKILL escalation, the drain, the hang check, an unfinished
+  // line's idle flush (those due are flushed now).
+  Clock::time_point next_due() {
+    auto next = Clock::now() + std::chrono::seconds(3600);
+    for (auto& d : {workers_.kill_deadline(), drain_deadline_, stacks_.next_hang_check()})
+      if (d) next = std::min(next, *d);
+    return output_.streams().flush_idle(next);
+  }
+
+  // The streams are closed; every worker's record gets its stderr tail.
+  void keep_tails() {
+    output_.streams().close_all();
+    auto& all = workers_.all();
+    for (size_t i = 0; i < all.size(); ++i) all[i].stderr_tail = output_.streams().stderr_tail(static_cast<int>(i));
+    for (auto& w : all)
+      if (root_ && w.pid == root_->pid) root_ = w;  // now with its stderr tail
+  }
 
   // The first failure is the root cause: the workers are stopped first, then the other
   // nodes told (in the background).
   void fail(WorkerResult& w) {
-    if (root) return;
-    root = w;
-    if (w.state != WorkerResult::State::kExecFailed) stacks.at_failure(workers.all(), w, attempt_dir());  // bounded
+    if (root_) return;
+    root_ = w;
+    if (w.state != WorkerResult::State::kExecFailed)
+      stacks_.at_failure(workers_.all(), w, job_.attempt_dir());  // bounded
     const std::string what = fmt::format("rank {} on {} exited with {}", w.rank, w.host,
                                          w.signal ? signal_name(w.signal) : std::to_string(w.exit_code));
-    workers.begin_stop(SIGTERM);
-    rdzv.end_round(RoundEnd::Kind::kFailed, what);
+    workers_.begin_stop(SIGTERM);
+    rdzv_.end_round(RoundEnd::Kind::kFailed, what);
     look_ahead(RoundEnd{RoundEnd::Kind::kFailed, "", what});
   }
 
-  // ------------------------------------------------------------------ events
-
   void reap() {
-    for (WorkerResult* w : workers.reap()) fail(*w);
+    for (WorkerResult* w : workers_.reap()) fail(*w);
     prefer_announced_root();
   }
 
@@ -254,196 +274,80 @@ struct Supervisor::Impl {
   // are reaped: its peers fail on its closed sockets while its own exit may still run. (Not
   // when the stop's SIGTERM ended it: its exit status would tell nothing.)
   void prefer_announced_root() {
-    const pid_t first = stacks.announced_failure();
-    if (!root || first <= 0 || root->pid == first) return;
-    for (auto& w : workers.all())
+    const pid_t first = stacks_.announced_failure();
+    if (!root_ || first <= 0 || root_->pid == first) return;
+    for (auto& w : workers_.all())
       if (w.pid == first && (w.state == WorkerResult::State::kStopped || w.state == WorkerResult::State::kFailed) &&
           !w.signal && w.exit_code != 0) {
         w.state = WorkerResult::State::kFailed;
-        root = w;
+        root_ = w;
       }
   }
 
-  void on_signal() {
-    signalfd_siginfo si;
-    while (read(sigfd, &si, sizeof si) == sizeof si) {
-      int sig = static_cast<int>(si.ssi_signo);
-      if (sig == SIGCHLD) {
-        reap();
-        continue;
-      }
-      if (stacks.is_trigger(sig)) {
-        if (!stacks.on_failure_notice(sig, static_cast<pid_t>(si.ssi_pid), workers.all(), attempt_dir(),
-                                      workers.stopping()))
-          dump_stacks(signal_name(sig));
-        continue;
-      }
-      bool stops = std::find(o.signals_to_handle.begin(), o.signals_to_handle.end(), sig) != o.signals_to_handle.end();
-      if (slurm && on_slurm_signal(slurm->classify(si, stops), sig)) continue;
-      if (!stops) {  // SIGUSR1/SIGUSR2: Slurm's pre-emption notice, passed on
-        spdlog::info("forwarding {} to the workers", signal_name(sig));
-        workers.signal_live(sig, false);
-        continue;
-      }
-      if (got_signal) {
-        spdlog::warn("received {} again: killing the workers now", signal_name(sig));
-        workers.signal_live(SIGKILL, true);
-        continue;
-      }
-      got_signal = sig;
-      signal_at = Clock::now();
-      spdlog::warn("received {}: forwarding it to the workers, SIGKILL after {} s", signal_name(sig),
-                   o.shutdown_timeout);
-      workers.restart_stop();  // begin_stop sends this signal, not SIGTERM
-      workers.begin_stop(sig);  // before anything that talks to the network
-      if (!joining)      // (while joining there is no round to end: join_round cancels the join)
-        rdzv.end_round(RoundEnd::Kind::kLeft, fmt::format("ddprun on {} received {}", plan.hostname, signal_name(sig)));
-    }
+  // A stack-dump trigger from `sender`: a worker about to fail, or a dump asked for.
+  void on_trigger(int sig, pid_t sender) {
+    if (!stacks_.on_failure_notice(sig, sender, workers_.all(), job_.attempt_dir(), workers_.stopping()))
+      dump_stacks(signal_name(sig));
   }
 
   // Every local rank's stack on this node's stderr; asked here (`trigger`: the signal), the
   // other nodes are asked too, and every node's output names the same dump.
   void dump_stacks(const std::string& trigger) {
-    const std::string what = fmt::format("dump {} asked on node {} ({})", ++dumps_asked, plan.group_rank,
-                                         plan.hostname);
-    if (plan.group_world_size > 1) rdzv.ask_dump(what);
-    err_writer->push_line(stacks.on_demand(workers.all(), attempt_dir(), fmt::format("{} ({})", trigger, what)));
-  }
-
-  // A signal Slurm sent (launcher/slurm_signals.hpp decides what it means); false when it
-  // did not come from Slurm. Slurm signals every node of the step, but not at the same
-  // moment: a stop is announced (stop_note) so that a node still waiting for it stops the
-  // same way instead of taking this node's exit for a failure (slurm_stopped_elsewhere).
-  bool on_slurm_signal(SlurmSignals::Act act, int sig) {
-    using A = SlurmSignals::Act;
-    if (act == A::kNotSlurm) return false;
-    if (act == A::kForward) workers.signal_live(sig, false);
-    if (act == A::kStop || act == A::kStopQuiet) {
-      const bool was_stopping = workers.stopping();
-      workers.begin_stop(act == A::kStop ? sig : 0);  // 0: nothing sent, the SIGKILL deadline set
-      if (!got_signal) {
-        got_signal = sig;
-        signal_at = Clock::now();
-        if (!was_stopping && !joining)
-          rdzv.end_round(RoundEnd::Kind::kLeft, slurm->stop_note({sig, act == A::kStopQuiet}, plan.hostname));
-      }
-    }
-    return true;
-  }
-
-  // True when `end` is another node's note that Slurm is stopping this step: this node
-  // stops as if Slurm's signal had come (exit 128+signal): it sends the signal to its
-  // workers, or, where Slurm signals the workers itself, leaves that to Slurm. The signal
-  // itself, when it comes here, is then a duplicate.
-  bool slurm_stopped_elsewhere(const RoundEnd& end) {
-    if (!slurm || got_signal) return false;
-    auto stop = slurm->stopped_elsewhere(end.describe());
-    if (!stop) return false;
-    spdlog::warn("{}: Slurm stops every node of the step, so this node stops too ({}, SIGKILL after {} s)",
-                 end.describe(),
-                 stop->direct ? "its workers get " + signal_name(stop->sig) + " from Slurm"
-                              : signal_name(stop->sig) + " to the workers",
-                 o.shutdown_timeout);
-    got_signal = stop->sig;
-    signal_at = Clock::now();
-    workers.begin_stop(stop->direct ? 0 : stop->sig);
-    return true;
-  }
-
-  void resume_paused() {
-    uint64_t v;
-    while (read(wakefd, &v, sizeof v) == sizeof v) {
-    }
-    streams->resume_paused();
+    const std::string what = fmt::format("dump {} asked on node {} ({})", ++dumps_asked_, job_.plan.group_rank,
+                                         job_.plan.hostname);
+    if (job_.plan.group_world_size > 1) rdzv_.ask_dump(what);
+    output_.err().push_line(
+        stacks_.on_demand(workers_.all(), job_.attempt_dir(), fmt::format("{} ({})", trigger, what)));
   }
 
   void on_remote() {
-    auto end = rdzv.round_end();
-    for (const auto& what : rdzv.dump_requests())
-      if (!workers.stopping()) err_writer->push_line(stacks.on_demand(workers.all(), attempt_dir(), what));
-    if (!end || workers.stopping() || remote_end) return;
-    if (slurm_stopped_elsewhere(*end)) return;
-    remote_end = end;
+    auto end = rdzv_.round_end();
+    for (const auto& what : rdzv_.dump_requests())
+      if (!workers_.stopping()) output_.err().push_line(stacks_.on_demand(workers_.all(), job_.attempt_dir(), what));
+    if (!end || workers_.stopping() || remote_end_) return;
+    if (signals_.stopped_elsewhere(*end)) return;
+    remote_end_ = end;
     using K = RoundEnd::Kind;
     if (end->kind == K::kScaleUp)
-      spdlog::warn("round {}: {}: stopping this node's workers to restart them in a bigger round", plan.round,
+      spdlog::warn("round {}: {}: stopping this node's workers to restart them in a bigger round", job_.plan.round,
                    end->describe());
     else if (end->node_only())
       spdlog::error("{}: stopping this node's workers", end->describe());
     else
       spdlog::warn("{}: stopping this node's workers", end->describe());
-    if (end->kind == K::kFailed) stacks.at_remote_failure(workers.all(), attempt_dir());  // bounded
-    workers.begin_stop(SIGTERM);
+    if (end->kind == K::kFailed) stacks_.at_remote_failure(workers_.all(), job_.attempt_dir());  // bounded
+    workers_.begin_stop(SIGTERM);
     look_ahead(*end);
   }
 
   // Multi-node: while the workers stop, already ask whether another round may follow and
   // join it (in the background: a last call then runs during their teardown).
   void look_ahead(const RoundEnd& end) {
-    if (!rdzv.joins_over_network() || looked_ahead || got_signal) return;
-    looked_ahead = true;
-    rdzv.prejoin(end);
-  }
-
-  // Runs one attempt to its end: every worker exited and every stream drained.
-  void supervise() {
-    epoll_event evs[64];
-    for (;;) {
-      const int live = workers.live();
-      if (live == 0 && !drain_deadline) {
-        workers.kill_leftovers();
-        drain_deadline = Clock::now() + std::chrono::seconds(5);
-      }
-      if (live == 0 && streams->open_count() == 0) break;
-      if (live == 0 && Clock::now() >= *drain_deadline && !streams->close_unpaused()) break;
-      auto next = Clock::now() + std::chrono::seconds(3600);
-      for (auto& d : {workers.kill_deadline(), drain_deadline, stacks.next_hang_check()})
-        if (d) next = std::min(next, *d);
-      next = streams->flush_idle(next);
-      // Output that trickles in small writes (python -u writes every line on its own) is
-      // read in batches: a short pause lets the pipes fill, so a burst of lines costs one
-      // wake-up instead of one per line. Floods (full reads) and idle pipes never pause.
-      if (streams->trickling() && !workers.stopping()) {
-        timespec pause{0, kTricklePauseNs};
-        nanosleep(&pause, nullptr);
-      }
-      int n = epoll_wait(epfd, evs, 64, timeout_ms(next));
-      if (n < 0 && errno != EINTR) throw ddp::SystemError("epoll_wait", errno);
-      for (int i = 0; i < n; ++i) {
-        void* tag = evs[i].data.ptr;
-        if (tag == nullptr) on_signal();
-        else if (tag == &wakefd) resume_paused();
-        else if (tag == &notify_tag) on_remote();
-        else streams->on_readable(*static_cast<WorkerStreams::Stream*>(tag));
-      }
-      workers.escalate_if_due();
-      if (!workers.stopping() && workers.live() > 0) check_hang();
-    }
-    streams->close_all();
-    auto& all = workers.all();
-    for (size_t i = 0; i < all.size(); ++i) all[i].stderr_tail = streams->stderr_tail(static_cast<int>(i));
+    if (!rdzv_.joins_over_network() || looked_ahead_ || signals_.got()) return;
+    looked_ahead_ = true;
+    rdzv_.prejoin(end);
   }
 
   // --hang-timeout: progress is judged over the whole job (a node whose ranks print
   // nothing while rank 0's log moves is not hung), through the rendezvous's count.
   void check_hang() {
     bool moved = false;
-    const bool several = plan.group_world_size > 1;
-    const bool checked = stacks.next_hang_check() && Clock::now() >= *stacks.next_hang_check();
-    auto job = several ? rdzv.job_progress() : std::nullopt;
-    const bool hung = stacks.hung_now(streams->last_read(), workers.all(), several,
-                                      job ? std::optional<int64_t>(job->count) : std::nullopt,
-                                      job ? job->read_at : Clock::time_point{}, moved);
-    if (checked && several) rdzv.note_progress(moved ? 1 : 0);
+    const bool several = job_.plan.group_world_size > 1;
+    const bool checked = stacks_.next_hang_check() && Clock::now() >= *stacks_.next_hang_check();
+    auto job = several ? rdzv_.job_progress() : std::nullopt;
+    const bool hung = stacks_.hung_now(output_.streams().last_read(), workers_.all(), several,
+                                       job ? std::optional<int64_t>(job->count) : std::nullopt,
+                                       job ? job->read_at : Clock::time_point{}, moved);
+    if (checked && several) rdzv_.note_progress(moved ? 1 : 0);
     if (hung) on_hang();
   }
 
   // --hang-timeout passed with no progress: stacks shown, the attempt fails (exit 124).
   void on_hang() {
-    err_writer->push_line(stacks.on_hang(workers.all(), attempt_dir()));
-    workers.begin_stop(SIGTERM);
-    rdzv.end_round(RoundEnd::Kind::kFailed, *stacks.hang());
-    look_ahead(RoundEnd{RoundEnd::Kind::kFailed, "", *stacks.hang()});
+    output_.err().push_line(stacks_.on_hang(workers_.all(), job_.attempt_dir()));
+    workers_.begin_stop(SIGTERM);
+    rdzv_.end_round(RoundEnd::Kind::kFailed, *stacks_.hang());
+    look_ahead(RoundEnd{RoundEnd::Kind::kFailed, "", *stacks_.hang()});
   }
 
   static int timeout_ms(Clock::time_point next) {
@@ -451,125 +355,189 @@ struct Supervisor::Impl {
     return static_cast<int>(std::max<long>(0, ms + 1));
   }
 
-  // ------------------------------------------------------------------ the job
+  Job& job_;
+  Rendezvous& rdzv_;
+  EventLoop& loop_;
+  NodeOutput& output_;
+  AttemptWorkers& workers_;
+  StackDumps& stacks_;
+  NodeSignals& signals_;
+  const void* notify_tag_;  // the epoll tag of the rendezvous's notify fd
+  int stdin_fd_ = -1;
+  std::optional<Clock::time_point> drain_deadline_;
+  std::optional<WorkerResult> root_;
+  std::optional<RoundEnd> remote_end_;  // the round ended elsewhere (or the rendezvous ended it)
+  bool looked_ahead_ = false;           // this round's prejoin() was asked for
+  int dumps_asked_ = 0;  // dumps asked on this node (they name the dump on every node)
+};
+
+}  // namespace
+
+// The job: rounds one after another, each joined, run (AttemptSupervisor) and ended, while
+// the rendezvous allows another; then the report (JobRecord).
+struct Supervisor::Impl {
+  Job job;
+  const Options& o;
+  Rendezvous& rdzv;
+  Guardian& guardian;
+  NodeSignals signals;
+  EventLoop loop;
+  NodeOutput output;
+  std::string tmp_root;                // mkdtemp'd when no --log-dir: removed after success
+  std::unique_ptr<RunTmpDir> tmp_dir;  // tmp_root, locked while this run lives (tmpdirs.hpp)
+  WarmPython warm;   // --preload's warm process (inert without the flag)
+  int warm_tag = 0;  // epoll tag of its answer
+  AttemptWorkers workers;  // this attempt's
+  StackDumps stacks;  // every rank's stack: on demand, at a failure, at a hang (stack_dump.hpp)
+  int notify_tag = 0;  // epoll tag of the rendezvous's notify fd
+  bool notify_registered = false;
+  AttemptSupervisor attempts;
+  JobRecord record;
+  std::string stop_reason;  // why no further round followed a failure
+
+  Impl(const Options& opt, std::map<std::string, std::string> env, Guardian& g, Rendezvous& r, std::string host)
+      : job(r, std::move(env)), o(opt), rdzv(r), guardian(g), signals(opt, workers, r, job.plan),
+        output(opt, job.plan), warm(opt, g), workers(opt, g, &warm), stacks(opt, host),
+        attempts(job, loop, output, workers, stacks, signals, &notify_tag), record(opt, r) {
+    job.plan.run_id = o.rdzv_id;
+    job.plan.hostname = std::move(host);
+  }
+
+  ~Impl() {
+    // Also on an exception out of run(): spdlog must not write through a dead writer.
+    route_logging_through(nullptr);
+    output.close_streams();  // its pipes leave the epoll set before it closes
+    output.flush();
+    loop.close();
+  }
+
+  void setup() {
+    become_subreaper();
+    signals.start();
+    loop.open(supervised_set(o));
+    loop.serve({[this] { attempts.on_signals(); }, [this] { output.streams().resume_paused(); }});
+    output.start(loop);
+    attempts.setup_stdin();
+
+    RunFolders f = make_run_folders(o.log_dir, job.plan.run_id);
+    tmp_dir = std::move(f.tmp_dir);
+    tmp_root = f.tmp_root;
+    job.log_root = f.log_root;
+    // --preload: the import runs while this node joins the rendezvous.
+    if (warm.enabled()) warm.start(node_environment(o, job.base_env));
+  }
+
+  JobOutcome run() {
+    record.start();
+    setup();
+    for (job.attempt = 0;; ++job.attempt) {
+      auto joined = join_round();
+      if (!joined) break;  // a signal while joining
+      job.plan = *joined;
+      watch_rendezvous();
+      if (!wait_warm()) break;  // a signal while the warm process imports
+      attempts.start();
+      attempts.supervise();
+      record.keep(workers.all(), job.attempt);
+      auto end = attempt_end();
+      if (!end || signals.stopped_elsewhere(*end)) break;  // a signal (here, or Slurm's on another node)
+      if (end->kind == RoundEnd::Kind::kDone) break;
+      if (!attempts.root() && !stacks.hang()) attempts.ended_elsewhere(*end);  // this node succeeded, the round did not
+      if (!restarts(*end)) break;
+      announce_restart(*end);
+    }
+    record.end(job.plan.restart_count);
+    finish();
+    return record.outcome();
+  }
+
+  // --preload: the warm process (a new one if it died) has imported its modules before the
+  // workers start; a signal meanwhile stops this node (false). Throws when it cannot be.
+  bool wait_warm() {
+    warm.start(node_environment(o, job.base_env));  // nothing while one runs (or without --preload)
+    const int fd = warm.pending_fd();
+    if (fd < 0) return true;
+    loop.add(fd, &warm_tag);
+    bool answered = false;
+    while (!answered && !signals.got())
+      for (void* tag : loop.wait_between_attempts()) answered |= tag == &warm_tag;
+    loop.remove(fd);
+    if (answered) warm.on_ready();
+    return answered;
+  }
 
   // The rendezvous's notify fd exists once the first round is joined (static: multi-node).
   void watch_rendezvous() {
     if (notify_registered || rdzv.notify_fd() < 0) return;
-    add_fd(rdzv.notify_fd(), &notify_tag);
+    loop.add(rdzv.notify_fd(), &notify_tag);
     notify_registered = true;
-  }
-
-  // After this node's workers all succeeded: how the round ended for everyone (a signal
-  // to ddprun meanwhile ends the wait; got_signal says so).
-  std::optional<RoundEnd> wait_round_end() {
-    if (auto end = rdzv.arrive_exit()) return end;
-    while (!got_signal)
-      for (void* tag : wait_between_attempts())
-        if (tag == &notify_tag)
-          if (auto end = rdzv.round_end()) return end;
-    return std::nullopt;
-  }
-
-  // One wait while no worker runs (joining, waiting for the others at the exit): signals
-  // and the console writers are served here; the tags of other ready fds are returned.
-  std::vector<void*> wait_between_attempts() {
-    epoll_event evs[16];
-    int n = epoll_wait(epfd, evs, 16, -1);
-    if (n < 0 && errno != EINTR) throw ddp::SystemError("epoll_wait", errno);
-    std::vector<void*> ready;
-    for (int i = 0; i < n; ++i) {
-      void* tag = evs[i].data.ptr;
-      if (tag == nullptr) on_signal();
-      else if (tag == &wakefd) resume_paused();
-      else ready.push_back(tag);
-    }
-    return ready;
   }
 
   // How this attempt's round ended, seen from this node.
   std::optional<RoundEnd> attempt_end() {
-    if (got_signal) return std::nullopt;
-    if (root)
+    if (signals.got()) return std::nullopt;
+    if (const auto& root = attempts.root())
       return RoundEnd{RoundEnd::Kind::kFailed, "",
                       fmt::format("rank {} {}", root->rank,
                                   root->signal ? "was killed by " + signal_name(root->signal)
                                                : fmt::format("exited with code {}", root->exit_code))};
     if (stacks.hang()) return RoundEnd{RoundEnd::Kind::kFailed, "", *stacks.hang()};
-    if (remote_end) return remote_end;
+    if (attempts.remote_end()) return attempts.remote_end();
     return wait_round_end();
   }
 
-  // --summary-json lists the workers of the last kHistoryAttempts attempts: a job that
-  // restarts a thousand times does not hold a thousand attempts' records. Only a failed
-  // worker's record keeps its stderr (its traceback).
-  void keep_history() {
-    for (auto& w : workers.all()) {
-      outcome.workers.push_back(w);
-      if (!w.failed()) outcome.workers.back().stderr_tail = std::vector<std::string>();
-    }
-    std::erase_if(outcome.workers, [&](const WorkerResult& w) { return w.attempt <= attempt - kHistoryAttempts; });
+  // After this node's workers all succeeded: how the round ended for everyone (a signal
+  // to ddprun meanwhile ends the wait; signals.got() says so).
+  std::optional<RoundEnd> wait_round_end() {
+    if (auto end = rdzv.arrive_exit()) return end;
+    while (!signals.got())
+      for (void* tag : loop.wait_between_attempts())
+        if (tag == &notify_tag)
+          if (auto end = rdzv.round_end()) return end;
+    return std::nullopt;
+  }
+
+  // Whether another round follows `end` (false: a signal came, or the rendezvous refused).
+  bool restarts(const RoundEnd& end) {
+    auto refusal = restart_refusal(end);
+    if (!refusal) return false;  // a signal
+    stop_reason = *refusal;
+    attempts.round_over();
+    if (stop_reason.empty()) return true;
+    // A node cut off said why as it stopped its workers, and says it last again: no third line.
+    if ((o.max_restarts > 0 || !end.counted()) && !(end.node_only() && stop_reason == end.text))
+      spdlog::error("not restarting: {}", stop_reason);
+    return false;
   }
 
   void announce_restart(const RoundEnd& end) {
-    if (plan.round >= 0) {
+    if (job.plan.round >= 0) {
       if (end.counted())
-        spdlog::warn("round {} ended ({}): forming the next round (a restart; --max-restarts {})", plan.round,
+        spdlog::warn("round {} ended ({}): forming the next round (a restart; --max-restarts {})", job.plan.round,
                      end.describe(), o.max_restarts);
       else
-        spdlog::warn("round {} ended ({}): forming the next round (not counted as a restart)", plan.round,
+        spdlog::warn("round {} ended ({}): forming the next round (not counted as a restart)", job.plan.round,
                      end.describe());
       return;
     }
-    spdlog::warn("attempt {} failed ({}); restarting all workers: attempt {} of {}", attempt, end.describe(),
-                 attempt + 1, o.max_restarts);
+    spdlog::warn("attempt {} failed ({}); restarting all workers: attempt {} of {}", job.attempt, end.describe(),
+                 job.attempt + 1, o.max_restarts);
   }
 
-  // Runs `call` (a rendezvous call that may wait for the network) on a thread of its own
-  // while this one still reads signals: a signal meanwhile stops this node at once
-  // (nullopt; the call is cancelled, and abandoned if it does not end within 2 s). The
-  // thread owns what it touches (background.hpp).
+  // A rendezvous call that may wait for the network, off this thread (EventLoop::off_loop;
+  // nullopt: a signal came meanwhile).
   template <class T>
   std::optional<T> off_loop(std::function<T()> call) {
-    struct Call {
-      std::optional<T> value;
-      std::exception_ptr error;
-      int fd = -1;
-      ~Call() {
-        if (fd >= 0) close(fd);
-      }
+    EventLoop::OffLoop how;
+    how.stopped = [this] { return signals.got() != 0; };
+    how.cancel = [this] { rdzv.cancel(); };
+    how.waiting = [this](bool waiting) {
+      // The last round's end stays unread until the next round runs (level-triggered).
+      if (notify_registered && waiting) loop.remove(rdzv.notify_fd());
+      if (notify_registered && !waiting) loop.add(rdzv.notify_fd(), &notify_tag);
+      signals.joining(waiting);
     };
-    auto c = std::make_shared<Call>();
-    c->fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (c->fd < 0) throw ddp::SystemError("eventfd", errno);
-    BackgroundTask task([c, call = std::move(call)] {
-      try {
-        c->value = call();
-      } catch (...) {
-        c->error = std::current_exception();
-      }
-      uint64_t one = 1;
-      ssize_t n = write(c->fd, &one, sizeof one);
-      (void)n;
-    });
-    add_fd(c->fd, &c->fd);
-    // The last round's end stays unread until the next round runs (level-triggered).
-    if (notify_registered) epoll_ctl(epfd, EPOLL_CTL_DEL, rdzv.notify_fd(), nullptr);
-    joining = true;
-    bool done = false;
-    while (!done && !got_signal)
-      for (void* tag : wait_between_attempts()) done |= tag == &c->fd;
-    epoll_ctl(epfd, EPOLL_CTL_DEL, c->fd, nullptr);
-    if (notify_registered) add_fd(rdzv.notify_fd(), &notify_tag);
-    joining = false;
-    if (!done) {
-      rdzv.cancel();
-      if (!task.wait_until(Clock::now() + std::chrono::seconds(2))) task.abandon();
-      return std::nullopt;
-    }
-    task.wait();
-    if (c->error) std::rethrow_exception(c->error);
-    return c->value;
+    return loop.off_loop<T>(std::move(call), how);
   }
 
   // The next round (nullopt: a signal came while joining).
@@ -585,56 +553,6 @@ struct Supervisor::Impl {
     return off_loop<std::string>([r = &rdzv, end] { return r->restart_refused(end); });
   }
 
-  JobOutcome run() {
-    outcome.start = SysClock::now();
-    setup();
-    for (attempt = 0;; ++attempt) {
-      auto joined = join_round();
-      if (!joined) break;  // a signal while joining
-      plan = *joined;
-      watch_rendezvous();
-      if (!wait_warm()) break;  // a signal while the warm process imports
-      start_attempt();
-      supervise();
-      for (auto& w : workers.all())
-        if (root && w.pid == root->pid) root = w;  // now with its stderr tail
-      keep_history();
-      auto end = attempt_end();
-      if (!end || slurm_stopped_elsewhere(*end)) break;  // a signal (here, or Slurm's on another node)
-      if (end->kind == RoundEnd::Kind::kDone) break;
-      if (!root && !stacks.hang()) remote_end = end;  // this node succeeded, the round did not
-      auto refusal = restart_refusal(*end);
-      if (!refusal) break;  // a signal
-      stop_reason = *refusal;
-      looked_ahead = false;
-      if (!stop_reason.empty()) {
-        // A node cut off said why as it stopped its workers, and says it last again: no third line.
-        if ((o.max_restarts > 0 || !end->counted()) && !(end->node_only() && stop_reason == end->text))
-          spdlog::error("not restarting: {}", stop_reason);
-        break;
-      }
-      announce_restart(*end);
-    }
-    outcome.restarts = plan.restart_count;
-    outcome.end = SysClock::now();
-    finish();
-    return outcome;
-  }
-
-  // A node stopping on a signal is gone by the time the SIGKILL escalation would have
-  // ended (at least a second after now): the goodbye to the others is bounded by it.
-  void finish_rendezvous() {
-    using F = FinishKind;
-    if (abandoned_anything()) return;  // a join still runs inside the rendezvous: leave it be
-    if (got_signal) {
-      auto by = std::max(signal_at + std::chrono::milliseconds(static_cast<long>(o.shutdown_timeout * 1000)),
-                         Clock::now() + std::chrono::seconds(1));
-      return rdzv.finish(F::kNodeStopped, "", by);
-    }
-    if (!root && !remote_end && !stacks.hang()) return rdzv.finish(F::kSucceeded, "", std::nullopt);
-    rdzv.finish(remote_end && remote_end->node_only() ? F::kNodeStopped : F::kJobFailed, stop_reason, std::nullopt);
-  }
-
   void finish() {
     // Nothing outlives the job (each attempt already killed what its workers left behind),
     // and as PID 1 everything in the namespace goes.
@@ -644,26 +562,11 @@ struct Supervisor::Impl {
     while (waitpid(-1, nullptr, WNOHANG) > 0) {
     }
     route_logging_through(nullptr);
-    out_writer->flush();
-    err_writer->flush();
-
-    JobEnd end;
-    end.signal = got_signal;
-    if (root) {
-      end.root = &*root;
-      for (auto& w : workers.all())
-        if (w.pid != root->pid && (w.failed() || w.state == WorkerResult::State::kStopped)) end.others.push_back(w);
-    }
-    end.where = stacks.failure_note();
-    if (stacks.hang()) end.hang_report = &stacks.hang_report();
-    if (remote_end) {
-      end.remote = remote_end->describe();
-      end.remote_node_only = remote_end->node_only();
-    }
-    conclude(outcome, end, o.script);
-    if (!o.summary_json.empty()) write_summary_json(o.summary_json, outcome, plan.run_id);
-    finish_rendezvous();
-    if (!tmp_root.empty() && outcome.exit_code == 0) {
+    output.flush();
+    const JobRecord::Ending e{signals, attempts.root(), workers.all(), stacks, attempts.remote_end(), stop_reason};
+    record.report(e, job.plan.run_id);
+    record.leave(e);
+    if (!tmp_root.empty() && record.outcome().exit_code == 0) {
       std::error_code ec;
       fs::remove_all(tmp_root, ec);
     }

@@ -1,0 +1,63 @@
+#include "launcher/job_record.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include "launcher/background.hpp"
+#include "launcher/node_signals.hpp"
+#include "launcher/stack_dump.hpp"
+
+namespace ddprun {
+
+namespace {
+using SysClock = std::chrono::system_clock;
+constexpr int kHistoryAttempts = 64;  // attempts whose workers --summary-json lists
+}  // namespace
+
+void JobRecord::start() { outcome_.start = SysClock::now(); }
+
+// --summary-json lists the workers of the last kHistoryAttempts attempts: a job that
+// restarts a thousand times does not hold a thousand attempts' records. Only a failed
+// worker's record keeps its stderr (its traceback).
+void JobRecord::keep(const std::vector<WorkerResult>& workers, int attempt) {
+  for (auto& w : workers) {
+    outcome_.workers.push_back(w);
+    if (!w.failed()) outcome_.workers.back().stderr_tail = std::vector<std::string>();
+  }
+  std::erase_if(outcome_.workers, [&](const WorkerResult& w) { return w.attempt <= attempt - kHistoryAttempts; });
+}
+
+void JobRecord::end(int restarts) {
+  outcome_.restarts = restarts;
+  outcome_.end = SysClock::now();
+}
+
+void JobRecord::report(const Ending& e, const std::string& run_id) {
+  JobEnd end;
+  end.signal = e.signals.got();
+  if (e.root) {
+    end.root = &*e.root;
+    for (auto& w : e.workers)
+      if (w.pid != e.root->pid && (w.failed() || w.state == WorkerResult::State::kStopped)) end.others.push_back(w);
+  }
+  end.where = e.stacks.failure_note();
+  if (e.stacks.hang()) end.hang_report = &e.stacks.hang_report();
+  if (e.remote) {
+    end.remote = e.remote->describe();
+    end.remote_node_only = e.remote->node_only();
+  }
+  conclude(outcome_, end, o_.script);
+  if (!o_.summary_json.empty()) write_summary_json(o_.summary_json, outcome_, run_id);
+}
+
+// A node stopping on a signal is gone by the time the SIGKILL escalation would have
+// ended (at least a second after now): the goodbye to the others is bounded by it.
+void JobRecord::leave(const Ending& e) {
+  using F = FinishKind;
+  if (abandoned_anything()) return;  // a join still runs inside the rendezvous: leave it be
+  if (e.signals.got()) return rdzv_.finish(F::kNodeStopped, "", e.signals.leave_by());
+  if (!e.root && !e.remote && !e.stacks.hang()) return rdzv_.finish(F::kSucceeded, "", std::nullopt);
+  rdzv_.finish(e.remote && e.remote->node_only() ? F::kNodeStopped : F::kJobFailed, e.stop_reason, std::nullopt);
+}
+
+}  // namespace ddprun

@@ -1,0 +1,86 @@
+#include "launcher/node_signals.hpp"
+
+#include <signal.h>
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "launcher/attempt.hpp"
+
+namespace ddprun {
+
+NodeSignals::~NodeSignals() = default;
+
+void NodeSignals::start() { slurm_ = SlurmSignals::create(o_); }
+
+void NodeSignals::attempt_starting() {
+  if (slurm_) slurm_->attempt_starting();
+}
+
+void NodeSignals::take(const signalfd_siginfo& si) {
+  const int sig = static_cast<int>(si.ssi_signo);
+  bool stops = std::find(o_.signals_to_handle.begin(), o_.signals_to_handle.end(), sig) != o_.signals_to_handle.end();
+  if (slurm_ && on_slurm_signal(slurm_->classify(si, stops), sig)) return;
+  if (!stops) {  // SIGUSR1/SIGUSR2: Slurm's pre-emption notice, passed on
+    spdlog::info("forwarding {} to the workers", signal_name(sig));
+    workers_.signal_live(sig, false);
+    return;
+  }
+  if (got_) {
+    spdlog::warn("received {} again: killing the workers now", signal_name(sig));
+    workers_.signal_live(SIGKILL, true);
+    return;
+  }
+  got_ = sig;
+  at_ = Clock::now();
+  spdlog::warn("received {}: forwarding it to the workers, SIGKILL after {} s", signal_name(sig), o_.shutdown_timeout);
+  workers_.restart_stop();  // begin_stop sends this signal, not SIGTERM
+  workers_.begin_stop(sig);  // before anything that talks to the network
+  if (!joining_)  // (while joining there is no round to end: join_round cancels the join)
+    rdzv_.end_round(RoundEnd::Kind::kLeft, fmt::format("ddprun on {} received {}", plan_.hostname, signal_name(sig)));
+}
+
+// A signal Slurm sent (launcher/slurm_signals.hpp decides what it means); false when it
+// did not come from Slurm. Slurm signals every node of the step, but not at the same
+// moment: a stop is announced (stop_note) so that a node still waiting for it stops the
+// same way instead of taking this node's exit for a failure (stopped_elsewhere).
+bool NodeSignals::on_slurm_signal(SlurmSignals::Act act, int sig) {
+  using A = SlurmSignals::Act;
+  if (act == A::kNotSlurm) return false;
+  if (act == A::kForward) workers_.signal_live(sig, false);
+  if (act == A::kStop || act == A::kStopQuiet) {
+    const bool was_stopping = workers_.stopping();
+    workers_.begin_stop(act == A::kStop ? sig : 0);  // 0: nothing sent, the SIGKILL deadline set
+    if (!got_) {
+      got_ = sig;
+      at_ = Clock::now();
+      if (!was_stopping && !joining_)
+        rdzv_.end_round(RoundEnd::Kind::kLeft, slurm_->stop_note({sig, act == A::kStopQuiet}, plan_.hostname));
+    }
+  }
+  return true;
+}
+
+bool NodeSignals::stopped_elsewhere(const RoundEnd& end) {
+  if (!slurm_ || got_) return false;
+  auto stop = slurm_->stopped_elsewhere(end.describe());
+  if (!stop) return false;
+  spdlog::warn("{}: Slurm stops every node of the step, so this node stops too ({}, SIGKILL after {} s)",
+               end.describe(),
+               stop->direct ? "its workers get " + signal_name(stop->sig) + " from Slurm"
+                            : signal_name(stop->sig) + " to the workers",
+               o_.shutdown_timeout);
+  got_ = stop->sig;
+  at_ = Clock::now();
+  workers_.begin_stop(stop->direct ? 0 : stop->sig);
+  return true;
+}
+
+NodeSignals::Clock::time_point NodeSignals::leave_by() const {
+  return std::max(at_ + std::chrono::milliseconds(static_cast<long>(o_.shutdown_timeout * 1000)),
+                  Clock::now() + std::chrono::seconds(1));
+}
+
+}  // namespace ddprun

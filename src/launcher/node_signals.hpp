@@ -1,0 +1,59 @@
+// The signals to ddprun that stop this node or reach its workers (SIGCHLD and the stack
+// dumps' triggers are the supervisor's): one of --signals-to-handle stops the node, the
+// workers signalled before anything that talks to the network, and a second one kills them
+// at once; SIGUSR1/SIGUSR2 are passed on; inside a Slurm job, Slurm's own signals are taken
+// once (slurm_signals.hpp), also when another node announces them.
+#pragma once
+
+#include <sys/signalfd.h>
+
+#include <chrono>
+#include <memory>
+
+#include "launcher/options.hpp"
+#include "launcher/rendezvous.hpp"
+#include "launcher/slurm_signals.hpp"
+#include "launcher/worker.hpp"
+
+namespace ddprun {
+
+class AttemptWorkers;
+
+class NodeSignals {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // plan: the running round's (it names this node in the note to the others).
+  NodeSignals(const Options& o, AttemptWorkers& workers, Rendezvous& rdzv, const JobPlan& plan)
+      : o_(o), workers_(workers), rdzv_(rdzv), plan_(plan) {}
+  ~NodeSignals();
+
+  void start();             // inside a Slurm job: its signals are taken from now on
+  void attempt_starting();  // before an attempt's workers start (Slurm's probe)
+  // A signal read from the signalfd, neither SIGCHLD nor a stack-dump trigger.
+  void take(const signalfd_siginfo& si);
+  // True when `end` is another node's note that Slurm is stopping this step: this node
+  // stops as if Slurm's signal had come (exit 128+signal): it sends the signal to its
+  // workers, or, where Slurm signals the workers itself, leaves that to Slurm. The signal
+  // itself, when it comes here, is then a duplicate.
+  bool stopped_elsewhere(const RoundEnd& end);
+  // While joining there is no round to end (the join is cancelled instead).
+  void joining(bool j) { joining_ = j; }
+
+  int got() const { return got_; }  // the signal that stops this node (0: none)
+  // When the SIGKILL escalation of the stop would end, at least a second after now.
+  Clock::time_point leave_by() const;
+
+ private:
+  bool on_slurm_signal(SlurmSignals::Act act, int sig);
+
+  const Options& o_;
+  AttemptWorkers& workers_;
+  Rendezvous& rdzv_;
+  const JobPlan& plan_;
+  std::unique_ptr<SlurmSignals> slurm_;  // inside a Slurm job: its signals taken once
+  int got_ = 0;
+  Clock::time_point at_{};  // when got_ came
+  bool joining_ = false;    // the supervisor waits for the rendezvous (no round to end)
+};
+
+}  // namespace ddprun
