@@ -101,7 +101,7 @@ bool EventLoop::run_off_loop(std::function<void()> call, const OffLoop& how) {
   how.waiting(false);
   if (!done) {
     how.cancel();
-    if (!task.wait_until(Clock::now() + std::chrono::seconds(2))) task.abandon();
+    if (!task.wait_until(Clock::now() + how.grace)) task.abandon();
     return false;
   }
   task.wait();

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/signalfd.h>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -27,6 +28,7 @@ class EventLoop {
     std::function<bool()> stopped;      // a signal came: the wait ends
     std::function<void()> cancel;       // makes the call end soon
     std::function<void(bool)> waiting;  // true as the wait begins, false once it ended
+    std::chrono::milliseconds grace{2000};  // how long a cancelled call may take to end before it is abandoned
   };
 
   EventLoop() = default;
@@ -54,8 +56,8 @@ class EventLoop {
 
   // Runs `call` (a rendezvous call that may wait for the network) on a thread of its own
   // while this one still reads signals: a signal meanwhile stops this node at once
-  // (nullopt; the call is cancelled, and abandoned if it does not end within 2 s). The
-  // thread owns what it touches (background.hpp).
+  // (nullopt; the call is cancelled, and abandoned if it does not end within how.grace).
+  // The thread owns what it touches (background.hpp).
   template <class T>
   std::optional<T> off_loop(std::function<T()> call, const OffLoop& how) {
     auto value = std::make_shared<std::optional<T>>();  // the thread's too

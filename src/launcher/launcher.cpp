@@ -1,12 +1,9 @@
 #include "launcher/launcher.hpp"
 
-#include <poll.h>
-#include <sys/eventfd.h>
-#include <sys/signalfd.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 
@@ -15,6 +12,7 @@
 
 #include "ddp/error.hpp"
 #include "launcher/background.hpp"
+#include "launcher/event_loop.hpp"
 #include "launcher/log.hpp"
 #include "launcher/options.hpp"
 #include "launcher/process.hpp"
@@ -48,9 +46,10 @@ void print_error(const std::string& msg) {
 }
 
 // Opens the rendezvous (the store connected, this node's lease taken: calls that may wait
-// out a whole timeout on a host that accepts and never answers, a frozen one) on a thread
-// of its own while this one waits for a stop signal (--signals-to-handle). One ends the
-// wait: no worker exists yet, so ddprun stops at once (`sig` set, nullptr returned).
+// out a whole timeout on a host that accepts and never answers, a frozen one) off this
+// thread, which waits for a stop signal (--signals-to-handle) meanwhile. One ends the wait:
+// no worker exists yet, so ddprun stops at once (`sig` set, nullptr returned; the opening
+// is abandoned where it is, and ddprun must end with _Exit).
 std::unique_ptr<Rendezvous> open_rendezvous(const Options& o, const std::string& host, int& sig) {
   if (!o.dynamic() && o.max_nodes == 1) return make_rendezvous(o, host);  // one node: no network
   sigset_t stops;
@@ -58,46 +57,16 @@ std::unique_ptr<Rendezvous> open_rendezvous(const Options& o, const std::string&
   const auto triggers = StackDumps::trigger_signals(o);
   for (int s : o.signals_to_handle)
     if (std::find(triggers.begin(), triggers.end(), s) == triggers.end()) sigaddset(&stops, s);
-  struct Opened {
-    std::unique_ptr<Rendezvous> r;
-    std::exception_ptr error;
-    int fd = -1;
-    ~Opened() {
-      if (fd >= 0) close(fd);
-    }
-  };
-  auto c = std::make_shared<Opened>();
-  c->fd = eventfd(0, EFD_CLOEXEC);
-  const int sfd = signalfd(-1, &stops, SFD_CLOEXEC);
-  if (c->fd < 0 || sfd < 0) {
-    if (sfd >= 0) close(sfd);
-    return make_rendezvous(o, host);
-  }
-  // (If abandoned, the thread may still use `o`: ddprun then ends with _Exit at once.)
-  BackgroundTask task([c, &o, host] {
-    try {
-      c->r = make_rendezvous(o, host);
-    } catch (...) {
-      c->error = std::current_exception();
-    }
-    uint64_t one = 1;
-    ssize_t n = write(c->fd, &one, sizeof one);
-    (void)n;
-  });
-  pollfd fds[2] = {{c->fd, POLLIN, 0}, {sfd, POLLIN, 0}};
-  while (poll(fds, 2, -1) < 0 && errno == EINTR) {
-  }
-  signalfd_siginfo si{};
-  if (!(fds[0].revents & POLLIN) && read(sfd, &si, sizeof si) == sizeof si) {
-    close(sfd);
-    sig = static_cast<int>(si.ssi_signo);
-    task.abandon();
-    return nullptr;
-  }
-  close(sfd);
-  task.wait();
-  if (c->error) std::rethrow_exception(c->error);
-  return std::move(c->r);
+  EventLoop loop;
+  loop.open(stops);
+  loop.serve({[&] {
+                for (signalfd_siginfo si; loop.next_signal(si);)
+                  if (!sig) sig = static_cast<int>(si.ssi_signo);
+              },
+              [] {}});
+  EventLoop::OffLoop how{[&] { return sig != 0; }, [] {}, [](bool) {}, std::chrono::milliseconds(0)};
+  auto opened = loop.off_loop<std::unique_ptr<Rendezvous>>([&o, host] { return make_rendezvous(o, host); }, how);
+  return opened ? std::move(*opened) : nullptr;
 }
 
 }  // namespace
