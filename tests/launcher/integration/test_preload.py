@@ -221,70 +221,56 @@ class PreloadTest(DdprunTestCase):
 
         return sorted(s for c in children(warm) if comm(c) == "cat" for s in children(c))
 
-    def test_a_restart_is_served_by_spare_workers(self):
-        # While attempt 0 runs, two spares wait under the warm process; attempt 1's workers
-        # are those two processes (nothing forked on the restart's path), with one import.
-        script = self.write("spare.py", SPARE_RESTART)
+    def restart_from_spares(self, script_text=SPARE_RESTART, env=None, before_restart=lambda spares: None):
+        """SPARE_RESTART's job: once two spares wait under the warm process, rank 0 of attempt
+        0 fails (after before_restart(spares)); the job must succeed with one import. Returns
+        the spares and the pids of attempt 1's workers."""
+        script = self.write("spare.py", script_text)
         p = self.start(["--standalone", "--nproc-per-node", "2", "--preload", "probe_mod", "--max-restarts", "1",
-                        "--log-level", "info", script], env=self.env())
+                        "--log-level", "info", script], env=env or self.env())
         m = self.wait_for(lambda: re.search(r"warm process pid (\d+)", read_text(self.path("ddprun.stderr"))),
                           what="the warm process's pid")
         warm = int(m.group(1))
         spares = self.wait_for(lambda: len(self.spares(warm)) == 2 and self.spares(warm), what="two spare workers")
+        before_restart(spares)
         open(self.path("fail_now"), "w").close()
         self.assertEqual(p.wait(timeout=scaled(60)), 0)
-        starts = [l.split() for l in read_text(self.path("starts")).splitlines()]
-        self.assertEqual(sorted(int(pid) for a, _, pid in starts if a == "1"), spares)
         self.assertEqual(len(self.probe_imports()), 1)
+        self.assertNotIn("start cold", read_text(self.path("ddprun.stderr")))
+        restarted = sorted(int(pid) for a, _, pid in
+                           (l.split() for l in read_text(self.path("starts")).splitlines()) if a == "1")
+        return spares, restarted
+
+    def test_a_restart_is_served_by_spare_workers(self):
+        # While attempt 0 runs, two spares wait under the warm process; attempt 1's workers
+        # are those two processes (nothing forked on the restart's path), with one import.
+        spares, restarted = self.restart_from_spares()
+        self.assertEqual(restarted, spares)
 
     def test_a_spare_killed_before_the_restart_is_replaced_by_a_fork(self):
         # One of the two spares dies before the restart asks for it: that rank is forked
         # from the warm process at the request (no second import), the other is the spare.
-        script = self.write("spare.py", SPARE_RESTART)
-        p = self.start(["--standalone", "--nproc-per-node", "2", "--preload", "probe_mod", "--max-restarts", "1",
-                        "--log-level", "info", script], env=self.env())
-        m = self.wait_for(lambda: re.search(r"warm process pid (\d+)", read_text(self.path("ddprun.stderr"))),
-                          what="the warm process's pid")
-        warm = int(m.group(1))
-        spares = self.wait_for(lambda: len(self.spares(warm)) == 2 and self.spares(warm), what="two spare workers")
-        os.kill(spares[0], signal.SIGKILL)  # forked under ddprun's warm process for this test
-        open(self.path("fail_now"), "w").close()
-        self.assertEqual(p.wait(timeout=scaled(60)), 0)
-        restarted = sorted(int(pid) for a, _, pid in
-                           (l.split() for l in read_text(self.path("starts")).splitlines()) if a == "1")
+        spares, restarted = self.restart_from_spares(
+            before_restart=lambda spares: os.kill(spares[0], signal.SIGKILL))  # forked under ddprun for this test
         self.assertEqual(len(restarted), 2)
         self.assertIn(spares[1], restarted)
         self.assertNotIn(spares[0], restarted)
-        self.assertEqual(len(self.probe_imports()), 1)
-        self.assertNotIn("start cold", read_text(self.path("ddprun.stderr")))
 
     def test_an_environment_too_large_for_a_spare_is_forked_at_the_request(self):
         # 600 kB of environment does not fit in one message to a spare (a socket's buffer):
         # the restart's workers are forked from the warm process at the request instead,
         # see all of it, and nothing starts cold.
         big = {f"BIG_{i}": chr(ord("a") + i) * 100_000 for i in range(6)}
-        script = self.write("spare.py", SPARE_RESTART.replace("import os, sys, time\n", """import os, sys, time
+        spares, restarted = self.restart_from_spares(SPARE_RESTART.replace("import os, sys, time\n", """import os, sys, time
 with open(os.path.join(os.environ["OUT"], "big_" + os.environ["TORCHELASTIC_RESTART_COUNT"] + os.environ["RANK"]),
           "w") as f:
     f.write(" ".join(f"{k}={len(v)}{v[:1]}" for k, v in sorted(os.environ.items()) if k.startswith("BIG_")))
-"""))
-        p = self.start(["--standalone", "--nproc-per-node", "2", "--preload", "probe_mod", "--max-restarts", "1",
-                        "--log-level", "info", script], env=self.env(**big))
-        m = self.wait_for(lambda: re.search(r"warm process pid (\d+)", read_text(self.path("ddprun.stderr"))),
-                          what="the warm process's pid")
-        warm = int(m.group(1))
-        spares = self.wait_for(lambda: len(self.spares(warm)) == 2 and self.spares(warm), what="two spare workers")
-        open(self.path("fail_now"), "w").close()
-        self.assertEqual(p.wait(timeout=scaled(60)), 0)
+"""), env=self.env(**big))
         want = " ".join(f"BIG_{i}=100000{chr(ord('a') + i)}" for i in range(6))
         for r in range(2):
             self.assertEqual(read_text(self.path(f"big_1{r}")), want)
-        restarted = [int(pid) for a, _, pid in (l.split() for l in read_text(self.path("starts")).splitlines())
-                     if a == "1"]
         self.assertEqual(len(restarted), 2)
         self.assertFalse(set(restarted) & set(spares), "the spares could not take the request")
-        self.assertEqual(len(self.probe_imports()), 1)
-        self.assertNotIn("start cold", read_text(self.path("ddprun.stderr")))
 
     def test_spares_do_not_outlive_ddprun(self):
         script = self.write("sleeper.py", SLEEPER)
