@@ -672,7 +672,8 @@ auto extension_call(const Impl& impl, const char* what, F f) {
                                      "reached)",
                                      e.what(), impl.addr));
     throw NetworkError(fmt::format("{} (the store at {} does not serve ddprun's {}: is it PyTorch's TCPStore rather "
-                                   "than ddprun's?)",
+                                   "than ddprun's, or a ddp-store-server older than this client? The rendezvous needs "
+                                   "ddprun's store: an agent's, or a ddp-store-server of the same version)",
                                    e.what(), impl.addr, what));
   }
 }
