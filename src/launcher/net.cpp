@@ -1,5 +1,6 @@
 #include "launcher/net.hpp"
 #include "launcher/fileio.hpp"
+#include "store/socket_util.hpp"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -7,6 +8,7 @@
 #include <netdb.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -60,6 +62,43 @@ std::string lower(std::string s) {
 }  // namespace
 
 // "pid 1234 (python3)" for the process listening on a TCP port, if this user can see it.
+namespace {
+bool accepts_at(const addrinfo* ai) {
+  const int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  bool yes = ::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+  if (!yes && errno == EINPROGRESS) {
+    pollfd p{fd, POLLOUT, 0};
+    int err = 0;
+    socklen_t len = sizeof err;
+    yes = ::poll(&p, 1, 100) == 0 ||  // no answer yet: a listener whose queue is full
+          (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0);
+  }
+  yes = yes && !ddp::detail::self_connected(fd);
+  ddp::detail::close_with_reset(fd);  // (a probe's port is not held in TIME_WAIT after it)
+  return yes;
+}
+}  // namespace
+
+bool accepts_connections(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return false;
+  bool yes = false;
+  for (const addrinfo* ai = res; ai && !yes; ai = ai->ai_next) yes = accepts_at(ai);
+  ::freeaddrinfo(res);
+  return yes;
+}
+
+std::pair<int, int> ephemeral_ports() {
+  std::istringstream in(read_file("/proc/sys/net/ipv4/ip_local_port_range").value_or("32768 60999"));
+  std::pair<int, int> r{32768, 60999};
+  in >> r.first >> r.second;
+  return r;
+}
+
 std::string who_listens(int port) {
   std::set<std::string> inodes;
   for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {

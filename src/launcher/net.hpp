@@ -3,12 +3,20 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddprun {
 
 // "pid 1234 (python3)" for the process listening on a TCP port, if this user can see it.
 std::string who_listens(int port);
+
+// Whether something accepts TCP connections at host:port (any of its addresses): a
+// connection completed, or one left pending by a full accept queue; false when refused.
+bool accepts_connections(const std::string& host, int port);
+
+// This machine's range of ephemeral ports (net.ipv4.ip_local_port_range).
+std::pair<int, int> ephemeral_ports();
 
 // The addresses of this machine's interfaces (IPv4 and IPv6, loopback included).
 std::vector<std::string> local_addresses();

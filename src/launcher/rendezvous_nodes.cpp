@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <functional>
 #include <future>
+#include <thread>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -147,6 +148,8 @@ class NodeRendezvous : public Rendezvous {
   std::unique_ptr<rdzv::Backend> open_etcd() const;
   bool decide_host(std::string& why) const;
   bool host_store(bool inferred, const std::string& why);
+  void bind_store(const ddp::detail::StoreServerOptions& so, bool inferred);
+  std::string blocked_port_text(int port) const;
   std::unique_ptr<rdzv::StoreBackend> connect(bool hosting, const std::string& why);
   // connect_host empty: no address to publish (static: the workers' store is node 0's).
   rdzv::NodeDesc describe_me(const std::string& connect_host, int port) const;
@@ -239,6 +242,46 @@ bool NodeRendezvous::decide_host(std::string& why) const {
   return names_this_machine(o_.rdzv_host, hostname_, why);
 }
 
+// Agents that start together on the endpoint's machine all try to host: the first
+// listens, the others find the port in use and join it. But two whose listen() calls meet
+// can each make the other's fail (the kernel sees the other half-way into listening), and
+// then nobody hosts: when hosting is inferred, a port in use with nobody accepting behind
+// the endpoint is bound again, for up to 2 s. Still blocked then, it is held by something
+// that does not listen (a connection of this machine in TIME_WAIT, most likely): nobody
+// can host there, and joining would wait out read_timeout for nothing.
+void NodeRendezvous::bind_store(const ddp::detail::StoreServerOptions& so, bool inferred) {
+  const auto until = std::chrono::steady_clock::now() + seconds(2);
+  for (bool said = false;; said = true) {
+    try {
+      server_ = std::make_unique<ddp::detail::StoreServer>(so);
+      return;
+    } catch (const ddp::SystemError& e) {
+      if (e.code() != EADDRINUSE || !inferred || accepts_connections(o_.rdzv_host, so.port)) throw;
+      if (std::chrono::steady_clock::now() >= until) throw ddp::Error(blocked_port_text(so.port));
+      if (!said)
+        spdlog::debug("rendezvous: port {} is in use, but nobody accepts connections there (another agent bound it "
+                      "at the same moment?): binding it again",
+                      so.port);
+      std::this_thread::sleep_for(std::chrono::microseconds(500 + random_u64() % 4500));
+    }
+  }
+}
+
+std::string NodeRendezvous::blocked_port_text(int port) const {
+  const auto [low, high] = ephemeral_ports();
+  const std::string holder = who_listens(port);
+  return fmt::format(
+      "--rdzv-endpoint {}: this machine should host the rendezvous store, but port {} is in use here{} and nobody "
+      "accepts connections on it{}; choose another port{}",
+      o_.rdzv_endpoint, port, holder.empty() ? "" : " (by " + holder + ")",
+      port >= low && port <= high
+          ? fmt::format(": a closed connection (TIME_WAIT) holds a port of the ephemeral range ({}-{}) for up to a "
+                        "minute",
+                        low, high)
+          : "",
+      port >= low && port <= high ? fmt::format(", below {}", low) : "");
+}
+
 // Binds the endpoint's port on every interface. Returns false when another process
 // already holds it and hosting was only inferred (then this node joins that store).
 bool NodeRendezvous::host_store(bool inferred, const std::string& why) {
@@ -246,7 +289,7 @@ bool NodeRendezvous::host_store(bool inferred, const std::string& why) {
   so.host = "";
   so.port = static_cast<uint16_t>(o_.rdzv_port);
   try {
-    server_ = std::make_unique<ddp::detail::StoreServer>(so);
+    bind_store(so, inferred);
   } catch (const ddp::SystemError& e) {
     if (e.code() != EADDRINUSE) throw;
     if (!inferred) {

@@ -23,6 +23,7 @@
 
 #include "ddp/error.hpp"
 #include "store/protocol.hpp"
+#include "store/socket_util.hpp"
 
 namespace ddp {
 
@@ -166,6 +167,11 @@ struct TcpStore::Impl {
         err = soerr;
         return {};
       }
+    }
+    if (detail::self_connected(s.get())) {  // nobody listens: as refused, and the port left free
+      detail::close_with_reset(s.release());
+      err = ECONNREFUSED;
+      return {};
     }
     int one = 1;
     ::setsockopt(s.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);

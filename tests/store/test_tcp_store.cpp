@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "ddp/error.hpp"
+#include "store/socket_util.hpp"
 #include "store_test_util.hpp"
 
 namespace ddp {
@@ -829,4 +830,34 @@ TEST(StoreServer, ClientRetriesUntilTheServerAppears) {
   c.set("late-server", "ok");
   auto server = fut.get();
   EXPECT_EQ(c.get("late-server"), "ok");
+}
+
+// A client that retries a port of the ephemeral range while nobody listens there can be
+// connected to itself (the kernel picked that very port as its own): that is no server,
+// and closing it with a reset leaves the port free for the server that comes.
+TEST(StoreServer, ASocketConnectedToItselfIsNoServerAndLeavesThePortFree) {
+  uint16_t port;
+  {
+    auto s = start_server();
+    port = s->port();
+  }
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << std::strerror(errno);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << "a simultaneous open with itself";
+  EXPECT_TRUE(ddp::detail::self_connected(fd));
+  ddp::detail::close_with_reset(fd);
+  ddp::detail::StoreServerOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  ddp::detail::StoreServer server(o);  // no TIME_WAIT holds the port
+  server.start();
+  int c = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_EQ(::connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << std::strerror(errno);
+  EXPECT_FALSE(ddp::detail::self_connected(c));
+  ::close(c);
 }

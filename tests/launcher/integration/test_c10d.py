@@ -574,6 +574,56 @@ class StoreHostTest(C10dTestCase):
         self.assertRegex(other.stderr(), rf"port {self.port} is already in use here \(by the agent that hosts the "
                                          r"store, as a rule\): joining it as a client")
 
+    def test_inferred_hosts_that_bind_at_the_same_moment_still_elect_one(self):
+        """Two agents whose listen() calls meet can each fail with EADDRINUSE (the kernel
+        sees the other half-way into listening), and then nobody hosts and both joined
+        nobody: an elastic job hung for read_timeout (1 to 3 in 100 pairs here). Made
+        certain: while both agents start, the port is held by a listener on 127.0.0.5, which
+        their 127.0.0.1 cannot reach; it goes after 0.5 s. A port in use with nobody behind
+        it is bound again, so one agent hosts and the job runs."""
+        import socket
+        held = socket.socket()
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.bind(("127.0.0.5", self.port))
+        held.listen(1)
+        try:
+            a = self.start_node("A", "127.0.0.2", nnodes="2", conf=CONF + ",read_timeout=5")
+            b = self.start_node("B", "127.0.0.3", nnodes="2", conf=CONF + ",read_timeout=5")
+            time.sleep(0.5)
+        finally:
+            held.close()
+        self.wait_nodes([a, b], 20)
+        self.assertEqual((a.rc, b.rc), (0, 0), self.describe())
+        hosts = [n for n in (a, b) if "this node hosts the c10d store" in n.stderr()]
+        self.assertEqual(len(hosts), 1, self.describe())
+
+    def test_a_port_held_by_a_closed_connection_is_a_clear_error(self):
+        """The endpoint's port is this machine's, and a connection that used it as its own
+        port was just closed (TIME_WAIT: a minute; a port of the ephemeral range, which
+        scripts that pick a free port use, can be left so by any connection). Nobody can
+        host there: the agent says so within seconds (before: it joined nobody, and gave up
+        after read_timeout with "cannot reach the c10d store")."""
+        import socket
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        client = socket.socket()
+        client.bind(("127.0.0.1", self.port))
+        client.connect(server.getsockname())
+        accepted, _ = server.accept()
+        client.close()  # the active close: TIME_WAIT on 127.0.0.1:port
+        accepted.close()
+        server.close()
+        n = self.start_node("A", "127.0.0.2", nnodes="1:2", conf=CONF + ",read_timeout=30")
+        t0 = time.time()
+        self.wait_nodes([n], 20)
+        self.assertEqual(n.rc, 1, self.describe())
+        self.assertLess(n.exited_at - t0, 10, self.describe())
+        self.assertRegex(n.stderr(), rf"ddprun: error: --rdzv-endpoint 127\.0\.0\.1:{self.port}: this machine should "
+                                     rf"host the rendezvous store, but port {self.port} is in use here and nobody "
+                                     r"accepts connections on it")
+        self.assertEqual(self.records(), [])
+
     def test_is_host_1_on_a_taken_port(self):
         port = self.store_server()
         n = self.start_node("A", "127.0.0.2", nnodes="1:2", conf=CONF + ",is_host=1", endpoint=f"127.0.0.1:{port}")
