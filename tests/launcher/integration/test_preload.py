@@ -231,7 +231,20 @@ class PreloadTest(DdprunTestCase):
         m = self.wait_for(lambda: re.search(r"warm process pid (\d+)", read_text(self.path("ddprun.stderr"))),
                           what="the warm process's pid")
         warm = int(m.group(1))
-        spares = self.wait_for(lambda: len(self.spares(warm)) == 2 and self.spares(warm), what="two spare workers")
+
+        def attempt_0():  # its workers: spares taken, children of their child between until it is gone
+            if not os.path.exists(self.path("starts")):
+                return set()
+            return {int(pid) for a, _, pid in (l.split() for l in read_text(self.path("starts")).splitlines())
+                    if a == "0"}
+
+        self.wait_for(lambda: len(attempt_0()) == 2, what="attempt 0's workers")
+
+        def new_spares():
+            found = [pid for pid in self.spares(warm) if pid not in attempt_0()]
+            return len(found) == 2 and found
+
+        spares = self.wait_for(new_spares, what="two spare workers")
         before_restart(spares)
         open(self.path("fail_now"), "w").close()
         self.assertEqual(p.wait(timeout=scaled(60)), 0)
