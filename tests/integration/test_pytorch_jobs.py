@@ -6,6 +6,7 @@ On torch 1.13 and, as integration.pytorch_jobs.torch2, on torch 2.6."""
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -16,6 +17,8 @@ NPROC = 4
 RUN_TIMEOUT = lib.scaled(120)  # a hang guard; a job here takes 2-5 s on 2 idle cores
 # What "promptly" allows a whole job: torch 2.6 takes twice as long to import.
 PROMPT = lib.scaled(90 if lib.RUNTIME.is_torch2 else 60)
+# What the examples print once their work is done (only torch's exit is left).
+TRAIN_DONE, ALLREDUCE_DONE = f"parameters identical on all {NPROC} ranks", f"all_reduce over {NPROC} ranks"
 
 
 class PyTorchJobs(unittest.TestCase):
@@ -29,20 +32,27 @@ class PyTorchJobs(unittest.TestCase):
     def tearDown(self):
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def run_ddprun(self, argv, cwd=None, timeout=RUN_TIMEOUT):
-        t0 = time.monotonic()
-        # TMPDIR: ddprun keeps its error-file folder after a failure; keep it in ours.
-        r = subprocess.run(argv, cwd=cwd or self.tmp, env=lib.job_env(TMPDIR=self.tmp), capture_output=True,
-                           text=True, timeout=timeout)
-        r.elapsed = time.monotonic() - t0
-        return r
+    def run_ddprun(self, argv, cwd=None, timeout=RUN_TIMEOUT, done=None):
+        """Runs ddprun once; once more when the run failed only by torch's exit race after
+        printing `done` (lib.torch_exit_abort), saying so on stderr."""
+        for attempt in range(2):
+            t0 = time.monotonic()
+            # TMPDIR: ddprun keeps its error-file folder after a failure; keep it in ours.
+            r = subprocess.run(argv, cwd=cwd or self.tmp, env=lib.job_env(TMPDIR=self.tmp), capture_output=True,
+                               text=True, timeout=timeout)
+            r.elapsed = time.monotonic() - t0
+            if attempt == 0 and lib.torch_exit_abort(r, done):
+                print(f"\n{self.id()}: a worker aborted in torch's exit after the job was done "
+                      f"({lib.TORCH_EXIT_ABORT!r}); running the job again:\n{r.stderr}", file=sys.stderr)
+                continue
+            return r
 
-    def run_static(self, make_argv, cwd=None):
+    def run_static(self, make_argv, cwd=None, done=None):
         """Runs a static single-node job on 12355 (the seeds' port) when free, else on a free
         port; retries once with another port if the chosen one was taken meanwhile."""
         port = 12355 if lib.port_is_free(12355) else lib.free_port()
         for _ in range(3):
-            r = self.run_ddprun(make_argv(port), cwd=cwd)
+            r = self.run_ddprun(make_argv(port), cwd=cwd, done=done)
             if r.returncode != 0 and "already in use" in r.stderr:
                 port = lib.free_port()
                 continue
@@ -81,7 +91,7 @@ class PyTorchJobs(unittest.TestCase):
 
     def test_allreduce_standalone(self):
         r = self.run_ddprun([lib.DDPRUN, "--standalone", "--nproc-per-node", str(NPROC),
-                             os.path.join(lib.EXAMPLES, "allreduce.py"), "--debug"])
+                             os.path.join(lib.EXAMPLES, "allreduce.py"), "--debug"], done=ALLREDUCE_DONE)
         self.assert_ok(r)
         self.assertIn(f"all_reduce over {NPROC} ranks: sum = 6 (expected 6)", r.stdout)
         self.assert_agent_store(r)
@@ -89,7 +99,8 @@ class PyTorchJobs(unittest.TestCase):
     def test_train_standalone(self):
         ckpt = os.path.join(self.tmp, "out", "ckpt.pt")
         r = self.run_ddprun([lib.DDPRUN, "--standalone", "--nproc-per-node", str(NPROC),
-                             os.path.join(lib.EXAMPLES, "train.py"), "--checkpoint", ckpt, "--debug"])
+                             os.path.join(lib.EXAMPLES, "train.py"), "--checkpoint", ckpt, "--debug"],
+                            done=TRAIN_DONE)
         self.assert_ok(r)
         self.assert_agent_store(r)
         self.assert_trained(r, ckpt)
@@ -99,7 +110,7 @@ class PyTorchJobs(unittest.TestCase):
     def test_allreduce_static_torchrun_flags(self):
         r = self.run_static(lambda port: [
             lib.DDPRUN, f"--nproc_per_node={NPROC}", "--nnodes=1", "--node_rank=0", "--master_addr=localhost",
-            f"--master_port={port}", os.path.join(lib.EXAMPLES, "allreduce.py"), "--debug"])
+            f"--master_port={port}", os.path.join(lib.EXAMPLES, "allreduce.py"), "--debug"], done=ALLREDUCE_DONE)
         self.assert_ok(r)
         self.assertIn(f"all_reduce over {NPROC} ranks: sum = 6", r.stdout)
         self.assert_agent_store(r)
@@ -113,7 +124,7 @@ class PyTorchJobs(unittest.TestCase):
         os.symlink(os.path.join(lib.SOURCE_DIR, "examples"), os.path.join(self.tmp, "examples"))
         r = self.run_static(lambda port: [
             "build/bin/ddprun", "--nproc_per_node=4", "--nnodes=1", "--node_rank=0", "--master_addr=localhost",
-            f"--master_port={port}", "examples/pytorch/train.py"])
+            f"--master_port={port}", "examples/pytorch/train.py"], done=TRAIN_DONE)
         self.assert_ok(r)
         self.assert_trained(r, os.path.join(self.tmp, "checkpoint.pt"))
         self.assertLess(r.elapsed, PROMPT)
