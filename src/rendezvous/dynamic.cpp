@@ -53,44 +53,37 @@ DynamicRendezvous::~DynamicRendezvous() {
 }
 
 RoundPlan DynamicRendezvous::next_round() {
-  for (;;) {
-    const auto deadline = Clock::now() + c_.join_timeout;
-    if (round_ >= 0) {
-      // Leaving: how the round ended is its first event that counts, the same for all.
-      worker_store_.reset();
-      signal_.watch(-1, nullptr);
-      events_.read();
-      auto end = reader_for(round_, members_).end();
-      main_->append("requests", leave_request(c_.me.id, round_, end ? end->counted() : true));
-    }
-    const size_t events_mark = events_.count();  // every line of the round to come lies after it
-    main_->append("requests", join_request(c_.me, c_.job));
-    State s = joiner_.join(deadline);
-    round_ = s.round;
-    events_.keep_from(round_);
-    members_ = std::make_shared<const std::vector<NodeDesc>>(s.participants);
-    RoundPlan p = plan_of(s);
-    keeper_->register_exit(round_);
-    signal_.watch(round_, members_);
-    try {
-      publish_or_fetch_master(p);
-    } catch (const RoundEnd& end) {
-      // The round ended before it started (rank 0 was lost): re-form, if that may be.
-      std::string why = restart_refused(end);
-      if (!why.empty()) throw ddp::Error(fmt::format("rendezvous: round {} ended before it started: {}", round_, why));
-      spdlog::warn("rendezvous: round {} ended before it started ({}): forming the next", round_, end.describe());
-      continue;
-    }
-    if (p.group_rank == 0) {
-      forget_round(p.round - 1);
-      trim_logs(s, events_mark);
-    }
-    p.members = std::move(s.participants);  // s is done with
-    spdlog::info("rendezvous: round {} of job '{}': node rank {} of {} ({}), ranks {}..{} of {}, restarts so far {}",
-                 p.round, c_.run_id, p.group_rank, p.group_world_size, describe_nodes(p.members), p.rank_base,
-                 p.rank_base + c_.me.nproc - 1, p.world_size, p.restart_count);
-    return p;
+  const auto deadline = Clock::now() + c_.join_timeout;
+  if (round_ >= 0) {
+    // Leaving: how the round ended is its first event that counts, the same for all.
+    worker_store_.reset();
+    signal_.watch(-1, nullptr);
+    events_.read();
+    auto end = reader_for(round_, members_).end();
+    main_->append("requests", leave_request(c_.me.id, round_, end ? end->counted() : true));
   }
+  const size_t events_mark = events_.count();  // every line of the round to come lies after it
+  NodeDesc me = c_.me;
+  auto store = listen_for_workers();
+  if (store) me.master_port = store->port();
+  main_->append("requests", join_request(me, c_.job));
+  State s = joiner_.join(deadline);
+  round_ = s.round;
+  events_.keep_from(round_);
+  members_ = std::make_shared<const std::vector<NodeDesc>>(s.participants);
+  RoundPlan p = plan_of(s);
+  keeper_->register_exit(round_);
+  signal_.watch(round_, members_);
+  use_worker_store(p, s.participants.front(), std::move(store));
+  if (p.group_rank == 0) {
+    forget_round(p.round - 1);
+    trim_logs(s, events_mark);
+  }
+  p.members = std::move(s.participants);  // s is done with
+  spdlog::info("rendezvous: round {} of job '{}': node rank {} of {} ({}), ranks {}..{} of {}, restarts so far {}",
+               p.round, c_.run_id, p.group_rank, p.group_world_size, describe_nodes(p.members), p.rank_base,
+               p.rank_base + c_.me.nproc - 1, p.world_size, p.restart_count);
+  return p;
 }
 
 // This node's part in the complete round `s`.
@@ -139,36 +132,35 @@ void DynamicRendezvous::trim_logs(const State& s, size_t events_mark) {
   }
 }
 
-// Rank 0 hosts the round's worker store (a fresh port every round: no worker ever reads an
-// earlier round's keys) and writes where it is into the events; the others read it.
-void DynamicRendezvous::publish_or_fetch_master(RoundPlan& p) {
+// Each round's rank 0 hosts the round's worker store, on a fresh port every round (no worker
+// ever reads an earlier round's keys). Every node listens on one before it asks to join and
+// names its port in the request, so that the complete state says where rank 0's is: nobody
+// waits for rank 0 to learn that it is rank 0 and publish its port (workers that connect
+// first wait in the listen backlog for a moment). Static jobs use node 0's store instead.
+std::unique_ptr<ddp::detail::StoreServer> DynamicRendezvous::listen_for_workers() const {
+  if (c_.worker_store) return nullptr;
+  ddp::detail::StoreServerOptions so;
+  so.host = "";
+  so.port = 0;
+  return std::make_unique<ddp::detail::StoreServer>(so);
+}
+
+void DynamicRendezvous::use_worker_store(RoundPlan& p, const NodeDesc& rank0,
+                                         std::unique_ptr<ddp::detail::StoreServer> mine) {
   if (c_.worker_store) {
     p.master_addr = c_.worker_store->addr;
     p.master_port = c_.worker_store->port;
     return;
   }
+  if (rank0.master_port <= 0)
+    throw ddp::Error(fmt::format("rendezvous: node rank 0 of round {} ({}) named no worker store in its join: "
+                                 "every node of a job must run the same ddprun",
+                                 p.round, rank0.describe()));
+  p.master_addr = rank0.master_addr;
+  p.master_port = rank0.master_port;
   if (p.group_rank == 0) {
-    ddp::detail::StoreServerOptions so;
-    so.host = "";
-    so.port = 0;
-    worker_store_ = std::make_unique<ddp::detail::StoreServer>(so);
+    worker_store_ = std::move(mine);
     worker_store_->start();
-    p.master_addr = c_.me.master_addr;
-    p.master_port = worker_store_->port();
-    main_->append("events", round_event(p.round, "master", c_.me.id,
-                                        fmt::format("{} {}", p.master_addr, p.master_port)));
-    return;
-  }
-  const auto deadline = Clock::now() + c_.join_timeout;
-  for (;;) {
-    RoundReader r = reader_for(p.round, members_);
-    if (r.master(p.master_addr, p.master_port)) return;
-    if (auto end = r.end()) throw *end;
-    if (Clock::now() >= deadline)
-      throw ddp::TimeoutError(fmt::format("rendezvous: node rank 0 ({}) did not publish round {}'s worker store "
-                                          "within {}",
-                                          members_->front().describe(), p.round, seconds_text(c_.join_timeout)));
-    events_.wait(std::min(deadline, Clock::now() + 1s));
   }
 }
 

@@ -2,7 +2,8 @@
 // watched while they run, re-formed when a node fails, leaves, is lost or waits to join.
 //
 //   next_round()    leave the previous round (if any) and join the next; blocks until it is
-//                   complete and rank 0 has published the round's worker store
+//                   complete (every node's join names the worker store it would host as
+//                   rank 0, so the complete state says where rank 0's is)
 //   notify_fd()     readable when the running round ends (round_end() says how)
 //   end_round()     this node ends the round: its workers failed, or it got a signal
 //   arrive_exit()   this node's workers succeeded; the round ends "done" when every member's
@@ -117,7 +118,8 @@ class DynamicRendezvous {
   using Members = detail::Members;
 
   RoundPlan plan_of(const State& s) const;
-  void publish_or_fetch_master(RoundPlan& p);
+  std::unique_ptr<ddp::detail::StoreServer> listen_for_workers() const;
+  void use_worker_store(RoundPlan& p, const NodeDesc& rank0, std::unique_ptr<ddp::detail::StoreServer> mine);
   void forget_round(int64_t r);
   void trim_logs(const State& s, size_t events_mark);
   RoundReader reader_for(int64_t round, const Members& members);

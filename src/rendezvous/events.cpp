@@ -67,8 +67,6 @@ void RoundReader::start(int64_t round, std::shared_ptr<const std::vector<NodeDes
   exited_.clear();
   end_.reset();
   needs_exited_ = false;
-  master_addr_.clear();
-  master_port_ = 0;
   // Members already known to be gone end the round before it begins.
   for (auto& id : lost_)
     if (member(id)) events_.push_back(Event{-1, "lost", id, lost_why_[id]});
@@ -129,17 +127,6 @@ std::optional<RoundEnd> RoundReader::feed(const std::vector<std::string>& lines)
       lost_why_.emplace(e.node, e.text);
     } else if (e.round != round_) {
       continue;
-    } else if (e.kind == "master") {
-      auto sp = e.text.rfind(' ');
-      int p = 0;
-      if (sp != std::string::npos) {
-        auto s = e.text.substr(sp + 1);
-        if (std::from_chars(s.data(), s.data() + s.size(), p).ec == std::errc()) {
-          master_addr_ = e.text.substr(0, sp);
-          master_port_ = p;
-        }
-      }
-      continue;
     }
     if (round_ < 0) continue;
     if ((e.kind == "lost" || e.kind == "leave") && member(e.node)) needs_exited_ = true;
@@ -168,13 +155,6 @@ std::optional<RoundEnd> RoundReader::reevaluate() {
       std::all_of(members_->begin(), members_->end(), [&](auto& n) { return exited_.count(n.id); }))
     end_ = RoundEnd{RoundEnd::Kind::kDone, "", ""};
   return end_;
-}
-
-bool RoundReader::master(std::string& addr, int& port) const {
-  if (master_port_ == 0) return false;
-  addr = master_addr_;
-  port = master_port_;
-  return true;
 }
 
 }  // namespace ddprun::rdzv

@@ -4,7 +4,6 @@
 //
 //   state                        the state changed in a way waiting nodes care about
 //   lost <node> <why>            that node's lease ended: it died or fell silent
-//   <R> master <node> <addr> <port>   round R's worker store, hosted by its rank 0
 //   <R> fail <node> <text>       a worker failed on that node (counted restart)
 //   <R> leave <node> <text>      that node is stopping (a signal) (counted)
 //   <R> join <node> <text>       a node waits to join: restart into a bigger round
@@ -97,8 +96,6 @@ class RoundReader {
   std::optional<RoundEnd> reevaluate();
   const std::optional<RoundEnd>& end() const { return end_; }
   const std::set<std::string>& lost() const { return lost_; }
-  // Round `round`'s worker store, if its line was read.
-  bool master(std::string& addr, int& port) const;
 
  private:
   std::optional<RoundEnd> judge(const Event& e) const;
@@ -112,8 +109,6 @@ class RoundReader {
   std::map<std::string, std::string> lost_why_;  // what each lost line said
   std::optional<RoundEnd> end_;
   bool needs_exited_ = false;
-  std::string master_addr_;
-  int master_port_ = 0;
 };
 
 }  // namespace ddprun::rdzv

@@ -25,6 +25,8 @@ namespace ddprun::rdzv {
 //   requests 57 4321               (lines applied; where the next begins, if known)
 //   closed_reason <text to the end of the line>
 //   P <id> <addr> <host> <master> <nproc> [<fixed node rank>]
+// where <master> is "<master_addr>/<master_port>" once the node listens for its workers
+// ("/" is in no address or host name), else "<master_addr>".
 
 namespace {
 
@@ -63,14 +65,23 @@ T number(std::string_view s) {
   return v;
 }
 
+std::string master_field(const NodeDesc& n) {
+  return n.master_port > 0 ? fmt::format("{}/{}", field(n.master_addr), n.master_port) : field(n.master_addr);
+}
+
+void read_master(std::string_view f, NodeDesc& n) {
+  size_t slash = f.rfind('/');
+  n.master_port = slash == std::string_view::npos ? 0 : number<int>(f.substr(slash + 1));
+  n.master_addr = unfield(f.substr(0, slash));
+}
+
 void need(const std::vector<std::string_view>& t, size_t n, std::string_view line) {
   if (t.size() < n) throw Corrupt{fmt::format("line '{}' has too few fields", line)};
 }
 
 void put_nodes(std::string& out, char tag, const std::vector<NodeDesc>& list) {
   for (auto& n : list) {
-    out += fmt::format("{} {} {} {} {} {}", tag, field(n.id), field(n.addr), field(n.host), field(n.master_addr),
-                       n.nproc);
+    out += fmt::format("{} {} {} {} {} {}", tag, field(n.id), field(n.addr), field(n.host), master_field(n), n.nproc);
     out += n.rank >= 0 ? fmt::format(" {}\n", n.rank) : "\n";
   }
 }
@@ -81,7 +92,7 @@ NodeDesc node_from(const std::vector<std::string_view>& t, std::string_view line
   n.id = unfield(t[1]);
   n.addr = unfield(t[2]);
   n.host = unfield(t[3]);
-  n.master_addr = unfield(t[4]);
+  read_master(t[4], n);
   n.nproc = number<int>(t[5]);
   if (t.size() > 6) n.rank = number<int>(t[6]);
   return n;
@@ -200,7 +211,7 @@ State decode_state(const std::string& value, const std::string& where) {
 }
 
 std::string encode_node(const NodeDesc& n) {
-  return fmt::format("{} {} {} {} {}", field(n.id), field(n.addr), field(n.host), field(n.master_addr), n.nproc);
+  return fmt::format("{} {} {} {} {}", field(n.id), field(n.addr), field(n.host), master_field(n), n.nproc);
 }
 
 bool decode_node(std::string_view text, NodeDesc& n, std::vector<std::string>& rest) {
@@ -210,7 +221,7 @@ bool decode_node(std::string_view text, NodeDesc& n, std::vector<std::string>& r
     n.id = unfield(t[0]);
     n.addr = unfield(t[1]);
     n.host = unfield(t[2]);
-    n.master_addr = unfield(t[3]);
+    read_master(t[3], n);
     n.nproc = number<int>(t[4]);
   } catch (const Corrupt&) {
     return false;

@@ -20,6 +20,7 @@ struct NodeDesc {
   std::string addr;         // --local-addr, else the hostname: sorts the node ranks
   std::string host;         // hostname, for messages
   std::string master_addr;  // where other nodes reach this node (MASTER_ADDR when it is rank 0)
+  int master_port = 0;      // the worker store it listens on while it joins, for when it is rank 0; 0: none
   int nproc = 1;            // workers on this node
   int rank = -1;            // a fixed node rank (static: --node-rank); -1: ranked by the order below
 
@@ -74,7 +75,8 @@ std::string encode_state(const State& s);
 // a torchrun agent's (base64 pickles), a newer format, corruption.
 State decode_state(const std::string& value, const std::string& where);
 
-// A node as five space-separated fields (id addr host master nproc), for requests;
+// A node as five space-separated fields (id addr host master nproc; master is
+// "<master_addr>/<master_port>" when the port is known), for requests;
 // decode_node puts the fields after them into `rest`. False for anything else. (A fixed
 // rank travels after the fields the request itself adds: machine.cpp.)
 std::string encode_node(const NodeDesc& n);

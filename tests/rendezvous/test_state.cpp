@@ -117,23 +117,46 @@ TEST(RendezvousEvents, LinesParseAndEscapeNewlines) {
   EXPECT_EQ(lost_event("n3"), "lost n3");
 }
 
-TEST(RendezvousEvents, TheMasterLineOfTheRound) {
-  RoundReader r;
-  r.start(2, {node("1"), node("2")});
-  r.feed({"1 master 1 10.0.0.9 1111", "2 master 1 fe80::1 29501"});
-  std::string addr;
-  int port = 0;
-  ASSERT_TRUE(r.master(addr, port));
-  EXPECT_EQ(addr, "fe80::1");
-  EXPECT_EQ(port, 29501);
-  EXPECT_FALSE(r.end().has_value());
+// The worker store a joining node listens on travels with its address, in the state and in
+// its join request; a node without one (port 0) keeps the plain address.
+TEST(RendezvousState, WorkerStorePortsRoundTrip) {
+  State s;
+  s.participants = {node("1"), node("2")};
+  s.participants[0].master_port = 41234;
+  s.participants[1].master_addr = "fe80::1%eth0";
+  s.participants[1].master_port = 29501;
+  s.wait_list = {node("3")};
+  s.wait_list[0].master_addr = "";
+  s.wait_list[0].master_port = 7;
+  s.redundancy_list = {node("4")};  // port 0
+  std::string v = encode_state(s);
+  EXPECT_NE(v.find(" 10.0.0.1/41234 "), std::string::npos) << v;
+  EXPECT_NE(v.find(" 10.0.0.4 "), std::string::npos) << v;
+  State t = decode_state(v, "x");
+  EXPECT_EQ(t.participants[0].master_addr, "10.0.0.1");
+  EXPECT_EQ(t.participants[0].master_port, 41234);
+  EXPECT_EQ(t.participants[1].master_addr, "fe80::1%eth0");
+  EXPECT_EQ(t.participants[1].master_port, 29501);
+  EXPECT_EQ(t.wait_list[0].master_addr, "");
+  EXPECT_EQ(t.wait_list[0].master_port, 7);
+  EXPECT_EQ(t.redundancy_list[0].master_port, 0);
+  EXPECT_EQ(encode_state(t), v);
+  EXPECT_NE(error_of("ddprun-rdzv 1\nP a b c 10.0.0.1/x 1\n").find("'x' is not a number"), std::string::npos);
+
+  NodeDesc n;
+  std::vector<std::string> rest;
+  ASSERT_TRUE(decode_node(encode_node(s.participants[1]) + " 1 4 3", n, rest));
+  EXPECT_EQ(n.master_addr, "fe80::1%eth0");
+  EXPECT_EQ(n.master_port, 29501);
+  EXPECT_EQ(rest, (std::vector<std::string>{"1", "4", "3"}));
+  EXPECT_FALSE(decode_node("a b c 10.0.0.1/x 1", n, rest));
 }
 
 TEST(RendezvousEvents, TheFirstEventThatCountsDecides) {
   using K = RoundEnd::Kind;
   RoundReader r;
   r.start(0, {node("1"), node("2")});
-  EXPECT_FALSE(r.feed({"0 master 1 a 5", "state"}).has_value());
+  EXPECT_FALSE(r.feed({"0 dump 1 a 5", "state"}).has_value());
   auto e = r.feed({"1 fail 1 of another round", "0 fail 2 rank 3 exited with 1", "0 fail 1 later"});
   ASSERT_TRUE(e);
   EXPECT_EQ(e->kind, K::kFailed);
@@ -196,13 +219,13 @@ TEST(RendezvousEvents, EveryMemberExitedIsDoneWithoutTheDoneLine) {
 // lost and closed lines, and the lines of the rounds it may still judge.
 TEST(RendezvousEvents, TheTailKeepsOnlyWhatStillMatters) {
   EventsTail t;
-  t.add({"state", "0 master 1 a 5", "0 fail 1 x", "lost 2 connection closed", "state"});
+  t.add({"state", "0 dump 1 a 5", "0 fail 1 x", "lost 2 connection closed", "state"});
   t.keep_from(1);
-  t.add({"0 leave 1 late", "1 master 1 a 6", "state", "closed"});
+  t.add({"0 leave 1 late", "1 dump 1 a 6", "state", "closed"});
   EXPECT_EQ(t.count(), 9u);
-  EXPECT_EQ(t.lines(), (std::vector<std::string>{"lost 2 connection closed", "1 master 1 a 6", "closed"}));
+  EXPECT_EQ(t.lines(), (std::vector<std::string>{"lost 2 connection closed", "1 dump 1 a 6", "closed"}));
   for (int r = 2; r < 1000; ++r) {
-    t.add({"state", std::to_string(r) + " master 1 a 7", std::to_string(r) + " fail 1 y"});
+    t.add({"state", std::to_string(r) + " dump 1 a 7", std::to_string(r) + " fail 1 y"});
     t.keep_from(r);
   }
   EXPECT_EQ(t.count(), 9u + 998 * 3);
