@@ -229,6 +229,28 @@ class EtcdScenarios(EtcdTestCase):
         self.assertIn(self.endpoint, err.splitlines()[-1] if err.strip() else "", self.describe())
         self.assertRegex(err, r"(?i)ddprun: error: .*(connection refused|lost contact|cannot connect)", self.describe())
 
+    def test_signal_while_etcd_is_frozen(self):
+        # etcd frozen (SIGSTOP) before a node starts: the kernel accepts the node's
+        # connections and nobody answers them. A SIGTERM to the node while it opens the
+        # rendezvous stops it at once (exit 143), not after read_timeout (60 s here) or
+        # join_timeout; thawed, etcd serves the next test as before.
+        member = self.etcd.members[0]["proc"]  # started by this file
+        os.kill(member.pid, signal.SIGSTOP)
+        try:
+            a = self.start_node("A", "127.0.0.2", ["--sleep", "1"], nnodes="2",
+                                conf=CONF.replace("join_timeout=20", "join_timeout=300") + ",read_timeout=60")
+            time.sleep(scaled(1.5))  # it has connected and waits for etcd's first reply
+            t0 = time.time()
+            a.proc.send_signal(signal.SIGTERM)
+            self.wait_nodes([a], 10)
+        finally:
+            os.kill(member.pid, signal.SIGCONT)
+        self.assertEqual(a.rc, 128 + signal.SIGTERM, self.describe())
+        self.assertLess(a.exited_at - t0, scaled(2), "a signal must not wait for etcd" + self.describe())
+        self.assertIn("received SIGTERM while connecting to the rendezvous", a.stderr(), self.describe())
+        self.assertEqual(self.records(), [], "no worker started" + self.describe())
+        self.etcd.wait_ready(30)
+
     def test_rank0_host_killed_survivors_reform_under_a_new_rank0(self):
         # A is node rank 0 and hosts the round's worker store: SIGKILL it (and its workers).
         # B and C re-form with B as rank 0 and a new store; the rendezvous never was on A.
