@@ -151,6 +151,29 @@ time.sleep(60)
 """
 
 
+def pids_cgroup(test):
+    """A new cgroup (v1 pids controller) for `test`, removed once the test is over; skips the
+    test where none can be made (no such controller, no root)."""
+    root = "/sys/fs/cgroup/pids"
+    path = os.path.join(root, f"ddprun-test-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        os.mkdir(path)
+    except OSError as e:
+        raise unittest.SkipTest(f"no pids cgroup to limit the warm process's forks: {root}: {e.strerror}")
+
+    def remove():
+        for _ in range(100):  # its processes exit with ddprun
+            try:
+                os.rmdir(path)
+                return
+            except OSError:
+                time.sleep(0.05)
+        os.rmdir(path)
+
+    test.addCleanup(remove)
+    return path
+
+
 class PreloadTest(DdprunTestCase):
     def setUp(self):
         super().setUp()
@@ -221,10 +244,12 @@ class PreloadTest(DdprunTestCase):
 
         return sorted(s for c in children(warm) if comm(c) == "cat" for s in children(c))
 
-    def restart_from_spares(self, script_text=SPARE_RESTART, env=None, before_restart=lambda spares: None):
+    def restart_from_spares(self, script_text=SPARE_RESTART, env=None, before_restart=lambda warm, spares: None,
+                            cold=False):
         """SPARE_RESTART's job: once two spares wait under the warm process, rank 0 of attempt
-        0 fails (after before_restart(spares)); the job must succeed with one import. Returns
-        the spares and the pids of attempt 1's workers."""
+        0 fails (after before_restart(the warm process's pid, spares)); the job must succeed
+        with one import, and nothing cold unless `cold`. Returns the spares and the pids of
+        attempt 1's workers."""
         script = self.write("spare.py", script_text)
         p = self.start(["--standalone", "--nproc-per-node", "2", "--preload", "probe_mod", "--max-restarts", "1",
                         "--log-level", "info", script], env=env or self.env())
@@ -245,11 +270,12 @@ class PreloadTest(DdprunTestCase):
             return len(found) == 2 and found
 
         spares = self.wait_for(new_spares, what="two spare workers")
-        before_restart(spares)
+        before_restart(warm, spares)
         open(self.path("fail_now"), "w").close()
-        self.assertEqual(p.wait(timeout=scaled(60)), 0)
+        self.assertEqual(p.wait(timeout=scaled(60)), 0, read_text(self.path("ddprun.stderr")))
         self.assertEqual(len(self.probe_imports()), 1)
-        self.assertNotIn("start cold", read_text(self.path("ddprun.stderr")))
+        self.assertEqual("start cold" in read_text(self.path("ddprun.stderr")), cold,
+                         read_text(self.path("ddprun.stderr")))
         restarted = sorted(int(pid) for a, _, pid in
                            (l.split() for l in read_text(self.path("starts")).splitlines()) if a == "1")
         return spares, restarted
@@ -264,10 +290,31 @@ class PreloadTest(DdprunTestCase):
         # One of the two spares dies before the restart asks for it: that rank is forked
         # from the warm process at the request (no second import), the other is the spare.
         spares, restarted = self.restart_from_spares(
-            before_restart=lambda spares: os.kill(spares[0], signal.SIGKILL))  # forked under ddprun for this test
+            before_restart=lambda warm, spares: os.kill(spares[0], signal.SIGKILL))  # forked for this test
         self.assertEqual(len(restarted), 2)
         self.assertIn(spares[1], restarted)
         self.assertNotIn(spares[0], restarted)
+
+    def test_a_fork_that_fails_starts_the_workers_cold(self):
+        # The warm process cannot fork any more (a pids cgroup of its own, full), and the
+        # spares are gone before the restart asks for them: the restart's workers start cold,
+        # ddprun says so, and the job succeeds as it would have without --preload.
+        cgroup = pids_cgroup(self)
+
+        def no_more_forks(warm, spares):
+            with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+                f.write(str(warm))  # the warm process alone: ddprun and the spares stay where they were
+            with open(os.path.join(cgroup, "pids.max"), "w") as f:
+                f.write(read_text(os.path.join(cgroup, "pids.current")).strip())
+            for pid in spares:
+                os.kill(pid, signal.SIGKILL)  # forked for this test
+
+        spares, restarted = self.restart_from_spares(before_restart=no_more_forks, cold=True)
+        self.assertEqual(len(restarted), 2)
+        self.assertFalse(set(restarted) & set(spares))
+        self.assertRegex(read_text(self.path("ddprun.stderr")),
+                         r"--preload: (2 worker\(s\) could not be forked|the warm Python process did not fork "
+                         r"the workers \(.*\)): they start cold")
 
     def test_an_environment_too_large_for_a_spare_is_forked_at_the_request(self):
         # 600 kB of environment does not fit in one message to a spare (a socket's buffer):
