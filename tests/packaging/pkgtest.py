@@ -43,6 +43,28 @@ def run(cmd, timeout, check=True, **kw):
     return p
 
 
+# The start of a bash script that runs in a private mount and PID namespace (unshare --mount
+# --pid --fork --propagation private) with $w a work folder and $lower a cached clean root
+# (debian_root) set: $r is a writable overlay of that root, set up as an installed system
+# would be (/proc, /dev's nodes, resolv.conf, hosts), and `inroot CMD...` runs CMD in it with
+# a clean environment. The overlay and every mount vanish with the namespace.
+ROOT_PRELUDE = r"""
+set -eu
+w=$1; lower=$2; r=$w/root
+mkdir -p $w/upper $w/work $r
+mount -t overlay overlay -o lowerdir=$lower,upperdir=$w/upper,workdir=$w/work $r
+mount -t proc proc $r/proc
+mount -t tmpfs tmpfs $r/dev/shm 2>/dev/null || { mkdir -p $r/dev/shm; mount -t tmpfs tmpfs $r/dev/shm; }
+for n in null zero random urandom; do [ -e $r/dev/$n ] || { touch $r/dev/$n; mount --bind /dev/$n $r/dev/$n; }; done
+cp /etc/resolv.conf $r/etc/resolv.conf
+# debootstrap writes no /etc/hosts (an installed system and every container have one)
+[ -e $r/etc/hosts ] || printf '127.0.0.1 localhost\n::1 localhost ip6-localhost\n' > $r/etc/hosts
+inroot() { chroot $r /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 "$@"; }
+"""
+# The packages of the root that the .deb tests install into (one cached root for all).
+DEB_ROOT_PACKAGES = ("g++", "cmake", "make", "man-db")
+
+
 def debian_root(*packages):
     """A cached clean Debian 12 minbase root with these packages (scripts/debian-root.sh)."""
     return debian_root_suite("bookworm", *packages)

@@ -48,19 +48,8 @@ class Metadata(unittest.TestCase):
 
 # Runs inside a private mount and PID namespace: the overlay over the cached root and the
 # mounts under it vanish with the namespace. $1 = work folder, $2 = the cached root.
-IN_ROOT = r"""
-set -eu
-w=$1; lower=$2; r=$w/root
-mkdir -p $w/upper $w/work $r
-mount -t overlay overlay -o lowerdir=$lower,upperdir=$w/upper,workdir=$w/work $r
-mount -t proc proc $r/proc
-mount -t tmpfs tmpfs $r/dev/shm 2>/dev/null || { mkdir -p $r/dev/shm; mount -t tmpfs tmpfs $r/dev/shm; }
-for n in null zero random urandom; do [ -e $r/dev/$n ] || { touch $r/dev/$n; mount --bind /dev/$n $r/dev/$n; }; done
-cp /etc/resolv.conf $r/etc/resolv.conf
-# debootstrap writes no /etc/hosts (an installed system and every container have one)
-[ -e $r/etc/hosts ] || printf '127.0.0.1 localhost\n::1 localhost ip6-localhost\n' > $r/etc/hosts
+IN_ROOT = pkgtest.ROOT_PRELUDE + r"""
 mkdir -p $r/tmp/debs; cp $w/debs/*.deb $r/tmp/debs/
-inroot() { chroot $r /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 "$@"; }
 echo "== apt-get install ./*.deb"
 inroot sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends /tmp/debs/*.deb' >$w/apt.log 2>&1 || { tail -20 $w/apt.log; exit 1; }
 echo "== ddprun --version"; inroot ddprun --version
@@ -79,7 +68,7 @@ class CleanRoot(unittest.TestCase):
     def test_install_into_clean_debian_root(self):
         if os.geteuid() != 0:
             self.skipTest("needs root (debootstrap, chroot, mount namespaces)")
-        root = pkgtest.debian_root("g++", "cmake", "make", "man-db")
+        root = pkgtest.debian_root(*pkgtest.DEB_ROOT_PACKAGES)
         w = tempfile.mkdtemp(prefix=f"{TAG}-deb", dir="/var/tmp")
         self.addCleanup(shutil.rmtree, w, True)
         os.makedirs(os.path.join(w, "debs"))
