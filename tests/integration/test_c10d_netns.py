@@ -72,9 +72,24 @@ class NetnsHosts(unittest.TestCase):
         self.topo = None
         self.started = []
         self._files = []
+        self.helpers = []  # other processes started here (relays, etcd members): killed by their pid
+        self._etc_dirs = []
+
+    def etc_file(self, i, name, text):
+        """Writes /etc/netns/<node i's namespace>/<name>, which `ip netns exec` mounts over
+        /etc/<name> (e.g. hosts); removed in tearDown."""
+        d = os.path.join("/etc/netns", self.topo.nodes[i])
+        if d not in self._etc_dirs:
+            os.makedirs(d, exist_ok=True)
+            self._etc_dirs.append(d)
+        with open(os.path.join(d, name), "w") as f:
+            f.write(text)
 
     def tearDown(self):
         try:
+            for p in self.helpers:
+                p.kill()
+                p.wait()
             for n in self.started:
                 if n.proc.poll() is None:
                     n.proc.send_signal(signal.SIGKILL)
@@ -93,6 +108,8 @@ class NetnsHosts(unittest.TestCase):
         finally:
             if self.topo:
                 self.topo.destroy()
+            for d in self._etc_dirs:
+                shutil.rmtree(d, ignore_errors=True)
             for f in self._files:
                 f.close()
             if os.environ.get("DDPRUN_IT_KEEP"):

@@ -22,7 +22,6 @@ Needs root (skipped otherwise). Only the processes started here are signalled, b
 """
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -39,21 +38,6 @@ SHUTDOWN = 5  # --shutdown-timeout: the SIGKILL escalation ddprun must exit with
 
 
 class RdzvEdgesNetns(NetnsHosts):
-    def setUp(self):
-        super().setUp()
-        self.etc_dirs = []
-        self.relays = []
-
-    def tearDown(self):
-        for p in self.relays:  # started here: killed by the pid recorded
-            p.kill()
-            p.wait()
-        try:
-            super().tearDown()
-        finally:
-            for d in self.etc_dirs:
-                shutil.rmtree(d, ignore_errors=True)
-
     def start_node(self, i, args, hostname=None, env=None):
         ns = self.topo.nodes[i]
         prefix = ["ip", "netns", "exec", ns]
@@ -149,14 +133,10 @@ class RdzvEdgesNetns(NetnsHosts):
 
     def debian_hosts(self, i, names):
         """/etc/hosts of node i as Debian writes it: its own name on 127.0.1.1, the others by
-        address (ip netns exec mounts /etc/netns/<ns>/hosts over /etc/hosts)."""
-        d = os.path.join("/etc/netns", self.topo.nodes[i])
-        os.makedirs(d, exist_ok=True)
-        self.etc_dirs.append(d)
+        address."""
         lines = ["127.0.0.1\tlocalhost", f"127.0.1.1\t{names[i]}"]
         lines += [f"{self.topo.addr(j)}\t{n}" for j, n in enumerate(names) if j != i]
-        with open(os.path.join(d, "hosts"), "w") as f:
-            f.write("\n".join(lines) + "\n")
+        self.etc_file(i, "hosts", "\n".join(lines) + "\n")
 
     def test_c10d_debian_hosts_file_master_addr_is_reachable(self):
         self.make_topology(2)
@@ -186,7 +166,7 @@ class RdzvEdgesNetns(NetnsHosts):
         self._files.append(err)
         p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, script, *args], stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
-        self.relays.append(p)
+        self.helpers.append(p)
         deadline = time.monotonic() + lib.scaled(20)
         while not os.path.exists(ready):
             self.assertIsNone(p.poll(), "the relay ended")
@@ -200,11 +180,7 @@ class RdzvEdgesNetns(NetnsHosts):
         self.make_topology(3)
         names = ["hosta", "hostb"]
         self.debian_hosts(0, names)
-        d = os.path.join("/etc/netns", self.topo.nodes[1])
-        os.makedirs(d, exist_ok=True)
-        self.etc_dirs.append(d)
-        with open(os.path.join(d, "hosts"), "w") as f:
-            f.write(f"127.0.0.1\tlocalhost\n127.0.1.1\thostb\n{self.topo.addr(2)}\thosta\n")
+        self.etc_file(1, "hosts", f"127.0.0.1\tlocalhost\n127.0.1.1\thostb\n{self.topo.addr(2)}\thosta\n")
         self.topo.cut(0)
         sock = os.path.join(self.tmp, "tunnel.sock")
         self.relay(self.topo.nodes[0], ["unix", sock, "127.0.0.1", str(PORT)], sock + ".unix-ready")

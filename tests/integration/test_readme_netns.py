@@ -18,17 +18,15 @@ Needs root, iproute2 and (for the etcd line) etcd; skipped otherwise.
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import unittest
 
 import ddprun_testlib as lib
 import jobwatch
 from test_c10d_netns import C10dTopology, NetnsHosts
-from test_multinode_netns import Node, ip
+from test_multinode_netns import Node
 
 sys.path.insert(0, os.path.join(lib.SOURCE_DIR, "tests", "testlib"))
 import etcd_cluster  # noqa: E402
@@ -88,21 +86,10 @@ class ReadmeLines(NetnsHosts):
 
     def setUp(self):
         super().setUp()
-        self.etc_dirs, self.members = [], []
         self.real, self.stand_in = self.folder("real"), self.folder("stand_in")
         shutil.copy(os.path.join(lib.EXAMPLES, "train.py"), os.path.join(self.real, "train.py"))
         with open(os.path.join(self.stand_in, "train.py"), "w") as f:
             f.write(STAND_IN)
-
-    def tearDown(self):
-        for p in self.members:  # etcd members started here: killed by the pid recorded
-            p.kill()
-            p.wait()
-        try:
-            super().tearDown()
-        finally:
-            for d in self.etc_dirs:
-                shutil.rmtree(d, ignore_errors=True)
 
     def folder(self, name):
         """A folder laid out as the README assumes: build/bin/ddprun (this build), train.py."""
@@ -117,12 +104,8 @@ class ReadmeLines(NetnsHosts):
 
     def hosts(self, nodes):
         self.make_topology(nodes)
-        for ns in self.topo.nodes:
-            d = os.path.join("/etc/netns", ns)  # ip netns exec mounts its hosts over /etc/hosts
-            os.makedirs(d)
-            self.etc_dirs.append(d)
-            with open(os.path.join(d, "hosts"), "w") as f:
-                f.write(HOSTS)
+        for i in range(nodes):
+            self.etc_file(i, "hosts", HOSTS)
 
     def run_line(self, i, line, cwd, name):
         """`line` by bash in cwd, on host i (a namespace)."""
@@ -225,7 +208,7 @@ class ReadmeLines(NetnsHosts):
         for m, a in enumerate(addrs):
             log = open(os.path.join(self.tmp, f"etcd{m + 1}.log"), "w")
             self._files.append(log)
-            self.members.append(subprocess.Popen(
+            self.helpers.append(subprocess.Popen(
                 ["ip", "netns", "exec", self.topo.nodes[TRAINING_NODES + m], etcd_cluster.find_etcd(),
                  "--name", f"etcd{m + 1}", "--data-dir", os.path.join(data, str(m)),
                  "--listen-client-urls", f"http://{a}:2379", "--advertise-client-urls", f"http://{a}:2379",
