@@ -172,6 +172,15 @@ class StoreServer::Impl {
   void pump(const ConnPtr& c);
   void process(Conn& c);
   void handle(Conn& c, proto::Request& r);
+  // The requests that are more than a line in handle(), each replying on c.
+  void compare_set(Conn& c, const std::string& key, std::string& expected, std::string& desired);
+  void get(Conn& c, const std::string& key, bool gen1);
+  void add(Conn& c, const std::string& key, int64_t delta);
+  void delete_key(Conn& c, const std::string& key);
+  void multi_get(Conn& c, const std::vector<std::string>& keys, bool gen1);
+  void queue_pop(Conn& c, const std::string& key);
+  void lease(Conn& c, int64_t ttl_ms);
+  void read_log(Conn& c, proto::Op op, const std::string& key, int64_t offset);
   std::string& out(Conn& c);
   void flush_dirty();
   void flush(const ConnPtr& c);
@@ -967,53 +976,15 @@ void StoreServer::Impl::handle(Conn& c, proto::Request& r) {
     case Op::kSet:
       store_value(r.keys[0], std::move(r.values[0]));
       break;
-    case Op::kCompareSet: {
-      const std::string& key = r.keys[0];
-      std::string& expected = r.values[0];
-      std::string& desired = r.values[1];
-      auto it = kv_.find(key);
-      if (it == kv_.end()) {
-        if (expected.empty()) {
-          proto::put_str(out(c), desired);
-          store_value(key, std::move(desired));
-        } else {
-          // PyTorch's reply: nothing was set. Its libuv server also wakes the key's waiters
-          // here; ours does not (a torch bug, docs/store.md).
-          proto::put_str(out(c), expected);
-        }
-      } else {
-        if (it->second == expected)
-          store_value(key, std::move(desired));
-        else
-          wake_all(key);  // as PyTorch's libuv server (waits on a present key: BARRIER's)
-        proto::put_str(out(c), kv_.find(key)->second);
-      }
+    case Op::kCompareSet:
+      compare_set(c, r.keys[0], r.values[0], r.values[1]);
       break;
-    }
-    case Op::kGet: {
-      auto it = kv_.find(r.keys[0]);
-      if (it != kv_.end()) {
-        proto::put_str(out(c), it->second);
-      } else if (gen1) {
-        throw Violation(fmt::format("GET of missing key '{}'", r.keys[0]));
-      } else {
-        proto::put_str(out(c), "");
-      }
+    case Op::kGet:
+      get(c, r.keys[0], gen1);
       break;
-    }
-    case Op::kAdd: {
-      const std::string& key = r.keys[0];
-      int64_t v = r.i64;
-      auto it = kv_.find(key);
-      if (it != kv_.end()) {
-        auto cur = proto::parse_counter(it->second);
-        if (!cur) throw Violation(fmt::format("ADD on key '{}' whose value is not an integer", key));
-        v = static_cast<int64_t>(static_cast<uint64_t>(*cur) + static_cast<uint64_t>(v));
-      }
-      store_value(key, std::to_string(v));
-      proto::put_i64(out(c), v);
+    case Op::kAdd:
+      add(c, r.keys[0], r.i64);
       break;
-    }
     case Op::kCheck: {
       bool all = std::all_of(r.keys.begin(), r.keys.end(), [&](auto& k) { return present(k); });
       proto::put_u8(out(c), all ? proto::kCheckReady : proto::kCheckNotReady);
@@ -1029,31 +1000,15 @@ void StoreServer::Impl::handle(Conn& c, proto::Request& r) {
       watch(c, r.keys[0]);
       proto::put_u8(out(c), proto::kWatchRegistered);
       break;
-    case Op::kDeleteKey: {
-      auto it = kv_.find(r.keys[0]);
-      int64_t n = 0;
-      if (it != kv_.end()) {
-        std::string old = std::move(it->second);
-        kv_.erase(it);
-        trimmed_.erase(r.keys[0]);
-        n = 1;
-        notify(r.keys[0], proto::kWatchDeleted, old, "");
-      }
-      proto::put_i64(out(c), n);
+    case Op::kDeleteKey:
+      delete_key(c, r.keys[0]);
       break;
-    }
     case Op::kAppend:
       append_value(r.keys[0], std::move(r.values[0]));
       break;
-    case Op::kMultiGet: {
-      std::string& o = out(c);
-      for (auto& k : r.keys) {
-        auto it = kv_.find(k);
-        if (it == kv_.end() && gen1) throw Violation(fmt::format("MULTI_GET of missing key '{}'", k));
-        proto::put_str(o, it == kv_.end() ? std::string_view() : std::string_view(it->second));
-      }
+    case Op::kMultiGet:
+      multi_get(c, r.keys, gen1);
       break;
-    }
     case Op::kMultiSet:
       for (size_t i = 0; i < r.keys.size(); ++i) store_value(r.keys[i], std::move(r.values[i]));
       break;
@@ -1065,19 +1020,9 @@ void StoreServer::Impl::handle(Conn& c, proto::Request& r) {
       queues_[r.keys[0]].push_back(std::move(r.values[0]));
       wake_one(r.keys[0]);
       break;
-    case Op::kQueuePop: {
-      auto it = queues_.find(r.keys[0]);
-      std::string& o = out(c);
-      if (it == queues_.end() || it->second.empty()) {
-        proto::put_i64(o, 0);
-      } else {
-        proto::put_i64(o, static_cast<int64_t>(it->second.size()));
-        proto::put_str(o, it->second.front());
-        it->second.pop_front();
-        if (it->second.empty()) queues_.erase(it);
-      }
+    case Op::kQueuePop:
+      queue_pop(c, r.keys[0]);
       break;
-    }
     case Op::kQueueLen: {
       auto it = queues_.find(r.keys[0]);
       proto::put_i64(out(c), it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size()));
@@ -1093,15 +1038,7 @@ void StoreServer::Impl::handle(Conn& c, proto::Request& r) {
       barrier(c, r.keys[0], r.i64);
       break;
     case Op::kLease:
-      if (r.i64 < 0) {  // released: the connection leaves in good order, its lines unwritten
-        c.leased = false;
-        c.lease_lines.clear();
-        c.lease_bytes = 0;
-        if (c.lease_timer) c.lease_timer->cancel();
-      } else {
-        start_lease(c, r.i64);
-      }
-      proto::put_u8(out(c), 0);
+      lease(c, r.i64);
       break;
     case Op::kOnLeaseEnd:
       if (r.values[0].empty()) drop_lease_lines(c, r.keys[0]);  // a finished round's (docs/store.md)
@@ -1112,30 +1049,125 @@ void StoreServer::Impl::handle(Conn& c, proto::Request& r) {
       wait_grows(c, r.keys[0], r.i64);
       break;
     case Op::kGetFrom:
-    case Op::kLogFrom: {
-      if (r.op == Op::kLogFrom && !opt_.log_trim) throw Violation("LOG_FROM: log trimming is off");
-      if (r.op == Op::kGetFrom && r.i64 == proto::kFeaturesOffset && opt_.log_trim) {
-        proto::put_str(out(c), proto::kFeatureLogTrim);
-        break;
-      }
-      auto it = kv_.find(r.keys[0]);
-      auto t = trimmed_.find(r.keys[0]);
-      const Trimmed held = t == trimmed_.end() ? Trimmed{} : t->second;
-      // Below the trimmed bytes: from the first byte held (LOG_FROM says where that is).
-      const size_t from = static_cast<size_t>(std::max<int64_t>(r.i64, held.bytes) - held.bytes);
-      if (r.op == Op::kLogFrom) {
-        proto::put_i64(out(c), held.bytes);
-        proto::put_i64(out(c), held.lines);
-      }
-      if (it == kv_.end() || it->second.size() <= from) proto::put_str(out(c), "");
-      else proto::put_str(out(c), std::string_view(it->second).substr(from));
+    case Op::kLogFrom:
+      read_log(c, r.op, r.keys[0], r.i64);
       break;
-    }
     case Op::kTrimLog:
       if (!opt_.log_trim) throw Violation("TRIM_LOG: log trimming is off");
       proto::put_i64(out(c), trim_log(r.keys[0], r.i64));
       break;
   }
+}
+
+void StoreServer::Impl::compare_set(Conn& c, const std::string& key, std::string& expected, std::string& desired) {
+  auto it = kv_.find(key);
+  if (it == kv_.end()) {
+    if (expected.empty()) {
+      proto::put_str(out(c), desired);
+      store_value(key, std::move(desired));
+    } else {
+      // PyTorch's reply: nothing was set. Its libuv server also wakes the key's waiters
+      // here; ours does not (a torch bug, docs/store.md).
+      proto::put_str(out(c), expected);
+    }
+    return;
+  }
+  if (it->second == expected)
+    store_value(key, std::move(desired));
+  else
+    wake_all(key);  // as PyTorch's libuv server (waits on a present key: BARRIER's)
+  proto::put_str(out(c), kv_.find(key)->second);
+}
+
+void StoreServer::Impl::get(Conn& c, const std::string& key, bool gen1) {
+  auto it = kv_.find(key);
+  if (it != kv_.end())
+    proto::put_str(out(c), it->second);
+  else if (gen1)
+    throw Violation(fmt::format("GET of missing key '{}'", key));
+  else
+    proto::put_str(out(c), "");
+}
+
+void StoreServer::Impl::add(Conn& c, const std::string& key, int64_t delta) {
+  int64_t v = delta;
+  auto it = kv_.find(key);
+  if (it != kv_.end()) {
+    auto cur = proto::parse_counter(it->second);
+    if (!cur) throw Violation(fmt::format("ADD on key '{}' whose value is not an integer", key));
+    v = static_cast<int64_t>(static_cast<uint64_t>(*cur) + static_cast<uint64_t>(v));
+  }
+  store_value(key, std::to_string(v));
+  proto::put_i64(out(c), v);
+}
+
+void StoreServer::Impl::delete_key(Conn& c, const std::string& key) {
+  auto it = kv_.find(key);
+  int64_t n = 0;
+  if (it != kv_.end()) {
+    std::string old = std::move(it->second);
+    kv_.erase(it);
+    trimmed_.erase(key);
+    n = 1;
+    notify(key, proto::kWatchDeleted, old, "");
+  }
+  proto::put_i64(out(c), n);
+}
+
+void StoreServer::Impl::multi_get(Conn& c, const std::vector<std::string>& keys, bool gen1) {
+  std::string& o = out(c);
+  for (auto& k : keys) {
+    auto it = kv_.find(k);
+    if (it == kv_.end() && gen1) throw Violation(fmt::format("MULTI_GET of missing key '{}'", k));
+    proto::put_str(o, it == kv_.end() ? std::string_view() : std::string_view(it->second));
+  }
+}
+
+void StoreServer::Impl::queue_pop(Conn& c, const std::string& key) {
+  auto it = queues_.find(key);
+  std::string& o = out(c);
+  if (it == queues_.end() || it->second.empty()) {
+    proto::put_i64(o, 0);
+    return;
+  }
+  proto::put_i64(o, static_cast<int64_t>(it->second.size()));
+  proto::put_str(o, it->second.front());
+  it->second.pop_front();
+  if (it->second.empty()) queues_.erase(it);
+}
+
+void StoreServer::Impl::lease(Conn& c, int64_t ttl_ms) {
+  if (ttl_ms < 0) {  // released: the connection leaves in good order, its lines unwritten
+    c.leased = false;
+    c.lease_lines.clear();
+    c.lease_bytes = 0;
+    if (c.lease_timer) c.lease_timer->cancel();
+  } else {
+    start_lease(c, ttl_ms);
+  }
+  proto::put_u8(out(c), 0);
+}
+
+// GET_FROM (a value from a byte on) and LOG_FROM (the same, after where the held part of a
+// trimmed log begins, in bytes and lines). GET_FROM at kFeaturesOffset asks the features.
+void StoreServer::Impl::read_log(Conn& c, proto::Op op, const std::string& key, int64_t offset) {
+  const bool log_from = op == proto::Op::kLogFrom;
+  if (log_from && !opt_.log_trim) throw Violation("LOG_FROM: log trimming is off");
+  if (!log_from && offset == proto::kFeaturesOffset && opt_.log_trim) {
+    proto::put_str(out(c), proto::kFeatureLogTrim);
+    return;
+  }
+  auto it = kv_.find(key);
+  auto t = trimmed_.find(key);
+  const Trimmed held = t == trimmed_.end() ? Trimmed{} : t->second;
+  // Below the trimmed bytes: from the first byte held (LOG_FROM says where that is).
+  const size_t from = static_cast<size_t>(std::max<int64_t>(offset, held.bytes) - held.bytes);
+  if (log_from) {
+    proto::put_i64(out(c), held.bytes);
+    proto::put_i64(out(c), held.lines);
+  }
+  if (it == kv_.end() || it->second.size() <= from) proto::put_str(out(c), "");
+  else proto::put_str(out(c), std::string_view(it->second).substr(from));
 }
 
 // ---------------------------------------------------------------------------------------
