@@ -290,6 +290,23 @@ class CpuGroup final : public GroupBase {
       tag_ = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
       store_->set(key("tag"), std::to_string(tag_));
     }
+    bool all_same = true;
+    std::vector<bool> shm = find_local_ranks(deadline, all_same);
+    // Shared memory first: whether this host got a segment decides which links are TCP.
+    if (local_.size() > 1 && !setup_shm(deadline)) {
+      for (int i = 0; i < n; ++i) shm[i] = i == r;
+      local_ = {r};
+      my_local_ = 0;
+      all_local_ = false;
+    }
+    link_ring(deadline, shm, all_same);
+  }
+
+  // Publishes this rank's host and reads the others' (and rank 0's tag): which ranks share
+  // this host (all_same: every one), and with which this rank may share memory (true at its
+  // own index). Fills local_, my_local_ and all_local_.
+  std::vector<bool> find_local_ranks(TimePoint deadline, bool& all_same) {
+    const int n = size(), r = rank();
     // The host identity, and whether this rank may share memory: a rank told to use TCP
     // says so, and both ends of each of its links then choose TCP, even if the other rank
     // was left on kAuto.
@@ -299,7 +316,6 @@ class CpuGroup final : public GroupBase {
     store_->set(key(fmt::format("host/{}", r)), tcp_only ? me + std::string(kTcpOnly) : me);
     if (r != 0) tag_ = std::stoull(store_get("tag", deadline));
     std::vector<bool> same(n), shm(n);
-    bool all_same = true;
     for (int i = 0; i < n; ++i) {
       bool peer_tcp_only = tcp_only;
       if (i != r) {
@@ -317,16 +333,15 @@ class CpuGroup final : public GroupBase {
         local_.push_back(i);
       }
     }
-    const int right = mod(r + 1), left = mod(r - 1);
     all_local_ = local_.size() > 1 && static_cast<int>(local_.size()) == n;
-    // Shared memory first: whether this host got a segment decides which links are TCP.
-    if (local_.size() > 1 && !setup_shm(deadline)) {
-      for (int i = 0; i < n; ++i) shm[i] = i == r;
-      local_ = {r};
-      my_local_ = 0;
-      all_local_ = false;
-    }
+    return shm;
+  }
 
+  // The ring's two links (one when n == 2): shared memory with the neighbours in shm, TCP
+  // with the others.
+  void link_ring(TimePoint deadline, const std::vector<bool>& shm, bool all_same) {
+    const int n = size(), r = rank();
+    const int right = mod(r + 1), left = mod(r - 1);
     // TCP: accept from the left, connect to the right (n == 2: rank 0 connects, 1 accepts).
     bool accept_left = !shm[left] && (n > 2 || r == 1);
     bool connect_right = !shm[right] && (n > 2 || r == 0);
