@@ -36,7 +36,8 @@ const FlagSpec kFlags[] = {
      nullptr,
      "static c10d etcd etcd-v2", "NAME"},
     {"rdzv-endpoint", 0, K::kValue, "", "Rendezvous",
-     "host[:port] of the rendezvous store (c10d default port 29400; IPv6 as [addr]:port); etcd: its members, "
+     "host[:port] of the rendezvous store (c10d default port 29400; IPv6 as [addr]:port; port 0, one node only: "
+     "this node hosts it at a free port, as torchrun 2.x's --standalone does); etcd: its members, "
      "host[:port][,host[:port]...] (default port 2379)",
      nullptr, "",
      "HOST[:PORT]"},

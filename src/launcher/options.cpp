@@ -415,10 +415,18 @@ void check_c10d_endpoint(Options& o, const Flags& g) {
     o.rdzv_host = "localhost";  // one node: a store of its own at a free port
     o.rdzv_port = 0;
   } else {
-    parse_endpoint(g.source("rdzv-endpoint"), o.rdzv_endpoint, 29400, o.rdzv_host, o.rdzv_port);
-    if (o.rdzv_port == 0)
-      throw UsageError(fmt::format("{}: port 0 cannot be shared with other nodes; give a port 1..65535, got '{}'",
-                                   g.source("rdzv-endpoint"), o.rdzv_endpoint));
+    // Port 0: the store's host picks a free port (torchrun 2.x's --standalone is c10d at
+    // localhost:0), which no other node could learn: one node only, and it hosts the store.
+    parse_endpoint(g.source("rdzv-endpoint"), o.rdzv_endpoint, 29400, o.rdzv_host, o.rdzv_port, true);
+    if (o.rdzv_port == 0 && o.max_nodes > 1)
+      throw UsageError(fmt::format("{}: port 0 picks a free port that other nodes cannot know; with {} {} give a "
+                                   "port 1..65535, got '{}'",
+                                   g.source("rdzv-endpoint"), g.source("nnodes"), g.value("nnodes"),
+                                   o.rdzv_endpoint));
+    if (o.rdzv_port == 0 && o.rdzv_conf.is_host == false)
+      throw UsageError(fmt::format("{}: port 0 picks a free port for the store this node hosts, but --rdzv-conf "
+                                   "is_host=0 says it does not host it",
+                                   g.source("rdzv-endpoint")));
   }
 }
 
@@ -509,7 +517,7 @@ std::map<std::string, std::string> current_environment() {
 }
 
 void parse_endpoint(const std::string& source, const std::string& value, int default_port, std::string& host,
-                    int& port) {
+                    int& port, bool allow_zero) {
   const std::string v = trim(value);
   auto bad = [&](const char* why) {
     return UsageError(fmt::format("{}: {}; expected host[:port] or [ipv6]:port, got '{}'", source, why, value));
@@ -538,7 +546,8 @@ void parse_endpoint(const std::string& source, const std::string& value, int def
   port = default_port;
   if (!p.empty()) {
     long n = 0;
-    if (p.size() > 5 || !parse_number(p, n) || n < 1 || n > 65535) throw bad("the port is not a number 1..65535");
+    if (p.size() > 5 || !parse_number(p, n) || n < (allow_zero ? 0 : 1) || n > 65535)
+      throw bad(allow_zero ? "the port is not a number 0..65535" : "the port is not a number 1..65535");
     port = static_cast<int>(n);
   }
   host = h;

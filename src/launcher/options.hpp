@@ -105,10 +105,10 @@ Options parse_options(const std::vector<std::string>& args,
 RdzvConf parse_rdzv_conf(const std::string& source, const std::string& value, const std::string& backend,
                          std::vector<std::string>& warnings);
 
-// Splits "host", "host:port", "[v6]" or "[v6]:port"; port is default_port when absent.
-// Throws UsageError naming source.
+// Splits "host", "host:port", "[v6]" or "[v6]:port"; port is default_port when absent, 0
+// only when allow_zero. Throws UsageError naming source.
 void parse_endpoint(const std::string& source, const std::string& value, int default_port, std::string& host,
-                    int& port);
+                    int& port, bool allow_zero = false);
 
 // Parses --redirects/--tee values: "0".."3" or "0:1,1:2". Throws UsageError.
 StdMap parse_std_map(const std::string& flag, const std::string& value);

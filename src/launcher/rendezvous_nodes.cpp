@@ -381,6 +381,10 @@ std::unique_ptr<rdzv::Backend> NodeRendezvous::open_c10d(bool& hosting) {
   port_ = o_.rdzv_port;
   std::string why;
   hosting = decide_host(why);
+  if (!hosting && port_ == 0)  // one node (options.cpp): nobody else could host a port it picks
+    throw ddp::UsageError(fmt::format("--rdzv-endpoint {}: port 0 picks a free port for the store this node "
+                                      "hosts, but {}: name this machine (localhost:0)",
+                                      o_.rdzv_endpoint, why));
   if (hosting) hosting = host_store(!o_.rdzv_conf.is_host.has_value(), why);
   else spdlog::info("rendezvous: joining the c10d store at {} (not hosting it: {})", endpoint_text(o_.rdzv_host, port_), why);
   return connect(hosting, why);

@@ -105,6 +105,17 @@ class PyTorchJobs(unittest.TestCase):
         self.assert_agent_store(r)
         self.assert_trained(r, ckpt)
 
+    def test_allreduce_c10d_at_localhost_port_0(self):
+        """torchrun 2.x's --standalone spelled out (c10d at localhost:0: one node, its store at
+        a port the system picks), as scripts copy it from torchrun's log."""
+        r = self.run_ddprun([lib.DDPRUN, "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--nnodes=1",
+                             f"--nproc_per_node={NPROC}", os.path.join(lib.EXAMPLES, "allreduce.py"), "--debug"],
+                            done=ALLREDUCE_DONE)
+        self.assert_ok(r)
+        self.assertIn(f"all_reduce over {NPROC} ranks: sum = 6", r.stdout)
+        self.assert_agent_store(r)
+        self.assertNotIn("MASTER_PORT=0 ", r.stdout)
+
     # ------------------------------------------------------------------ static, torchrun's spelling
 
     def test_allreduce_static_torchrun_flags(self):

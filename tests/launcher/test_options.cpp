@@ -272,6 +272,33 @@ TEST_F(LauncherOptions, C10dEndpointForms) {
   EXPECT_EQ(f.rdzv_id, "job7");
 }
 
+// torchrun 2.x's --standalone spelled out: c10d at localhost:0, one node that hosts a store
+// on a port the system picks. Port 0 with more nodes, or a node told not to host, is refused.
+TEST_F(LauncherOptions, C10dEndpointPortZeroIsOneNodeHostingAtAFreePort) {
+  Options a = parse_with_script({"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--nnodes=1"});
+  EXPECT_EQ(a.rdzv_host, "localhost");
+  EXPECT_EQ(a.rdzv_port, 0);
+  Options b = parse_with_script({"--rdzv-backend=c10d", "--rdzv-endpoint=[::1]:0"});
+  EXPECT_EQ(b.rdzv_host, "::1");
+  EXPECT_EQ(b.rdzv_port, 0);
+  for (auto nnodes : {"2", "1:2"}) {
+    std::string msg = usage_error_with_script({"--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--nnodes",
+                                               nnodes});
+    EXPECT_NE(msg.find("port 0 picks a free port that other nodes cannot know; with --nnodes " + std::string(nnodes) +
+                       " give a port 1..65535, got 'localhost:0'"),
+              std::string::npos)
+        << msg;
+  }
+  std::string msg = usage_error_with_script(
+      {"--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-conf", "is_host=0"});
+  EXPECT_NE(msg.find("is_host=0 says it does not host it"), std::string::npos) << msg;
+  msg = usage_error_with_script({"--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:65536"});
+  EXPECT_NE(msg.find("the port is not a number 0..65535"), std::string::npos) << msg;
+  // Static rendezvous: the endpoint is the master address, whose port other nodes use.
+  msg = usage_error_with_script({"--rdzv-endpoint", "node0:0"});
+  EXPECT_NE(msg.find("the port is not a number 1..65535"), std::string::npos) << msg;
+}
+
 TEST_F(LauncherOptions, RdzvConfTypedWithTorchrunDefaults) {
   Options d = parse_with_script({});
   EXPECT_EQ(d.rdzv_conf.join_timeout, 600);
@@ -442,7 +469,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"RdzvC10dMultiNodeWithoutEndpoint", {"--rdzv-backend", "c10d", "--nnodes", "2"}, "--rdzv-endpoint"},
         BadCase{"ElasticRangeNeedsC10d", {"--nnodes", "1:3"}, "--rdzv-backend c10d"},
         BadCase{"C10dEndpointPortTooBig", {"--rdzv-backend=c10d", "--rdzv-endpoint", "h:65536"}, "--rdzv-endpoint"},
-        BadCase{"C10dEndpointPortZero", {"--rdzv-backend=c10d", "--rdzv-endpoint", "h:0"}, "--rdzv-endpoint"},
+        BadCase{"C10dEndpointPortZeroManyNodes", {"--rdzv-backend=c10d", "--rdzv-endpoint", "h:0", "--nnodes", "2"},
+                "--rdzv-endpoint"},
         BadCase{"C10dEndpointEmptyPort", {"--rdzv-backend=c10d", "--rdzv-endpoint", "h:"}, "--rdzv-endpoint"},
         BadCase{"C10dEndpointNoHost", {"--rdzv-backend=c10d", "--rdzv-endpoint", ":29400"}, "--rdzv-endpoint"},
         BadCase{"C10dEndpointBareIpv6", {"--rdzv-backend=c10d", "--rdzv-endpoint", "fe80::1"}, "brackets"},

@@ -701,6 +701,12 @@ BAD = [
     ("endpoint no host", {"--rdzv-endpoint": ":29400"}, "--rdzv-endpoint"),
     ("endpoint port letters", {"--rdzv-endpoint": "127.0.0.1:abc"}, "--rdzv-endpoint"),
     ("endpoint port zero", {"--rdzv-endpoint": "127.0.0.1:0"}, "--rdzv-endpoint"),
+    # Port 0 on one node: it must host the store (the system picks the port), so the endpoint
+    # must name this machine (198.51.100.7: a documentation address, never this one).
+    ("endpoint port zero elsewhere", {"--rdzv-endpoint": "198.51.100.7:0", "--nnodes": "1"},
+     "port 0 picks a free port for the store this node hosts, but '198.51.100.7'"),
+    ("endpoint port zero not host", {"--rdzv-endpoint": "127.0.0.1:0", "--nnodes": "1",
+                                     "--rdzv-conf": "is_host=0"}, "is_host=0 says it does not host it"),
     ("endpoint port too big", {"--rdzv-endpoint": "127.0.0.1:65536"}, "--rdzv-endpoint"),
     ("endpoint port negative", {"--rdzv-endpoint": "127.0.0.1:-1"}, "--rdzv-endpoint"),
     ("endpoint two colons", {"--rdzv-endpoint": "a:1:2"}, "--rdzv-endpoint"),
