@@ -59,9 +59,6 @@ std::string lower(std::string s) {
   return s;
 }
 
-}  // namespace
-
-namespace {
 // One address of accepts_connections(): a probe that leaves no TIME_WAIT and no socket
 // connected to itself behind.
 bool accepts_at(const addrinfo* ai) {
