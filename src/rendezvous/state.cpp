@@ -75,13 +75,22 @@ void read_master(std::string_view f, NodeDesc& n) {
   n.master_addr = unfield(f.substr(0, slash));
 }
 
+// The five fields of a node (encode_node's) from t[at] on; throws Corrupt.
+void read_node(const std::vector<std::string_view>& t, size_t at, NodeDesc& n) {
+  n.id = unfield(t[at]);
+  n.addr = unfield(t[at + 1]);
+  n.host = unfield(t[at + 2]);
+  read_master(t[at + 3], n);
+  n.nproc = number<int>(t[at + 4]);
+}
+
 void need(const std::vector<std::string_view>& t, size_t n, std::string_view line) {
   if (t.size() < n) throw Corrupt{fmt::format("line '{}' has too few fields", line)};
 }
 
 void put_nodes(std::string& out, char tag, const std::vector<NodeDesc>& list) {
   for (auto& n : list) {
-    out += fmt::format("{} {} {} {} {} {}", tag, field(n.id), field(n.addr), field(n.host), master_field(n), n.nproc);
+    out += fmt::format("{} {}", tag, encode_node(n));
     out += n.rank >= 0 ? fmt::format(" {}\n", n.rank) : "\n";
   }
 }
@@ -89,11 +98,7 @@ void put_nodes(std::string& out, char tag, const std::vector<NodeDesc>& list) {
 NodeDesc node_from(const std::vector<std::string_view>& t, std::string_view line) {
   need(t, 6, line);
   NodeDesc n;
-  n.id = unfield(t[1]);
-  n.addr = unfield(t[2]);
-  n.host = unfield(t[3]);
-  read_master(t[4], n);
-  n.nproc = number<int>(t[5]);
+  read_node(t, 1, n);
   if (t.size() > 6) n.rank = number<int>(t[6]);
   return n;
 }
@@ -218,11 +223,7 @@ bool decode_node(std::string_view text, NodeDesc& n, std::vector<std::string>& r
   auto t = split(text);
   if (t.size() < 5) return false;
   try {
-    n.id = unfield(t[0]);
-    n.addr = unfield(t[1]);
-    n.host = unfield(t[2]);
-    read_master(t[3], n);
-    n.nproc = number<int>(t[4]);
+    read_node(t, 0, n);
   } catch (const Corrupt&) {
     return false;
   }
