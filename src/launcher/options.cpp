@@ -423,11 +423,12 @@ void check_c10d_endpoint(Options& o, const Flags& g) {
                                    "port 1..65535, got '{}'",
                                    g.source("rdzv-endpoint"), g.source("nnodes"), g.value("nnodes"),
                                    o.rdzv_endpoint));
-    if (o.rdzv_port == 0 && o.rdzv_conf.is_host == false)
-      throw UsageError(fmt::format("{}: port 0 picks a free port for the store this node hosts, but --rdzv-conf "
-                                   "is_host=0 says it does not host it",
-                                   g.source("rdzv-endpoint")));
   }
+  if (o.rdzv_port == 0 && o.rdzv_conf.is_host == false)
+    throw UsageError(fmt::format("{}: port 0 picks a free port for the store this node hosts, but --rdzv-conf "
+                                 "is_host=0 says it does not host it",
+                                 o.rdzv_endpoint.empty() ? src + " c10d without --rdzv-endpoint (one node)"
+                                                         : g.source("rdzv-endpoint")));
 }
 
 void check_dynamic(Options& o, const Flags& g) {

@@ -292,6 +292,12 @@ TEST_F(LauncherOptions, C10dEndpointPortZeroIsOneNodeHostingAtAFreePort) {
   std::string msg = usage_error_with_script(
       {"--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-conf", "is_host=0"});
   EXPECT_NE(msg.find("is_host=0 says it does not host it"), std::string::npos) << msg;
+  // The same without an endpoint: one node, its own store at a free port.
+  msg = usage_error_with_script({"--rdzv-backend", "c10d", "--rdzv-conf", "is_host=0"});
+  EXPECT_NE(msg.find("--rdzv-backend c10d without --rdzv-endpoint (one node): port 0 picks a free port for the "
+                     "store this node hosts, but --rdzv-conf is_host=0 says it does not host it"),
+            std::string::npos)
+      << msg;
   msg = usage_error_with_script({"--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:65536"});
   EXPECT_NE(msg.find("the port is not a number 0..65535"), std::string::npos) << msg;
   // Static rendezvous: the endpoint is the master address, whose port other nodes use.
