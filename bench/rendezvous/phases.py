@@ -12,22 +12,13 @@ are interleaved with this build's.
 """
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DDPRUN = os.path.join(ROOT, "build", "bin", "ddprun")
-SPAWN_N = os.path.join(ROOT, "build", "bin", "ddp-bench-spawn-n")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from run import DDPRUN, SPAWN_N, free_port  # run.py beside this file: the same agents, started the same way
 
 
 def one_round(n, binary, tmp):
