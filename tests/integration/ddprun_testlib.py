@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.join(SOURCE_DIR, "tests", "testlib"))
 import torch_runtime  # noqa: E402
 
 RUNTIME = torch_runtime.current()
+TORCH_EXIT_ABORT, torch_exit_abort = torch_runtime.TORCH_EXIT_ABORT, torch_runtime.torch_exit_abort
 TORCH_PYTHON = RUNTIME.python
 
 # The exit code ctest's SKIP_RETURN_CODE maps to "Skipped".
@@ -83,20 +84,6 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-# torch's own exit race (pytorch/pytorch#38228, #117762): a thread of torch's C++ that takes
-# the GIL while the interpreter finalizes is ended with pthread_exit, whose unwinding through
-# a noexcept frame calls std::terminate: this line on stderr, then SIGABRT. ddprun reports it
-# as it should (exit 134, the rank killed by SIGABRT); CI saw it once, on torch 2.6 (Python
-# 3.13) under load, after train.py had printed that it was done.
-TORCH_EXIT_ABORT = "terminate called without an active exception"
-
-
-def torch_exit_abort(r, done):
-    """Whether a finished ddprun run `r` failed only by that race: exit 134, torch's abort
-    line on stderr, and `done` (what the job prints once its work is complete) on stdout."""
-    return bool(done) and r.returncode == 128 + 6 and TORCH_EXIT_ABORT in r.stderr and done in r.stdout
 
 
 LOSS_RE = re.compile(r"epoch (\d+) loss ([0-9.eE+-]+)")

@@ -25,7 +25,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddprun_testlib import (DDPRUN, DdprunTestCase, PYTHON, RUNTIME, clean_env, free_port, main, read_text,  # noqa: E402
+from ddprun_testlib import (DDPRUN, DdprunTestCase, RUNTIME, clean_env, free_port, main, read_text,  # noqa: E402
                             scaled, worker)
 
 SOURCE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
