@@ -126,17 +126,33 @@ class Podman:
             nproc = min(int(f.read()), 32768)
         conf = (f'[containers]\ndefault_ulimits = ["nofile={nofile}:{nofile}", "nproc={nproc}:{nproc}"]\n'
                 '[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n')
-        self.conf = os.path.join(self.dir, f"containers-{hashlib.sha256(conf.encode()).hexdigest()[:12]}.conf")
-        if not os.path.exists(self.conf) and os.access(self.dir, os.W_OK):
-            tmp = f"{self.conf}.{os.getpid()}"
-            with open(tmp, "w") as f:
-                f.write(conf)
-            os.replace(tmp, self.conf)
+        self.conf = self._conf_file("containers", conf)
         d = self.dir
+        # The same, for a bare `podman` (the README's lines as written): the storage and the
+        # folders that self.base gives on the command line.
+        self._plain = {"CONTAINERS_CONF": self._conf_file("containers-plain", conf.replace(
+                           "[engine]\n", f'[engine]\ntmp_dir = "{d}/tmp"\n') + f'[network]\nnetwork_config_dir = "{d}/net"\n'),
+                       "CONTAINERS_STORAGE_CONF": self._conf_file("storage", (
+                           f'[storage]\ndriver = "overlay"\ngraphroot = "{d}/root"\nrunroot = "{d}/run"\n'))}
         self.base = ["podman", "--root", f"{d}/root", "--runroot", f"{d}/run", "--tmpdir", f"{d}/tmp",
                      "--network-config-dir", f"{d}/net", "--storage-driver", "overlay",
                      "--cgroup-manager", "cgroupfs", "--events-backend", "file", "--runtime", "runc"]
         self.env = {**os.environ, "CONTAINERS_CONF": self.conf}
+
+    def _conf_file(self, name, text):
+        """A configuration file under self.dir named by its content (written once, atomically)."""
+        path = os.path.join(self.dir, f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.conf")
+        if not os.path.exists(path) and os.access(self.dir, os.W_OK):
+            tmp = f"{path}.{os.getpid()}"
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        return path
+
+    def plain_env(self):
+        """An environment in which a bare `podman`, with no options, uses this private storage
+        and these settings: for command lines run exactly as a user types them."""
+        return {**os.environ, **self._plain}
 
     def __call__(self, *args, timeout=120, check=True, input=None, cwd=None):
         p = subprocess.run(self.base + list(args), capture_output=True, text=True, input=input,
