@@ -12,19 +12,26 @@
 #include <ctime>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "ddp/error.hpp"
 
 namespace ddprun {
 
 namespace {
 
-void write_all(int fd, const char* p, size_t n) {
+// 0, or the errno of the write that failed (a closed console, a full disk: the caller says
+// so once and goes on without it).
+int write_all(int fd, const char* p, size_t n) {
   while (n > 0) {
     ssize_t w = ::write(fd, p, n);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return;  // a closed console or a full disk: nothing better to do than go on
+    if (w < 0) return errno;
+    if (w == 0) return EIO;
     p += w;
     n -= static_cast<size_t>(w);
   }
+  return 0;
 }
 
 // Bytes at the end of [p, p+n) that start a UTF-8 sequence which is not complete yet.
@@ -65,6 +72,14 @@ ConsoleWriter::~ConsoleWriter() {
   if (thread_.joinable()) thread_.join();
 }
 
+// The first failed write says, once, that this console's output is dropped from here on;
+// never called with mu_ held (the line may go to this very console).
+void ConsoleWriter::lost(int err) {
+  if (err == 0 || lost_.exchange(true)) return;
+  spdlog::warn("cannot write to {} ({}): the workers' output to it is dropped from here on; the job runs on",
+               fd_ == 1 ? "stdout" : fd_ == 2 ? "stderr" : fmt::format("fd {}", fd_), ddp::errno_text(err));
+}
+
 // The thread starts with the first output: a job whose workers print nothing never pays
 // for it. Called with mu_ held.
 void ConsoleWriter::start_locked() {
@@ -75,9 +90,13 @@ void ConsoleWriter::push(std::string&& chunk) {
   if (chunk.empty()) return;
   size_t n = chunk.size();
   if (direct_) {
-    std::lock_guard lk(mu_);
-    at_line_start_ = chunk.back() == '\n';
-    write_all(fd_, chunk.data(), n);
+    int err;
+    {
+      std::lock_guard lk(mu_);
+      at_line_start_ = chunk.back() == '\n';
+      err = write_all(fd_, chunk.data(), n);
+    }
+    lost(err);
     return;
   }
   {
@@ -94,6 +113,7 @@ void ConsoleWriter::push(std::string&& chunk) {
 void ConsoleWriter::push_line(std::string&& line) {
   if (line.empty()) return;
   size_t n;
+  int err = 0;
   {
     std::lock_guard lk(mu_);
     if (!at_line_start_) {
@@ -103,12 +123,13 @@ void ConsoleWriter::push_line(std::string&& line) {
     at_line_start_ = line.back() == '\n';
     n = line.size();
     if (direct_) {
-      write_all(fd_, line.data(), n);
-      return;
+      err = write_all(fd_, line.data(), n);
+    } else {
+      queue_.push_back(std::move(line));
+      start_locked();
     }
-    queue_.push_back(std::move(line));
-    start_locked();
   }
+  if (direct_) return lost(err);
   pending_.fetch_add(n, std::memory_order_relaxed);
   cv_.notify_one();
 }
@@ -139,7 +160,10 @@ void ConsoleWriter::run() {
       }
       ssize_t w = ::writev(fd_, iov, static_cast<int>(cnt));
       if (w < 0 && errno == EINTR) continue;
-      if (w < 0) w = static_cast<ssize_t>(bytes);  // console gone: drop, keep workers moving
+      if (w < 0) {  // console gone: drop, keep workers moving
+        lost(errno);
+        w = static_cast<ssize_t>(bytes);
+      }
       size_t left = static_cast<size_t>(w), done = 0, k = 0;
       while (k < cnt && left >= batch[i + k].size()) {
         left -= batch[i + k].size();
@@ -147,7 +171,7 @@ void ConsoleWriter::run() {
         ++k;
       }
       if (k < cnt && left > 0) {  // a chunk written in part: finish it before the next writev
-        write_all(fd_, batch[i + k].data() + left, batch[i + k].size() - left);
+        lost(write_all(fd_, batch[i + k].data() + left, batch[i + k].size() - left));
         done += batch[i + k].size();
         ++k;
       }
@@ -225,7 +249,13 @@ void StreamForwarder::send(std::string& out) {
 
 void StreamForwarder::feed(const char* data, size_t n, std::chrono::system_clock::time_point now) {
   last_data_ = std::chrono::steady_clock::now();
-  if (cfg_.file_fd >= 0) write_all(cfg_.file_fd, data, n);
+  if (cfg_.file_fd >= 0 && !file_lost_) {
+    if (int err = write_all(cfg_.file_fd, data, n)) {
+      file_lost_ = true;
+      spdlog::warn("cannot write {} ({}): the rest of this worker's output is missing from it", cfg_.file_name,
+                   ddp::errno_text(err));
+    }
+  }
   if (!cfg_.console && cfg_.tail_lines == 0) {
     lines_ += static_cast<uint64_t>(std::count(data, data + n, '\n'));
     return;

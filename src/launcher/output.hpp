@@ -38,12 +38,14 @@ class ConsoleWriter {
  private:
   void run();
   void start_locked();
+  void lost(int err);
   int fd_;
   size_t bound_;
   int wake_fd_;
   std::atomic<size_t> pending_{0};
   std::atomic<bool> waiting_for_room_{false};
   std::atomic<uint64_t> interruptions_{0};
+  std::atomic<bool> lost_{false};  // a write failed: said once
   bool at_line_start_ = true;
   bool direct_ = false;  // a file or /dev/null: written by the caller, no thread  // the last byte queued was '\n' (guarded by mu_)
   std::mutex mu_;
@@ -68,6 +70,7 @@ struct ForwarderConfig {
   bool timestamps = false;
   Console* console = nullptr;      // nullptr: not shown (filtered, or redirected to a file)
   int file_fd = -1;                // log file (raw bytes), -1 = none
+  std::string file_name;           // its path, for the one line when a write to it fails
   size_t tail_lines = 0;           // keep the last N lines (stderr, for the failure report)
 };
 
@@ -105,6 +108,7 @@ class StreamForwarder {
   std::deque<std::string> tail_;
   std::string tail_partial_;
   uint64_t lines_ = 0;
+  bool file_lost_ = false;  // a write to the log file failed (said once)
   std::chrono::steady_clock::time_point last_data_{};
 };
 

@@ -112,7 +112,10 @@ class NodeOutput {
     const bool redirect = o_.redirects.of(lr) & bit, tee = o_.tee.of(lr) & bit;
     ForwarderConfig cfg;
     int file_fd = -1;
-    if (redirect || tee) file_fd = cfg.file_fd = open_log(dir + (is_stderr ? "/stderr.log" : "/stdout.log"));
+    if (redirect || tee) {
+      cfg.file_name = dir + (is_stderr ? "/stderr.log" : "/stdout.log");
+      file_fd = cfg.file_fd = open_log(cfg.file_name);
+    }
     if (!(redirect && !tee) && shown(lr)) cfg.console = is_stderr ? &err_console_ : &out_console_;
     cfg.prefix = expand_prefix(o_.log_line_prefix_template.value_or("[rank${rank}]:"), w.rank, lr, o_.role,
                                plan_.hostname);
