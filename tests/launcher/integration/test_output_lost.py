@@ -50,19 +50,19 @@ class OutputLost(DdprunTestCase):
         self.assertEqual(len(re.findall(r"cannot write to stdout \(Broken pipe\): the workers' output to it is "
                                         r"dropped from here on; the job runs on", err)), 1, err)
 
-    def test_stdout_on_a_full_device(self):
+    def run_on_full_device(self, stream):
+        """ddprun with its `stream` ("stdout" or "stderr") on /dev/full; (its exit, the other stream)."""
         with open("/dev/full", "wb") as full:
-            p = self.start(["--nproc-per-node", "2", self.worker()], stdout=full)
-            rc = p.wait(timeout=scaled(60))
-        err = read_text(self.path("ddprun.stderr"))
+            rc = self.start(["--nproc-per-node", "2", self.worker()], **{stream: full}).wait(timeout=scaled(60))
+        return rc, read_text(self.path("ddprun.stderr" if stream == "stdout" else "ddprun.stdout"))
+
+    def test_stdout_on_a_full_device(self):
+        rc, err = self.run_on_full_device("stdout")
         self.assert_finished(rc, err)
         self.assertEqual(err.count("cannot write to stdout (No space left on device)"), 1, err)
 
     def test_ddpruns_stderr_on_a_full_device(self):
-        with open("/dev/full", "wb") as full:
-            p = self.start(["--nproc-per-node", "2", self.worker()], stderr=full)
-            rc = p.wait(timeout=scaled(60))
-        out = read_text(self.path("ddprun.stdout"))
+        rc, out = self.run_on_full_device("stderr")
         self.assert_finished(rc, out)
         self.assertEqual(len(out.splitlines()), 100, out[-2000:])  # stdout unharmed
 
