@@ -73,9 +73,11 @@ ConsoleWriter::~ConsoleWriter() {
 }
 
 // The first failed write says, once, that this console's output is dropped from here on;
-// never called with mu_ held (the line may go to this very console).
+// never called with mu_ held (the line may go to this very console). Not for stderr: ddprun's
+// own log goes there, so there is nowhere to say it, and the write that failed may be the
+// logger's own (its lock held: a line logged from here would wait for it forever).
 void ConsoleWriter::lost(int err) {
-  if (err == 0 || lost_.exchange(true)) return;
+  if (err == 0 || lost_.exchange(true) || fd_ == 2) return;
   spdlog::warn("cannot write to {} ({}): the workers' output to it is dropped from here on; the job runs on",
                fd_ == 1 ? "stdout" : fd_ == 2 ? "stderr" : fmt::format("fd {}", fd_), ddp::errno_text(err));
 }

@@ -5,11 +5,14 @@ says so once per place, naming it and the system's reason.
   pipe)", every worker finishes, exit 0;
 - stdout or ddprun's own stderr on /dev/full (ENOSPC at every write): the same;
 - --log-dir on a full disk (a 32 kB tmpfs in a mount namespace of the test's own): one line
-  per log file, naming it; what was written before is intact.
+  per log file, naming it; what was written before is intact;
+- ddprun's stderr a file on a full disk: nothing can be said, and a failing job still ends at
+  once with the worker's exit status (a failed log line once waited forever for the logger).
 """
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -66,19 +69,31 @@ class OutputLost(DdprunTestCase):
         self.assert_finished(rc, out)
         self.assertEqual(len(out.splitlines()), 100, out[-2000:])  # stdout unharmed
 
-    def test_log_dir_on_a_full_disk(self):
+    def on_small_disk(self, before, args, after=""):
+        """ddprun `args` in a mount namespace of its own, with a 32 kB tmpfs at $D (the
+        returned folder): the shell lines `before` run first (on it), `after` once ddprun
+        has exited (its status is kept)."""
         if os.geteuid() != 0 or not shutil.which("unshare"):
             self.skipTest("needs root for a tmpfs in a mount namespace of its own")
         disk = self.path("disk")
         os.mkdir(disk)
+        script = f'mount -t tmpfs -o size=32k tmpfs "$D" || exit 99; {before}\n"$@"; rc=$?; {after}\nexit $rc'
+        p = subprocess.Popen(["unshare", "-m", "sh", "-c", script, "sh", DDPRUN, *args],
+                             env=dict(clean_env(), TMPDIR=self.tmp, D=disk), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=self.tmp, start_new_session=True)
+        try:
+            out, err = p.communicate(timeout=scaled(60))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)  # the session this test started: sh, ddprun, its workers
+            out, err = p.communicate()
+            self.fail(f"ddprun did not finish within 60 s:\n{err[-3000:]}")
+        return subprocess.CompletedProcess(p.args, p.returncode, out, err), disk
+
+    def test_log_dir_on_a_full_disk(self):
         kept = self.path("stdout.log")  # the log as ddprun left it, copied out of the namespace
-        script = ('mount -t tmpfs -o size=32k tmpfs "$1" || exit 99; shift; "$@"; rc=$?; '
-                  f'cat {disk}/logs/*/attempt_0/0/stdout.log > {kept}; exit $rc')
-        p = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", disk, DDPRUN, "--log-dir", f"{disk}/logs",
-                            "--redirects", "1", "--nproc-per-node", "1",
-                            self.worker(lines=2000, pause=0)],
-                           env=dict(clean_env(), TMPDIR=self.tmp), capture_output=True, text=True, cwd=self.tmp,
-                           timeout=scaled(60))
+        p, disk = self.on_small_disk("", ["--log-dir", f"{self.tmp}/disk/logs", "--redirects", "1",
+                                          "--nproc-per-node", "1", self.worker(lines=2000, pause=0)],
+                                     after=f'cat "$D"/logs/*/attempt_0/0/stdout.log > {kept}')
         self.assert_finished(p.returncode, p.stderr, ranks=1)
         lost = re.findall(r"cannot write (\S+) \(No space left on device\): the rest of this worker's output is "
                           r"missing from it", p.stderr)
@@ -91,6 +106,16 @@ class OutputLost(DdprunTestCase):
         for i, line in enumerate(lines):
             whole = f"line {i} {'x' * 60}"
             self.assertTrue(line == whole or (i == len(lines) - 1 and whole.startswith(line)), (i, line))
+
+    def test_ddpruns_stderr_a_file_on_a_full_disk(self):
+        """ddprun's own log lines fail to be written as they are logged (a regular file: no
+        writer thread): a worker's failure still stops the job at once, with its exit status."""
+        fail = self.path("fail.py")
+        with open(fail, "w") as f:
+            f.write("import sys, time\ntime.sleep(0.5)\nsys.exit(3)\n")
+        p, _ = self.on_small_disk('dd if=/dev/zero of="$D/fill" bs=1k count=64 2>/dev/null; exec 2>"$D/err"',
+                                  ["--nproc-per-node", "2", fail])
+        self.assertEqual(p.returncode, 3, p.stdout)
 
 
 if __name__ == "__main__":
