@@ -84,12 +84,15 @@ std::vector<WorkerResult*> AttemptWorkers::start(const JobPlan& plan, int attemp
   return failed;
 }
 
-void AttemptWorkers::signal_live(int sig, bool mark_stopped) {
+int AttemptWorkers::signal_live(int sig, bool mark_stopped) {
+  int n = 0;
   for (auto& w : workers_) {
     if (w.state != WorkerResult::State::kRunning) continue;
     if (kill(-w.pid, sig) != 0 && errno == ESRCH) kill(w.pid, sig);
     if (mark_stopped) w.stopped_by_ddprun = true;
+    ++n;
   }
+  return n;
 }
 
 void AttemptWorkers::begin_stop(int sig) {

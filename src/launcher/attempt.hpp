@@ -40,8 +40,8 @@ class AttemptWorkers {
                                    const Env& base_env, const StreamOpener& open_stream, const EnvHook& env_hook);
 
   // Sends sig to every running worker's process group (mark_stopped: its exit is then
-  // "stopped by ddprun", never a root cause).
-  void signal_live(int sig, bool mark_stopped);
+  // "stopped by ddprun", never a root cause); returns how many that was.
+  int signal_live(int sig, bool mark_stopped);
   // The stop: sig (0: none, someone else signals them) now, SIGKILL at --shutdown-timeout.
   // Once per attempt; after restart_stop() a later call sends its own signal (and restarts
   // the deadline).

@@ -25,7 +25,7 @@ void NodeSignals::take(const signalfd_siginfo& si) {
   if (slurm_ && on_slurm_signal(slurm_->classify(si, stops), sig)) return;
   if (!stops) {  // SIGUSR1/SIGUSR2: Slurm's pre-emption notice, passed on
     spdlog::info("forwarding {} to the workers", signal_name(sig));
-    workers_.signal_live(sig, false);
+    pass_on(sig);
     return;
   }
   if (got_) {
@@ -49,7 +49,7 @@ void NodeSignals::take(const signalfd_siginfo& si) {
 bool NodeSignals::on_slurm_signal(SlurmSignals::Act act, int sig) {
   using A = SlurmSignals::Act;
   if (act == A::kNotSlurm) return false;
-  if (act == A::kForward) workers_.signal_live(sig, false);
+  if (act == A::kForward) pass_on(sig);
   if (act == A::kStop || act == A::kStopQuiet) {
     const bool was_stopping = workers_.stopping();
     workers_.begin_stop(act == A::kStop ? sig : 0);  // 0: nothing sent, the SIGKILL deadline set
@@ -61,6 +61,15 @@ bool NodeSignals::on_slurm_signal(SlurmSignals::Act act, int sig) {
     }
   }
   return true;
+}
+
+// A signal that does not stop the job, to the running workers. None running (the round is
+// forming, or the workers restart): it is not kept for the next ones, which could die of it
+// before their handler is in place; the user hears that it reached nobody.
+void NodeSignals::pass_on(int sig) {
+  if (workers_.signal_live(sig, false) == 0)
+    spdlog::warn("{} reached no worker: none is running on this node now ({}); the job keeps running",
+                 signal_name(sig), joining_ ? "it is joining the rendezvous" : "between attempts");
 }
 
 bool NodeSignals::stopped_elsewhere(const RoundEnd& end) {

@@ -45,6 +45,7 @@ class NodeSignals {
 
  private:
   bool on_slurm_signal(SlurmSignals::Act act, int sig);
+  void pass_on(int sig);
 
   const Options& o_;
   AttemptWorkers& workers_;

@@ -42,7 +42,8 @@ srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
         while not all(os.path.exists(os.path.join(d, f"ready_{r}")) for r in range(ranks)):
             info = self.cluster.job(job)
             if early_signal_ok and (info["JobState"] == "SIGNALING" or
-                                    "User defined signal 1" in self.job_output(name)):
+                                    "User defined signal 1" in self.job_output(name) or
+                                    any("SIGUSR1 reached no worker" in log for log in self.ddprun_logs(d))):
                 return job, None  # (the caller tries again: see test_time_limit_usr1_then_one_stop)
             self.assertIn(info["JobState"], ("PENDING", "RUNNING"), self.job_output(name))
             self.assertLess(time.monotonic(), deadline, f"workers never got ready: {self.job_output(name)}")
@@ -62,10 +63,14 @@ srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
         return out
 
     def ddprun_logs(self, d):
+        """Each task's ddprun log ("" before srun has created it)."""
         logs = []
         for t in range(2):
-            with open(os.path.join(d, f"task_{t}.err"), errors="replace") as f:
-                logs.append(f.read())
+            try:
+                with open(os.path.join(d, f"task_{t}.err"), errors="replace") as f:
+                    logs.append(f.read())
+            except FileNotFoundError:
+                logs.append("")
         return logs
 
     def wait_gone(self, name, since, budget):
@@ -209,7 +214,8 @@ srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
         # in and the time limit's SIGTERM 60-90 s in.
         # Slurm may send the signal "up to 60 seconds earlier than specified" (sbatch(1)), so
         # with a 1-minute limit it can come before ddprun has started (it then dies of it, as
-        # any program whose start Slurm signals): such a job is left to end and another tried.
+        # any program whose start Slurm signals), or before its workers have (ddprun says it
+        # reached no worker): such a job is left to end and another tried.
         for attempt in range(3):
             name = f"timelimit{attempt}"
             job, d = self.start_signal_job(name, "hold", "--time=1", "--signal=USR1@45", early_signal_ok=True)

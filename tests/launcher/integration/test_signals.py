@@ -1,19 +1,26 @@
-"""Issue 2: signals to ddprun are forwarded (SIGTERM, SIGUSR1, SIGHUP), a second SIGINT
-kills at once, no worker or grandchild outlives `kill -9 ddprun`, and ddprun as PID 1."""
+"""Issue 2: signals to ddprun are forwarded (SIGTERM, SIGUSR1, SIGHUP; a SIGUSR1 that finds no
+worker running is said to have reached none), a second SIGINT kills at once, no worker or
+grandchild outlives `kill -9 ddprun`, and ddprun as PID 1."""
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddprun_testlib import DdprunTestCase, clean_env, pid_alive, read_text, scaled, worker
+from ddprun_testlib import DdprunTestCase, free_port, pid_alive, read_text, scaled, worker
 
 # "At once" for ddprun's reaction to a signal or a worker's exit: well under a second idle,
 # a few seconds on a loaded machine. What a missing reaction costs (a shutdown timeout of
 # 60 s, workers sleeping 300 s or more) is far above it.
 PROMPT = 20
+
+
+def accepts(port):
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 class SignalForwardingTest(DdprunTestCase):
@@ -49,6 +56,31 @@ class SignalForwardingTest(DdprunTestCase):
         for r in range(3):
             self.assertTrue(os.path.exists(self.path(f"usr1_{r}")), f"rank {r} never got SIGUSR1")
             self.assertTrue(os.path.exists(self.path(f"after_usr1_{r}")), f"rank {r} stopped after SIGUSR1")
+
+    def test_sigusr1_while_joining_reaches_no_worker_and_is_said(self):
+        """SIGUSR1 (Slurm's --signal notice) while node 0 waits for node 1: no worker runs, so
+        none gets it (it is not kept for the next ones, which could die of it before their
+        handler is in place); ddprun says so, and the job then runs as usual."""
+        port = free_port()
+
+        def node(rank):
+            err = open(self.path(f"node{rank}.stderr"), "wb")
+            self._files.append(err)
+            # sh: SIGUSR1 would end it (exit 138, the job failed)
+            return self.start(["--nnodes", "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1",
+                               "--master-port", str(port), "--nproc-per-node", "1", "--no-python", "sh", "-c",
+                               "sleep 0.3"], stderr=err)
+
+        first = node(0)
+        self.wait_for(lambda: accepts(port), what="node 0's store (it is joining)")
+        os.kill(first.pid, signal.SIGUSR1)
+        said = "SIGUSR1 reached no worker: none is running on this node now (it is joining the rendezvous)"
+        self.wait_for(lambda: said in read_text(self.path("node0.stderr")), what="ddprun's line about SIGUSR1")
+        self.assertIsNone(first.poll(), "SIGUSR1 does not stop ddprun")
+        second = node(1)
+        for n, p in enumerate((first, second)):
+            self.assertEqual(p.wait(timeout=scaled(60)), 0, read_text(self.path(f"node{n}.stderr")))
+        self.assertEqual(read_text(self.path("node0.stderr")).count(said), 1)
 
     def test_second_sigint_kills_at_once(self):
         p, pids = self.start_signals("ignore-int", n=2, extra=("--shutdown-timeout", "60"))
