@@ -233,7 +233,7 @@ srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
         for rank, sigs in self.signals(d).items():
             usr1 = [s for s in sigs if s[1] == "SIGUSR1"]
             terms = [s for s in sigs if s[1] == "SIGTERM"]
-            self.assertEqual(len(usr1), 1, f"rank {rank}: {sigs}")
+            self.assertEqual(len(usr1), 1, f"rank {rank}: {sigs}\n{self.diagnostics(name)}")
             self.assertEqual(usr1[0][2], self.sender(), f"rank {rank}: {sigs}")
             self.assertTrue(terms, f"rank {rank} never got SIGTERM: {sigs}")
             self.assertTrue(all(s[2] == self.sender() for s in terms), f"rank {rank}: {sigs}")
