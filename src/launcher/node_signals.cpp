@@ -64,12 +64,12 @@ bool NodeSignals::on_slurm_signal(SlurmSignals::Act act, int sig) {
 }
 
 // A signal that does not stop the job, to the running workers. None running (the round is
-// forming, or the workers restart): it is not kept for the next ones, which could die of it
-// before their handler is in place; the user hears that it reached nobody.
+// forming, or the workers finished or restart): it is not kept for the next ones, which
+// could die of it before their handler is in place; the user hears that it reached nobody.
 void NodeSignals::pass_on(int sig) {
   if (workers_.signal_live(sig, false) == 0)
     spdlog::warn("{} reached no worker: none is running on this node now ({}); the job keeps running",
-                 signal_name(sig), joining_ ? "it is joining the rendezvous" : "between attempts");
+                 signal_name(sig), joining_ ? "it is joining the rendezvous" : "its workers have finished, or restart");
 }
 
 bool NodeSignals::stopped_elsewhere(const RoundEnd& end) {
