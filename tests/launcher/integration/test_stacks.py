@@ -173,10 +173,8 @@ print("PROBE " + json.dumps({"argv": sys.argv, "path": sys.path, "main": __file_
 """
 
 
-@unittest.skipIf(RUNTIME.is_torch2 and RUNTIME.skip_reason(), f"{RUNTIME.name}: {RUNTIME.skip_reason()}")
 class Stacks(StacksTest):
-    """Jobs without torch: the bootstrap and the triggers themselves, in the runtime's interpreter
-    (test_stacks.no_torch and .no_torch.torch2; test_stacks runs the other classes)."""
+    """Jobs without torch: the bootstrap and the triggers themselves."""
 
     def write(self, name, text):
         path = self.path(name)
