@@ -79,7 +79,7 @@ ConsoleWriter::~ConsoleWriter() {
 void ConsoleWriter::lost(int err) {
   if (err == 0 || lost_.exchange(true) || fd_ == 2) return;
   spdlog::warn("cannot write to {} ({}): the workers' output to it is dropped from here on; the job runs on",
-               fd_ == 1 ? "stdout" : fd_ == 2 ? "stderr" : fmt::format("fd {}", fd_), ddp::errno_text(err));
+               fd_ == 1 ? "stdout" : fmt::format("fd {}", fd_), ddp::errno_text(err));
 }
 
 // The thread starts with the first output: a job whose workers print nothing never pays
@@ -160,7 +160,9 @@ void ConsoleWriter::run() {
         iov[k] = {batch[i + k].data(), batch[i + k].size()};
         bytes += batch[i + k].size();
       }
-      ssize_t w = ::writev(fd_, iov, static_cast<int>(cnt));
+      // Once the console is gone, its output is dropped without asking the kernel again.
+      ssize_t w = lost_.load(std::memory_order_relaxed) ? static_cast<ssize_t>(bytes)
+                                                        : ::writev(fd_, iov, static_cast<int>(cnt));
       if (w < 0 && errno == EINTR) continue;
       if (w < 0) {  // console gone: drop, keep workers moving
         lost(errno);
