@@ -15,6 +15,10 @@ namespace ddp {
 enum class WireGeneration {
   kV1,  // torch 1.13 .. 2.1: no handshake, opcodes SET=0 ...
   kV2,  // torch 2.2+: VALIDATE magic + PING first, opcodes SET=1 ...
+  // Generation 2, or 1 when the server speaks only that (PyTorch 1.13 .. 2.1's TCPStore,
+  // which resets a connection on the generation-2 handshake): found at the first
+  // connection, kept for the later ones. What a worker uses when any torchrun may host.
+  kAuto,
 };
 
 struct TcpStoreOptions {
@@ -100,6 +104,9 @@ class TcpStore : public Store {
   LogChunk log_from(const std::string& key, int64_t offset);
 
   const TcpStoreOptions& options() const { return options_; }
+  // The generation spoken: options().generation, or with kAuto the one found (kV2 until the
+  // first connection).
+  WireGeneration generation() const;
 
  private:
   struct Impl;

@@ -207,8 +207,9 @@ std::unique_ptr<ProcessGroup> init_process_group_from_env(ProcessGroupOptions o)
                                    "under ddprun or pass a store explicitly",
                                    e.master_addr, e.master_port));
     auto connect_timeout = std::min<std::chrono::milliseconds>(o.timeout, std::chrono::seconds(60));
-    auto tcp = std::make_shared<TcpStore>(TcpStoreOptions{
-        e.master_addr, static_cast<uint16_t>(e.master_port), o.timeout, connect_timeout});
+    // The agent's store: ddprun's, or torchrun's (generation 1 up to torch 2.1).
+    auto tcp = std::make_shared<TcpStore>(TcpStoreOptions{e.master_addr, static_cast<uint16_t>(e.master_port),
+                                                          o.timeout, connect_timeout, WireGeneration::kAuto});
     o.store = std::make_shared<PrefixStore>(fmt::format("ddp/attempt_{}", e.restart_count), tcp);
   }
   return init_process_group(std::move(o));

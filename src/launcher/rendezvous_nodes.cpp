@@ -311,6 +311,14 @@ bool NodeRendezvous::host_store(bool inferred, const std::string& why) {
   return true;
 }
 
+// The store was reached and answered, but not as ddprun's: PyTorch's TCPStore (a torchrun
+// agent hosts it), or a server that refused the rendezvous's requests.
+static ddp::StoreError not_ddprun_store(const std::string& where, const ddp::StoreError& e) {
+  return ddp::StoreError(fmt::format("rendezvous: the store at {} cannot serve ddprun: {}; every node of a job must "
+                                     "run ddprun (is a torchrun agent hosting it?)",
+                                     where, e.what()));
+}
+
 std::unique_ptr<rdzv::StoreBackend> NodeRendezvous::connect(bool hosting, const std::string& why) {
   rdzv::StoreBackendOptions bo;
   bo.host = hosting ? "127.0.0.1" : o_.rdzv_host;
@@ -320,6 +328,8 @@ std::unique_ptr<rdzv::StoreBackend> NodeRendezvous::connect(bool hosting, const 
   bo.connect_timeout = seconds(o_.rdzv_conf.read_timeout);
   try {
     return std::make_unique<rdzv::StoreBackend>(bo);
+  } catch (const ddp::StoreError& e) {
+    throw not_ddprun_store(endpoint_text(o_.rdzv_host, port_) + " (--rdzv-endpoint)", e);
   } catch (const ddp::Error& e) {
     if (hosting) throw;
     throw ddp::NetworkError(fmt::format(
@@ -367,6 +377,8 @@ std::unique_ptr<rdzv::Backend> NodeRendezvous::open_static() {
   bo.connect_timeout = hosting ? bo.timeout : seconds(o_.rdzv_conf.join_timeout);
   try {
     return std::make_unique<rdzv::StoreBackend>(bo);
+  } catch (const ddp::StoreError& e) {
+    throw not_ddprun_store(endpoint_text(o_.master_addr, port_) + " (--master-addr, --master-port)", e);
   } catch (const ddp::Error& e) {
     if (hosting) throw;
     throw ddp::NetworkError(fmt::format("node {} could not reach node 0's store at {} (--master-addr, --master-port) "

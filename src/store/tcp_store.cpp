@@ -120,12 +120,14 @@ struct TcpStore::Impl {
   explicit Impl(const TcpStoreOptions& o)
       : opt(o),
         gen(o.generation == WireGeneration::kV1 ? proto::Generation::kV1 : proto::Generation::kV2),
+        find_gen(o.generation == WireGeneration::kAuto),
         addr(o.host.find(':') != std::string::npos ? fmt::format("[{}]:{}", o.host, o.port)
                                                    : fmt::format("{}:{}", o.host, o.port)) {}
 
   TcpStoreOptions opt;
   proto::Generation gen;
   bool ping = true;  // false once a server closed the connection on PING (torch 2.2, 2.3)
+  bool find_gen = false;  // kAuto, until the first connection says which generation
   bool leased = false;  // a lease connection: never reconnects
   std::string addr;
   std::mutex mu;
@@ -209,12 +211,27 @@ struct TcpStore::Impl {
             try {
               handshake(deadline, t0);
             } catch (const PingRefused&) {
-              // A generation-2 server older than PING (torch 2.2/2.3) closes the connection
-              // on it: connect again at once and send VALIDATE alone.
+              // Closed on the handshake: a generation-2 server older than PING (torch
+              // 2.2/2.3), or a generation-1 server (its daemon reads VALIDATE as a SET of an
+              // impossible length). VALIDATE alone would stall a generation-1 daemon for every
+              // client, so ask which first.
+              if (Fd g1 = generation1_answers(ai, std::max(deadline, Clock::now() + milliseconds(2000)))) {
+                if (!find_gen)
+                  throw StoreError(fmt::format(
+                      "store at {} speaks only wire generation 1: it is PyTorch 1.13 .. 2.1's TCPStore (a "
+                      "torchrun of those versions hosts one), not ddprun's store",
+                      addr));
+                gen = proto::Generation::kV1;
+                find_gen = false;
+                fd = std::move(g1);
+                return;
+              }
+              // Otherwise connect again at once and send VALIDATE alone.
               ping = false;
               last_error = "the server closed the connection on PING";
               continue;
             }
+            find_gen = false;
             return;
           }
           last_error = errno_text(err);
@@ -275,6 +292,28 @@ struct TcpStore::Impl {
       throw StoreError(fmt::format("store at {}: handshake PING returned {} instead of {}", addr,
                                    echo, nonce));
     }
+  }
+
+  // A new connection on which a generation-1 request is answered: CHECK of no keys, which a
+  // generation-1 server answers READY and a generation-2 one (whose first request must be
+  // VALIDATE) answers by closing. Empty when it is not answered within 2 s.
+  Fd generation1_answers(const addrinfo* ai, Clock::time_point deadline) {
+    int err = 0;
+    Fd s = try_connect(ai, deadline, err);
+    if (!s) return {};
+    proto::Request check;
+    check.op = proto::Op::kCheck;
+    std::string req;
+    proto::encode_request(proto::Generation::kV1, check, req);
+    if (::send(s.get(), req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) return {};
+    pollfd p{s.get(), POLLIN, 0};
+    int r;
+    do {
+      r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(poll_ms(deadline), 2000)));
+    } while (r < 0 && errno == EINTR);
+    uint8_t ready = 0xff;
+    if (r != 1 || ::recv(s.get(), &ready, 1, 0) != 1 || ready != proto::kCheckReady) return {};
+    return s;
   }
 
   // Whether the server still accepts connections: a short probe after it closed one.
@@ -573,9 +612,17 @@ int64_t TcpStore::num_keys() {
   });
 }
 
+WireGeneration TcpStore::generation() const {
+  if (options_.generation != WireGeneration::kAuto) return options_.generation;
+  std::lock_guard lk(impl_->mu);
+  return impl_->gen == proto::Generation::kV1 ? WireGeneration::kV1 : WireGeneration::kV2;
+}
+
 namespace {
+// With kAuto, a generation-1 server is found at the first connection; a request it cannot
+// serve is then refused by send_request() (the opcode has no generation-1 number).
 void require_v2(const TcpStoreOptions& o, const char* what) {
-  if (o.generation != WireGeneration::kV2)
+  if (o.generation == WireGeneration::kV1)
     throw StoreError(fmt::format("store at {}:{}: {} needs wire generation 2 (torch >= 2.2)",
                                  o.host, o.port, what));
 }

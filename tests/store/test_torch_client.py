@@ -294,6 +294,26 @@ def main():
         ]
         if out_t != expected_cpp:
             failures.append(f"store_client_check vs torch server: {out_t} != {expected_cpp}")
+
+        # 3. ddp::TcpStore finding the generation itself (kAuto: what libddp's workers use,
+        # under any torchrun): torch's own on torch's server, 2 on ddp-store-server.
+        for name, port, want in (("torch", torch_port, gen), ("ddp", ddp_port, 2)):
+            rc, out, err = run_cpp(args.cpp_client, port, "auto")
+            print(f"C++ client (auto) vs {name} server:", out, err.strip())
+            if rc != 0 or out != expected_cpp + [f"generation: {want}"]:
+                failures.append(f"store_client_check auto vs {name} server: rc={rc} {out} {err.strip()}")
+        if gen == 1:
+            # Generation 2 asked of a generation-1 server fails at once, saying why, and
+            # leaves that server serving (the handshake's bytes never stall its daemon).
+            t0 = time.monotonic()
+            rc, out, err = run_cpp(args.cpp_client, torch_port, 2)
+            took = time.monotonic() - t0
+            print(f"C++ client (2) vs torch 1.x server: rc={rc} in {took:.1f} s:", out)
+            if rc == 0 or not any("speaks only wire generation 1" in x for x in out) or took > scaled(10):
+                failures.append(f"generation 2 against torch {rt.version}'s server: rc={rc} after {took:.1f} s: {out}")
+            rc, out, err = run_cpp(args.cpp_client, torch_port, 1)
+            if rc != 0:
+                failures.append(f"torch's server after the refused handshake: rc={rc} {out} {err.strip()}")
     finally:
         if side:
             rc = side.close()
