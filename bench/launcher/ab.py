@@ -7,7 +7,9 @@ drift hits both alike: launch-to-exit of `--standalone --nproc-per-node 4 --no-p
                                                      # Python workers, without and with a flag
 
 --python: the workers are `python3 -c pass` (PYTHON_EXEC or python3 from PATH, run with -u
-by ddprun) instead of `true`. --old-flags/--new-flags: extra ddprun flags for either side.
+by ddprun) instead of `true`. --lines N: each worker writes N short lines
+(build/bin/ddp-bench-lines) through ddprun's output path; add `--old-flags="--log-dir D --tee 3"`
+and the same --new-flags for the log files too. --old-flags/--new-flags: extra ddprun flags for either side.
 Prints each side's median and the ratio NEW/OLD (1.00 = unchanged).
 """
 import argparse
@@ -30,12 +32,14 @@ def main():
     p.add_argument("new")
     p.add_argument("--runs", type=int, default=200)
     p.add_argument("--python", action="store_true", help="Python workers (python3 -c pass)")
+    p.add_argument("--lines", type=int, default=0, help="workers writing this many lines each")
     p.add_argument("--old-flags", default="", help="extra ddprun flags for OLD (space-separated)")
     p.add_argument("--new-flags", default="", help="extra ddprun flags for NEW (space-separated)")
     a = p.parse_args()
     base = ["--standalone", "--nproc-per-node", "4"]
+    lines = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "bin", "ddp-bench-lines")
     worker = ["--no-python", os.environ.get("PYTHON_EXEC", "python3"), "-c", "pass"] if a.python else \
-        ["--no-python", "true"]
+        ["--no-python", lines, str(a.lines)] if a.lines else ["--no-python", "true"]
     old_args, new_args = base + a.old_flags.split() + worker, base + a.new_flags.split() + worker
     for b, args in ((a.old, old_args), (a.new, new_args)):  # warm the page cache
         once(b, args)
@@ -44,7 +48,7 @@ def main():
         old.append(once(a.old, old_args))
         new.append(once(a.new, new_args))
     mo, mn = statistics.median(old), statistics.median(new)
-    what = "`python3 -c pass`" if a.python else "`true`"
+    what = "`python3 -c pass`" if a.python else f"`ddp-bench-lines {a.lines}`" if a.lines else "`true`"
     print(f"| launch to exit, 4 x {what} (median of {a.runs}, interleaved) | old {mo * 1e3:.2f} ms | "
           f"new {mn * 1e3:.2f} ms | new/old {mn / mo:.2f}x |")
 

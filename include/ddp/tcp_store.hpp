@@ -105,7 +105,7 @@ class TcpStore : public Store {
 
   const TcpStoreOptions& options() const { return options_; }
   // The generation spoken: options().generation, or with kAuto the one found (kV2 until the
-  // first connection).
+  // first connection). Waits for a call in progress on another thread.
   WireGeneration generation() const;
 
  private:
