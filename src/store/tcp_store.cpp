@@ -430,7 +430,10 @@ struct TcpStore::Impl {
   // Sends a request (connecting first if needed); the caller then reads the reply.
   Clock::time_point send_request(const proto::Request& r, milliseconds timeout) {
     ensure_connected();
-    if (!proto::encode_opcode(gen, r.op))
+    // In generation 1 the client speaks torch 1.13's numbering (SET .. DELETE_KEY, 0-8): a
+    // 1.13 server drops a connection on anything after it, and 2.1 numbers DELETE_KEY apart.
+    const auto code = proto::encode_opcode(gen, r.op);
+    if (!code || (gen == proto::Generation::kV1 && *code > 8))
       throw StoreError(fmt::format("store at {}: {} needs wire generation 2 (torch >= 2.2)", addr,
                                    proto::op_name(r.op)));
     std::string buf;

@@ -626,10 +626,15 @@ TEST(StoreGen2, ServerWithoutPingGetsValidateAlone) {
   int lfd = listen_loopback(port);
   std::vector<int> opcodes_after_validate;
   std::thread server([&] {
-    for (int conn = 0; conn < 2; ++conn) {
+    for (int conn = 0; conn < 3; ++conn) {
       int fd = ::accept(lfd, nullptr, nullptr);
       uint8_t validate[5], op = 0xff;
-      if (!read_n(fd, validate, 5) || validate[0] != 0 || !read_n(fd, &op, 1)) {
+      if (!read_n(fd, validate, 5) || validate[0] != 0) {  // not VALIDATE first: closed, as torch does
+        opcodes_after_validate.push_back(-1);
+        ::close(fd);
+        continue;
+      }
+      if (!read_n(fd, &op, 1)) {
         ::close(fd);
         return;
       }
@@ -658,7 +663,68 @@ TEST(StoreGen2, ServerWithoutPingGetsValidateAlone) {
   }
   server.join();
   ::close(lfd);
-  EXPECT_EQ(opcodes_after_validate, (std::vector<int>{13, 5}));
+  // PING refused; the generation-1 question (CHECK first, no VALIDATE) closed, so not a
+  // generation-1 server; then VALIDATE alone and the CHECK.
+  EXPECT_EQ(opcodes_after_validate, (std::vector<int>{13, -1, 5}));
+}
+
+// A generation-1 server (torch 1.13 .. 2.1) resets the connection on the handshake, as one
+// without PING does, but answers a generation-1 CHECK on a new connection: kAuto then speaks
+// generation 1 on that connection, and kV2 fails at once saying what the server is. Neither
+// sends VALIDATE alone, which would leave a generation-1 daemon waiting for the rest of a
+// SET (and every other client with it).
+TEST(StoreGen2, AGeneration1ServerIsFoundAndNeverSentValidateAlone) {
+  for (auto gen : {WireGeneration::kAuto, WireGeneration::kV2}) {
+    uint16_t port = 0;
+    int lfd = listen_loopback(port);
+    std::vector<std::string> seen;
+    std::thread server([&] {
+      for (int conn = 0; conn < 2; ++conn) {
+        int fd = ::accept(lfd, nullptr, nullptr);
+        uint8_t op = 0xff;
+        if (!read_n(fd, &op, 1)) break;
+        if (op == 0) {  // "SET" with VALIDATE's magic as the key's length: reset
+          seen.push_back("handshake");
+          ::close(fd);
+          continue;
+        }
+        uint64_t n = 99;  // generation-1 CHECK (4): u64 count, then the keys
+        if (op != 4 || !read_n(fd, &n, 8)) break;
+        seen.push_back(fmt::format("check {}", n));
+        for (uint8_t ready = 0;; ready = n == 0 ? 0 : 1) {  // READY for no keys, NOT_READY after
+          ::send(fd, &ready, 1, MSG_NOSIGNAL);
+          uint64_t klen = 0;
+          std::string key;
+          if (!read_n(fd, &op, 1) || op != 4 || !read_n(fd, &n, 8) || !read_n(fd, &klen, 8)) break;
+          key.resize(klen);
+          if (!read_n(fd, key.data(), klen)) break;
+          seen.push_back("check " + key);
+        }
+        ::close(fd);
+        break;
+      }
+    });
+    if (gen == WireGeneration::kAuto) {
+      ddp::TcpStore s(client_options(port, gen));
+      EXPECT_FALSE(s.check({"k"}));
+      EXPECT_EQ(s.generation(), WireGeneration::kV1);
+      EXPECT_THROW(s.append("k", "v"), ddp::StoreError);  // no generation-1 APPEND
+    } else {
+      try {
+        ddp::TcpStore s(client_options(port, gen));
+        ADD_FAILURE() << "generation 2 against a generation-1 server";
+      } catch (const ddp::StoreError& e) {
+        EXPECT_NE(std::string(e.what()).find("speaks only wire generation 1"), std::string::npos) << e.what();
+      }
+    }
+    ::shutdown(lfd, SHUT_RDWR);
+    server.join();
+    ::close(lfd);
+    if (gen == WireGeneration::kAuto)
+      EXPECT_EQ(seen, (std::vector<std::string>{"handshake", "check 0", "check k"}));
+    else
+      EXPECT_EQ(seen, (std::vector<std::string>{"handshake", "check 0"}));
+  }
 }
 
 // A server that closes the connection on WAIT_GROWS (one of ddprun's extensions) is either
