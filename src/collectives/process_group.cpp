@@ -200,8 +200,10 @@ std::unique_ptr<ProcessGroup> init_process_group_from_env(ProcessGroupOptions o)
     if (!e.use_agent_store)
       throw UsageError(
           "TORCHELASTIC_USE_AGENT_STORE is not True: libddp never hosts a store (rank 0 would "
-          "have to run the TCPStore server). Run this worker under ddprun, which hosts it, or "
-          "pass a store explicitly with ddp::init_process_group(options)");
+          "have to run the TCPStore server). Run this worker under ddprun, which hosts it, or under "
+          "torchrun's static launch (no --rdzv-backend; torchrun's c10d shares its store only from "
+          "torch 2.4 on, and not with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), or pass a store "
+          "explicitly with ddp::init_process_group(options)");
     if (e.master_addr.empty() || e.master_port <= 0 || e.master_port > 65535)
       throw UsageError(fmt::format("MASTER_ADDR/MASTER_PORT not set or invalid ('{}', {}): run "
                                    "under ddprun or pass a store explicitly",

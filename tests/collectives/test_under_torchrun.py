@@ -88,6 +88,7 @@ class UnderTorchrun113(unittest.TestCase):
         rc, out, took = torchrun("--standalone", "--nproc_per_node", "2", cwd=self.tmp)
         self.assertNotEqual(rc, 0, out)
         self.assertIn("TORCHELASTIC_USE_AGENT_STORE is not True: libddp never hosts a store", out)
+        self.assertIn("or under torchrun's static launch", out)
         self.assertLess(took, scaled(45), out)
 
 
