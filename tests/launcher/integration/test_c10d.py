@@ -655,66 +655,58 @@ class StoreHostTest(C10dTestCase):
 
 
 class TorchrunStateTest(C10dTestCase):
+    def start_torchrun_agent(self, port, conf):
+        """A real torchrun 1.13 agent of a 2-node c10d job at 127.0.0.1:port, waiting for its
+        second node, and a torch client that reads its state there (self.probe_again)."""
+        if not os.path.exists(TORCHRUN113):
+            self.skipTest(f"no {TORCHRUN113}")
+        tr_out = open(self.path("torchrun.out"), "wb")
+        self._files.append(tr_out)
+        self.tr = subprocess.Popen(
+            [PYTHON, TORCHRUN113, "--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d",
+             "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "job", "--rdzv_conf", conf,
+             "--no_python", "true"], env=clean_env(), stdout=tr_out,
+            stderr=subprocess.STDOUT, start_new_session=True, cwd=self.tmp)
+        self._procs.append(self.tr)
+        self.probe = subprocess.Popen([PYTHON, worker("torch_store_probe.py"), str(port), "torch.rendezvous.job"],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      start_new_session=True)
+        self._procs.append(self.probe)
+        self._files += [self.probe.stdin, self.probe.stdout, self.probe.stderr]
+        first = self.probe.stdout.readline().decode().strip()
+        self.assertTrue(first.startswith("value gASV"), f"torchrun's state: {first!r} "
+                                                        f"{read_text(self.path('torchrun.out'))}")
+
+    def assert_torchrun_left_alone(self, node):
+        """node failed with one error line; torchrun's state still reads, its agent waits on."""
+        err = node.stderr()
+        self.assertEqual(len([l for l in err.splitlines() if "error" in l]), 1, err)
+        self.probe.stdin.write(b"again\n")
+        self.probe.stdin.flush()
+        again = self.probe.stdout.readline().decode().strip()
+        self.assertTrue(again.startswith("value gASV"), again)
+        self.assertIsNone(self.tr.poll(), "the torchrun agent still waits for its second node")
+        self.assertEqual(self.records(), [])
+
     def test_torchrun_agent_state_is_refused(self):
         # A real torchrun 1.13 agent waits at a ddp-store-server for a second node; a ddprun
         # with the same endpoint and --rdzv-id is refused and leaves torchrun's state alone.
-        if not os.path.exists(TORCHRUN113):
-            self.skipTest(f"no {TORCHRUN113}")
         port = self.store_server()
-        env = clean_env()
-        tr_out = open(self.path("torchrun.out"), "wb")
-        self._files.append(tr_out)
-        tr = subprocess.Popen(
-            [PYTHON, TORCHRUN113, "--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d",
-             "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "job", "--rdzv_conf", "is_host=0,join_timeout=60",
-             "--no_python", "true"], env=env, stdout=tr_out,
-            stderr=subprocess.STDOUT, start_new_session=True, cwd=self.tmp)
-        self._procs.append(tr)
-        probe = subprocess.Popen([PYTHON, worker("torch_store_probe.py"), str(port), "torch.rendezvous.job"],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 start_new_session=True)
-        self._procs.append(probe)
-        self._files += [probe.stdin, probe.stdout, probe.stderr]
-        first = probe.stdout.readline().decode().strip()
-        self.assertTrue(first.startswith("value gASV"), f"torchrun's state: {first!r} "
-                                                        f"{read_text(self.path('torchrun.out'))}")
+        self.start_torchrun_agent(port, "is_host=0,join_timeout=60")
         n = self.start_node("A", "127.0.0.2", nnodes="2", conf=CONF + ",is_host=0", endpoint=f"127.0.0.1:{port}")
         self.wait_nodes([n], 20)
         self.assertNotEqual(n.rc, 0)
         err = n.stderr()
         self.assertRegex(err, rf"the c10d store at 127\.0\.0\.1:{port} holds a torchrun agent's rendezvous state for "
                               r"this --rdzv-id .*ddprun and torchrun cannot share a rendezvous", err)
-        self.assertEqual(len([l for l in err.splitlines() if "error" in l]), 1, err)
-        probe.stdin.write(b"again\n")
-        probe.stdin.flush()
-        again = probe.stdout.readline().decode().strip()
-        self.assertTrue(again.startswith("value gASV"), again)
-        self.assertIsNone(tr.poll(), "the torchrun agent still waits for its second node")
-        self.assertEqual(self.records(), [])
+        self.assert_torchrun_left_alone(n)
 
     def test_a_torchrun_agents_own_store_is_named_at_once_and_left_serving(self):
         # A torchrun 1.13 agent hosts the endpoint itself (its TCPStore speaks wire
         # generation 1); a ddprun node that joins fails in seconds, saying what it met (before:
         # 60 s of silence), and torch's store still serves its own agent afterwards.
-        if not os.path.exists(TORCHRUN113):
-            self.skipTest(f"no {TORCHRUN113}")
         port = free_port()
-        tr_out = open(self.path("torchrun.out"), "wb")
-        self._files.append(tr_out)
-        tr = subprocess.Popen(
-            [PYTHON, TORCHRUN113, "--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d",
-             "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "job", "--rdzv_conf", "join_timeout=60",
-             "--no_python", "true"], env=clean_env(), stdout=tr_out,
-            stderr=subprocess.STDOUT, start_new_session=True, cwd=self.tmp)
-        self._procs.append(tr)
-        probe = subprocess.Popen([PYTHON, worker("torch_store_probe.py"), str(port), "torch.rendezvous.job"],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 start_new_session=True)
-        self._procs.append(probe)
-        self._files += [probe.stdin, probe.stdout, probe.stderr]
-        first = probe.stdout.readline().decode().strip()
-        self.assertTrue(first.startswith("value gASV"), f"torchrun's state: {first!r} "
-                                                        f"{read_text(self.path('torchrun.out'))}")
+        self.start_torchrun_agent(port, "join_timeout=60")
         t0 = time.time()
         n = self.start_node("A", "127.0.0.2", nnodes="2", conf=CONF + ",is_host=0", endpoint=f"127.0.0.1:{port}")
         self.wait_nodes([n], 30)
@@ -723,13 +715,7 @@ class TorchrunStateTest(C10dTestCase):
         err = n.stderr()
         self.assertRegex(err, rf"the store at 127\.0\.0\.1:{port} \(--rdzv-endpoint\) cannot serve ddprun: .*speaks "
                               r"only wire generation 1: it is PyTorch 1\.13 \.\. 2\.1's TCPStore", err)
-        self.assertEqual(len([l for l in err.splitlines() if "error" in l]), 1, err)
-        probe.stdin.write(b"again\n")
-        probe.stdin.flush()
-        again = probe.stdout.readline().decode().strip()
-        self.assertTrue(again.startswith("value gASV"), again)
-        self.assertIsNone(tr.poll(), "the torchrun agent still waits for its second node")
-        self.assertEqual(self.records(), [])
+        self.assert_torchrun_left_alone(n)
 
 
 # Every malformed value that reaches the c10d path, given with an otherwise valid launch
