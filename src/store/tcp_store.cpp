@@ -215,7 +215,7 @@ struct TcpStore::Impl {
               // 2.2/2.3), or a generation-1 server (its daemon reads VALIDATE as a SET of an
               // impossible length). VALIDATE alone would stall a generation-1 daemon for every
               // client, so ask which first.
-              if (Fd g1 = generation1_answers(ai, std::max(deadline, Clock::now() + milliseconds(2000)))) {
+              if (Fd g1 = generation1_answers(ai, Clock::now() + milliseconds(2000))) {
                 if (!find_gen)
                   throw StoreError(fmt::format(
                       "store at {} speaks only wire generation 1: it is PyTorch 1.13 .. 2.1's TCPStore (a "
@@ -296,7 +296,8 @@ struct TcpStore::Impl {
 
   // A new connection on which a generation-1 request is answered: CHECK of no keys, which a
   // generation-1 server answers READY and a generation-2 one (whose first request must be
-  // VALIDATE) answers by closing. Empty when it is not answered within 2 s.
+  // VALIDATE) answers by closing. Empty when it is not answered by the deadline (a moment:
+  // a server that just closed a connection of ours answers at once).
   Fd generation1_answers(const addrinfo* ai, Clock::time_point deadline) {
     int err = 0;
     Fd s = try_connect(ai, deadline, err);
@@ -309,7 +310,7 @@ struct TcpStore::Impl {
     pollfd p{s.get(), POLLIN, 0};
     int r;
     do {
-      r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(poll_ms(deadline), 2000)));
+      r = ::poll(&p, 1, poll_ms(deadline));
     } while (r < 0 && errno == EINTR);
     uint8_t ready = 0xff;
     if (r != 1 || ::recv(s.get(), &ready, 1, 0) != 1 || ready != proto::kCheckReady) return {};
