@@ -13,6 +13,7 @@ Exits 77 (ctest SKIP_RETURN_CODE) without the anchor or torch.
 """
 import argparse
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -51,7 +52,12 @@ def torchrun(*args, cwd):
 
 class UnderTorchrun113(unittest.TestCase):
     def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="ddp-torchrun-")
+        self.tmp = self.mkdtemp()
+
+    def mkdtemp(self):
+        d = tempfile.mkdtemp(prefix="ddp-torchrun-")
+        self.addCleanup(shutil.rmtree, d, True)
+        return d
 
     def test_default_static_launch_trains_on_the_agents_generation1_store(self):
         rc, out, took = torchrun("--nproc_per_node", "2", "--master_port", str(free_port()), cwd=self.tmp)
@@ -63,7 +69,7 @@ class UnderTorchrun113(unittest.TestCase):
     def test_two_static_nodes_train_across_both_agents(self):
         port = str(free_port())
         common = ["--nnodes", "2", "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", port]
-        tmp1 = tempfile.mkdtemp(prefix="ddp-torchrun-")
+        tmp1 = self.mkdtemp()
         procs = []
         for rank, cwd in ((0, self.tmp), (1, tmp1)):
             procs.append(subprocess.Popen(
