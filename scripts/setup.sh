@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(
-  build-essential cmake ninja-build pkg-config
+  build-essential cmake ninja-build pkg-config ccache
   libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libboost-dev libgtest-dev
   libssl-dev openssl    # https to etcd; the etcd tests make their certificates
@@ -37,7 +37,10 @@ fi
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+# A compiler cache keyed on paths relative to the checkout: another clone (CI's), the tests'
+# CPU-only package build (build-pkg) and a rebuild reuse every object whose inputs are the same.
+command -v ccache >/dev/null &&
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER="/usr/bin/env;CCACHE_BASEDIR=$PWD;CCACHE_NOHASHDIR=1;ccache")
 if [ ! -f build/CMakeCache.txt ]; then
   cmake -S . -B build "${gen[@]}" "${launcher[@]}" -DCMAKE_BUILD_TYPE="${DDP_BUILD_TYPE:-Release}" >/dev/null
 fi
