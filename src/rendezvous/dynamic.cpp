@@ -119,7 +119,9 @@ void DynamicRendezvous::forget_round(int64_t r) {
 // (docs/design.md, "State that does not grow"): the requests the state applied, and the
 // events before this node asked to join the round (every line of the round comes later).
 // Not those events while the state or a pending request names a node lost among them: its
-// lost line must stay for whoever reads it next (a later round's rank 0 drops them).
+// lost line must stay for whoever reads it next (a later round's rank 0 drops them). As the
+// join stands this never happens (docs/design.md, "State that does not grow"): a check
+// against a later change to its order.
 void DynamicRendezvous::trim_logs(const State& s, size_t events_mark) {
   try {
     if (!main_->trim_log("requests", static_cast<size_t>(s.requests_seen))) return;  // the backend keeps every line
