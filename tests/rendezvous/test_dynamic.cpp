@@ -10,6 +10,7 @@
 #include "ddp/error.hpp"
 #include "rendezvous/dynamic.hpp"
 #include "rendezvous/memory_backend.hpp"
+#include "test_timeouts.hpp"
 
 namespace {
 
@@ -459,6 +460,65 @@ TEST(DynamicRendezvous, AWaitingNodeLostBeforeAPlaceOpensIsNotCountedOn) {
   RoundPlan p = a->next_round();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
   EXPECT_EQ(p.group_world_size, 1);
+}
+
+// A node written into the forming round dies before the round completes. Every node removes
+// it before it finishes (so the state a round's rank 0 trims with names no node it read
+// lost: why trim_logs's guard never fires), the round runs without it, uncounted, and once
+// its lost line is dropped with the rounds after it, a newcomer does not count on it either.
+TEST(DynamicRendezvous, ANodeLostWhileTheRoundFormsIsNotInIt) {
+  Cluster c;
+  c.job = {2, 4, 100};
+  c.last_call = ddp::test::scaled(800ms);  // the node is written in and killed well within it
+  auto a = c.node("a"), b = c.node("b");
+  auto formed = std::async(std::launch::async, [&] { return all_next_round({a.get(), b.get()}); });
+  auto listed = [&](const std::string& id) {
+    auto st = c.world->state();
+    return st && decode_state(*st, "test").has_participant(id);
+  };
+  for (auto t0 = std::chrono::steady_clock::now();
+       !(listed("a_1_0") && listed("b_1_0")) && std::chrono::steady_clock::now() - t0 < kGuard;)
+    std::this_thread::sleep_for(2ms);
+  ASSERT_TRUE(listed("a_1_0") && listed("b_1_0"));
+  // Node x, as its ddprun would: a lease whose end writes its lost line, a join request, and
+  // its own write of the state; then it dies.
+  auto x = c.world->backend("x");
+  NodeDesc me;
+  me.id = "x_1_0";
+  me.addr = me.host = "x";
+  me.master_addr = "127.0.0.1";
+  me.nproc = 2;
+  x->open_lease(kGuard);
+  x->on_lease_end("events", lost_event(me.id));
+  x->append("requests", join_request(me, c.job));
+  for (bool written = false; !written;) {
+    Snapshot snap = x->load();
+    State s = decode_state(*snap.state, "test");
+    absorb(s, x->read("requests", static_cast<size_t>(s.requests_seen)), {});
+    written = x->compare_and_set(encode_state(s), snap.token).ok;
+  }
+  x->append("events", "state");
+  ASSERT_TRUE(listed(me.id));
+  c.world->kill("x");
+  ASSERT_EQ(formed.wait_for(kGuard), std::future_status::ready);
+  for (const RoundPlan& p : formed.get()) {
+    EXPECT_EQ(p.round, 0);
+    EXPECT_EQ(p.group_world_size, 2) << "the round formed with the lost node";
+    EXPECT_EQ(p.restart_count, 0);
+  }
+  fail_rounds({a.get(), b.get()}, 2);  // each round's rank 0 trims (a last call each)
+  EXPECT_EQ(all_next_round({a.get(), b.get()})[0].group_world_size, 2);
+  for (auto& line : c.world->log("events")) EXPECT_EQ(line.find(me.id), std::string::npos) << line;
+  auto e = c.node("e");  // scales the running round up: with a and b, not x
+  auto joined = std::async(std::launch::async, [&] { return e->next_round(); });
+  for (auto* n : {a.get(), b.get()}) {
+    auto end = end_within(*n);
+    ASSERT_TRUE(end);
+    EXPECT_EQ(end->kind, K::kScaleUp);
+  }
+  all_next_round({a.get(), b.get()});
+  ASSERT_EQ(joined.wait_for(kGuard), std::future_status::ready);
+  EXPECT_EQ(joined.get().group_world_size, 3);
 }
 
 // A backend that cannot drop lines (a store server without the extension) keeps every line,
