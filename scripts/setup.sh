@@ -38,10 +38,11 @@ gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 launcher=()
 # A compiler cache keyed on paths relative to the checkout: another clone (CI's), the tests'
-# CPU-only package build (build-pkg) and a rebuild reuse every object whose inputs are the same.
+# CPU-only package build (build-pkg) and a rebuild reuse every object whose inputs are the same
+# (a Debug build's objects only within one build folder: their debug info names it).
 # Not where the cache folder cannot be written (a read-only home): ccache would fail every compile.
 ccache_dir=$(ccache -k cache_dir 2>/dev/null) && mkdir -p "$ccache_dir" 2>/dev/null && [ -w "$ccache_dir" ] &&
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER="/usr/bin/env;CCACHE_BASEDIR=$PWD;CCACHE_NOHASHDIR=1;ccache")
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER="/usr/bin/env;CCACHE_BASEDIR=$PWD;ccache")
 if [ ! -f build/CMakeCache.txt ]; then
   cmake -S . -B build "${gen[@]}" "${launcher[@]}" -DCMAKE_BUILD_TYPE="${DDP_BUILD_TYPE:-Release}" >/dev/null
 fi
