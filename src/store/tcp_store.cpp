@@ -15,6 +15,7 @@
 #include <cstring>
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -216,6 +217,18 @@ struct TcpStore::Impl {
               // impossible length). VALIDATE alone would stall a generation-1 daemon for every
               // client, so ask which first.
               if (Fd g1 = generation1_answers(ai, Clock::now() + milliseconds(2000))) {
+                // ddprun's own server answers generation 1 too (torch 1.13's clients): the
+                // close may have been a moment's (a relay or proxy that accepted before it
+                // could reach the server). Only a second close says generation 1.
+                auto again = handshake_closed_again(ai, t0);
+                if (!again) {
+                  last_error = "the server closed the connection on the handshake, then refused another";
+                  continue;
+                }
+                if (!*again) {
+                  find_gen = false;
+                  return;  // answered: a generation-2 server after all
+                }
                 if (!find_gen)
                   throw StoreError(fmt::format(
                       "store at {} speaks only wire generation 1: it is PyTorch 1.13 .. 2.1's TCPStore (a "
@@ -315,6 +328,21 @@ struct TcpStore::Impl {
     uint8_t ready = 0xff;
     if (r != 1 || ::recv(s.get(), &ready, 1, 0) != 1 || ready != proto::kCheckReady) return {};
     return s;
+  }
+
+  // The generation-2 handshake once more, on a new connection (fd): true, closed again;
+  // false, answered (fd is that connection); nullopt, no connection.
+  std::optional<bool> handshake_closed_again(const addrinfo* ai, Clock::time_point t0) {
+    int err = 0;
+    Fd s = try_connect(ai, Clock::now() + milliseconds(2000), err);
+    if (!s) return std::nullopt;
+    fd = std::move(s);
+    try {
+      handshake(Clock::now(), t0);  // (the handshake's own grace)
+      return false;
+    } catch (const PingRefused&) {
+      return true;
+    }
   }
 
   // Whether the server still accepts connections: a short probe after it closed one.

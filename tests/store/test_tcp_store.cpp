@@ -669,46 +669,49 @@ TEST(StoreGen2, ServerWithoutPingGetsValidateAlone) {
 }
 
 // A generation-1 server (torch 1.13 .. 2.1) resets the connection on the handshake, as one
-// without PING does, but answers a generation-1 CHECK on a new connection: kAuto then speaks
-// generation 1 on that connection, and kV2 fails at once saying what the server is. Neither
-// sends VALIDATE alone, which would leave a generation-1 daemon waiting for the rest of a
-// SET (and every other client with it).
+// without PING does, but answers a generation-1 CHECK on a new connection, and resets a
+// second handshake too: kAuto then speaks generation 1 on the CHECK's connection, and kV2
+// fails at once saying what the server is. Neither sends VALIDATE alone, which would leave
+// a generation-1 daemon waiting for the rest of a SET (and every other client with it).
 TEST(StoreGen2, AGeneration1ServerIsFoundAndNeverSentValidateAlone) {
   for (auto gen : {WireGeneration::kAuto, WireGeneration::kV2}) {
     uint16_t port = 0;
     int lfd = listen_loopback(port);
     std::vector<std::string> seen;
+    auto reset_handshake = [&] {  // "SET" with VALIDATE's magic as the key's length: reset
+      int fd = ::accept(lfd, nullptr, nullptr);
+      uint8_t op = 0xff;
+      seen.push_back(read_n(fd, &op, 1) && op == 0 ? "handshake" : fmt::format("op {}", op));
+      ::close(fd);
+    };
     std::thread server([&] {
-      for (int conn = 0; conn < 2; ++conn) {
-        int fd = ::accept(lfd, nullptr, nullptr);
-        uint8_t op = 0xff;
-        if (!read_n(fd, &op, 1)) break;
-        if (op == 0) {  // "SET" with VALIDATE's magic as the key's length: reset
-          seen.push_back("handshake");
-          ::close(fd);
-          continue;
-        }
-        uint64_t n = 99;  // generation-1 CHECK (4): u64 count, then the keys
-        if (op != 4 || !read_n(fd, &n, 8)) break;
-        seen.push_back(fmt::format("check {}", n));
-        for (uint8_t ready = 0;; ready = n == 0 ? 0 : 1) {  // READY for no keys, NOT_READY after
-          ::send(fd, &ready, 1, MSG_NOSIGNAL);
-          uint64_t klen = 0;
-          std::string key;
-          if (!read_n(fd, &op, 1) || op != 4 || !read_n(fd, &n, 8) || !read_n(fd, &klen, 8)) break;
-          key.resize(klen);
-          if (!read_n(fd, key.data(), klen)) break;
-          seen.push_back("check " + key);
-        }
-        ::close(fd);
-        break;
+      reset_handshake();
+      int fd = ::accept(lfd, nullptr, nullptr);
+      uint8_t op = 0xff;
+      uint64_t n = 99;  // generation-1 CHECK (4): u64 count, then the keys
+      if (!read_n(fd, &op, 1) || op != 4 || !read_n(fd, &n, 8)) return ::close(fd), void();
+      seen.push_back(fmt::format("check {}", n));
+      for (uint8_t ready = 0;; ready = n == 0 ? 0 : 1) {  // READY for no keys, NOT_READY after
+        ::send(fd, &ready, 1, MSG_NOSIGNAL);
+        if (seen.size() == 2) reset_handshake();  // the client asks once more before it believes it
+        uint64_t klen = 0;
+        std::string key;
+        if (!read_n(fd, &op, 1) || op != 4 || !read_n(fd, &n, 8) || !read_n(fd, &klen, 8)) break;
+        key.resize(klen);
+        if (!read_n(fd, key.data(), klen)) break;
+        seen.push_back("check " + key);
       }
+      ::close(fd);
     });
     if (gen == WireGeneration::kAuto) {
-      ddp::TcpStore s(client_options(port, gen));
-      EXPECT_FALSE(s.check({"k"}));
-      EXPECT_EQ(s.generation(), WireGeneration::kV1);
-      EXPECT_THROW(s.append("k", "v"), ddp::StoreError);  // no generation-1 APPEND
+      try {
+        ddp::TcpStore s(client_options(port, gen));
+        EXPECT_FALSE(s.check({"k"}));
+        EXPECT_EQ(s.generation(), WireGeneration::kV1);
+        EXPECT_THROW(s.append("k", "v"), ddp::StoreError);  // no generation-1 APPEND
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what();
+      }
     } else {
       try {
         ddp::TcpStore s(client_options(port, gen));
@@ -721,9 +724,52 @@ TEST(StoreGen2, AGeneration1ServerIsFoundAndNeverSentValidateAlone) {
     server.join();
     ::close(lfd);
     if (gen == WireGeneration::kAuto)
-      EXPECT_EQ(seen, (std::vector<std::string>{"handshake", "check 0", "check k"}));
+      EXPECT_EQ(seen, (std::vector<std::string>{"handshake", "check 0", "handshake", "check k"}));
     else
-      EXPECT_EQ(seen, (std::vector<std::string>{"handshake", "check 0"}));
+      EXPECT_EQ(seen, (std::vector<std::string>{"handshake", "check 0", "handshake"}));
+  }
+}
+
+// ddprun's own server answers generation-1 requests too (torch 1.13's clients), so a
+// handshake closed once (a relay or proxy that accepted before it could reach the server)
+// followed by an answered generation-1 CHECK is not yet generation 1: the second handshake
+// is answered, and the client speaks generation 2 on it (kV2 and kAuto alike).
+TEST(StoreGen2, AHandshakeClosedOnceIsNotTakenForGeneration1) {
+  for (auto gen : {WireGeneration::kAuto, WireGeneration::kV2}) {
+    uint16_t port = 0;
+    int lfd = listen_loopback(port);
+    std::vector<std::string> seen;
+    std::thread server([&] {
+      int fd = ::accept(lfd, nullptr, nullptr);  // the relay, not through yet: closed
+      ::close(fd);
+      int check = ::accept(lfd, nullptr, nullptr);
+      uint8_t op = 0xff;
+      uint64_t n = 99;
+      if (read_n(check, &op, 1) && op == 4 && read_n(check, &n, 8)) {
+        seen.push_back(fmt::format("check {}", n));
+        uint8_t ready = 0;
+        ::send(check, &ready, 1, MSG_NOSIGNAL);
+      }
+      fd = ::accept(lfd, nullptr, nullptr);
+      uint8_t validate[5], ping[5];
+      if (read_n(fd, validate, 5) && read_n(fd, ping, 5) && validate[0] == 0 && ping[0] == 13) {
+        seen.push_back("handshake");
+        ::send(fd, ping + 1, 4, MSG_NOSIGNAL);  // the pid echoed
+      }
+      read_n(fd, &op, 1);  // until the client closes
+      ::close(fd);
+      ::close(check);
+    });
+    try {
+      ddp::TcpStore s(client_options(port, gen));
+      EXPECT_EQ(s.generation(), WireGeneration::kV2);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+    }
+    ::shutdown(lfd, SHUT_RDWR);  // (a client that never makes the third connection)
+    server.join();
+    ::close(lfd);
+    EXPECT_EQ(seen, (std::vector<std::string>{"check 0", "handshake"}));
   }
 }
 
