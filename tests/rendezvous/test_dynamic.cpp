@@ -49,6 +49,16 @@ struct Cluster {
   }
 };
 
+// A node the test writes in by hand (as Cluster::node names its nodes), not a rendezvous.
+NodeDesc raw_node(const std::string& name) {
+  NodeDesc n;
+  n.id = name + "_1_0";
+  n.addr = n.host = name;
+  n.master_addr = "127.0.0.1";
+  n.nproc = 2;
+  return n;
+}
+
 std::vector<RoundPlan> all_next_round(const std::vector<DynamicRendezvous*>& nodes) {
   std::vector<std::future<RoundPlan>> f;
   for (auto* n : nodes) f.push_back(std::async(std::launch::async, [n] { return n->next_round(); }));
@@ -100,11 +110,7 @@ TEST(DynamicRendezvous, ANewcomerWhoseWriterDiedAsksTheRoundToRestartItself) {
   auto a = c.node("a"), b = c.node("b");
   all_next_round({a.get(), b.get()});
   auto writer = c.world->backend("w");
-  NodeDesc me;
-  me.id = "c_1_0";
-  me.addr = me.host = "c";
-  me.master_addr = "127.0.0.1";
-  me.nproc = 2;
+  NodeDesc me = raw_node("c");
   writer->append("requests", join_request(me, c.job));
   Snapshot snap = writer->load();
   State s = decode_state(*snap.state, "test");
@@ -483,11 +489,7 @@ TEST(DynamicRendezvous, ANodeLostWhileTheRoundFormsIsNotInIt) {
   // Node x, as its ddprun would: a lease whose end writes its lost line, a join request, and
   // its own write of the state; then it dies.
   auto x = c.world->backend("x");
-  NodeDesc me;
-  me.id = "x_1_0";
-  me.addr = me.host = "x";
-  me.master_addr = "127.0.0.1";
-  me.nproc = 2;
+  NodeDesc me = raw_node("x");
   x->open_lease(kGuard);
   x->on_lease_end("events", lost_event(me.id));
   x->append("requests", join_request(me, c.job));
