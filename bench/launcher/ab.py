@@ -10,20 +10,24 @@ drift hits both alike: launch-to-exit of `--standalone --nproc-per-node 4 --no-p
 by ddprun) instead of `true`. --lines N: each worker writes N short lines
 (build/bin/ddp-bench-lines) through ddprun's output path; add `--old-flags="--log-dir D --tee 3"`
 and the same --new-flags for the log files too. --old-flags/--new-flags: extra ddprun flags for either side.
-Prints each side's median and the ratio NEW/OLD (1.00 = unchanged).
+Prints each side's median and the ratio NEW/OLD (1.00 = unchanged), of the wall time and of
+the CPU time (user + system of ddprun, its guardian and its workers).
 """
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import time
 
 def once(binary, args):
-    t0 = time.perf_counter()
+    """(wall, CPU) seconds of one launch; CPU is user + system of ddprun and all it started."""
+    r0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     rc = subprocess.run([binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+    t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     if rc != 0:
         raise SystemExit(f"{binary} exited {rc}")
-    return time.perf_counter() - t0
+    return t1 - t0, (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
 
 
 def main():
@@ -47,10 +51,11 @@ def main():
     for _ in range(a.runs):
         old.append(once(a.old, old_args))
         new.append(once(a.new, new_args))
-    mo, mn = statistics.median(old), statistics.median(new)
     what = "`python3 -c pass`" if a.python else f"`ddp-bench-lines {a.lines}`" if a.lines else "`true`"
-    print(f"| launch to exit, 4 x {what} (median of {a.runs}, interleaved) | old {mo * 1e3:.2f} ms | "
-          f"new {mn * 1e3:.2f} ms | new/old {mn / mo:.2f}x |")
+    for i, row in ((0, "launch to exit"), (1, "CPU of the launch (ddprun and all it started)")):
+        mo, mn = statistics.median(x[i] for x in old), statistics.median(x[i] for x in new)
+        print(f"| {row}, 4 x {what} (median of {a.runs}, interleaved) | old {mo * 1e3:.2f} ms | "
+              f"new {mn * 1e3:.2f} ms | new/old {mn / mo:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -153,12 +153,13 @@ def main():
     ap.add_argument("--small", default="2,4,8")
     ap.add_argument("--backend", choices=["c10d", "static"], default="c10d")
     ap.add_argument("--floor", action="store_true",
-                    help="also N agents of --standalone (no rendezvous) for the big N: what starting them costs")
+                    help="also N agents of --standalone (no rendezvous) for the big N: what starting them costs "
+                         "(of the baseline too, when given)")
     a = ap.parse_args()
     global BACKEND
     BACKEND = a.backend
     runs = 3 if a.quick else 7
-    res = {"ddprun": {}, "torchrun": {}, "baseline": {}, "floor": {}}
+    res = {"ddprun": {}, "torchrun": {}, "baseline": {}, "floor": {}, "baseline_floor": {}}
     for n in [int(x) for x in a.small.split(",") if x]:
         res["ddprun"][n] = median_runs(runs, n)
         if a.baseline:
@@ -173,14 +174,18 @@ def main():
         if a.floor:
             BACKEND, backend = "standalone", BACKEND
             res["floor"][n] = median_runs(reps, n)
+            if a.baseline:
+                res["baseline_floor"][n] = median_runs(reps, n, binary=a.baseline)
             BACKEND = backend
     print("| agents | ddprun (median) | baseline (median) | baseline / ddprun | torchrun 1.13 (median) | torchrun / ddprun "
-          "| N x --standalone (floor) |")
-    print("|---|---|---|---|---|---|---|")
+          "| N x --standalone (floor) | the baseline's floor |")
+    print("|---|---|---|---|---|---|---|---|")
     for n, d in res["ddprun"].items():
         t, b, f = res["torchrun"].get(n), res["baseline"].get(n), res["floor"].get(n)
+        bf = res["baseline_floor"].get(n)
         print(f"| {n} | {d * 1000:.0f} ms | {f'{b * 1000:.0f} ms' if b else '-'} | {f'{b / d:.2f}x' if b else '-'} | "
-              f"{f'{t:.2f} s' if t else '-'} | {f'{t / d:.0f}x' if t else '-'} | {f'{f * 1000:.0f} ms' if f else '-'} |")
+              f"{f'{t:.2f} s' if t else '-'} | {f'{t / d:.0f}x' if t else '-'} | {f'{f * 1000:.0f} ms' if f else '-'} | "
+              f"{f'{bf * 1000:.0f} ms' if bf else '-'} |")
     if not a.no_host_loss:
         with tempfile.TemporaryDirectory() as tmp:
             r = 1 if a.quick else 3

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ddp/error.hpp"
+#include "launcher/guardian.hpp"
 #include "launcher/preload.hpp"
 #include "launcher/process.hpp"
 

@@ -13,6 +13,7 @@
 #include "ddp/error.hpp"
 #include "launcher/background.hpp"
 #include "launcher/event_loop.hpp"
+#include "launcher/guardian.hpp"
 #include "launcher/log.hpp"
 #include "launcher/options.hpp"
 #include "launcher/process.hpp"
@@ -89,8 +90,7 @@ int run_main(const std::vector<std::string>& args) {
     for (const auto& w : o.warnings) spdlog::warn("{}", w);
     for (const auto& i : o.infos) spdlog::info("{}", i);
     block_supervised_signals(o);
-    // Forked first, while ddprun is small and has no other thread: cheap, and the only
-    // moment a fork of a multithreaded process is avoided entirely.
+    // Started first, before any other thread exists (guardian.cpp: it shares ddprun's memory).
     Guardian guardian;
     guardian.start();
     if (o.standalone) o.rdzv_id = random_run_id();

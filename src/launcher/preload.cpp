@@ -18,6 +18,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ddp/error.hpp"
+#include "launcher/guardian.hpp"
 #include "launcher/report.hpp"
 #include "launcher/stack_dump.hpp"
 

@@ -22,18 +22,6 @@ namespace ddprun {
 
 namespace {
 
-// Writes all of buf, retrying on EINTR; async-signal-safe.
-void write_all_raw(int fd, const void* buf, size_t n) {
-  const char* p = static_cast<const char*>(buf);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
 std::vector<char*> c_strings(const std::vector<std::string>& v) {
   std::vector<char*> out;
   out.reserve(v.size() + 1);
@@ -180,55 +168,5 @@ std::string find_executable(const std::string& name, const std::string& path_env
   }
   return "";
 }
-
-void Guardian::start() {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return;  // best effort: the death signal still covers workers
-  pid_t pid = fork();
-  if (pid < 0) {
-    close(fds[0]);
-    close(fds[1]);
-    return;
-  }
-  if (pid == 0) {
-    close(fds[1]);
-    // Terminal signals reach ddprun's whole group; the guardian waits for its pipe alone.
-    for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE}) signal(s, SIG_IGN);
-    prctl(PR_SET_NAME, "ddprun-guard");
-    std::vector<pid_t> groups;
-    int32_t msg;
-    for (;;) {
-      ssize_t n = read(fds[0], &msg, sizeof msg);
-      if (n < 0 && errno == EINTR) continue;
-      if (n != sizeof msg) break;  // EOF: ddprun is gone
-      if (msg == 0) _exit(0);      // disarmed
-      groups.push_back(msg);
-    }
-    for (pid_t g : groups) kill(-g, SIGKILL);
-    _exit(0);
-  }
-  close(fds[0]);
-  fd_ = fds[1];
-  pid_ = pid;
-}
-
-void Guardian::watch(pid_t pgid) {
-  if (fd_ < 0) return;
-  int32_t msg = pgid;
-  write_all_raw(fd_, &msg, sizeof msg);
-}
-
-void Guardian::disarm() {
-  if (fd_ < 0) return;
-  int32_t msg = 0;
-  write_all_raw(fd_, &msg, sizeof msg);
-  close(fd_);
-  fd_ = -1;
-  // Reaped if it already left; otherwise it exits on its own in a moment (ddprun does not
-  // wait for it to be scheduled: that would cost every launch a context switch).
-  waitpid(pid_, nullptr, WNOHANG);
-}
-
-Guardian::~Guardian() { disarm(); }
 
 }  // namespace ddprun

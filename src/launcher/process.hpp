@@ -54,20 +54,4 @@ std::vector<pid_t> descendants(pid_t skip = -1, pid_t root = -1);
 // Resolves a command like execvp would; "" if not found.
 std::string find_executable(const std::string& name, const std::string& path_env);
 
-// A watchdog process that outlives a SIGKILLed ddprun just long enough to kill every
-// worker process group it was told about (grandchildren included). Survives terminal
-// signals; exits quietly when disarmed.
-class Guardian {
- public:
-  void start();                 // forks it (call before any thread starts)
-  void watch(pid_t pgid);       // a worker group to kill if ddprun dies
-  void disarm();                // normal end: it exits without killing
-  pid_t pid() const { return pid_; }
-  ~Guardian();
-
- private:
-  int fd_ = -1;
-  pid_t pid_ = -1;
-};
-
 }  // namespace ddprun

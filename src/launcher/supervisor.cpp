@@ -18,6 +18,7 @@
 #include "ddp/error.hpp"
 #include "launcher/attempt.hpp"
 #include "launcher/event_loop.hpp"
+#include "launcher/guardian.hpp"
 #include "launcher/job_record.hpp"
 #include "launcher/log.hpp"
 #include "launcher/node_signals.hpp"

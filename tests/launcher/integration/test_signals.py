@@ -1,6 +1,6 @@
 """Issue 2: signals to ddprun are forwarded (SIGTERM, SIGUSR1, SIGHUP; a SIGUSR1 that finds no
 worker running is said to have reached none), a second SIGINT kills at once, no worker or
-grandchild outlives `kill -9 ddprun`, and ddprun as PID 1."""
+grandchild outlives `kill -9 ddprun` or a crashed ddprun, and ddprun as PID 1."""
 import os
 import signal
 import socket
@@ -101,24 +101,66 @@ class SignalForwardingTest(DdprunTestCase):
 
 
 class NoOrphansTest(DdprunTestCase):
-    def test_kill_9_leaves_no_worker_or_grandchild(self):
-        n = 3
+    def start_orphans(self, n=3):
         p = self.start(["--nproc-per-node", str(n), worker("orphan.sh"), self.tmp])
         workers = [self.read_pid(self.path(f"w_{r}")) for r in range(n)]
         grandchildren = [self.read_pid(self.path(f"gc_{r}")) for r in range(n)]
         for pid in workers + grandchildren:
             self.assertTrue(pid_alive(pid))
-        os.kill(p.pid, signal.SIGKILL)
-        p.wait(timeout=scaled(30))
-        # Gone at once (the kernel's parent-death signal): the bound is far from that, and
-        # far from the 1000 s the grandchildren would otherwise sleep.
+        return p, workers, grandchildren
+
+    def assert_all_gone(self, why, workers, grandchildren):
+        # Gone at once (the kernel's parent-death signal, the guardian): the bound is far from
+        # that, and far from the 1000 s the grandchildren would otherwise sleep.
         limit = scaled(PROMPT)
         deadline = time.monotonic() + limit
         while time.monotonic() < deadline and any(pid_alive(x) for x in workers + grandchildren):
             time.sleep(0.05)
         alive = [x for x in workers + grandchildren if pid_alive(x)]
-        self.assertEqual(alive, [], f"alive {limit} s after kill -9 of ddprun: {alive} "
+        self.assertEqual(alive, [], f"alive {limit} s after {why}: {alive} "
                                     f"(workers {workers}, grandchildren {grandchildren})")
+
+    def guardian_of(self, p):
+        """ddprun's guardian: its child named ddprun-guard."""
+        kids = read_text(f"/proc/{p.pid}/task/{p.pid}/children").split()
+        guards = [int(k) for k in kids if read_text(f"/proc/{k}/comm").strip() == "ddprun-guard"]
+        self.assertEqual(len(guards), 1, f"ddprun's children {kids}")
+        return guards[0]
+
+    def test_kill_9_leaves_no_worker_or_grandchild(self):
+        p, workers, grandchildren = self.start_orphans()
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=scaled(30))
+        self.assert_all_gone("kill -9 of ddprun", workers, grandchildren)
+
+    def test_a_ddprun_that_crashes_leaves_no_worker_or_grandchild(self):
+        # SIGABRT is not one ddprun handles: it dies as an abort() would, through the kernel's
+        # core-dump path (which, before Linux 5.16, also killed every process sharing the
+        # dying one's memory: the guardian must not be one there).
+        p, workers, grandchildren = self.start_orphans()
+        os.kill(p.pid, signal.SIGABRT)
+        self.assertEqual(p.wait(timeout=scaled(30)), -signal.SIGABRT)
+        self.assert_all_gone("SIGABRT to ddprun", workers, grandchildren)
+
+    def test_the_guardian_outlives_terminal_signals_and_still_acts(self):
+        p, workers, grandchildren = self.start_orphans()
+        guard = self.guardian_of(p)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+                    signal.SIGUSR2, signal.SIGPIPE, signal.SIGALRM):
+            os.kill(guard, sig)
+        time.sleep(0.2)
+        self.assertTrue(pid_alive(guard), "the guardian died of a terminal signal")
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=scaled(30))
+        self.assert_all_gone("kill -9 of ddprun, its guardian signalled before", workers, grandchildren)
+
+    def test_the_guardian_holds_none_of_ddpruns_files(self):
+        # Only its pipe: a console held by the guardian would outlive ddprun.
+        p, _, _ = self.start_orphans(n=1)
+        guard = self.guardian_of(p)
+        fds = os.listdir(f"/proc/{guard}/fd")
+        self.assertEqual(len(fds), 1, {fd: os.readlink(f"/proc/{guard}/fd/{fd}") for fd in fds})
+        self.assertTrue(os.readlink(f"/proc/{guard}/fd/{fds[0]}").startswith("pipe:"))
 
     def test_orphan_holding_output_does_not_hang_ddprun(self):
         # The worker exits but its orphaned grandchild keeps stdout/stderr open.

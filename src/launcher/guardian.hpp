@@ -1,0 +1,31 @@
+// The guardian: a watchdog process that outlives a SIGKILLed ddprun just long enough to
+// kill every worker process group it was told about (grandchildren included).
+#pragma once
+
+#include <sys/types.h>
+
+namespace ddprun {
+
+// Survives terminal signals (it blocks them all); holds none of ddprun's files but its
+// pipe; exits quietly when disarmed. It shares ddprun's memory instead of copying it (see
+// guardian.cpp): starting it costs no copy of ddprun's page tables and none of the
+// copy-on-write faults that a fork leaves behind.
+class Guardian {
+ public:
+  // The most worker groups it remembers; past that, the oldest are forgotten first (they
+  // belong to attempts long over).
+  static constexpr unsigned kMaxGroups = 16384;
+
+  void start();            // starts it (call before any thread starts)
+  void watch(pid_t pgid);  // a worker group to kill if ddprun dies
+  void disarm();           // normal end: it exits without killing
+  pid_t pid() const { return pid_; }
+  ~Guardian();
+
+ private:
+  int fd_ = -1;
+  pid_t pid_ = -1;
+  void* memory_ = nullptr;  // its stack and its list of groups
+};
+
+}  // namespace ddprun
