@@ -164,6 +164,8 @@ class ProcessGroup {
   // Called once when a collective throws: tell peers (best effort) and release resources
   // that would make them wait. Must not throw.
   virtual void on_failure(const std::string& reason) noexcept {}
+  // The timeout of the collective in progress (what its timeout message names).
+  std::chrono::milliseconds op_timeout() const { return op_timeout_; }
 
  private:
   template <class F>
@@ -174,6 +176,7 @@ class ProcessGroup {
   int size_;
   Backend backend_;
   std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds op_timeout_{0};
   std::string failure_;
 };
 

@@ -73,8 +73,8 @@ void ProcessGroup::run(Op op, size_t bytes, std::chrono::milliseconds timeout, F
     throw CollectiveError(fmt::format("ddp {} on rank {}: the process group is unusable after an "
                                       "earlier failure: {}",
                                       name, rank_, failure_));
-  auto t = timeout.count() > 0 ? timeout : timeout_;
-  auto deadline = std::chrono::steady_clock::now() + t;
+  op_timeout_ = timeout.count() > 0 ? timeout : timeout_;
+  auto deadline = std::chrono::steady_clock::now() + op_timeout_;
   auto prefix = [&] { return fmt::format("ddp {} failed on rank {} of {}: ", name, rank_, size_); };
   // What ddprun shows as this rank's collective when it takes the workers' stacks.
   auto& progress = detail::Progress::get();

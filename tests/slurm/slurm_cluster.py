@@ -165,7 +165,9 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
-SchedulerParameters=batch_sched_delay=0
+# Schedule every second (defaults: 60 s, backfill 30 s): a requeued job starts when its
+# BeginTime passes, not up to a minute later.
+SchedulerParameters=batch_sched_delay=0,sched_interval=1,bf_interval=1
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none

@@ -494,7 +494,6 @@ class CpuGroup final : public GroupBase {
 
   template <class F>
   void guarded(F&& f) {
-    started_ = Clock::now();
     try {
       f();
     } catch (const TimeoutError& e) {
@@ -555,7 +554,7 @@ class CpuGroup final : public GroupBase {
     if (now >= deadline)
       throw TimeoutError(fmt::format(
           "timed out after {} {}",
-          format_duration(std::chrono::ceil<milliseconds>(deadline - started_)), describe()));
+          format_duration(op_timeout()), describe()));
     if (now >= w.next_check) {
       if (seg_) check_peers();
       if (recv && recv->at_eof()) recv->peek();  // throws once nothing is buffered
@@ -809,7 +808,6 @@ class CpuGroup final : public GroupBase {
   std::shared_ptr<Link> right_, left_;
   uint32_t flat_seq_ = 0;
   std::vector<uint8_t> tmp_[2];
-  TimePoint started_{};  // start of the current collective (timeout messages)
 };
 
 }  // namespace
