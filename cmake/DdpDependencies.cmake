@@ -5,9 +5,10 @@ find_package(spdlog REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(Boost 1.74 REQUIRED)  # Asio and Beast are header-only
-# https to etcd (the etcd rendezvous). Static by default: loading libssl and libcrypto
-# dynamically costs every ddprun start about 1 ms in the loader (docs/design.md).
-option(DDP_STATIC_OPENSSL "Link OpenSSL statically into the etcd rendezvous" ON)
+# https to etcd, inside the etcd transport plugin (src/rendezvous/etcd/transport.hpp), so
+# ddprun itself neither loads nor relocates OpenSSL. Static by default: the plugin then
+# loads no second and third library when a job uses etcd.
+option(DDP_STATIC_OPENSSL "Link OpenSSL statically into the etcd transport plugin" ON)
 set(OPENSSL_USE_STATIC_LIBS ${DDP_STATIC_OPENSSL})
 find_package(OpenSSL 3 REQUIRED)
 

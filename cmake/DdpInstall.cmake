@@ -10,6 +10,8 @@ install(TARGETS ddp EXPORT ddpTargets
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT libddp)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/ddp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev)
 install(TARGETS ddprun ddp-store-server RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT ddprun)
+# The etcd transport (src/rendezvous/etcd/transport.hpp): ddprun loads <bindir>/../lib/ddprun/etcd-http.so.
+install(TARGETS ddprun_etcd_http LIBRARY DESTINATION lib/ddprun COMPONENT ddprun)
 # The Python workers' bootstrap and --preload's warm process: ddprun looks for it at <bindir>/../share/ddprun/python.
 install(FILES ${PROJECT_SOURCE_DIR}/src/launcher/python/sitecustomize.py
   ${PROJECT_SOURCE_DIR}/src/launcher/python/ddprun_preload.py

@@ -10,14 +10,19 @@ drift hits both alike: launch-to-exit of `--standalone --nproc-per-node 4 --no-p
 by ddprun) instead of `true`. --lines N: each worker writes N short lines
 (build/bin/ddp-bench-lines) through ddprun's output path; add `--old-flags="--log-dir D --tee 3"`
 and the same --new-flags for the log files too. --old-flags/--new-flags: extra ddprun flags for either side.
+--etcd: each launch a one-node job through a one-member etcd started here
+(tests/testlib/etcd_cluster.py; `--rdzv-backend etcd --nnodes 1`, a run id of its own per
+launch) instead of --standalone: what a job that uses etcd pays.
 Prints each side's median and the ratio NEW/OLD (1.00 = unchanged), of the wall time and of
 the CPU time (user + system of ddprun, its guardian and its workers).
 """
 import argparse
+import itertools
 import os
 import resource
 import statistics
 import subprocess
+import sys
 import time
 
 def once(binary, args):
@@ -39,19 +44,37 @@ def main():
     p.add_argument("--lines", type=int, default=0, help="workers writing this many lines each")
     p.add_argument("--old-flags", default="", help="extra ddprun flags for OLD (space-separated)")
     p.add_argument("--new-flags", default="", help="extra ddprun flags for NEW (space-separated)")
+    p.add_argument("--etcd", action="store_true", help="through a one-member etcd instead of --standalone")
     a = p.parse_args()
     base = ["--standalone", "--nproc-per-node", "4"]
+    etcd = None
+    if a.etcd:
+        tests = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests")
+        sys.path[:0] = [os.path.join(tests, "testlib"), os.path.join(tests, "common")]
+        import etcd_cluster
+        etcd = etcd_cluster.EtcdCluster(1)
+        base = ["--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoints(), "--nnodes", "1",
+                "--nproc-per-node", "4", "--rdzv-id"]
+        run_ids = itertools.count()
     lines = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "bin", "ddp-bench-lines")
     worker = ["--no-python", os.environ.get("PYTHON_EXEC", "python3"), "-c", "pass"] if a.python else \
         ["--no-python", lines, str(a.lines)] if a.lines else ["--no-python", "true"]
-    old_args, new_args = base + a.old_flags.split() + worker, base + a.new_flags.split() + worker
-    for b, args in ((a.old, old_args), (a.new, new_args)):  # warm the page cache
-        once(b, args)
-    old, new = [], []
-    for _ in range(a.runs):
-        old.append(once(a.old, old_args))
-        new.append(once(a.new, new_args))
+    def args(flags):
+        run_id = [f"ab-{os.getpid()}-{next(run_ids)}"] if etcd else []
+        return base + run_id + flags.split() + worker
+
+    try:
+        for b, flags in ((a.old, a.old_flags), (a.new, a.new_flags)):  # warm the page cache
+            once(b, args(flags))
+        old, new = [], []
+        for _ in range(a.runs):
+            old.append(once(a.old, args(a.old_flags)))
+            new.append(once(a.new, args(a.new_flags)))
+    finally:
+        if etcd:
+            etcd.stop()
     what = "`python3 -c pass`" if a.python else f"`ddp-bench-lines {a.lines}`" if a.lines else "`true`"
+    what += ", through etcd" if etcd else ""
     for i, row in ((0, "launch to exit"), (1, "CPU of the launch (ddprun and all it started)")):
         mo, mn = statistics.median(x[i] for x in old), statistics.median(x[i] for x in new)
         print(f"| {row}, 4 x {what} (median of {a.runs}, interleaved) | old {mo * 1e3:.2f} ms | "

@@ -4,6 +4,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -14,7 +15,7 @@ from pkgtest import BUILD, SRC, TAG, run
 
 EXPECTED = [
     "bin/ddprun", "bin/ddp-store-server", "share/ddprun/python/sitecustomize.py",
-    "share/ddprun/python/ddprun_preload.py",
+    "share/ddprun/python/ddprun_preload.py", "lib/ddprun/etcd-http.so",
     "lib/libddp.so", "lib/libddp.so.0", "include/ddp/ddp.hpp", "include/ddp/process_group.hpp",
     "lib/cmake/ddp/ddpConfig.cmake", "lib/cmake/ddp/ddpConfigVersion.cmake", "lib/cmake/ddp/ddpTargets.cmake",
     "share/man/man1/ddprun.1.gz",
@@ -128,6 +129,21 @@ class Install(unittest.TestCase):
         self.assertIn("--preload: imported json in", p.stderr)
         self.assertEqual(sorted(l for l in p.stdout.splitlines() if l.startswith("[rank")),
                          ["[rank0]:True", "[rank1]:True"])
+
+    def test_installed_ddprun_loads_its_etcd_transport(self):
+        """docs/design.md: an etcd job loads <prefix>/lib/ddprun/etcd-http.so (HTTP, TLS). A
+        port nothing listens on: the refusal comes from inside the transport, so it loaded."""
+        ddprun = os.path.join(self.prefix, "bin/ddprun")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        p = subprocess.run([ddprun, "--rdzv-backend", "etcd", "--rdzv-endpoint", f"127.0.0.1:{port}", "--nnodes", "1",
+                            "--rdzv-conf", "protocol=https,read_timeout=1", "--no-python", "true"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertRegex(p.stderr, rf"ddprun: error: etcd at 127\.0\.0\.1:{port} \(https\): .*cannot connect to "
+                                   rf"127\.0\.0\.1:{port}: Connection refused")
+        self.assertNotIn("etcd transport", p.stderr)
 
 
 class BuildInfo(unittest.TestCase):

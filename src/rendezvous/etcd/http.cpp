@@ -1,7 +1,10 @@
-// Boost.Beast over one io_context per session. Each operation starts the async call with
+// The etcd transport plugin (transport.hpp): HTTP/1.1 and TLS to etcd members with
+// Boost.Beast and OpenSSL, built as lib/ddprun/etcd-http.so. Only ddprun_etcd_transport is
+// exported. Boost.Beast runs over one io_context per session. Each operation starts the async call with
 // the stream's expiry set to the deadline and runs the context until its handler ran:
 // Beast closes the socket when the expiry passes, so no call outlives its deadline.
 #include "rendezvous/etcd/http.hpp"
+#include "rendezvous/etcd/transport.hpp"
 
 #include <sys/socket.h>
 
@@ -51,55 +54,6 @@ bool is_address(const std::string& host) {
 }
 
 bool contains(const std::string& s, const char* what) { return s.find(what) != std::string::npos; }
-
-std::string trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
-  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
-}
-
-uint16_t parse_port(const std::string& s, const std::string& item) {
-  bool digits = !s.empty() && s.size() <= 5 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
-  int port = digits ? std::stoi(s) : 0;
-  if (port < 1 || port > 65535)
-    throw ddp::UsageError(fmt::format("etcd endpoint '{}': the port must be a number from 1 to 65535", item));
-  return static_cast<uint16_t>(port);
-}
-
-Endpoint parse_one(std::string item, bool https, const std::string& original) {
-  for (auto [scheme, tls] : {std::pair{"http://", false}, std::pair{"https://", true}}) {
-    if (item.rfind(scheme, 0) != 0) continue;
-    if (tls != https)
-      throw ddp::UsageError(fmt::format("etcd endpoint '{}' says {} but protocol={}", original,
-                                        tls ? "https" : "http", https ? "https" : "http"));
-    item = item.substr(std::strlen(scheme));
-  }
-  while (!item.empty() && item.back() == '/') item.pop_back();
-  Endpoint ep;
-  std::string port;
-  if (!item.empty() && item[0] == '[') {
-    size_t close = item.find(']');
-    if (close == std::string::npos || (close + 1 < item.size() && item[close + 1] != ':'))
-      throw ddp::UsageError(fmt::format("etcd endpoint '{}': expected [address]:port", original));
-    ep.host = item.substr(1, close - 1);
-    if (close + 1 < item.size()) port = item.substr(close + 2);
-    if (close + 1 < item.size() && port.empty())
-      throw ddp::UsageError(fmt::format("etcd endpoint '{}': the port is missing after ':'", original));
-  } else {
-    size_t colon = item.find(':');
-    if (colon != std::string::npos && item.find(':', colon + 1) != std::string::npos)
-      throw ddp::UsageError(fmt::format("etcd endpoint '{}': write an IPv6 address in brackets, [addr]:port", original));
-    ep.host = item.substr(0, colon);
-    if (colon != std::string::npos) {
-      port = item.substr(colon + 1);
-      if (port.empty()) throw ddp::UsageError(fmt::format("etcd endpoint '{}': the port is missing after ':'", original));
-    }
-  }
-  auto ok = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == ':' || c == '%'; };
-  if (ep.host.empty() || !std::all_of(ep.host.begin(), ep.host.end(), ok))
-    throw ddp::UsageError(fmt::format("etcd endpoint '{}': bad host name", original));
-  if (!port.empty()) ep.port = parse_port(port, original);
-  return ep;
-}
 
 // getaddrinfo on a helper thread, so that a stuck resolver cannot hold a call past its
 // deadline (the thread finishes on its own later).
@@ -177,30 +131,13 @@ std::string explain_tls(const Endpoint& ep, const error_code& ec, long verify) {
 
 }  // namespace
 
-std::string Endpoint::str() const {
-  if (host.find(':') != std::string::npos) return fmt::format("[{}]:{}", host, port);
-  return fmt::format("{}:{}", host, port);
-}
-
-std::vector<Endpoint> parse_endpoints(const std::string& list, bool https) {
-  std::vector<Endpoint> out;
-  size_t pos = 0;
-  while (true) {
-    size_t comma = list.find(',', pos);
-    std::string item = trim(list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
-    if (item.empty()) throw ddp::UsageError(fmt::format("etcd endpoints '{}': an empty entry", list));
-    out.push_back(parse_one(item, https, item));
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return out;
-}
-
 // ---- TLS settings --------------------------------------------------------------------
 
-class TlsContext {
+namespace {
+
+class TlsSettings {
  public:
-  explicit TlsContext(const TlsConfig& c) : ctx(ssl::context::tls_client) {
+  explicit TlsSettings(const TlsConfig& c) : ctx(ssl::context::tls_client) {
     ctx.set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 | ssl::context::no_sslv3 |
                     ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1);
     ctx.set_verify_mode(ssl::verify_peer);
@@ -257,16 +194,12 @@ class TlsContext {
   }
 };
 
-std::shared_ptr<TlsContext> make_tls_context(const TlsConfig& c) {
-  if (!c.enabled) return nullptr;
-  return std::make_shared<TlsContext>(c);
-}
-
 // ---- one connection ------------------------------------------------------------------
 
-struct HttpSession::Impl {
+// One connection: Beast over a TCP stream, TLS or not.
+struct Session {
   Endpoint ep;
-  std::shared_ptr<TlsContext> tls;
+  TlsSettings* tls = nullptr;  // owned by ddprun's TlsContext, which outlives the session
   milliseconds connect_timeout;
   asio::io_context ioc{1};
   std::optional<beast::tcp_stream> plain;
@@ -454,21 +387,7 @@ struct HttpSession::Impl {
   }
 };
 
-HttpSession::HttpSession(Endpoint ep, std::shared_ptr<TlsContext> tls, milliseconds connect_timeout)
-    : impl_(std::make_unique<Impl>()) {
-  impl_->ep = std::move(ep);
-  impl_->tls = std::move(tls);
-  impl_->connect_timeout = connect_timeout;
-}
-
-HttpSession::~HttpSession() = default;
-
-const Endpoint& HttpSession::endpoint() const { return impl_->ep; }
-
-void HttpSession::close() { impl_->close(); }
-
-HttpResponse HttpSession::post(const std::string& target, const std::string& body, Deadline deadline) {
-  Impl& s = *impl_;
+HttpResponse post(Session& s, const std::string& target, const std::string& body, Deadline deadline) {
   if (!s.open) s.connect(deadline);
   try {
     return s.exchange(target, body, deadline);
@@ -491,8 +410,7 @@ HttpResponse HttpSession::post(const std::string& target, const std::string& bod
   }
 }
 
-HttpResponse HttpSession::start_stream(const std::string& target, const std::string& body, Deadline deadline) {
-  Impl& s = *impl_;
+HttpResponse start_stream(Session& s, const std::string& target, const std::string& body, Deadline deadline) {
   s.connect(deadline);
   s.stream.emplace();
   s.stream->body_limit(boost::none);
@@ -512,8 +430,7 @@ HttpResponse HttpSession::start_stream(const std::string& target, const std::str
   return {status, text};
 }
 
-bool HttpSession::read_stream(std::string& out, Deadline deadline) {
-  Impl& s = *impl_;
+bool read_stream(Session& s, std::string& out, Deadline deadline) {
   if (!s.stream) throw ExchangeError(Kind::broken, true, fmt::format("no stream open to {}", s.ep.str()));
   if (s.chunk.empty()) {
     if (s.stream->is_done()) {
@@ -534,13 +451,113 @@ bool HttpSession::read_stream(std::string& out, Deadline deadline) {
   return true;
 }
 
-// The flag is acted on by the session's own thread (Impl::run), which owns the stream; the
+// ---- the C interface (transport.hpp) -------------------------------------------------
+
+void say(DdprunEtcdSink sink, const std::string& text) { sink.append(sink.user, text.data(), text.size()); }
+
+Deadline deadline_of(int64_t ns) { return Deadline(std::chrono::nanoseconds(ns)); }
+
+// Runs f; any exception becomes *error and -1 (none may cross into ddprun).
+template <class F>
+int guarded(DdprunEtcdError* error, F&& f) noexcept {
+  try {
+    return f();
+  } catch (const ExchangeError& e) {
+    error->type = kDdprunEtcdExchange;
+    error->exchange_kind = static_cast<int>(e.kind());
+    error->maybe_delivered = e.maybe_delivered();
+    say(error->message, e.what());
+  } catch (const ddp::UsageError& e) {
+    error->type = kDdprunEtcdUsage;
+    say(error->message, e.what());
+  } catch (const std::exception& e) {
+    error->type = kDdprunEtcdOther;
+    say(error->message, e.what());
+  } catch (...) {
+    error->type = kDdprunEtcdOther;
+    say(error->message, "unknown error in the etcd transport");
+  }
+  return -1;
+}
+
+void* tls_open(const DdprunEtcdTls* c, DdprunEtcdError* error) {
+  TlsSettings* out = nullptr;
+  guarded(error, [&] {
+    out = new TlsSettings(TlsConfig{true, c->cacert, c->cert, c->key});
+    return 0;
+  });
+  return out;
+}
+
+void tls_free(void* tls) { delete static_cast<TlsSettings*>(tls); }
+
+void* conn_new(const char* host, uint16_t port, void* tls, int64_t connect_timeout_ms) {
+  auto* s = new Session;
+  s->ep = Endpoint{host, port};
+  s->tls = static_cast<TlsSettings*>(tls);
+  s->connect_timeout = milliseconds(connect_timeout_ms);
+  return s;
+}
+
+void conn_free(void* conn) { delete static_cast<Session*>(conn); }
+
+template <class Call>
+int answer(void* conn, const char* target, const char* body, size_t size, int64_t deadline_ns, int* status,
+           DdprunEtcdSink response, DdprunEtcdError* error, Call call) {
+  return guarded(error, [&] {
+    HttpResponse r = call(*static_cast<Session*>(conn), target, std::string(body, size), deadline_of(deadline_ns));
+    *status = r.status;
+    say(response, r.body);
+    return 0;
+  });
+}
+
+int post_c(void* conn, const char* target, const char* body, size_t size, int64_t deadline_ns, int* status,
+           DdprunEtcdSink response, DdprunEtcdError* error) {
+  return answer(conn, target, body, size, deadline_ns, status, response, error, post);
+}
+
+int start_stream_c(void* conn, const char* target, const char* body, size_t size, int64_t deadline_ns, int* status,
+                   DdprunEtcdSink response, DdprunEtcdError* error) {
+  return answer(conn, target, body, size, deadline_ns, status, response, error, start_stream);
+}
+
+int read_stream_c(void* conn, int64_t deadline_ns, DdprunEtcdSink out, DdprunEtcdError* error) {
+  return guarded(error, [&] {
+    std::string data;
+    if (!read_stream(*static_cast<Session*>(conn), data, deadline_of(deadline_ns))) return 0;
+    say(out, data);
+    return 1;
+  });
+}
+
+void close_c(void* conn) noexcept {
+  try {
+    static_cast<Session*>(conn)->close();
+  } catch (...) {
+  }
+}
+
+// The flag is acted on by the session's own thread (Session::run), which owns the stream; the
 // empty handler wakes it if it waits in run_one. (Cancelling from a posted handler alone is
 // not enough: an operation that completes from buffered data has no socket operation in
 // progress to cancel, and the next one would run on.)
-void HttpSession::interrupt() {
-  impl_->interrupted = true;
-  asio::post(impl_->ioc, [] {});
+void interrupt_c(void* conn) noexcept {
+  auto* s = static_cast<Session*>(conn);
+  s->interrupted = true;
+  try {
+    asio::post(s->ioc, [] {});
+  } catch (...) {
+  }
 }
 
+}  // namespace
+
 }  // namespace ddprun::rdzv::etcd
+
+extern "C" __attribute__((visibility("default"))) const DdprunEtcdApi* ddprun_etcd_transport(void) {
+  using namespace ddprun::rdzv::etcd;
+  static const DdprunEtcdApi api{kDdprunEtcdAbi, tls_open, tls_free, conn_new, conn_free, post_c,
+                                 start_stream_c, read_stream_c, close_c, interrupt_c};
+  return &api;
+}

@@ -1,5 +1,6 @@
 // HTTP/1.1 to one etcd member, plain or TLS, for the v3 JSON gateway. Every call runs to a
-// deadline: the connection is closed when it passes. Boost.Beast is confined to http.cpp.
+// deadline: the connection is closed when it passes. Boost.Beast and OpenSSL are confined to
+// http.cpp, the etcd transport plugin (transport.hpp); this API is ddprun's side of it.
 #pragma once
 
 #include <chrono>
@@ -35,7 +36,8 @@ struct TlsConfig {
 
 // The loaded TLS settings, shared by every connection of a client and its clones.
 class TlsContext;
-// Throws ddp::UsageError naming the file (never its content) that cannot be used.
+// Throws ddp::UsageError naming the file (never its content) that cannot be used. This and
+// HttpSession's constructor load the transport plugin: ddp::Error when it cannot be.
 std::shared_ptr<TlsContext> make_tls_context(const TlsConfig&);
 
 // One failed exchange with one member.

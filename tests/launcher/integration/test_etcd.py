@@ -9,7 +9,9 @@ Hang guards scale with DDP_TEST_TIMEOUT_SCALE.
 """
 import os
 import re
+import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -18,7 +20,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "testlib"))
-from ddprun_testlib import scaled, vm_rss_kb  # noqa: E402
+from ddprun_testlib import DDPRUN, clean_env, scaled, vm_rss_kb  # noqa: E402
 import jobwatch  # noqa: E402
 from test_c10d import C10dTestCase, hang  # noqa: E402
 import etcd_cluster  # noqa: E402
@@ -373,6 +375,68 @@ class EtcdTls(EtcdTestCase):
         lines = [l for l in a.stderr().splitlines() if l.startswith("ddprun: error:")]
         self.assertEqual(len(lines), 1, self.describe())
         self.assertIn("/nonexistent/ddprun-test.key", lines[0])
+
+
+class EtcdTransport(EtcdTestCase):
+    """The etcd transport (HTTP, TLS, OpenSSL) is a plugin, lib/ddprun/etcd-http.so beside
+    bin/ddprun, that only a job using etcd loads (docs/design.md, "etcd rendezvous backend")."""
+
+    def mapped_files(self, pid):
+        with open(f"/proc/{pid}/maps") as f:
+            return {line.split()[-1] for line in f if len(line.split()) >= 6}
+
+    def maps_once_a_worker_runs(self, proc, started):
+        self.wait_for(lambda: os.path.exists(started) or proc.poll() is not None, hang(20), "a worker to start")
+        self.assertIsNone(proc.poll(), "ddprun ended before its worker started")
+        maps = self.mapped_files(proc.pid)
+        proc.send_signal(signal.SIGTERM)  # the pid this test started
+        proc.wait(timeout=hang(30))
+        return maps
+
+    def test_only_an_etcd_job_loads_the_transport(self):
+        started = self.path("started")
+        worker_cmd = ["--no-python", "sh", "-c", f"touch {started}; sleep 30"]
+        p = self.start(["--standalone", "--nproc-per-node", "1"] + worker_cmd)
+        maps = self.maps_once_a_worker_runs(p, started)
+        self.assertFalse([m for m in maps if "etcd-http" in m or "ssl" in m or "crypto" in m], sorted(maps))
+        os.unlink(started)
+        p = self.start(["--rdzv-backend", "etcd", "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.run_id,
+                        "--rdzv-conf", FAST, "--nnodes", "1", "--nproc-per-node", "1"] + worker_cmd)
+        maps = self.maps_once_a_worker_runs(p, started)
+        plugin = os.path.normpath(os.path.join(os.path.dirname(os.path.realpath(DDPRUN)), "..", "lib", "ddprun",
+                                               "etcd-http.so"))
+        self.assertIn(plugin, maps)
+        # ddprun itself holds none of OpenSSL: not its code, not its tables to relocate at start.
+        with open(DDPRUN, "rb") as f:
+            self.assertNotIn(b"OPENSSL_init_ssl", f.read())
+
+    def run_copied_ddprun(self, plugin=None):
+        """An etcd job run by a copy of ddprun in a folder of its own, beside `plugin` (a file
+        copied to lib/ddprun/etcd-http.so) or none."""
+        root = self.path("copy")
+        os.makedirs(os.path.join(root, "bin"))
+        shutil.copy(DDPRUN, os.path.join(root, "bin", "ddprun"))
+        if plugin:
+            os.makedirs(os.path.join(root, "lib", "ddprun"))
+            shutil.copy(plugin, os.path.join(root, "lib", "ddprun", "etcd-http.so"))
+        p = subprocess.run([os.path.join(root, "bin", "ddprun"), "--rdzv-backend", "etcd", "--rdzv-endpoint",
+                            self.endpoint, "--rdzv-id", self.run_id, "--nnodes", "1", "--nproc-per-node", "1",
+                            "--no-python", "true"], env=clean_env(TMPDIR=self.tmp), capture_output=True, text=True,
+                           timeout=hang(30))
+        lines = [l for l in p.stderr.splitlines() if l.startswith("ddprun: error:")]
+        self.assertEqual(len(lines), 1, p.stderr)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        return lines[0], os.path.join(root, "lib", "ddprun", "etcd-http.so")
+
+    def test_without_its_transport_an_etcd_job_fails_naming_it(self):
+        line, where = self.run_copied_ddprun()
+        self.assertIn(f"the etcd rendezvous needs ddprun's etcd transport, {where}, which cannot be loaded", line)
+        self.assertIn("No such file", line)
+
+    def test_a_transport_from_elsewhere_is_refused(self):
+        libddp = os.path.join(os.path.dirname(DDPRUN), "..", "lib", "libddp.so")
+        line, where = self.run_copied_ddprun(plugin=libddp)
+        self.assertIn(f"{where} is not ddprun's etcd transport (it has no ddprun_etcd_transport)", line)
 
 
 if __name__ == "__main__":
