@@ -491,12 +491,16 @@ void* tls_open(const DdprunEtcdTls* c, DdprunEtcdError* error) {
 
 void tls_free(void* tls) { delete static_cast<TlsSettings*>(tls); }
 
-void* conn_new(const char* host, uint16_t port, void* tls, int64_t connect_timeout_ms) {
-  auto* s = new Session;
-  s->ep = Endpoint{host, port};
-  s->tls = static_cast<TlsSettings*>(tls);
-  s->connect_timeout = milliseconds(connect_timeout_ms);
-  return s;
+void* conn_new(const char* host, uint16_t port, void* tls, int64_t connect_timeout_ms) noexcept {
+  try {
+    auto s = std::make_unique<Session>();
+    s->ep = Endpoint{host, port};
+    s->tls = static_cast<TlsSettings*>(tls);
+    s->connect_timeout = milliseconds(connect_timeout_ms);
+    return s.release();
+  } catch (...) {
+    return nullptr;  // out of memory, or no io_context
+  }
 }
 
 void conn_free(void* conn) { delete static_cast<Session*>(conn); }

@@ -115,6 +115,7 @@ struct HttpSession::Impl {
 HttpSession::HttpSession(Endpoint ep, std::shared_ptr<TlsContext> tls, milliseconds connect_timeout)
     : impl_(std::make_unique<Impl>()) {
   impl_->conn = api().conn_new(ep.host.c_str(), ep.port, tls ? tls->handle() : nullptr, connect_timeout.count());
+  if (!impl_->conn) throw ddp::Error(fmt::format("etcd at {}: cannot set up a connection (out of memory?)", ep.str()));
   impl_->ep = std::move(ep);
   impl_->tls = std::move(tls);
 }

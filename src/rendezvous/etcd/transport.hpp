@@ -41,7 +41,8 @@ struct DdprunEtcdApi {
   // The loaded TLS settings (make_tls_context in http.hpp), or null and *error.
   void* (*tls_open)(const DdprunEtcdTls* config, DdprunEtcdError* error);
   void (*tls_free)(void* tls);
-  // A connection to host:port (TLS with `tls` unless null), opened on first use.
+  // A connection to host:port (TLS with `tls` unless null), opened on first use; null when
+  // it cannot even be set up (no memory, no io_context).
   void* (*conn_new)(const char* host, uint16_t port, void* tls, int64_t connect_timeout_ms);
   void (*conn_free)(void* conn);
   // HttpSession::post and ::start_stream: 0 with *status and the body given to `body`.
