@@ -12,7 +12,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddprun_testlib import DDPRUN, DdprunTestCase, clean_env, read_text, scaled, worker  # noqa: E402
+from ddprun_testlib import DDPRUN, DdprunTestCase, clean_env, pid_alive, read_text, scaled, worker  # noqa: E402
 import test_c10d  # noqa: E402
 
 SOURCE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
@@ -244,6 +244,14 @@ class PreloadTest(DdprunTestCase):
 
         return sorted(s for c in children(warm) if comm(c) == "cat" for s in children(c))
 
+    def kill_spares(self, pids):
+        """SIGKILLs spares (forked for this test) and waits until each is dead: a kill only
+        queues the signal, and a spare that still runs when the restart asks for it takes
+        the work and dies with it."""
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        self.wait_for(lambda: not any(pid_alive(pid) for pid in pids), what=f"spares {pids} to die")
+
     def restart_from_spares(self, script_text=SPARE_RESTART, env=None, before_restart=lambda warm, spares: None,
                             cold=False):
         """SPARE_RESTART's job: once two spares wait under the warm process, rank 0 of attempt
@@ -290,7 +298,7 @@ class PreloadTest(DdprunTestCase):
         # One of the two spares dies before the restart asks for it: that rank is forked
         # from the warm process at the request (no second import), the other is the spare.
         spares, restarted = self.restart_from_spares(
-            before_restart=lambda warm, spares: os.kill(spares[0], signal.SIGKILL))  # forked for this test
+            before_restart=lambda warm, spares: self.kill_spares(spares[:1]))
         self.assertEqual(len(restarted), 2)
         self.assertIn(spares[1], restarted)
         self.assertNotIn(spares[0], restarted)
@@ -306,8 +314,7 @@ class PreloadTest(DdprunTestCase):
                 f.write(str(warm))  # the warm process alone: ddprun and the spares stay where they were
             with open(os.path.join(cgroup, "pids.max"), "w") as f:
                 f.write(read_text(os.path.join(cgroup, "pids.current")).strip())
-            for pid in spares:
-                os.kill(pid, signal.SIGKILL)  # forked for this test
+            self.kill_spares(spares)
 
         spares, restarted = self.restart_from_spares(before_restart=no_more_forks, cold=True)
         self.assertEqual(len(restarted), 2)
