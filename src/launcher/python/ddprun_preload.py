@@ -32,6 +32,7 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SIGNALS = {}  # signal number -> disposition at start-up, before any preloaded module ran
 _BATCH = 64  # workers in one request at most (ddprun's kBatch)
+_ACK_SECONDS = 2.0  # a spare handed a request says it took it within this (else it is killed)
 _LIBC = []  # libc (ctypes), looked up once (not in every worker)
 _KEEP = []  # this file's module, once a worker's __main__ replaced it
 _BOOTSTRAP = []  # (path, code) of the stack-dump bootstrap, compiled before any fork
@@ -231,15 +232,50 @@ class _Spares:
         spare is gone, or the request too large for one message). Releases every spare."""
         import pickle
 
-        pids = [None] * len(reqs)
+        sent = []
         for i, req in enumerate(reqs):
             try:
                 socket.send_fds(self.socks[i], [pickle.dumps(req)], fds[3 * i:3 * i + 3])
-                pids[i] = self.pids[i]
+                sent.append(i)
             except OSError:
                 pass
+        taken = self._taken(sent)
         self.close()
-        return pids
+        return [self.pids[i] if i in taken else None for i in range(len(reqs))]
+
+    def _taken(self, sent):
+        """The spares of `sent` that said they took their request. A spare that is dying (a
+        SIGKILL only queued when the request went) ends its socket instead, and one that does
+        not answer in _ACK_SECONDS (stopped, say) is killed: neither is released, so their
+        requests are forked here instead, and no rank is left to a worker that never runs."""
+        import select
+        import signal
+        import time
+
+        waiting = {self.socks[i].fileno(): i for i in sent}
+        poll = select.poll()  # (descriptors past select's 1024 with hundreds of spares)
+        for fd in waiting:
+            poll.register(fd, select.POLLIN)
+        taken = set()
+        deadline = time.monotonic() + _ACK_SECONDS
+        while waiting:
+            ready = poll.poll(max(0, int((deadline - time.monotonic()) * 1000)))
+            if not ready:
+                break
+            for fd, _ in ready:
+                poll.unregister(fd)
+                i = waiting.pop(fd)
+                try:
+                    if self.socks[i].recv(1):
+                        taken.add(i)
+                except OSError:
+                    pass
+        for i in waiting.values():
+            try:
+                os.kill(self.pids[i], signal.SIGKILL)  # (not released: it has run nothing)
+            except OSError:
+                pass
+        return taken
 
     def close(self):
         """No more requests: the unused spares exit, the child between leaves (reaped
@@ -280,6 +316,10 @@ def _fork_spares(count, sock):
         data, fds, _, _ = socket.recv_fds(pairs[i][1], 1 << 20, 3)
         if not data:
             os._exit(0)  # not needed
+        try:
+            pairs[i][1].send(b"1")  # taken (_Spares._taken)
+        except OSError:
+            os._exit(0)  # the warm process is gone: nobody was told this spare's pid
         pairs[i][1].close()
         return pickle.loads(data), fds, gone
 

@@ -241,7 +241,7 @@ auto Client::failover(Deadline deadline, const char* what, Attempt&& attempt) {
   // One try gets a third of the time, between 1 and 3 s: a member that lost its leader
   // holds a write for up to 7 s before it says so, while a new leader is elected in 1-2.
   const auto budget = std::clamp(total / 3, milliseconds(1000), milliseconds(3000));
-  std::vector<std::string> last(n);
+  std::vector<std::string> last(n), said(n);  // said: each member's last answer in a try of its own length
   bool repeated = false, all_fatal = true;
   size_t tried = 0;
   int passes = 0;
@@ -252,7 +252,11 @@ auto Client::failover(Deadline deadline, const char* what, Attempt&& attempt) {
     try {
       return attempt(*sessions_[i], d, repeated);
     } catch (const ExchangeError& e) {
-      last[i] = e.what();
+      // A connection that the caller's deadline cut short says little ("no connection
+      // within 7 ms"): what the member said before (connection refused) stands beside it.
+      const bool cut = d == deadline && e.kind() == Kind::connect;
+      last[i] = cut && !said[i].empty() ? fmt::format("{} (before that: {})", e.what(), said[i]) : e.what();
+      if (!cut) said[i] = e.what();
       repeated = repeated || e.maybe_delivered();
       fatal = e.kind() == Kind::fatal;
     } catch (const Unavailable& u) {
@@ -265,7 +269,7 @@ auto Client::failover(Deadline deadline, const char* what, Attempt&& attempt) {
       if (all_fatal) throw ddp::NetworkError(fmt::format("{}: {}: {}", describe(), what, join(last)));
       all_fatal = true;
       auto pause = milliseconds(std::min(500, 50 << std::min(++passes, 4)));
-      if (Clock::now() + pause < deadline) std::this_thread::sleep_for(pause);
+      std::this_thread::sleep_until(std::min(deadline, Clock::now() + pause));  // (no busy tries at the end)
     }
     if (Clock::now() >= deadline)
       throw ddp::TimeoutError(fmt::format("{}: {}: no member answered within {}: {}", describe(), what,

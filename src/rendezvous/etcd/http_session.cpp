@@ -56,6 +56,10 @@ DdprunEtcdSink sink_to(std::string& s) {
 
 // A call's failure, filled by the plugin and thrown here as what it stands for.
 struct Failure {
+  Failure() = default;
+  Failure(const Failure&) = delete;  // the sink points at this object's message
+  Failure& operator=(const Failure&) = delete;
+
   std::string message;
   DdprunEtcdError c{0, 0, 0, sink_to(message)};
 
