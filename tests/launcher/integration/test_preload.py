@@ -294,35 +294,32 @@ class PreloadTest(DdprunTestCase):
         spares, restarted = self.restart_from_spares()
         self.assertEqual(restarted, spares)
 
-    def test_a_spare_killed_before_the_restart_is_replaced_by_a_fork(self):
-        # One of the two spares dies before the restart asks for it: that rank is forked
-        # from the warm process at the request (no second import), the other is the spare.
-        spares, restarted = self.restart_from_spares(
-            before_restart=lambda warm, spares: self.kill_spares(spares[:1]))
+    def first_spare_replaced(self, harm):
+        """restart_from_spares with harm(pid) done to the first spare before the restart: that
+        rank must be forked from the warm process at the request (no second import) and the
+        other be the second spare. Returns the first spare's pid."""
+        spares, restarted = self.restart_from_spares(before_restart=lambda warm, spares: harm(spares[0]))
         self.assertEqual(len(restarted), 2)
         self.assertIn(spares[1], restarted)
         self.assertNotIn(spares[0], restarted)
+        return spares[0]
+
+    def test_a_spare_killed_before_the_restart_is_replaced_by_a_fork(self):
+        # The spare is dead before the restart asks for it.
+        self.first_spare_replaced(lambda pid: self.kill_spares([pid]))
 
     def test_a_spare_killed_as_the_restart_asks_for_it_is_replaced_by_a_fork(self):
         # The kill only queues the signal, and the restart goes at once: the dying spare may
         # still be handed rank 0's request, but it cannot say it took it, so that rank is
         # forked from the warm process instead (it took the work and died with it before).
-        spares, restarted = self.restart_from_spares(
-            before_restart=lambda warm, spares: os.kill(spares[0], signal.SIGKILL))
-        self.assertEqual(len(restarted), 2)
-        self.assertIn(spares[1], restarted)
-        self.assertNotIn(spares[0], restarted)
+        self.first_spare_replaced(lambda pid: os.kill(pid, signal.SIGKILL))
 
     def test_a_spare_frozen_before_the_restart_is_killed_and_replaced_by_a_fork(self):
         # A stopped spare cannot take its request (a worker that never runs, and a job that
         # never ends, before): the warm process waits 2 s for it to say it took it, kills it
         # and forks that rank instead. Nothing starts cold, and the frozen spare is gone.
-        spares, restarted = self.restart_from_spares(
-            before_restart=lambda warm, spares: os.kill(spares[0], signal.SIGSTOP))
-        self.assertEqual(len(restarted), 2)
-        self.assertIn(spares[1], restarted)
-        self.assertNotIn(spares[0], restarted)
-        self.wait_for(lambda: not pid_alive(spares[0]), what=f"the frozen spare {spares[0]} to be gone")
+        frozen = self.first_spare_replaced(lambda pid: os.kill(pid, signal.SIGSTOP))
+        self.wait_for(lambda: not pid_alive(frozen), what=f"the frozen spare {frozen} to be gone")
 
     def test_a_fork_that_fails_starts_the_workers_cold(self):
         # The warm process cannot fork any more (a pids cgroup of its own, full), and the
