@@ -1,15 +1,20 @@
 #!/usr/bin/python3
-"""A C++ worker on libddp, launched by PyTorch's own torchrun (1.13, the anchor's) instead of
-ddprun: a drop-in launcher works both ways.
+"""A C++ worker on libddp, launched by PyTorch's own torchrun instead of ddprun: a drop-in
+launcher works both ways. Registered twice (tests/CMakeLists.txt, ddp_add_torch_test):
 
-torchrun 1.13's default (static) rendezvous gives the workers its agent's TCPStore
-(TORCHELASTIC_USE_AGENT_STORE=True), which speaks wire generation 1: libddp finds that
-itself (WireGeneration::kAuto) and trains. Before, its generation-2 handshake got the
-connection reset, and the VALIDATE it then sent alone stalled torch's store for every
-client until the worker's next request.
+- host: torchrun 1.13 (the anchor's). Its default (static) rendezvous gives the workers its
+  agent's TCPStore (TORCHELASTIC_USE_AGENT_STORE=True), which speaks wire generation 1:
+  libddp finds that itself (WireGeneration::kAuto) and trains. Before, its generation-2
+  handshake got the connection reset, and the VALIDATE it then sent alone stalled torch's
+  store for every client until the worker's next request. Its c10d (--standalone) shares no
+  store: refused with a clear error.
+- torch2: torchrun 2.6 in the chroot of scripts/torch2-chroot.sh (torch_runtime.py), whose
+  static and c10d rendezvous (--standalone) both share a generation-2 agent store. The
+  worker is this build's binary run inside the chroot: the libraries it links that the
+  chroot lacks come along (LIBS below).
 
   test_under_torchrun.py --train-linear build/bin/train_linear
-Exits 77 (ctest SKIP_RETURN_CODE) without the anchor or torch.
+Exits 77 (ctest SKIP_RETURN_CODE) without that torch (or, on the host, the anchor).
 """
 import argparse
 import os
@@ -21,8 +26,11 @@ import tempfile
 import time
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "common"))
+sys.path.insert(0, os.path.join(HERE, "..", "testlib"))
 from test_timeouts import scaled  # noqa: E402  (DDP_TEST_TIMEOUT_SCALE)
+import torch_runtime  # noqa: E402
 
 PYTHON = "/usr/bin/python3"
 TORCHRUN113 = "/work/shared/anchors/torchrun113.py"
@@ -98,20 +106,86 @@ class UnderTorchrun113(unittest.TestCase):
         self.assertLess(took, scaled(45), out)
 
 
+def chroot_worker(binary, libs):
+    """How the torch 2.x chroot runs `binary`: (the command's prefix, DDP_TORCH2_BIND). The
+    libraries it links from the host's system folders that the chroot lacks (libfmt 9: the
+    chroot is Debian 13) are copied into `libs` (under /tmp, which the chroot sees); a folder
+    of any other library it links (this build's, CUDA's) is bound into the chroot. The chroot
+    drops LD_LIBRARY_PATH on entry, so the command sets it itself."""
+    root = subprocess.run([torch_runtime.CHROOT_SCRIPT, "path"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    binds = [d for d in os.environ.get("DDP_TORCH2_BIND", "").split(":") if d]
+    path = [libs]
+    for line in subprocess.run(["ldd", binary], capture_output=True, text=True, check=True).stdout.splitlines():
+        name, arrow, where = line.strip().partition(" => ")
+        where = where.split(" (")[0]
+        if not arrow or not where.startswith("/"):
+            continue
+        if where.startswith(("/lib/", "/lib64/", "/usr/lib/")):
+            if not any(os.path.exists(f"{root}{d}/{name}") for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu")):
+                shutil.copy(where, os.path.join(libs, name))
+            continue
+        folder = os.path.dirname(os.path.realpath(where))
+        if folder not in binds:
+            binds.append(folder)
+        path.append(folder)
+    return ["env", "LD_LIBRARY_PATH=" + ":".join(path)], ":".join(binds)
+
+
+class UnderTorchrun2(unittest.TestCase):
+    """torchrun 2.x (its python -m torch.distributed.run) in the chroot."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="ddp-torchrun2-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        libs = os.path.join(self.tmp, "libs")
+        os.mkdir(libs)
+        self.prefix, self.binds = chroot_worker(TRAIN_LINEAR, libs)
+
+    def torchrun(self, *args):
+        rt = torch_runtime.current()
+        env = rt.env(clean_env())
+        env["DDP_TORCH2_BIND"] = self.binds
+        r = subprocess.run([rt.python, "-m", "torch.distributed.run", *args, "--no_python", *self.prefix,
+                            TRAIN_LINEAR, "--steps", "300", "--out", os.path.join(self.tmp, "model.txt")],
+                           cwd=self.tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=scaled(120))
+        self.assertEqual(r.returncode, 0, r.stdout)
+        self.assertRegex(r.stdout, r"final loss \S+ over 2 ranks; weights identical on all ranks", r.stdout)
+
+    def test_static_launch_trains_on_the_agents_store(self):
+        self.torchrun("--nproc_per_node", "2", "--master_port", str(free_port()))
+
+    def test_standalone_launch_trains_on_the_agents_store(self):
+        # c10d shares its agent's store with the workers from torch 2.4 on (1.13 refused).
+        self.torchrun("--standalone", "--nproc_per_node", "2")
+
+
 def main():
     global TRAIN_LINEAR
     ap = argparse.ArgumentParser()
     ap.add_argument("--train-linear", required=True)
     args, rest = ap.parse_known_args()
     TRAIN_LINEAR = os.path.abspath(args.train_linear)
-    if not os.path.exists(TORCHRUN113):
-        print(f"SKIP: no {TORCHRUN113}")
-        return 77
-    if subprocess.run([PYTHON, "-c", "import torch.distributed"], capture_output=True).returncode != 0:
-        print(f"SKIP: {PYTHON} has no torch")
-        return 77
-    prog = unittest.main(argv=[sys.argv[0], *rest], exit=False)
-    return 0 if prog.result.wasSuccessful() else 1
+    rt = torch_runtime.current()
+    if rt.is_torch2:
+        why = rt.skip_reason()
+        if why:
+            print(f"SKIP: {why}")
+            return 77
+        suite = unittest.defaultTestLoader.loadTestsFromTestCase(UnderTorchrun2)
+    else:
+        if not os.path.exists(TORCHRUN113):
+            print(f"SKIP: no {TORCHRUN113}")
+            return 77
+        if subprocess.run([PYTHON, "-c", "import torch.distributed"], capture_output=True).returncode != 0:
+            print(f"SKIP: {PYTHON} has no torch")
+            return 77
+        suite = unittest.defaultTestLoader.loadTestsFromTestCase(UnderTorchrun113)
+    if rest:
+        suite = unittest.defaultTestLoader.loadTestsFromNames(rest, sys.modules[__name__])
+    result = unittest.TextTestRunner(verbosity=2).run(suite)
+    return 0 if result.wasSuccessful() else 1
 
 
 if __name__ == "__main__":
