@@ -2,9 +2,12 @@
 
 #include <fcntl.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
+
+#include <fmt/format.h>
 
 #include "ddp/error.hpp"
 
@@ -39,7 +42,18 @@ WorkerStreams::~WorkerStreams() { close_all(); }
 
 int WorkerStreams::open(int worker, bool is_stderr, ForwarderConfig cfg, int file_fd) {
   int p[2];
-  if (pipe2(p, O_CLOEXEC) != 0) throw ddp::SystemError("pipe", errno);
+  if (pipe2(p, O_CLOEXEC) != 0) {
+    const int err = errno;
+    rlimit rl{};
+    std::string why;
+    if (err == EMFILE && getrlimit(RLIMIT_NOFILE, &rl) == 0)
+      why = fmt::format(" (ddprun may hold {} open files, RLIMIT_NOFILE, and each worker takes four or more: run "
+                        "fewer workers per node or raise `ulimit -n`)",
+                        rl.rlim_cur);
+    throw ddp::SystemError(fmt::format("cannot open a pipe for the {} of local rank {}{}",
+                                       is_stderr ? "stderr" : "stdout", worker, why),
+                           err);
+  }
   fcntl(p[0], F_SETFL, O_NONBLOCK);
   // A deeper pipe: a chatty worker blocks less often and ddprun reads bigger batches.
   fcntl(p[0], F_SETPIPE_SZ, kPipeBytes);

@@ -65,6 +65,19 @@ class BadInputTest(DdprunTestCase):
     def test_nonexistent_script(self):
         self.check(["/nonexistent/train.py", self.path("marker")], "/nonexistent/train.py")
 
+    def test_more_workers_than_open_files_allow(self):
+        # Not a usage error (exit 1): the limit is the machine's. One line that names it and
+        # what to do, before any worker starts (every worker's pipes are opened first).
+        res = self.run_ddprun(["--nproc-per-node", "40", worker("marker.py"), self.path("marker")],
+                              env=clean_env(OMP_NUM_THREADS="1"), cmd_prefix=("prlimit", "--nofile=64:64"))
+        self.assertEqual(res.rc, 1, res)
+        lines = res.stderr.splitlines()
+        self.assertEqual(len(lines), 1, res)
+        self.assertRegex(lines[0], r"^ddprun: error: cannot open a pipe for the std(out|err) of local rank \d+ "
+                                   r"\(ddprun may hold 64 open files, RLIMIT_NOFILE, .* raise `ulimit -n`\): "
+                                   r"Too many open files$")
+        self.assertFalse(os.path.exists(self.path("marker")), "a worker was started")
+
     def test_flags_after_script_are_the_scripts(self):
         # Not bad input: '--redirects 5' after the script belongs to the script.
         res = self.run_ddprun([worker("marker.py"), self.path("marker"), "--redirects", "5"])
