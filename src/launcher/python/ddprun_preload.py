@@ -299,11 +299,20 @@ def _reap(betweens):
 def _fork_spares(count, sock):
     """count spares: a _Spares here; in a spare, once it has a request: (its request, its
     three descriptors, (a pipe's read end that ends when the child between has left, that
-    child's pid)). None when the fork failed."""
+    child's pid)). None when the fork failed, or their sockets could not be made (out of
+    descriptors, say): then the requests are forked as they come."""
     import pickle
 
-    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(count)]
-    release_r, release_w = os.pipe()
+    pairs = []
+    try:
+        for _ in range(count):
+            pairs.append(socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET))
+        release_r, release_w = os.pipe()
+    except OSError:
+        for pair in pairs:
+            for x in pair:
+                x.close()
+        return None
 
     def spare(i, gone):
         sock.close()  # (ddprun sees the warm process's end as soon as it ends)

@@ -21,6 +21,10 @@ import jobwatch  # noqa: E402
 JOIN = scaled(3)          # join_timeout: the old exit barrier's limit
 WORK = JOIN + scaled(4)   # the slow rank works well past it, and past the keep-alive window
 BEAT = "keep_alive_interval=0.5,keep_alive_max_attempt=3"
+# A keep-alive window that only guards (6 s): longer than what a test asserts, so that a node
+# whose lease ran out cannot pass it, and than a CI machine's worst stall (a host that missed
+# BEAT's 1.5 s under load stopped its store under a test of exit writes).
+GUARD_BEAT = "keep_alive_interval=1,keep_alive_max_attempt=6"
 
 
 def store_get(port, key):
@@ -237,12 +241,13 @@ class EdgeTest(DdprunTestCase):
             with self.subTest(fault=fault):
                 self.port = free_port()
                 self.nodes = []
-                host = self.c10d_node(f"host-{fault}", "127.0.0.2", 1, [worker("edge_worker.py"), self.tmp])
+                host = self.c10d_node(f"host-{fault}", "127.0.0.2", 1, [worker("edge_worker.py"), self.tmp],
+                                      conf=f"last_call_timeout=0.3,join_timeout={JOIN:g},{GUARD_BEAT}")
                 # Its workers finish a moment later: it arrives last, and completes the count.
                 late = self.start_node(f"late-{fault}", [
                     "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", "edges",
                     "--nnodes", "2", "--local-addr", "127.0.0.3", "--rdzv-conf",
-                    f"last_call_timeout=0.3,join_timeout={JOIN:g},{BEAT},is_host=0",
+                    f"last_call_timeout=0.3,join_timeout={JOIN:g},{GUARD_BEAT},is_host=0",
                     worker("edge_worker.py"), self.tmp, "--sleep", "1"], env=clean_env(DDPRUN_TEST_FAULT=fault))
                 late.proc.wait(timeout=scaled(60))
                 self.assertEqual(late.proc.returncode, -signal.SIGKILL, self.describe())
