@@ -269,7 +269,10 @@ auto Client::failover(Deadline deadline, const char* what, Attempt&& attempt) {
       if (all_fatal) throw ddp::NetworkError(fmt::format("{}: {}: {}", describe(), what, join(last)));
       all_fatal = true;
       auto pause = milliseconds(std::min(500, 50 << std::min(++passes, 4)));
-      std::this_thread::sleep_until(std::min(deadline, Clock::now() + pause));  // (no busy tries at the end)
+      // At most half of what is left: a last try still fits, and members that refuse at once
+      // near the deadline are not tried in a busy loop.
+      const auto now = Clock::now();
+      if (now < deadline) std::this_thread::sleep_until(now + std::min<Clock::duration>(pause, (deadline - now) / 2));
     }
     if (Clock::now() >= deadline)
       throw ddp::TimeoutError(fmt::format("{}: {}: no member answered within {}: {}", describe(), what,
