@@ -248,8 +248,8 @@ TEST(StoreScale, FourThousandConnectsAtOnceOnAFreshStoreNeedNoSynRetransmit) {
   for (size_t i = 0; i < counts.size(); ++i) ASSERT_EQ(counts[i], static_cast<int64_t>(i + 1));
   std::printf("%d connects at once: all answered in %lld ms, %u retransmits\n", kClients,
               static_cast<long long>(elapsed.count()), retransmits);
-  // A SYN dropped by a full accept queue is sent again after 1 s: the first sign is a
-  // retransmit on the client's socket, the second a burst that takes over a second.
+  // A SYN dropped by a full accept queue is sent again after 1 s, and counted on the
+  // client's socket (tcpi_total_retrans). The burst's time is only printed: under CI's load
+  // it once took 1007 ms with no retransmit at all.
   EXPECT_EQ(retransmits, 0u);
-  EXPECT_LT(elapsed, scaled(1000ms));
 }
