@@ -85,6 +85,8 @@ class Refused : public StoreError {
 
 // What a registration costs besides its strings (the Wait, vector and map slots).
 constexpr size_t kRegistrationOverhead = 64;
+// A lease timer later than this says the server itself did not run (lease_grace()).
+constexpr auto kLeaseTimerSlack = std::chrono::milliseconds(20);
 
 struct Conn;
 
@@ -134,6 +136,7 @@ struct Conn : std::enable_shared_from_this<Conn> {
   bool leased = false;
   std::chrono::milliseconds lease_ttl{0};  // 0: ends only when the connection closes
   std::chrono::steady_clock::time_point last_request;
+  std::chrono::steady_clock::duration lease_grace{};  // granted since last_request (lease_grace())
   std::unique_ptr<asio::steady_timer> lease_timer;
   std::vector<std::pair<std::string, std::string>> lease_lines;  // key, value
 };
@@ -194,6 +197,7 @@ class StoreServer::Impl {
   void start_lease(Conn& c, int64_t ttl_ms);
   void arm_lease_timer(const ConnPtr& c, std::chrono::steady_clock::duration after);
   void end_lease(Conn& c, std::string_view why);
+  std::chrono::steady_clock::duration lease_grace(Conn& c, std::chrono::steady_clock::duration late);
 
   // The key-value data and the waits on it (all touched on the io thread only).
   bool present(const std::string& key) const;
@@ -512,7 +516,10 @@ void StoreServer::Impl::process(Conn& c) {
       return;
     }
     proto::Request req = c.parser.take();
-    if (c.leased) c.last_request = std::chrono::steady_clock::now();
+    if (c.leased) {
+      c.last_request = std::chrono::steady_clock::now();
+      c.lease_grace = {};
+    }
     try {
       if (size_t bytes = reply_bytes(req)) check_reply(c, bytes);
       handle(c, req);
@@ -841,6 +848,7 @@ void StoreServer::Impl::start_lease(Conn& c, int64_t ttl_ms) {
   c.leased = true;
   c.lease_ttl = std::chrono::milliseconds(std::max<int64_t>(ttl_ms, 0));
   c.last_request = std::chrono::steady_clock::now();
+  c.lease_grace = {};
   if (c.lease_ttl.count() == 0) return;
   if (!c.lease_timer) c.lease_timer = std::make_unique<asio::steady_timer>(io_);
   arm_lease_timer(c.shared_from_this(), c.lease_ttl);
@@ -850,9 +858,14 @@ void StoreServer::Impl::arm_lease_timer(const ConnPtr& c, std::chrono::steady_cl
   c->lease_timer->expires_after(after);
   c->lease_timer->async_wait([this, c](error_code e) {
     if (e || c->closed) return;
-    auto silent = std::chrono::steady_clock::now() - c->last_request;
+    auto now = std::chrono::steady_clock::now();
+    auto silent = now - c->last_request;
     if (silent < c->lease_ttl) {
       arm_lease_timer(c, c->lease_ttl - silent);
+      return;
+    }
+    if (auto more = lease_grace(*c, now - c->lease_timer->expiry()); more.count() > 0) {
+      arm_lease_timer(c, more);
       return;
     }
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(silent);
@@ -860,6 +873,23 @@ void StoreServer::Impl::arm_lease_timer(const ConnPtr& c, std::chrono::steady_cl
     close(*c, why, why);
     flush_dirty();
   });
+}
+
+// A lease ends on a timer that fired on time: a client is not silent while bytes it sent
+// wait unread, and the time this server itself did not run (a loaded host, a paused VM, the
+// store host's process stalled with its own lease keeper) is not counted against it. A
+// timer that fired `late` grants that much again, at most one ttl in all per silence.
+std::chrono::steady_clock::duration StoreServer::Impl::lease_grace(Conn& c, std::chrono::steady_clock::duration late) {
+  error_code ec;
+  if (c.rpos < c.rlen || c.sock.available(ec) > 0) {
+    c.last_request = std::chrono::steady_clock::now();
+    c.lease_grace = {};
+    return c.lease_ttl;
+  }
+  auto more = std::min<std::chrono::steady_clock::duration>(late, c.lease_ttl - c.lease_grace);
+  if (more < kLeaseTimerSlack) return {};
+  c.lease_grace += more;
+  return more;
 }
 
 void StoreServer::Impl::end_lease(Conn& c, std::string_view why) {

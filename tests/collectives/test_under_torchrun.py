@@ -11,7 +11,7 @@ launcher works both ways. Registered twice (tests/CMakeLists.txt, ddp_add_torch_
 - torch2: torchrun 2.6 in the chroot of scripts/torch2-chroot.sh (torch_runtime.py), whose
   static and c10d rendezvous (--standalone) both share a generation-2 agent store. The
   worker is this build's binary run inside the chroot: the libraries it links that the
-  chroot lacks come along (LIBS below).
+  chroot lacks come along (chroot_worker below).
 
   test_under_torchrun.py --train-linear build/bin/train_linear
 Exits 77 (ctest SKIP_RETURN_CODE) without that torch (or, on the host, the anchor).

@@ -1,0 +1,161 @@
+// ddprun's lease (LEASE, ON_LEASE_END) against a ddp-store-server in a process of its own,
+// which the tests stop (SIGSTOP) and continue by its pid: a lease ends when its client was
+// silent for the ttl while the server could hear it, never because the server itself was
+// not running (a loaded host, a paused VM, the store host's own process stalled).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "ddp/error.hpp"
+#include "ddp/tcp_store.hpp"
+#include "test_timeouts.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using ddp::test::scaled;
+
+// ddp-store-server started by fork and exec; its port read from its "port=N" line.
+class ServerProcess {
+ public:
+  ServerProcess() {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(fds[1], 1);
+      ::execl(DDP_STORE_SERVER, DDP_STORE_SERVER, "--host", "127.0.0.1", "--port", "0", nullptr);
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    std::string text;
+    char c;
+    while (text.find('\n') == std::string::npos && ::read(fds[0], &c, 1) == 1) text += c;
+    ::close(fds[0]);
+    if (std::sscanf(text.c_str(), "port=%d", &port_) != 1)
+      throw std::runtime_error("ddp-store-server printed '" + text + "', not port=N");
+  }
+  ~ServerProcess() {
+    ::kill(pid_, SIGCONT);
+    ::kill(pid_, SIGTERM);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  void stop() { ASSERT_EQ(::kill(pid_, SIGSTOP), 0); }
+  void cont() { ASSERT_EQ(::kill(pid_, SIGCONT), 0); }
+
+  ddp::TcpStoreOptions client() const {
+    ddp::TcpStoreOptions o;
+    o.host = "127.0.0.1";
+    o.port = static_cast<uint16_t>(port_);
+    o.generation = ddp::WireGeneration::kV2;
+    o.timeout = scaled(30s);
+    o.connect_timeout = scaled(30s);
+    o.lazy = false;
+    return o;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+const std::string kLog = "events";
+
+std::unique_ptr<ddp::TcpStore> leased(const ServerProcess& s, std::chrono::milliseconds ttl) {
+  auto c = std::make_unique<ddp::TcpStore>(s.client());
+  c->lease(ttl);
+  c->on_lease_end(kLog, "node1 ");
+  return c;
+}
+
+// The lease's lines, once written (empty while the lease stands).
+std::string lease_lines(ddp::TcpStore& reader) { return reader.check({kLog}) ? reader.get(kLog) : ""; }
+
+// The server stopped for twice the ttl, then continued; `after` runs right after.
+template <typename F>
+void stall_server(ServerProcess& s, std::chrono::milliseconds ttl, F after) {
+  s.stop();
+  std::this_thread::sleep_for(2 * ttl);
+  s.cont();
+  after();
+}
+
+TEST(StoreLease, ASilentClientsLinesAreWrittenOnceItsTtlHasPassed) {
+  ServerProcess s;
+  ddp::TcpStore reader(s.client());
+  const auto ttl = 300ms;
+  auto start = Clock::now();
+  auto c = leased(s, ttl);
+  std::string lines;
+  while ((lines = lease_lines(reader)).empty() && Clock::now() - start < scaled(10s)) std::this_thread::sleep_for(10ms);
+  auto took = Clock::now() - start;
+  EXPECT_EQ(lines, "node1 no keep-alive for 300 ms\n");
+  EXPECT_GE(took, ttl);
+  EXPECT_LT(took, ttl + scaled(1s));
+  EXPECT_THROW(c->ping(scaled(5s)), ddp::Error);  // the lease was its connection
+}
+
+// A PING sent while the server was stopped is in its socket when it runs again: the
+// client was not silent, whichever of its timer and the socket the server looks at first.
+TEST(StoreLease, APingSentWhileTheServerWasStoppedKeepsTheLease) {
+  ServerProcess s;
+  ddp::TcpStore reader(s.client());
+  const auto ttl = scaled(500ms);
+  auto c = leased(s, ttl);
+  s.stop();
+  std::this_thread::sleep_for(ttl / 2);
+  std::thread pinger([&] { EXPECT_NO_THROW(c->ping(scaled(10s))); });
+  std::this_thread::sleep_for(2 * ttl);
+  s.cont();
+  pinger.join();
+  EXPECT_EQ(lease_lines(reader), "");
+  EXPECT_NO_THROW(c->ping(scaled(10s)));
+}
+
+// The store host stalled as a whole (its store and its own lease keeper alike): the time
+// the server was not running is not counted against its clients, so a client heard soon
+// after the server runs again keeps its lease.
+TEST(StoreLease, AClientHeardSoonAfterTheServerRunsAgainKeepsTheLease) {
+  ServerProcess s;
+  ddp::TcpStore reader(s.client());
+  const auto ttl = scaled(500ms);
+  auto c = leased(s, ttl);
+  std::this_thread::sleep_for(ttl / 2);
+  stall_server(s, ttl, [&] {
+    std::this_thread::sleep_for(ttl / 10);
+    EXPECT_NO_THROW(c->ping(scaled(10s)));
+  });
+  EXPECT_EQ(lease_lines(reader), "");
+  std::this_thread::sleep_for(ttl / 2);
+  EXPECT_NO_THROW(c->ping(scaled(10s)));  // and it goes on as before
+  EXPECT_EQ(lease_lines(reader), "");
+}
+
+// ...but a client that stays silent after the stall loses its lease: the grace is at most
+// one more ttl, counted from when the server ran again.
+TEST(StoreLease, AClientSilentAfterTheServerRunsAgainLosesTheLeaseWithinOneMoreTtl) {
+  ServerProcess s;
+  ddp::TcpStore reader(s.client());
+  const auto ttl = scaled(500ms);
+  auto c = leased(s, ttl);
+  Clock::time_point resumed;
+  stall_server(s, ttl, [&] { resumed = Clock::now(); });
+  std::string lines;
+  while ((lines = lease_lines(reader)).empty() && Clock::now() - resumed < scaled(10s))
+    std::this_thread::sleep_for(10ms);
+  auto took = Clock::now() - resumed;
+  EXPECT_EQ(lines.rfind("node1 no keep-alive for ", 0), 0u) << lines;
+  EXPECT_LT(took, ttl + scaled(1s));
+  EXPECT_THROW(c->ping(scaled(5s)), ddp::Error);
+}
+
+}  // namespace
