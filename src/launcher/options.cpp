@@ -332,6 +332,23 @@ void check_worker_command(const Options& o, const Flags& g) {
     throw UsageError(fmt::format("{}: NUMA binding is not supported yet", g.source("numa-binding")));
 }
 
+// torchrun accepts local ranks this node does not have, and then shows nothing of them:
+// say so, and what the console still shows.
+void check_output(Options& o, const Flags& g) {
+  if (!o.local_ranks_filter) return;
+  std::vector<int> missing, shown;
+  for (int r : *o.local_ranks_filter) (r < o.nproc_per_node ? shown : missing).push_back(r);
+  if (missing.empty()) return;
+  int n = o.nproc_per_node;
+  o.warnings.push_back(fmt::format(
+      "{}: this node has {} worker{} ({}), no local rank{} {}: {}", g.source("local-ranks-filter"), n,
+      n > 1 ? "s" : "", n > 1 ? fmt::format("local ranks 0..{}", n - 1) : "local rank 0",
+      missing.size() > 1 ? "s" : "", fmt::join(missing, ","),
+      shown.empty() ? std::string("no worker's output reaches the console")
+                    : fmt::format("the console shows local rank{} {} only", shown.size() > 1 ? "s" : "",
+                                  fmt::join(shown, ","))));
+}
+
 // --standalone: one node, a store on localhost at a free port, a random run id (set later).
 void check_standalone(Options& o, const Flags& g) {
   if (o.max_nodes > 1)
@@ -681,6 +698,7 @@ Options parse_options(const std::vector<std::string>& args, const std::map<std::
   for (const auto& [name, given] : g.m) o.given[name] = given.source;
   slurm::apply(o, env);  // what the command line left open, from an srun step's SLURM_*
   check_worker_command(o, g);
+  check_output(o, g);
   check_rendezvous(o, g);
   check_target(o, env);
   return o;

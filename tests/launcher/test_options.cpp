@@ -407,6 +407,18 @@ TEST_F(LauncherOptions, LocalRanksFilter) {
   EXPECT_EQ(*o.local_ranks_filter, (std::set<int>{0, 2}));
 }
 
+TEST_F(LauncherOptions, LocalRanksFilterOfRanksThisNodeLacksIsSaid) {
+  EXPECT_TRUE(parse_with_script({"--nproc-per-node", "2", "--local-ranks-filter", "0,1"}).warnings.empty());
+  Options none = parse_with_script({"--nproc-per-node", "2", "--local-ranks-filter", "7"});
+  ASSERT_EQ(none.warnings.size(), 1u);
+  EXPECT_EQ(none.warnings[0], "--local-ranks-filter: this node has 2 workers (local ranks 0..1), no local rank 7: "
+                              "no worker's output reaches the console");
+  Options some = parse_with_script({"--local-ranks-filter", "0,3,5"});
+  ASSERT_EQ(some.warnings.size(), 1u);
+  EXPECT_EQ(some.warnings[0], "--local-ranks-filter: this node has 1 worker (local rank 0), no local ranks 3,5: "
+                              "the console shows local rank 0 only");
+}
+
 TEST_F(LauncherOptions, NprocCpu) {
   EXPECT_GE(parse_with_script({"--nproc-per-node", "cpu"}).nproc_per_node, 1);
 }

@@ -177,6 +177,15 @@ class ConsoleFormatTest(DdprunTestCase):
         self.assertEqual(sorted(out), sorted(f"[rank{r}]:{l}" for r in (0, 2) for l in lines_of("f", [r])))
         self.assertEqual(sorted(err), sorted(f"[rank{r}]:{l}" for r in (0, 2) for l in lines_of("f", [r], "err")))
 
+    def test_local_ranks_filter_of_ranks_this_node_lacks(self):
+        # torchrun shows nothing and says nothing; the job itself runs as before.
+        res = self.run_ddprun(["--nproc-per-node", "2", "--local-ranks-filter", "7", worker("lines.py"), "g"])
+        self.assertEqual(res.rc, 0, res)
+        self.assertEqual(res.stdout, "")
+        self.assertIn("warning] --local-ranks-filter: this node has 2 workers (local ranks 0..1), no local rank 7: "
+                      "no worker's output reaches the console\n", res.stderr)
+        self.assertEqual([l for l in res.stderr.splitlines() if not l.startswith("[ddprun")], [])
+
     def test_prefix_template_flag(self):
         host = socket.gethostname()
         res = self.run_ddprun(["--nproc-per-node", "2", "--role", "trainer", "--log-line-prefix-template",
