@@ -439,6 +439,14 @@ class EtcdTransport(EtcdTestCase):
         line, where = self.run_copied_ddprun(plugin=libddp)
         self.assertIn(f"{where} is not ddprun's etcd transport (it has no ddprun_etcd_transport)", line)
 
+    def test_a_transport_from_another_build_is_refused(self):
+        # ddprun's own interface with the next interface number (workers/etcd_other_abi.cpp).
+        line, where = self.run_copied_ddprun(plugin=os.environ["DDP_TEST_ETCD_OTHER_ABI"])
+        self.assertRegex(line, rf"{re.escape(where)} is from another build of ddprun \(interface (\d+), this "
+                               r"ddprun's (\d+)\): install ddprun and its etcd transport from one build")
+        theirs, ours = map(int, re.search(r"interface (\d+), this ddprun's (\d+)", line).groups())
+        self.assertEqual(theirs, ours + 1)
+
 
 if __name__ == "__main__":
     unittest.main()
