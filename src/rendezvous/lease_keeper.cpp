@@ -1,5 +1,7 @@
 #include "rendezvous/lease_keeper.hpp"
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 #include "rendezvous/dynamic_util.hpp"
@@ -37,16 +39,20 @@ void LeaseKeeper::release() {
 }
 
 // A lease that ended (the backend said so, or no renewal got through for the whole
-// window) means the others go on without this node: it must stop.
+// window) means the others go on without this node: it must stop. A renewal waits at least
+// as long as this thread woke late from its pause (at most the window): when the whole host
+// stalled (a loaded machine, a paused VM), the store did too, and the time it did not run
+// is not counted against this node (docs/store.md, the lease).
 void LeaseKeeper::loop() {
   auto last_ok = Clock::now();
+  milliseconds stalled{0};
   while (!signal_.stopped()) {
     auto left = std::chrono::duration_cast<milliseconds>(ttl() - (Clock::now() - last_ok));
     bool ended = false;
     std::string why;
     try {
       std::lock_guard lk(mu_);
-      lease_->keep_alive(std::max(left, 100ms));
+      lease_->keep_alive(std::max({left, stalled, milliseconds(100)}));
       last_ok = Clock::now();
     } catch (const LeaseEnded& e) {
       ended = true;
@@ -65,7 +71,10 @@ void LeaseKeeper::loop() {
                                                   s_.max_attempt, why)});
       return;
     }
-    if (signal_.sleep(why.empty() ? s_.interval : std::min<milliseconds>(s_.interval, 500ms))) return;
+    auto pause = why.empty() ? s_.interval : std::min<milliseconds>(s_.interval, 500ms);
+    auto wake_at = Clock::now() + pause;
+    if (signal_.sleep(pause)) return;
+    stalled = std::clamp(std::chrono::duration_cast<milliseconds>(Clock::now() - wake_at), milliseconds(0), ttl());
   }
 }
 

@@ -99,6 +99,32 @@ class EdgeTest(DdprunTestCase):
             self.assertIsNone(self.stamp(f"term_{r}"), f"rank {r} was signalled" + self.describe())
         self.assertGreaterEqual(early.exited_at, self.stamp(f"end_{slow_rank}") - 0.05, self.describe())
 
+    def check_machine_paused_past_the_window(self, start_node):
+        """Every process of the job stopped at once for twice the keep-alive window, then
+        continued (a paused VM, a machine stalled under load: the host's store and every
+        keeper alike). Nobody was silent while the store could hear, so no lease ends and the
+        job finishes untouched. Before, the store's lease timers could fire the moment it ran
+        again, ahead of the keepers' pings: a node was declared lost ("closed the connection
+        during PING")."""
+        nodes = [start_node(i, [worker("edge_worker.py"), self.tmp, "--sleep", f"{WORK:g}"]) for i in (0, 1)]
+        self.wait_for(lambda: all(self.stamp(f"start_{r}") for r in range(4)), scaled(30), "4 workers to start")
+        pids = [n.proc.pid for n in nodes] + [int(read_text(self.path(f"pid_{r}"))) for r in range(4)]
+        for pid in pids:
+            self.track_pid(pid)
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(3.0)  # BEAT's window twice
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        self.assertEqual(jobwatch.wait_exited(nodes, WORK + scaled(30)), [], self.describe())
+        for n in nodes:
+            self.assertEqual(n.rc, 0, self.describe())
+            self.assertNotRegex(read_text(n.err_path), r"lost|closed the connection", self.describe())
+        for r in range(4):
+            self.assertIsNotNone(self.stamp(f"end_{r}"), f"rank {r} must finish" + self.describe())
+            self.assertIsNone(self.stamp(f"term_{r}"), f"rank {r} was signalled" + self.describe())
+
     # ------------------------------------------------------------------ static
 
     def static_node(self, rank, args, conf=f"join_timeout={JOIN:g},{BEAT}"):
@@ -199,6 +225,9 @@ class EdgeTest(DdprunTestCase):
         for r in jobwatch.start_records(recs[1]):
             self.assertFalse(os.path.exists(os.path.join(recs[1], f"end_{r['pid']}")), "its workers were stopped")
 
+    def test_static_a_machine_paused_past_the_window_goes_on(self):
+        self.check_machine_paused_past_the_window(lambda i, args: self.static_node(i, args))
+
     def test_static_a_second_node_with_a_taken_rank_is_refused(self):
         """Two nodes given --node-rank 1: the second is refused at once with a usage error
         naming both; the job of the first two runs on and succeeds."""
@@ -296,6 +325,10 @@ class EdgeTest(DdprunTestCase):
         self.assertEqual([rs[0]["env"]["WORLD_SIZE"] for rs in rounds], ["6", "4"], self.describe())
         for n in "ab":
             self.assertIsNone(nodes[n].proc.poll(), "the re-formed job trains on" + self.describe())
+
+    def test_c10d_a_machine_paused_past_the_window_goes_on(self):
+        self.check_machine_paused_past_the_window(
+            lambda i, args: self.c10d_node(("host", "other")[i], f"127.0.0.{2 + i}", int(i == 0), args))
 
     def test_c10d_a_thousand_rounds_hold_no_more_state(self):
         """A job's rendezvous state does not grow with its age: two agents whose worker fails
