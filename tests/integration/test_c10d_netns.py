@@ -235,8 +235,8 @@ class C10dNetns(NetnsHosts):
         self.assertEqual([n.rc for n in nodes[:2]], [0, 0], self.describe())
         self.assertEqual({r["env"]["TORCHELASTIC_RESTART_COUNT"] for r in r1}, {"1"})
         self.assertEqual({r["env"]["MASTER_ADDR"] for r in r1}, {self.topo.addr(1)})
-        for n in nodes[:2]:
-            self.assertRegex(n.stderr(), r"node nodec2 \(nodec2_\d+_[0-9a-f]{8}\) was lost: no keep-alive for 1\.5 s",
+        for n in nodes[:2]:  # the silence as measured: the window, or a few ms more on a loaded machine
+            self.assertRegex(n.stderr(), r"node nodec2 \(nodec2_\d+_[0-9a-f]{8}\) was lost: no keep-alive for 1\.5\d? s",
                              self.describe())
         print(f"\nS7: link down to the cut-off host's exit {cut_off.exited_at - t_cut:.2f} s, to the others' new "
               f"workers {min(r['t'] for r in r1) - t_cut:.2f} s (window {WINDOW} s)", file=sys.stderr)
