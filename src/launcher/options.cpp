@@ -573,11 +573,13 @@ void parse_endpoint(const std::string& source, const std::string& value, int def
 
 namespace {
 
+constexpr double kLongestConfSeconds = 1e7;
+
 double conf_seconds(const std::string& source, const std::string& key, const std::string& v, bool allow_zero) {
   double d = 0;
-  if (!parse_number(v, d) || d < 0 || (!allow_zero && d == 0) || d > 1e7)
-    throw UsageError(fmt::format("{}: {} expects a {} number of seconds, got '{}'", source, key,
-                                 allow_zero ? "non-negative" : "positive", v));
+  if (!parse_number(v, d) || d < 0 || (!allow_zero && d == 0) || d > kLongestConfSeconds)
+    throw UsageError(fmt::format("{}: {} expects a {} number of seconds up to 10000000 (115 days), got '{}'",
+                                 source, key, allow_zero ? "non-negative" : "positive", v));
   return d;
 }
 
@@ -602,7 +604,7 @@ void set_conf_key(RdzvConf& c, const std::string& source, const std::string& k, 
   else if (k == "keep_alive_max_attempt") {
     long n = 0;
     if (!parse_number(v, n) || n < 1 || n > 1000)
-      throw UsageError(fmt::format("{}: keep_alive_max_attempt expects an integer >= 1, got '{}'", source, v));
+      throw UsageError(fmt::format("{}: keep_alive_max_attempt expects an integer from 1 to 1000, got '{}'", source, v));
     c.keep_alive_max_attempt = static_cast<int>(n);
   } else if (k == "store_type" && v != "tcp") {
     throw UsageError(fmt::format("{}: store_type '{}' is not supported; ddprun's rendezvous store is tcp", source, v));
@@ -625,6 +627,11 @@ RdzvConf parse_rdzv_conf(const std::string& source, const std::string& value, co
       warnings.push_back(fmt::format("{}: unknown key '{}' (ignored)", source, k));
     c.raw[k] = v;
   });
+  // The lease's clocks count the window in nanoseconds: it has the limit of each part.
+  if (double window = c.keep_alive_interval * c.keep_alive_max_attempt; window > kLongestConfSeconds)
+    throw UsageError(fmt::format("{}: the keep-alive window (keep_alive_interval {} x keep_alive_max_attempt {} = "
+                                 "{} s) is longer than 10000000 s (115 days)",
+                                 source, c.keep_alive_interval, c.keep_alive_max_attempt, window));
   return c;
 }
 

@@ -87,6 +87,8 @@ class Refused : public StoreError {
 constexpr size_t kRegistrationOverhead = 64;
 // A lease timer later than this says the server itself did not run (lease_grace()).
 constexpr auto kLeaseTimerSlack = std::chrono::milliseconds(20);
+// A longer LEASE ttl (about 34 years) is no silence limit at all (start_lease()).
+constexpr auto kLongestLeaseTtl = std::chrono::milliseconds(int64_t{1} << 40);
 
 struct Conn;
 
@@ -846,6 +848,8 @@ int64_t StoreServer::Impl::trim_log(const std::string& key, int64_t line) {
 
 void StoreServer::Impl::start_lease(Conn& c, int64_t ttl_ms) {
   c.leased = true;
+  // Longer than any job (and than the clock's nanoseconds can count from now): no timer.
+  if (ttl_ms > kLongestLeaseTtl.count()) ttl_ms = 0;
   c.lease_ttl = std::chrono::milliseconds(std::max<int64_t>(ttl_ms, 0));
   c.last_request = std::chrono::steady_clock::now();
   c.lease_grace = {};

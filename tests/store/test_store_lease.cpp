@@ -158,4 +158,25 @@ TEST(StoreLease, AClientSilentAfterTheServerRunsAgainLosesTheLeaseWithinOneMoreT
   EXPECT_THROW(c->ping(scaled(5s)), ddp::Error);
 }
 
+// A ttl too long for the clock to count (up to INT64_MAX ms) sets no silence limit: the
+// lease ends when its connection closes. Before, it overflowed and ended at once.
+TEST(StoreLease, ATtlLongerThanTheClockCountsEndsOnlyWithTheConnection) {
+  ServerProcess s;
+  ddp::TcpStore reader(s.client());
+  for (int64_t ttl : {INT64_MAX, INT64_MAX / 1000000, int64_t{1} << 40}) {
+    SCOPED_TRACE(ttl);
+    reader.delete_key(kLog);
+    auto c = leased(s, std::chrono::milliseconds(ttl));
+    std::this_thread::sleep_for(100ms);
+    EXPECT_NO_THROW(c->ping(scaled(5s)));
+    EXPECT_EQ(lease_lines(reader), "");
+    c.reset();
+    auto start = Clock::now();
+    std::string lines;
+    while ((lines = lease_lines(reader)).empty() && Clock::now() - start < scaled(10s))
+      std::this_thread::sleep_for(10ms);
+    EXPECT_EQ(lines, "node1 connection closed\n");
+  }
+}
+
 }  // namespace
