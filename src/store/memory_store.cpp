@@ -38,7 +38,8 @@ int64_t MemoryStore::add(const std::string& key, int64_t delta) {
   {
     std::lock_guard lk(mu_);
     auto it = data_.find(key);
-    v = (it == data_.end() ? 0 : parse_counter(key, it->second)) + delta;
+    int64_t cur = it == data_.end() ? 0 : parse_counter(key, it->second);
+    v = static_cast<int64_t>(static_cast<uint64_t>(cur) + static_cast<uint64_t>(delta));  // wraps, as the server's
     data_[key] = std::to_string(v);
   }
   cv_.notify_all();

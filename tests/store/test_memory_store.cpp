@@ -1,3 +1,4 @@
+#include <cstdint>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -23,6 +24,13 @@ TEST(MemoryStore, SetGetAddCompareSet) {
   EXPECT_EQ(s.num_keys(), 3);
   EXPECT_TRUE(s.delete_key("m"));
   EXPECT_FALSE(s.delete_key("m"));
+}
+
+TEST(MemoryStore, AddPastTheLargestCounterWrapsAsTheServersDoes) {
+  ddp::MemoryStore s;
+  s.set("c", "9223372036854775807");
+  EXPECT_EQ(s.add("c", 1), INT64_MIN);
+  EXPECT_EQ(s.add("c", -1), INT64_MAX);
 }
 
 TEST(MemoryStore, WaitWakesAndTimesOutNamingKeys) {

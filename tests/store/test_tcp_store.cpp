@@ -87,6 +87,15 @@ TEST_P(StoreGen, AddOnANonIntegerDisconnectsOnlyThatClient) {
   EXPECT_EQ(s->add("num", 1), 1);
 }
 
+// torch 1.13's server wraps (measured: 9223372036854775807 + 1 gave -9223372036854775808); ours too.
+TEST_P(StoreGen, AddPastTheLargestCounterWraps) {
+  auto s = client();
+  s->set("big", "9223372036854775807");
+  EXPECT_EQ(s->add("big", 1), INT64_MIN);
+  EXPECT_EQ(s->get("big"), "-9223372036854775808");
+  EXPECT_EQ(s->add("big", -1), INT64_MAX);
+}
+
 TEST_P(StoreGen, WaitIsWokenByEveryOpThatCreatesTheKey) {
   auto s = client();
   auto other = client();
