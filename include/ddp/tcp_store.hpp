@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,6 +40,10 @@ class TcpStore : public Store {
   // Connects (retrying until options.connect_timeout; at the first request with
   // options.lazy); throws NetworkError/TimeoutError naming host:port and the time spent.
   explicit TcpStore(TcpStoreOptions options);
+  // The same, telling `retrying` after each failed connection attempt how long it has tried
+  // and why the last attempt failed (it runs on the connecting thread; it may throw to stop).
+  using ConnectRetry = std::function<void(std::chrono::milliseconds tried, const std::string& last_error)>;
+  TcpStore(TcpStoreOptions options, ConnectRetry retrying);
   ~TcpStore() override;
   TcpStore(const TcpStore&) = delete;
   TcpStore& operator=(const TcpStore&) = delete;

@@ -319,6 +319,18 @@ static ddp::StoreError not_ddprun_store(const std::string& where, const ddp::Sto
                                      where, e.what()));
 }
 
+// A node still waiting for a store it does not host says so after 10 s, then every minute:
+// a wrong address or port, or a store host that never started, is not silent until the limit.
+static ddp::TcpStore::ConnectRetry still_connecting(std::string store, std::string limit) {
+  auto next = std::make_shared<std::chrono::seconds>(10);
+  return [=](milliseconds tried, const std::string& why) {
+    auto s = std::chrono::duration_cast<std::chrono::seconds>(tried);
+    if (s < *next) return;
+    *next = s + std::chrono::seconds(60);
+    spdlog::warn("rendezvous: still connecting to {} after {} s ({}); trying until {}", store, s.count(), why, limit);
+  };
+}
+
 std::unique_ptr<rdzv::StoreBackend> NodeRendezvous::connect(bool hosting, const std::string& why) {
   rdzv::StoreBackendOptions bo;
   bo.host = hosting ? "127.0.0.1" : o_.rdzv_host;
@@ -326,6 +338,9 @@ std::unique_ptr<rdzv::StoreBackend> NodeRendezvous::connect(bool hosting, const 
   bo.run_id = o_.rdzv_id;
   bo.timeout = seconds(o_.rdzv_conf.read_timeout);
   bo.connect_timeout = seconds(o_.rdzv_conf.read_timeout);
+  if (!hosting)
+    bo.retrying = still_connecting(fmt::format("the c10d store at {} (--rdzv-endpoint)", endpoint_text(o_.rdzv_host, port_)),
+                                   fmt::format("read_timeout {}", ddp::format_duration(bo.connect_timeout)));
   try {
     return std::make_unique<rdzv::StoreBackend>(bo);
   } catch (const ddp::StoreError& e) {
@@ -375,6 +390,10 @@ std::unique_ptr<rdzv::Backend> NodeRendezvous::open_static() {
   bo.run_id = o_.rdzv_id;
   bo.timeout = seconds(o_.rdzv_conf.read_timeout);
   bo.connect_timeout = hosting ? bo.timeout : seconds(o_.rdzv_conf.join_timeout);
+  if (!hosting)
+    bo.retrying = still_connecting(fmt::format("node 0's store at {} (--master-addr, --master-port)",
+                                               endpoint_text(o_.master_addr, port_)),
+                                   fmt::format("join_timeout {}", ddp::format_duration(bo.connect_timeout)));
   try {
     return std::make_unique<rdzv::StoreBackend>(bo);
   } catch (const ddp::StoreError& e) {

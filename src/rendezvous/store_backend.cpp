@@ -45,7 +45,7 @@ StoreBackend::StoreBackend(StoreBackendOptions o) : o_(std::move(o)) {
   so.timeout = o_.timeout;
   so.connect_timeout = o_.connect_timeout;
   so.lazy = o_.lazy;
-  store_ = std::make_unique<ddp::TcpStore>(so);
+  store_ = std::make_unique<ddp::TcpStore>(so, o_.retrying);
 }
 
 StoreBackend::~StoreBackend() = default;

@@ -28,6 +28,7 @@ struct StoreBackendOptions {
   milliseconds timeout{60000};          // each call (read_timeout)
   milliseconds connect_timeout{60000};  // reaching the store
   bool lazy = false;  // connect at the first call (clones: the lease's never makes one)
+  ddp::TcpStore::ConnectRetry retrying;  // told of each failed attempt to connect (may be empty)
 };
 
 class StoreBackend : public Backend {

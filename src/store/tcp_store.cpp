@@ -126,6 +126,7 @@ struct TcpStore::Impl {
                                                    : fmt::format("{}:{}", o.host, o.port)) {}
 
   TcpStoreOptions opt;
+  TcpStore::ConnectRetry retrying;  // told of each failed connection attempt (may be empty)
   proto::Generation gen;
   bool ping = true;  // false once a server closed the connection on PING (torch 2.2, 2.3)
   bool find_gen = false;  // kAuto, until the first connection says which generation
@@ -255,6 +256,7 @@ struct TcpStore::Impl {
         throw NetworkError(fmt::format(
             "cannot connect to the store at {}: gave up after {} and {} attempts; last error: {}",
             addr, format_duration(since(t0)), attempts, last_error));
+      if (retrying) retrying(since(t0), last_error);
       // Jittered exponential backoff: uniformly in [b/2, 3b/2), b doubling up to 1 s.
       std::uniform_int_distribution<int64_t> jitter(backoff.count() / 2, backoff.count() * 3 / 2);
       auto sleep = milliseconds(jitter(rng));
@@ -574,8 +576,11 @@ struct TcpStore::Impl {
 
 // ---------------------------------------------------------------------------------------
 
-TcpStore::TcpStore(TcpStoreOptions options)
+TcpStore::TcpStore(TcpStoreOptions options) : TcpStore(std::move(options), nullptr) {}
+
+TcpStore::TcpStore(TcpStoreOptions options, ConnectRetry retrying)
     : options_(std::move(options)), impl_(std::make_unique<Impl>(options_)) {
+  impl_->retrying = std::move(retrying);
   timeout_ = options_.timeout;
   if (!options_.lazy) impl_->connect();
 }

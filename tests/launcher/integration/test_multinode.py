@@ -41,6 +41,35 @@ class MultiNodeTest(DdprunTestCase):
             self.assertEqual(v["MASTER_PORT"], str(port))
         self.assertEqual(len({v["TORCHELASTIC_RUN_ID"] for v in seen.values()}), 1)
 
+    def test_a_node_waiting_for_a_store_says_so_after_10_s(self):
+        """Nobody listens where a node looks for its store (a wrong --master-addr or port, or
+        a store host that never started): after 10 s it says where it is trying, why it
+        fails and until when, then gives up at the limit with exit 1 (before: silent until
+        then, 600 s with the defaults). The c10d line too, for an endpoint it does not host."""
+        port = free_port()
+        limit = 12
+        lines = {
+            "static": (["--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                        "--rdzv-conf", f"join_timeout={limit}"],
+                       rf"node 0's store at 127\.0\.0\.1:{port} \(--master-addr, --master-port\) after 1\d s "
+                       rf"\(Connection refused\); trying until join_timeout {limit} s"),
+            "c10d": (["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--nnodes", "1:2",
+                      "--rdzv-conf", f"is_host=0,read_timeout={limit}"],
+                     rf"the c10d store at 127\.0\.0\.1:{port} \(--rdzv-endpoint\) after 1\d s \(Connection refused\); "
+                     rf"trying until read_timeout {limit} s"),
+        }
+        procs = {name: subprocess.Popen([DDPRUN, *args, "--no-python", "true"], env=clean_env(TMPDIR=self.tmp),
+                                        stderr=subprocess.PIPE, text=True) for name, (args, _) in lines.items()}
+        for name, p in procs.items():
+            self.track_pid(p.pid)
+            with self.subTest(name):
+                _, err = p.communicate(timeout=limit + scaled(30))
+                self.assertEqual(p.returncode, 1, err)
+                warned = [l for l in err.splitlines() if "still connecting" in l]
+                self.assertEqual(len(warned), 1, err)
+                self.assertRegex(warned[0], r"^\[ddprun [\d:]+ warning\] rendezvous: still connecting to " + lines[name][1])
+                self.assertIn("ddprun: error:", err.splitlines()[-1])
+
     def test_failure_on_one_node_stops_the_other(self):
         port = free_port()
         # Global rank 3 (node 1) exits 3 once every rank is up; every other rank sleeps 300 s.
