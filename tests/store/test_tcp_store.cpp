@@ -932,6 +932,40 @@ TEST(StoreServer, ConnectGivesUpNamingAddressTimeAndReason) {
   EXPECT_GE(std::chrono::steady_clock::now() - t0, 300ms);
 }
 
+// TcpStore(options, retrying): told of every failed attempt, with the time tried so far
+// and the attempt's error; one that throws stops the connecting with its own error.
+TEST(StoreServer, ConnectTellsItsRetriesAndARetryThatThrowsStopsIt) {
+  uint16_t port;
+  {
+    auto s = start_server();
+    port = s->port();
+  }
+  auto o = client_options(port, WireGeneration::kV2);
+  o.connect_timeout = 300ms;
+  std::vector<std::pair<std::chrono::milliseconds, std::string>> told;
+  EXPECT_THROW(ddp::TcpStore(o, [&](auto tried, const std::string& why) { told.emplace_back(tried, why); }),
+               ddp::NetworkError);
+  ASSERT_GE(told.size(), 2u);
+  for (size_t i = 0; i < told.size(); ++i) {
+    EXPECT_EQ(told[i].second, "Connection refused");
+    if (i) EXPECT_GE(told[i].first, told[i - 1].first);
+  }
+  EXPECT_LT(told.back().first, 300ms);
+  o.connect_timeout = scaled(30s);
+  auto t0 = std::chrono::steady_clock::now();
+  int calls = 0;
+  try {
+    ddp::TcpStore s(o, [&](auto, const std::string&) {
+      if (++calls == 3) throw std::runtime_error("enough");
+    });
+    FAIL() << "connected to a closed port";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "enough");
+  }
+  EXPECT_EQ(calls, 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, scaled(5s));
+}
+
 TEST(StoreServer, ClientRetriesUntilTheServerAppears) {
   uint16_t port;
   {
