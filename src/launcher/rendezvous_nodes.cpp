@@ -438,6 +438,7 @@ std::unique_ptr<rdzv::Backend> NodeRendezvous::open_etcd() const {
   e.connect_timeout = std::min(seconds(5), e.op_timeout);
   const milliseconds ttl = seconds(c.keep_alive_interval * c.keep_alive_max_attempt);
   e.run_ttl = std::max(milliseconds(60000), 4 * ttl);
+  e.still_failing = [](const std::string& text) { spdlog::warn("rendezvous: still trying: {}", text); };
   auto b = rdzv::make_etcd_backend(e);
   spdlog::info("rendezvous: {} (run '{}', node lease {})", b->describe(), o_.rdzv_id, ddp::format_duration(ttl));
   return b;

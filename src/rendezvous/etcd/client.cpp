@@ -245,6 +245,7 @@ auto Client::failover(Deadline deadline, const char* what, Attempt&& attempt) {
   bool repeated = false, all_fatal = true;
   size_t tried = 0;
   int passes = 0;
+  auto next_report = std::chrono::seconds(10);
   while (true) {
     size_t i = current_;
     Deadline d = std::min(deadline, Clock::now() + budget);
@@ -255,7 +256,8 @@ auto Client::failover(Deadline deadline, const char* what, Attempt&& attempt) {
       // A connection that the caller's deadline cut short says little ("no connection
       // within 7 ms"): what the member said before (connection refused) stands beside it.
       const bool cut = d == deadline && e.kind() == Kind::connect;
-      last[i] = cut && !said[i].empty() ? fmt::format("{} (before that: {})", e.what(), said[i]) : e.what();
+      last[i] = cut && !said[i].empty() && said[i] != e.what() ? fmt::format("{} (before that: {})", e.what(), said[i])
+                                                                : e.what();
       if (!cut) said[i] = e.what();
       repeated = repeated || e.maybe_delivered();
       fatal = e.kind() == Kind::fatal;
@@ -273,6 +275,11 @@ auto Client::failover(Deadline deadline, const char* what, Attempt&& attempt) {
       // near the deadline are not tried in a busy loop.
       const auto now = Clock::now();
       if (now < deadline) std::this_thread::sleep_until(now + std::min<Clock::duration>(pause, (deadline - now) / 2));
+      if (options_.still_failing && Clock::now() - start >= next_report && Clock::now() < deadline) {
+        options_.still_failing(fmt::format("{}: {}: no member has answered for {} s of {}: {}", describe(), what,
+                                           next_report.count(), ddp::format_duration(total), join(last)));
+        next_report += std::chrono::seconds(60);
+      }
     }
     if (Clock::now() >= deadline)
       throw ddp::TimeoutError(fmt::format("{}: {}: no member answered within {}: {}", describe(), what,

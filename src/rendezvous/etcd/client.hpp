@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +23,10 @@ struct ClientOptions {
   TlsConfig tls;
   milliseconds connect_timeout{5000};
   bool spread = true;  // start at a random member; false: at the first
+  // Told when a call has found no member that answers for 10 s, then every minute after:
+  // "etcd at ...: <what>: no member has answered for 10 s of 60 s: <each one's error>". It
+  // runs on the calling thread, and may be called from several at once.
+  std::function<void(const std::string&)> still_failing;
 };
 
 // etcd refused a request (a gRPC status other than "unavailable").

@@ -782,6 +782,7 @@ std::unique_ptr<Backend> make_etcd_backend(const EtcdOptions& o) {
   c.tls = TlsConfig{https, o.cacert, o.cert, o.key};
   c.connect_timeout = std::min(o.connect_timeout, o.op_timeout);
   c.spread = o.spread;
+  c.still_failing = o.still_failing;
   return std::make_unique<EtcdBackend>(o, std::make_unique<Client>(std::move(c)));
 }
 

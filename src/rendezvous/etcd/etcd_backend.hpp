@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -25,6 +26,7 @@ struct EtcdOptions {
   bool remove_run_on_last_close = true;
   bool spread = true;  // start at a random member (many nodes spread over the cluster); false: the first
   std::string prefix = "/ddprun/rdzv";
+  std::function<void(const std::string&)> still_failing;  // ClientOptions::still_failing
 };
 
 // Checks the options (ddp::UsageError for bad endpoints, protocol, run id or TLS files)

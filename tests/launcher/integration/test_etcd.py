@@ -20,7 +20,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "testlib"))
-from ddprun_testlib import DDPRUN, clean_env, scaled, vm_rss_kb  # noqa: E402
+from ddprun_testlib import DDPRUN, clean_env, free_port, scaled, vm_rss_kb  # noqa: E402
 import jobwatch  # noqa: E402
 from test_c10d import C10dTestCase, hang  # noqa: E402
 import etcd_cluster  # noqa: E402
@@ -231,6 +231,23 @@ class EtcdScenarios(EtcdTestCase):
         err = a.stderr()
         self.assertIn(self.endpoint, err.splitlines()[-1] if err.strip() else "", self.describe())
         self.assertRegex(err, r"(?i)ddprun: error: .*(connection refused|lost contact|cannot connect)", self.describe())
+
+    def test_unreachable_etcd_says_so_after_10_s(self):
+        """No etcd where the endpoint says: after 10 s the node says what it is trying, since
+        when, until when and each member's error, then gives up at read_timeout with exit 1
+        (before: silent until then, 60 s with the defaults)."""
+        port = free_port()
+        p = subprocess.run([DDPRUN, "--rdzv-backend", "etcd", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id",
+                            self.run_id, "--nnodes", "1", "--rdzv-conf", "read_timeout=12", "--no-python", "true"],
+                           env=clean_env(TMPDIR=self.tmp), capture_output=True, text=True, timeout=hang(60))
+        self.assertEqual(p.returncode, 1, p.stderr)
+        refused = f"cannot connect to 127.0.0.1:{port}: Connection refused"
+        warned = [l for l in p.stderr.splitlines() if "still trying" in l]
+        self.assertEqual(warned, [l for l in warned if l.endswith(
+            f"warning] rendezvous: still trying: etcd at 127.0.0.1:{port}: granting this node's lease: no member has "
+            f"answered for 10 s of 12 s: {refused}")], p.stderr)
+        self.assertEqual(len(warned), 1, p.stderr)
+        self.assertTrue(p.stderr.splitlines()[-1].endswith(f"no member answered within 12 s: {refused}"), p.stderr)
 
     def test_signal_while_etcd_is_frozen(self):
         # etcd frozen (SIGSTOP) before a node starts: the kernel accepts the node's
