@@ -215,13 +215,15 @@ srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
         # Slurm may send the signal "up to 60 seconds earlier than specified" (sbatch(1)), so
         # with a 1-minute limit it can come before ddprun has started (it then dies of it, as
         # any program whose start Slurm signals), or before its workers have (ddprun says it
-        # reached no worker): such a job is left to end and another tried.
+        # reached no worker): such a job is cancelled and another tried (left to its time limit,
+        # it ran 60-90 s more: a wait of 60 s for it failed once).
         for attempt in range(3):
             name = f"timelimit{attempt}"
             job, d = self.start_signal_job(name, "hold", "--time=1", "--signal=USR1@45", early_signal_ok=True)
             if d is not None:
                 break
             print(f"  {name}: Slurm signalled job {job} before its workers started: trying again", file=sys.stderr)
+            self.cluster.run("scancel", str(job))
             self.cluster.wait(job, lib.scaled(60))
         self.assertIsNotNone(d, "Slurm signalled three jobs before their workers started")
         info = self.cluster.wait(job, lib.scaled(150), states=("TIMEOUT", "COMPLETED", "FAILED", "CANCELLED"))
