@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <functional>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -321,12 +322,23 @@ static ddp::StoreError not_ddprun_store(const std::string& where, const ddp::Sto
 
 // A node still waiting for a store it does not host says so after 10 s, then every minute:
 // a wrong address or port, or a store host that never started, is not silent until the limit.
+// The backend's clones (one per thread, connected when first used) share it.
 static ddp::TcpStore::ConnectRetry still_connecting(std::string store, std::string limit) {
-  auto next = std::make_shared<std::chrono::seconds>(10);
+  struct Said {
+    std::mutex mu;
+    milliseconds last{0};                // the last attempt's time: a smaller one is a new connection
+    std::chrono::seconds next{10};       // when to say it again
+  };
+  auto said = std::make_shared<Said>();
   return [=](milliseconds tried, const std::string& why) {
     auto s = std::chrono::duration_cast<std::chrono::seconds>(tried);
-    if (s < *next) return;
-    *next = s + std::chrono::seconds(60);
+    {
+      std::lock_guard lk(said->mu);
+      if (tried < said->last) said->next = std::chrono::seconds(10);
+      said->last = tried;
+      if (s < said->next) return;
+      said->next = s + std::chrono::seconds(60);
+    }
     spdlog::warn("rendezvous: still connecting to {} after {} s ({}); trying until {}", store, s.count(), why, limit);
   };
 }

@@ -51,6 +51,9 @@ std::string quoted_keys(const std::vector<std::string>& keys, size_t max = 16) {
   return s;
 }
 
+// The longest one connection attempt waits for the server's SYN-ACK (Impl::connect).
+constexpr milliseconds kConnectAttempt{10000};
+
 milliseconds since(Clock::time_point t0) {
   return std::chrono::duration_cast<milliseconds>(Clock::now() - t0);
 }
@@ -207,7 +210,9 @@ struct TcpStore::Impl {
         std::unique_ptr<addrinfo, void (*)(addrinfo*)> owner(res, ::freeaddrinfo);
         for (addrinfo* ai = res; ai; ai = ai->ai_next) {
           int err = 0;
-          Fd s = try_connect(ai, deadline, err);
+          // One attempt waits at most kConnectAttempt: a host that drops SYNs (a firewall, a
+          // full accept queue) is tried afresh, and `retrying` hears of it meanwhile.
+          Fd s = try_connect(ai, std::min(deadline, Clock::now() + kConnectAttempt), err);
           if (s) {
             fd = std::move(s);
             try {

@@ -41,22 +41,46 @@ class MultiNodeTest(DdprunTestCase):
             self.assertEqual(v["MASTER_PORT"], str(port))
         self.assertEqual(len({v["TORCHELASTIC_RUN_ID"] for v in seen.values()}), 1)
 
+    def syn_dropping_port(self):
+        """A port whose listener's accept queue is full: the kernel drops every new SYN, as a
+        firewall would (connecting there waits, it is not refused)."""
+        import socket
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        self.addCleanup(listener.close)
+        port = listener.getsockname()[1]
+        for _ in range(3):
+            c = socket.socket()
+            c.settimeout(0.5)
+            try:
+                c.connect(("127.0.0.1", port))
+            except OSError:
+                pass
+            self.addCleanup(c.close)
+        return port
+
     def test_a_node_waiting_for_a_store_says_so_after_10_s(self):
-        """Nobody listens where a node looks for its store (a wrong --master-addr or port, or
-        a store host that never started): after 10 s it says where it is trying, why it
-        fails and until when, then gives up at the limit with exit 1 (before: silent until
-        then, 600 s with the defaults). The c10d line too, for an endpoint it does not host."""
-        port = free_port()
+        """Nobody answers where a node looks for its store (a wrong --master-addr or port, a
+        store host that never started, a firewall that drops the SYNs): after 10 s it says
+        where it is trying, why it fails and until when, then gives up at the limit with exit
+        1 (before: silent until then, 600 s with the defaults). The c10d line too, for an
+        endpoint it does not host."""
+        refused, dropped = free_port(), self.syn_dropping_port()
         limit = 12
         lines = {
-            "static": (["--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
-                        "--rdzv-conf", f"join_timeout={limit}"],
-                       rf"node 0's store at 127\.0\.0\.1:{port} \(--master-addr, --master-port\) after 1\d s "
+            "static": (["--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port",
+                        str(refused), "--rdzv-conf", f"join_timeout={limit}"],
+                       rf"node 0's store at 127\.0\.0\.1:{refused} \(--master-addr, --master-port\) after 1\d s "
                        rf"\(Connection refused\); trying until join_timeout {limit} s"),
-            "c10d": (["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--nnodes", "1:2",
+            "static, SYNs dropped": (["--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
+                                      "--master-port", str(dropped), "--rdzv-conf", f"join_timeout={limit}"],
+                                     rf"node 0's store at 127\.0\.0\.1:{dropped} \(--master-addr, --master-port\) "
+                                     rf"after 1\d s \(Connection timed out\); trying until join_timeout {limit} s"),
+            "c10d": (["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{refused}", "--nnodes", "1:2",
                       "--rdzv-conf", f"is_host=0,read_timeout={limit}"],
-                     rf"the c10d store at 127\.0\.0\.1:{port} \(--rdzv-endpoint\) after 1\d s \(Connection refused\); "
-                     rf"trying until read_timeout {limit} s"),
+                     rf"the c10d store at 127\.0\.0\.1:{refused} \(--rdzv-endpoint\) after 1\d s \(Connection "
+                     rf"refused\); trying until read_timeout {limit} s"),
         }
         procs = {name: subprocess.Popen([DDPRUN, *args, "--no-python", "true"], env=clean_env(TMPDIR=self.tmp),
                                         stderr=subprocess.PIPE, text=True) for name, (args, _) in lines.items()}
