@@ -127,7 +127,7 @@ TEST(StoreLease, APingSentWhileTheServerWasStoppedKeepsTheLease) {
 TEST(StoreLease, AClientHeardSoonAfterTheServerRunsAgainKeepsTheLease) {
   ServerProcess s;
   ddp::TcpStore reader(s.client());
-  const auto ttl = scaled(500ms);
+  const auto ttl = scaled(1000ms);  // the grace, at most a ttl: the margin for this test's own delays
   auto c = leased(s, ttl);
   std::this_thread::sleep_for(ttl / 2);
   stall_server(s, ttl, [&] {
