@@ -296,6 +296,7 @@ struct TcpStore::Impl {
     uint32_t echo = 0;
     try {
       send_all(req, deadline, "handshake");
+      await_reply(deadline, t0);
       recv_exact(&echo, sizeof echo, deadline, "handshake");
     } catch (const NetworkError&) {
       if (fd) throw;
@@ -303,14 +304,30 @@ struct TcpStore::Impl {
     } catch (const IoTimeout&) {
       fd.reset();
       throw NetworkError(fmt::format(
-          "store at {}: no reply to the generation-2 handshake (VALIDATE + PING) within {}; is it a "
-          "generation-1 server (torch < 2.2)?",
+          "store at {}: it accepted the connection but sent no reply to the handshake (VALIDATE + PING) within "
+          "{}: is it frozen or overloaded, or not a store?",
           addr, format_duration(since(t0))));
     }
     if (echo != nonce) {
       fd.reset();
       throw StoreError(fmt::format("store at {}: handshake PING returned {} instead of {}", addr,
                                    echo, nonce));
+    }
+  }
+
+  // Waits for the handshake's reply, telling `retrying` every kConnectAttempt meanwhile: a
+  // server that accepted the connection and does not answer (frozen, or a listener that
+  // never reads) is no more silent than one that refuses.
+  void await_reply(Clock::time_point deadline, Clock::time_point t0) {
+    if (!retrying) return;
+    for (;;) {
+      try {
+        wait_fd(POLLIN, std::min(deadline, Clock::now() + kConnectAttempt), "handshake");
+        return;
+      } catch (const IoTimeout&) {
+        if (Clock::now() >= deadline) throw;
+        retrying(since(t0), "connected, but the store has not answered");
+      }
     }
   }
 

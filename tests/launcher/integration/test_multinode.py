@@ -60,13 +60,23 @@ class MultiNodeTest(DdprunTestCase):
             self.addCleanup(c.close)
         return port
 
+    def silent_port(self):
+        """A port whose listener never reads: connections are made (the kernel accepts them)
+        and never answered, as by a frozen store host."""
+        import socket
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        self.addCleanup(listener.close)
+        return listener.getsockname()[1]
+
     def test_a_node_waiting_for_a_store_says_so_after_10_s(self):
         """Nobody answers where a node looks for its store (a wrong --master-addr or port, a
-        store host that never started, a firewall that drops the SYNs): after 10 s it says
-        where it is trying, why it fails and until when, then gives up at the limit with exit
-        1 (before: silent until then, 600 s with the defaults). The c10d line too, for an
-        endpoint it does not host."""
-        refused, dropped = free_port(), self.syn_dropping_port()
+        store host that never started or is frozen, a firewall that drops the SYNs): after
+        10 s it says where it is trying, why it fails and until when, then gives up at the
+        limit with exit 1 (before: silent until then, 600 s with the defaults). The c10d line
+        too, for an endpoint it does not host."""
+        refused, dropped, silent = free_port(), self.syn_dropping_port(), self.silent_port()
         limit = 12
         lines = {
             "static": (["--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port",
@@ -77,6 +87,11 @@ class MultiNodeTest(DdprunTestCase):
                                       "--master-port", str(dropped), "--rdzv-conf", f"join_timeout={limit}"],
                                      rf"node 0's store at 127\.0\.0\.1:{dropped} \(--master-addr, --master-port\) "
                                      rf"after 1\d s \(Connection timed out\); trying until join_timeout {limit} s"),
+            "static, no answer": (["--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
+                                   "--master-port", str(silent), "--rdzv-conf", f"join_timeout={limit}"],
+                                  rf"node 0's store at 127\.0\.0\.1:{silent} \(--master-addr, --master-port\) "
+                                  rf"after 1\d s \(connected, but the store has not answered\); trying until "
+                                  rf"join_timeout {limit} s"),
             "c10d": (["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{refused}", "--nnodes", "1:2",
                       "--rdzv-conf", f"is_host=0,read_timeout={limit}"],
                      rf"the c10d store at 127\.0\.0\.1:{refused} \(--rdzv-endpoint\) after 1\d s \(Connection "
@@ -93,6 +108,8 @@ class MultiNodeTest(DdprunTestCase):
                 self.assertEqual(len(warned), 1, err)
                 self.assertRegex(warned[0], r"^\[ddprun [\d:]+ warning\] rendezvous: still connecting to " + lines[name][1])
                 self.assertIn("ddprun: error:", err.splitlines()[-1])
+                if name == "static, no answer":
+                    self.assertIn("it accepted the connection but sent no reply to the handshake", err.splitlines()[-1])
 
     def test_failure_on_one_node_stops_the_other(self):
         port = free_port()
