@@ -51,7 +51,8 @@ std::string quoted_keys(const std::vector<std::string>& keys, size_t max = 16) {
   return s;
 }
 
-// The longest one connection attempt waits for the server's SYN-ACK (Impl::connect).
+// The longest one connection attempt waits for the server's SYN-ACK (Impl::connect), and
+// how often a handshake still waiting for its reply tells `retrying` (Impl::await_reply).
 constexpr milliseconds kConnectAttempt{10000};
 
 milliseconds since(Clock::time_point t0) {
