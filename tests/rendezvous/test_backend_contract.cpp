@@ -2,15 +2,12 @@
 // the project: ddprun's TCP store (a real ddp-store-server process, which the tests freeze
 // with SIGSTOP and take down with SIGKILL) and the in-process memory backend (its fake
 // clock driven by real time here). The etcd backend's instantiation is test_etcd_backend.cpp.
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
-#include <fstream>
-#include <iterator>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -22,6 +19,7 @@
 #include "backend_contract.hpp"
 #include "rendezvous/memory_backend.hpp"
 #include "rendezvous/store_backend.hpp"
+#include "store_server_process.hpp"
 
 namespace {
 
@@ -29,41 +27,7 @@ using ddprun::rdzv::Backend;
 using std::chrono::milliseconds;
 
 // ---- the store: one ddp-store-server process per suite -----------------------------------
-struct StoreServerProcess {
-  pid_t pid = -1;
-  int port = 0;
-
-  void start(int want_port) {
-    int out[2];
-    if (::pipe(out) != 0) throw std::runtime_error("pipe");
-    pid = ::fork();
-    if (pid < 0) throw std::runtime_error("fork");
-    if (pid == 0) {
-      ::dup2(out[1], 1);
-      ::close(out[0]);
-      ::close(out[1]);
-      std::string p = std::to_string(want_port);
-      ::execl(DDP_STORE_SERVER, DDP_STORE_SERVER, "--host", "127.0.0.1", "--port", p.c_str(), "--log-level", "warn",
-              static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    ::close(out[1]);
-    std::string text;
-    char buf[64];
-    ssize_t n;
-    while (text.find('\n') == std::string::npos && (n = ::read(out[0], buf, sizeof buf)) > 0) text.append(buf, n);
-    ::close(out[0]);
-    if (text.rfind("port=", 0) != 0) throw std::runtime_error("ddp-store-server did not start: " + text);
-    port = std::stoi(text.substr(5));
-  }
-  void kill() {
-    if (pid <= 0) return;
-    ::kill(pid, SIGCONT);
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-    pid = -1;
-  }
-};
+using ddp::test::StoreServerProcess;
 
 StoreServerProcess& store_server() {
   static StoreServerProcess s;
@@ -85,19 +49,8 @@ struct StoreTraits {
   }
   static milliseconds lease_ttl() { return milliseconds(1000); }
   static milliseconds lease_end_slack() { return ddprun_contract::scale(milliseconds(500)); }
-  // SIGSTOP takes effect a moment after kill() returns: wait until the server is stopped.
-  static void freeze() {
-    ::kill(store_server().pid, SIGSTOP);
-    const std::string stat = "/proc/" + std::to_string(store_server().pid) + "/stat";
-    for (int i = 0; i < 1000; ++i) {
-      std::ifstream f(stat);
-      std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      size_t paren = text.rfind(')');
-      if (paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'T') return;
-      std::this_thread::sleep_for(milliseconds(1));
-    }
-  }
-  static void thaw() { ::kill(store_server().pid, SIGCONT); }
+  static void freeze() { store_server().freeze(); }
+  static void thaw() { store_server().thaw(); }
   static void take_down() {
     int port = store_server().port;
     store_server().kill();

@@ -2,13 +2,7 @@
 // which the tests stop (SIGSTOP) and continue by its pid: a lease ends when its client was
 // silent for the ttl while the server could hear it, never because the server itself was
 // not running (a loaded host, a paused VM, the store host's own process stalled).
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
-#include <cstdio>
 #include <string>
 #include <thread>
 
@@ -16,6 +10,7 @@
 
 #include "ddp/error.hpp"
 #include "ddp/tcp_store.hpp"
+#include "store_server_process.hpp"
 #include "test_timeouts.hpp"
 
 namespace {
@@ -24,48 +19,20 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 using ddp::test::scaled;
 
-// ddp-store-server started by fork and exec; its port read from its "port=N" line.
-class ServerProcess {
- public:
-  ServerProcess() {
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::dup2(fds[1], 1);
-      ::execl(DDP_STORE_SERVER, DDP_STORE_SERVER, "--host", "127.0.0.1", "--port", "0", nullptr);
-      ::_exit(127);
-    }
-    ::close(fds[1]);
-    std::string text;
-    char c;
-    while (text.find('\n') == std::string::npos && ::read(fds[0], &c, 1) == 1) text += c;
-    ::close(fds[0]);
-    if (std::sscanf(text.c_str(), "port=%d", &port_) != 1)
-      throw std::runtime_error("ddp-store-server printed '" + text + "', not port=N");
-  }
-  ~ServerProcess() {
-    ::kill(pid_, SIGCONT);
-    ::kill(pid_, SIGTERM);
-    ::waitpid(pid_, nullptr, 0);
-  }
-  void stop() { ASSERT_EQ(::kill(pid_, SIGSTOP), 0); }
-  void cont() { ASSERT_EQ(::kill(pid_, SIGCONT), 0); }
+// The server process (tests/common) and a client of it.
+struct ServerProcess : ddp::test::StoreServerProcess {
+  ServerProcess() { start(); }
 
   ddp::TcpStoreOptions client() const {
     ddp::TcpStoreOptions o;
     o.host = "127.0.0.1";
-    o.port = static_cast<uint16_t>(port_);
+    o.port = static_cast<uint16_t>(port);
     o.generation = ddp::WireGeneration::kV2;
     o.timeout = scaled(30s);
     o.connect_timeout = scaled(30s);
     o.lazy = false;
     return o;
   }
-
- private:
-  pid_t pid_ = -1;
-  int port_ = 0;
 };
 
 const std::string kLog = "events";
@@ -83,9 +50,9 @@ std::string lease_lines(ddp::TcpStore& reader) { return reader.check({kLog}) ? r
 // The server stopped for twice the ttl, then continued; `after` runs right after.
 template <typename F>
 void stall_server(ServerProcess& s, std::chrono::milliseconds ttl, F after) {
-  s.stop();
+  s.freeze();
   std::this_thread::sleep_for(2 * ttl);
-  s.cont();
+  s.thaw();
   after();
 }
 
@@ -111,11 +78,11 @@ TEST(StoreLease, APingSentWhileTheServerWasStoppedKeepsTheLease) {
   ddp::TcpStore reader(s.client());
   const auto ttl = scaled(500ms);
   auto c = leased(s, ttl);
-  s.stop();
+  s.freeze();
   std::this_thread::sleep_for(ttl / 2);
   std::thread pinger([&] { EXPECT_NO_THROW(c->ping(scaled(10s))); });
   std::this_thread::sleep_for(2 * ttl);
-  s.cont();
+  s.thaw();
   pinger.join();
   EXPECT_EQ(lease_lines(reader), "");
   EXPECT_NO_THROW(c->ping(scaled(10s)));
