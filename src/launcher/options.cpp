@@ -574,12 +574,14 @@ void parse_endpoint(const std::string& source, const std::string& value, int def
 namespace {
 
 constexpr double kLongestConfSeconds = 1e7;
+const std::string kLongestConfText = fmt::format("{:.0f} s ({} days)", kLongestConfSeconds,
+                                                 static_cast<int>(kLongestConfSeconds / 86400));
 
 double conf_seconds(const std::string& source, const std::string& key, const std::string& v, bool allow_zero) {
   double d = 0;
   if (!parse_number(v, d) || d < 0 || (!allow_zero && d == 0) || d > kLongestConfSeconds)
-    throw UsageError(fmt::format("{}: {} expects a {} number of seconds up to 10000000 (115 days), got '{}'",
-                                 source, key, allow_zero ? "non-negative" : "positive", v));
+    throw UsageError(fmt::format("{}: {} expects a {} number of seconds up to {}, got '{}'", source, key,
+                                 allow_zero ? "non-negative" : "positive", kLongestConfText, v));
   return d;
 }
 
@@ -630,8 +632,8 @@ RdzvConf parse_rdzv_conf(const std::string& source, const std::string& value, co
   // The lease's clocks count the window in nanoseconds: it has the limit of each part.
   if (double window = c.keep_alive_interval * c.keep_alive_max_attempt; window > kLongestConfSeconds)
     throw UsageError(fmt::format("{}: the keep-alive window (keep_alive_interval {} x keep_alive_max_attempt {} = "
-                                 "{} s) is longer than 10000000 s (115 days)",
-                                 source, c.keep_alive_interval, c.keep_alive_max_attempt, window));
+                                 "{} s) is longer than {}",
+                                 source, c.keep_alive_interval, c.keep_alive_max_attempt, window, kLongestConfText));
   return c;
 }
 

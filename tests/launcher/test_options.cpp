@@ -499,7 +499,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"RdzvConfEmptyValue", {"--rdzv-conf", "join_timeout="}, "--rdzv-conf"},
         BadCase{"RdzvConfNotSeconds", {"--rdzv-conf", "join_timeout=soon"}, "join_timeout"},
         BadCase{"RdzvConfNegative", {"--rdzv-conf", "last_call_timeout=-1"}, "last_call_timeout"},
-        BadCase{"RdzvConfTooLong", {"--rdzv-conf", "keep_alive_interval=99999999999"}, "up to 10000000 (115 days)"},
+        BadCase{"RdzvConfTooLong", {"--rdzv-conf", "keep_alive_interval=99999999999"}, "up to 10000000 s (115 days)"},
         BadCase{"RdzvConfMaxAttemptZero", {"--rdzv-conf", "keep_alive_max_attempt=0"}, "keep_alive_max_attempt"},
         BadCase{"RdzvConfMaxAttemptTooMany", {"--rdzv-conf", "keep_alive_max_attempt=1001"}, "from 1 to 1000"},
         BadCase{"RdzvConfWindowTooLong", {"--rdzv-conf", "keep_alive_interval=1000000,keep_alive_max_attempt=11"},
