@@ -282,9 +282,8 @@ StoreServer::Impl::Impl(StoreServerOptions o) : opt_(std::move(o)) {
       tcp::resolver resolver(io_);
       auto results = resolver.resolve(opt_.host, std::to_string(opt_.port), ec);
       if (ec)
-        throw SystemError(fmt::format("bind {}:{}: cannot resolve {} ({})", opt_.host, opt_.port,
-                                      opt_.host, ec.message()),
-                          EADDRNOTAVAIL);
+        throw NetworkError(fmt::format("bind {}:{}: cannot resolve {}: {}", opt_.host, opt_.port, opt_.host,
+                                       ec.message()));  // no errno to add
       ec = asio::error::host_not_found;
       for (const auto& entry : results) {
         ec = try_listen(entry.endpoint(), false);

@@ -61,8 +61,8 @@ int listen_backlog(int configured);
 class StoreServer {
  public:
   // Binds and listens now; throws ddp::SystemError("bind HOST:PORT: <reason>", errno) on
-  // failure (code() == EADDRINUSE when the port is taken). Raises the RLIMIT_NOFILE soft
-  // limit to the hard limit.
+  // failure (code() == EADDRINUSE when the port is taken), ddp::NetworkError when HOST does
+  // not resolve. Raises the RLIMIT_NOFILE soft limit to the hard limit.
   explicit StoreServer(StoreServerOptions o);
   ~StoreServer();  // stops
   StoreServer(const StoreServer&) = delete;

@@ -881,6 +881,19 @@ TEST(StoreServer, AddressInUseIsASystemErrorWithThatCode) {
   }
 }
 
+TEST(StoreServer, AHostThatDoesNotResolveIsNamedOnce) {
+  ddp::detail::StoreServerOptions o;
+  o.host = "no-such-host.invalid";
+  try {
+    ddp::detail::StoreServer s(o);
+    FAIL() << "bound to a host that does not resolve";
+  } catch (const ddp::NetworkError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind("bind no-such-host.invalid:0: cannot resolve no-such-host.invalid: ", 0), 0u) << what;
+    EXPECT_EQ(what.find("Cannot assign"), std::string::npos) << "no errno text of an unrelated errno: " << what;
+  }
+}
+
 TEST(StoreServer, WildcardListensOnIPv4AndIPv6) {
   ddp::detail::StoreServerOptions o;
   o.host = "::";
