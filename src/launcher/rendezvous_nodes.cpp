@@ -406,16 +406,24 @@ std::unique_ptr<rdzv::Backend> NodeRendezvous::open_static() {
     bo.retrying = still_connecting(fmt::format("node 0's store at {} (--master-addr, --master-port)",
                                                endpoint_text(o_.master_addr, port_)),
                                    fmt::format("join_timeout {}", ddp::format_duration(bo.connect_timeout)));
+  const auto t0 = std::chrono::steady_clock::now();
   try {
     return std::make_unique<rdzv::StoreBackend>(bo);
   } catch (const ddp::StoreError& e) {
     throw not_ddprun_store(endpoint_text(o_.master_addr, port_) + " (--master-addr, --master-port)", e);
   } catch (const ddp::Error& e) {
     if (hosting) throw;
+    // A store that accepted late in join_timeout still gets a few seconds to answer.
+    const auto took = std::chrono::steady_clock::now() - t0;
     throw ddp::NetworkError(fmt::format("node {} could not reach node 0's store at {} (--master-addr, --master-port) "
-                                        "within join_timeout {}: {}",
+                                        "within join_timeout {}{}: {}",
                                         o_.node_rank, endpoint_text(o_.master_addr, port_),
-                                        ddp::format_duration(bo.connect_timeout), e.what()));
+                                        ddp::format_duration(bo.connect_timeout),
+                                        took > bo.connect_timeout + std::chrono::milliseconds(500)
+                                            ? fmt::format(" ({} in all: a store that accepts is given time to answer)",
+                                                          ddp::format_duration(std::chrono::duration_cast<milliseconds>(took)))
+                                            : "",
+                                        e.what()));
   }
 }
 

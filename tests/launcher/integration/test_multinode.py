@@ -111,6 +111,23 @@ class MultiNodeTest(DdprunTestCase):
                 if name == "static, no answer":
                     self.assertIn("it accepted the connection but sent no reply to the handshake", err.splitlines()[-1])
 
+    def test_a_silent_store_and_a_short_join_timeout_are_told_apart(self):
+        """A store that accepts the connection is given a few seconds to answer even when
+        join_timeout is shorter: the error says how long it waited in all, not only the
+        join_timeout it went past."""
+        silent = self.silent_port()
+        t0 = time.monotonic()
+        p = subprocess.run([DDPRUN, "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
+                            "--master-port", str(silent), "--rdzv-conf", "join_timeout=2", "--no-python", "true"],
+                           env=clean_env(TMPDIR=self.tmp), stderr=subprocess.PIPE, text=True, timeout=scaled(30))
+        took = time.monotonic() - t0
+        self.assertEqual(p.returncode, 1, p.stderr)
+        last = p.stderr.splitlines()[-1]
+        self.assertRegex(last, r"^ddprun: error: node 1 could not reach node 0's store at 127\.0\.0\.1:%d "
+                               r"\(--master-addr, --master-port\) within join_timeout 2 s \([5-9] s in all: a store "
+                               r"that accepts is given time to answer\): .*sent no reply to the handshake" % silent)
+        self.assertLess(took, scaled(12), p.stderr)
+
     def test_failure_on_one_node_stops_the_other(self):
         port = free_port()
         # Global rank 3 (node 1) exits 3 once every rank is up; every other rank sleeps 300 s.
