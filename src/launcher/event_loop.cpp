@@ -64,9 +64,9 @@ void EventLoop::wait(int timeout_ms, int max_events, const std::function<void(vo
   }
 }
 
-std::vector<void*> EventLoop::wait_between_attempts() {
+std::vector<void*> EventLoop::wait_between_attempts(int timeout_ms) {
   std::vector<void*> ready;
-  wait(-1, 16, [&](void* tag) { ready.push_back(tag); });
+  wait(timeout_ms, 16, [&](void* tag) { ready.push_back(tag); });
   return ready;
 }
 

@@ -51,8 +51,9 @@ class EventLoop {
   // limit): signals and wake-ups are served, every other ready fd's tag goes to `ready`.
   void wait(int timeout_ms, int max_events, const std::function<void(void*)>& ready);
   // One wait while no worker runs (joining, waiting for the others at the exit): signals
-  // and the console writers are served here; the tags of other ready fds are returned.
-  std::vector<void*> wait_between_attempts();
+  // and the console writers are served here; the tags of other ready fds are returned
+  // (none when timeout_ms, if not -1, passed first).
+  std::vector<void*> wait_between_attempts(int timeout_ms = -1);
 
   // Runs `call` (a rendezvous call that may wait for the network) on a thread of its own
   // while this one still reads signals: a signal meanwhile stops this node at once

@@ -494,10 +494,21 @@ struct Supervisor::Impl {
   // to ddprun meanwhile ends the wait; signals.got() says so).
   std::optional<RoundEnd> wait_round_end() {
     if (auto end = rdzv.arrive_exit()) return end;
-    while (!signals.got())
-      for (void* tag : loop.wait_between_attempts())
+    // Said when the round has not ended a second later (the last node's arrival ends it).
+    const auto say_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    bool said = false;
+    while (!signals.got()) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(say_at - std::chrono::steady_clock::now());
+      for (void* tag : loop.wait_between_attempts(said ? -1 : static_cast<int>(std::max<int64_t>(left.count(), 0))))
         if (tag == &notify_tag)
           if (auto end = rdzv.round_end()) return end;
+      if (!said && std::chrono::steady_clock::now() >= say_at) {
+        spdlog::info("round {}: this node's workers all succeeded; waiting for the other nodes' workers (for as long "
+                     "as those nodes are alive)",
+                     std::max<int64_t>(job.plan.round, 0));
+        said = true;
+      }
+    }
     return std::nullopt;
   }
 

@@ -20,7 +20,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "testlib"))
-from ddprun_testlib import DDPRUN, clean_env, free_port, scaled, vm_rss_kb  # noqa: E402
+from ddprun_testlib import DDPRUN, clean_env, free_port, pid_alive, read_text, scaled, vm_rss_kb, worker  # noqa: E402
 import jobwatch  # noqa: E402
 from test_c10d import C10dTestCase, hang  # noqa: E402
 import etcd_cluster  # noqa: E402
@@ -293,6 +293,104 @@ class EtcdScenarios(EtcdTestCase):
         # etcd sees A's lease expire: 2 s (its ttl, whole seconds) + up to 0.5 s + the last call.
         self.assertLess(reform, hang(6), self.describe())
         print(f"\nrank-0 host SIGKILLed -> survivors' new workers: {reform:.2f} s", file=sys.stderr)
+
+
+class EtcdNodeFaults(EtcdTestCase):
+    """What test_edges.py does to c10d and static nodes, done to etcd nodes: a node that
+    finishes early (the one whose ddprun hosts the workers' store among them), a node frozen
+    past the keep-alive window, a signal while a node waits for others. Workers are
+    workers/edge_worker.py: start_<rank>, end_<rank>, term_<rank> (with the time) in the
+    test's folder."""
+
+    JOIN = scaled(3)            # join_timeout: what an exit barrier would have waited
+    WORK = JOIN + scaled(4)     # the slow rank works past it and past the keep-alive window
+
+    def edge_node(self, name, addr, script_args, conf=None, nnodes="2"):
+        conf = conf or f"last_call_timeout=0.3,join_timeout={self.JOIN:g},keep_alive_interval=0.5,keep_alive_max_attempt=3"
+        return self.start_node(name, addr, [self.tmp, *script_args], nnodes=nnodes, conf=conf,
+                               script=worker("edge_worker.py"))
+
+    def stamp(self, name):
+        p = self.path(name)
+        return float(read_text(p)) if os.path.exists(p) else None
+
+    def check_early_finisher(self, slow_rank):
+        """Every node exits 0; the slow rank finished untouched; the node whose workers were
+        done waited until then (node rank 0 keeps its workers' store up meanwhile)."""
+        a, b = (self.edge_node(n, addr, ["--sleep-rank", f"{slow_rank}={self.WORK:g}"])
+                for n, addr in (("A", "127.0.0.2"), ("B", "127.0.0.3")))
+        self.wait_nodes([a, b], self.WORK + 30)
+        self.assertEqual((a.rc, b.rc), (0, 0), self.describe())
+        end = self.stamp(f"end_{slow_rank}")
+        self.assertIsNotNone(end, "the slow rank must finish its work" + self.describe())
+        for r in range(4):
+            self.assertIsNone(self.stamp(f"term_{r}"), f"rank {r} was signalled" + self.describe())
+        for n in (a, b):
+            self.assertGreaterEqual(n.exited_at, end - 0.05, f"{n.name} left before the slow rank ended" + self.describe())
+        # The node that finished first said so and waited (it does not hold the round up).
+        early = [n for n in (a, b) if "this node's workers all succeeded; waiting for the other nodes'" in n.stderr()]
+        self.assertEqual(len(early), 1, self.describe())
+
+    def test_early_finisher_node_rank_0_works_longer(self):
+        self.check_early_finisher(slow_rank=0)
+
+    def test_early_finisher_node_rank_0_finishes_first(self):
+        """Node rank 0's ddprun hosts the workers' store: finished first, it keeps serving
+        the other node's workers until they are done."""
+        self.check_early_finisher(slow_rank=2)
+
+    def test_frozen_node_stops_its_stale_workers(self):
+        """A node frozen (SIGSTOP of its ddprun and its workers) past the keep-alive window is
+        lost when etcd ends its lease: the others re-form without it. Thawed, it learns that
+        its lease ended, stops its stale workers and exits 1; no worker of its starts beside
+        the re-formed job."""
+        conf = "last_call_timeout=1,join_timeout=30,keep_alive_interval=0.5,keep_alive_max_attempt=3"
+        nodes = {n: self.start_node(n, addr, ["--sleep", "300"], nnodes="2:3", conf=conf, extra=["--max-restarts", "3"])
+                 for n, addr in (("A", "127.0.0.2"), ("B", "127.0.0.3"), ("C", "127.0.0.4"))}
+        r0 = self.wait_workers(6, world=6, timeout=30)
+        # Node ranks follow the addresses (check_round): C (127.0.0.4) is node rank 2.
+        self.check_round(r0, 6, ["127.0.0.2", "127.0.0.3", "127.0.0.4"], restarts=0)
+        c_workers = [r["pid"] for r in r0 if r["env"]["GROUP_RANK"] == "2"]
+        frozen = [nodes["C"].proc.pid] + c_workers
+        for pid in frozen:
+            self.track_pid(pid)
+            os.kill(pid, signal.SIGSTOP)
+        t0 = time.time()
+        try:
+            r1 = self.wait_workers(4, world=4, timeout=30)
+        finally:
+            thawed = time.time()
+            for pid in reversed(frozen):
+                os.kill(pid, signal.SIGCONT)
+        # etcd ends the lease after its ttl (2 s: whole seconds) and up to 0.5 s more; then
+        # the last call (1 s) and the new workers' start.
+        self.assertLess(min(r["t"] for r in r1) - t0, hang(8), self.describe())
+        c = nodes["C"]
+        self.wait_nodes([c], 10)
+        self.assertEqual(c.rc, 1, self.describe())
+        self.assertLess(c.exited_at - thawed, scaled(3), self.describe())
+        self.assertRegex(c.stderr(), r"lost contact|declared lost by the rendezvous|lease has ended", self.describe())
+        self.assertEqual(sorted(r["pid"] for r in self.records() if r["env"]["WORLD_SIZE"] == "4"
+                                and r["pid"] in c_workers), [], "no new worker on the frozen node")
+        for pid in c_workers:
+            self.assertFalse(os.path.exists(os.path.join(self.rec, f"end_{pid}")), "its workers were stopped")
+            self.assertFalse(pid_alive(pid), f"its worker {pid} still runs")
+        self.check_round(r1, 4, ["127.0.0.2", "127.0.0.3"], restarts=1)
+        for n in "AB":
+            self.assertIsNone(nodes[n].proc.poll(), "the re-formed job trains on" + self.describe())
+
+    def test_signal_while_waiting_for_nodes(self):
+        a = self.edge_node("A", "127.0.0.2", ["--sleep", "30"],
+                           conf="join_timeout=300,keep_alive_interval=0.5,keep_alive_max_attempt=3")
+        self.wait_for(lambda: "rendezvous: etcd at" in a.stderr(), hang(10), "A to join")
+        time.sleep(scaled(1))  # it waits for a second node
+        t0 = time.time()
+        a.proc.send_signal(signal.SIGTERM)
+        self.wait_nodes([a], 10)
+        self.assertEqual(a.rc, 128 + signal.SIGTERM, self.describe())
+        self.assertLess(a.exited_at - t0, scaled(3), "a signal must not wait for the join" + self.describe())
+        self.assertEqual(os.listdir(self.tmp).count("start_0"), 0, "no worker started")
+        self.wait_for(lambda: not self.run_keys(), hang(5), "the run's keys to go: " + str(self.run_keys()))
 
 
 class EtcdThreeMembers(EtcdTestCase):
