@@ -46,6 +46,12 @@ sigset_t supervised_set(const Options& o) {
   return set;
 }
 
+// epoll_wait's timeout until `next` (rounded up: never woken just before it).
+int timeout_ms(Clock::time_point next) {
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count();
+  return static_cast<int>(std::max<long>(0, ms + 1));
+}
+
 constexpr size_t kConsoleBound = 4 << 20;  // bytes queued per console before readers pause
 constexpr int kTailLines = 20;
 constexpr long kTricklePauseNs = 1'000'000;
@@ -354,11 +360,6 @@ class AttemptSupervisor {
     look_ahead(RoundEnd{RoundEnd::Kind::kFailed, "", *stacks_.hang()});
   }
 
-  static int timeout_ms(Clock::time_point next) {
-    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count();
-    return static_cast<int>(std::max<long>(0, ms + 1));
-  }
-
   Job& job_;
   Rendezvous& rdzv_;
   EventLoop& loop_;
@@ -495,18 +496,16 @@ struct Supervisor::Impl {
   std::optional<RoundEnd> wait_round_end() {
     if (auto end = rdzv.arrive_exit()) return end;
     // Said when the round has not ended a second later (the last node's arrival ends it).
-    const auto say_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    bool said = false;
+    std::optional<Clock::time_point> say_at = Clock::now() + std::chrono::seconds(1);
     while (!signals.got()) {
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(say_at - std::chrono::steady_clock::now());
-      for (void* tag : loop.wait_between_attempts(said ? -1 : static_cast<int>(std::max<int64_t>(left.count(), 0))))
+      for (void* tag : loop.wait_between_attempts(say_at ? timeout_ms(*say_at) : -1))
         if (tag == &notify_tag)
           if (auto end = rdzv.round_end()) return end;
-      if (!said && std::chrono::steady_clock::now() >= say_at) {
+      if (say_at && Clock::now() >= *say_at) {
         spdlog::info("round {}: this node's workers all succeeded; waiting for the other nodes' workers (for as long "
                      "as those nodes are alive)",
                      std::max<int64_t>(job.plan.round, 0));
-        said = true;
+        say_at.reset();
       }
     }
     return std::nullopt;
