@@ -301,7 +301,8 @@ TEST_F(EtcdRun, RunKeysExpireAfterEveryNodeDied) {
   ASSERT_TRUE(got);
   auto t0 = Clock::now();
   EXPECT_FALSE(keys(prefix).empty());
-  while (!keys(prefix).empty() && since(t0) < scaled(milliseconds(10000))) std::this_thread::sleep_for(milliseconds(100));
+  // etcd's revocation, seconds late on a busy machine (EtcdTraits::lease_end_limit).
+  while (!keys(prefix).empty() && since(t0) < scaled(milliseconds(30000))) std::this_thread::sleep_for(milliseconds(100));
   EXPECT_TRUE(keys(prefix).empty()) << "the run lease expired with its last node";
   std::fprintf(stderr, "[etcd] run keys gone %lld ms after the last node was killed (run ttl 3 s)\n",
                static_cast<long long>(since(t0).count()));
@@ -338,7 +339,7 @@ TEST_F(EtcdRun, APlainReadAppendsTheLinesOfEndedLeases) {
   // that is depends on how busy etcd is: plain reads until then).
   std::this_thread::sleep_for(milliseconds(2000));
   std::vector<std::string> lines;
-  for (auto t0 = Clock::now(); lines.empty() && since(t0) < scaled(milliseconds(10000));) {
+  for (auto t0 = Clock::now(); lines.empty() && since(t0) < scaled(milliseconds(30000));) {
     std::this_thread::sleep_for(milliseconds(100));
     lines = observer->read("events", 0);
   }

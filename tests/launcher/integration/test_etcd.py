@@ -362,9 +362,10 @@ class EtcdNodeFaults(EtcdTestCase):
             thawed = time.time()
             for pid in reversed(frozen):
                 os.kill(pid, signal.SIGCONT)
-        # etcd ends the lease after its ttl (2 s: whole seconds) and up to 0.5 s more; then
-        # the last call (1 s) and the new workers' start.
-        self.assertLess(min(r["t"] for r in r1) - t0, hang(8), self.describe())
+        # etcd ends the lease after its ttl (2 s: whole seconds) and up to 0.5 s more when idle
+        # (up to 7 s more seen under CI's load: test_etcd_backend.cpp); then the last call
+        # (1 s) and the new workers' start.
+        self.assertLess(min(r["t"] for r in r1) - t0, hang(15), self.describe())
         c = nodes["C"]
         self.wait_nodes([c], 10)
         self.assertEqual(c.rc, 1, self.describe())
