@@ -31,6 +31,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -76,6 +77,10 @@ def parse_scontrol_record(line):
     for m in re.finditer(r"(?:^|\s)([A-Za-z:/]+)=(.*?)(?=\s[A-Za-z:/]+=|$)", line.strip()):
         out[m.group(1)] = m.group(2)
     return out
+
+
+class DaemonExited(RuntimeError):
+    """A daemon of the test cluster exited while it started."""
 
 
 class SlurmCluster:
@@ -198,6 +203,20 @@ FirstJobId={self.first_job_id}
         return p
 
     def start(self):
+        """Starts the daemons and waits until every node is idle. A daemon that exits while
+        starting is most often one whose port (picked free, then bound by the daemon a moment
+        later) was taken meanwhile by another test's connection: the cluster starts again,
+        on new ports, up to twice, saying why on stderr."""
+        for attempt in range(3):
+            try:
+                return self._start_once()
+            except DaemonExited as e:
+                if attempt == 2:
+                    raise
+                print(f"slurm test cluster: starting again: {e}", file=sys.stderr)
+
+    def _start_once(self):
+        self.procs = {}
         self._take_slot()
         self.root = tempfile.mkdtemp(prefix=f"ddp-slurm-{self.tag}-")
         self.conf = os.path.join(self.root, "slurm.conf")
@@ -227,10 +246,21 @@ FirstJobId={self.first_job_id}
     def _all_idle(self):
         for name, p in self.procs.items():
             if p.poll() is not None:
-                raise RuntimeError(f"{name} exited with {p.returncode}; see {self.root}/log")
+                raise DaemonExited(f"{name} exited with {p.returncode}; its output and log (the folder goes "
+                                   f"with the cluster):\n{self._log_tails(name)}")
         r = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False)
         states = r.stdout.split()
         return r.returncode == 0 and states.count("idle") == self.nodes
+
+    def _log_tails(self, name, lines=15):
+        """The last lines of a daemon's output and of its own log file."""
+        node = name[len("slurmd-"):] if name.startswith("slurmd-") else None
+        out = []
+        for f in (f"{name}.out", f"slurmd-{node}.log" if node else f"{name}.log"):
+            path = os.path.join(self.root, "log", f)
+            with contextlib.suppress(OSError), open(path, errors="replace") as fh:
+                out.append(f"--- {f}:\n" + "".join(fh.readlines()[-lines:]))
+        return "".join(out) or "(no output)"
 
     @staticmethod
     def _wait_for(pred, timeout, what):
