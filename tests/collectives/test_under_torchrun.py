@@ -19,7 +19,6 @@ Exits 77 (ctest SKIP_RETURN_CODE) without that torch (or, on the host, the ancho
 import argparse
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,18 +28,13 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "common"))
 sys.path.insert(0, os.path.join(HERE, "..", "testlib"))
+from ports import free_port  # noqa: E402
 from test_timeouts import scaled  # noqa: E402  (DDP_TEST_TIMEOUT_SCALE)
 import torch_runtime  # noqa: E402
 
 PYTHON = "/usr/bin/python3"
 TORCHRUN113 = "/work/shared/anchors/torchrun113.py"
 TRAIN_LINEAR = None
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def clean_env():

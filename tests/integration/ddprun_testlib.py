@@ -26,6 +26,7 @@ EXAMPLES = os.path.join(SOURCE_DIR, "examples", "pytorch")
 WORKERS = os.path.join(HERE, "workers")
 DDPRUN = os.environ.get("DDPRUN") or os.path.join(SOURCE_DIR, "build", "bin", "ddprun")
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tests", "testlib"))
+from ports import free_port  # noqa: E402,F401  (tests/testlib: one pick for every test)
 import torch_runtime  # noqa: E402
 
 RUNTIME = torch_runtime.current()
@@ -78,12 +79,6 @@ def port_is_free(port, host="127.0.0.1"):
         except OSError:
             return False
     return True
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 LOSS_RE = re.compile(r"epoch (\d+) loss ([0-9.eE+-]+)")

@@ -35,6 +35,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testlib"))
+from ports import free_port  # noqa: E402
+
 SBIN = "/usr/sbin"
 PLUGINDIR = "/usr/lib/x86_64-linux-gnu/slurm-wlm"
 DOMAIN = "ddptest.local"
@@ -62,12 +65,6 @@ def cgroup_tracking_available():
     sees the same way (only ddprun's process group)."""
     path = "/sys/fs/cgroup/freezer"
     return os.path.isdir(path) and os.access(path, os.W_OK) and os.path.exists(os.path.join(path, "tasks"))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def parse_scontrol_record(line):

@@ -24,6 +24,7 @@ import time
 import urllib.request
 
 import test_timeouts
+from ports import free_port
 
 
 def find_etcd():
@@ -31,12 +32,6 @@ def find_etcd():
     if e:
         return e
     return shutil.which("etcd") or ""
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class TestPki:

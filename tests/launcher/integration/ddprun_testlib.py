@@ -14,7 +14,6 @@ import os
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from test_timeouts import scaled  # noqa: E402,F401  (DDP_TEST_TIMEOUT_SCALE; te
 
 WORKERS = os.path.join(HERE, "workers")
 sys.path.insert(0, os.path.join(HERE, "..", "..", "testlib"))
+from ports import free_port  # noqa: E402,F401  (tests/testlib: one pick for every test)
 import torch_runtime  # noqa: E402
 
 RUNTIME = torch_runtime.current()
@@ -57,12 +57,6 @@ def worker(name):
 def read_text(path):
     with open(path, errors="replace") as f:
         return f.read()
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _no_core_dumps():
