@@ -98,9 +98,10 @@ class EdgeTest(DdprunTestCase):
         for r in range(4):
             self.assertIsNone(self.stamp(f"term_{r}"), f"rank {r} was signalled" + self.describe())
         self.assertGreaterEqual(early.exited_at, self.stamp(f"end_{slow_rank}") - 0.05, self.describe())
-        # The early node says why it stays (at --log-level info); the last one waits for nobody.
-        said = [n for n in nodes if "this node's workers all succeeded; waiting for the other nodes'" in read_text(n.err_path)]
-        self.assertEqual(said, [early], self.describe())
+        # The early node says why it stays (at --log-level info). (The last one says it too
+        # only when the round's end takes it over a second: load.)
+        self.assertIn("this node's workers all succeeded; waiting for the other nodes'", read_text(early.err_path),
+                      self.describe())
 
     def check_machine_paused_past_the_window(self, start_node):
         """Every process of the job stopped at once for twice the keep-alive window, then

@@ -124,8 +124,9 @@ class MultiNodeTest(DdprunTestCase):
         self.assertEqual(p.returncode, 1, p.stderr)
         last = p.stderr.splitlines()[-1]
         self.assertRegex(last, r"^ddprun: error: node 1 could not reach node 0's store at 127\.0\.0\.1:%d "
-                               r"\(--master-addr, --master-port\) within join_timeout 2 s \([5-9] s in all: a store "
-                               r"that accepts is given time to answer\): .*sent no reply to the handshake" % silent)
+                               r"\(--master-addr, --master-port\) within join_timeout 2 s \([5-9](\.\d+)? s in all: "
+                               r"a store that accepts is given time to answer\): .*sent no reply to the handshake"
+                               % silent)
         self.assertLess(took, scaled(12), p.stderr)
 
     def test_failure_on_one_node_stops_the_other(self):
