@@ -10,9 +10,10 @@
 //     static std::chrono::milliseconds lease_ttl();        // a short ttl the backend keeps to
 //     static std::chrono::milliseconds lease_end_slack();  // how late after it an end may show
 //     // Optional, for a store that ends leases on its own schedule (etcd): how late a busy
-//     // one may be, past the slack (reported with store_log(), the store's own words).
+//     // one may be, past the slack (reported with store_log(run), the store's own words and
+//     // what it holds of the run).
 //     static std::chrono::milliseconds lease_end_limit();
-//     static std::string store_log();
+//     static std::string store_log(const std::string& run_id);
 //     static void freeze();     // the server stops answering (connections hang) ...
 //     static void thaw();       // ... and answers again, its data intact
 //     static void take_down();  // the server refuses connections (its process gone) ...
@@ -110,21 +111,23 @@ class BackendContract : public ::testing::Test {
   // it came: not before t0 + `earliest`, within ttl + the slack; a store with a
   // lease_end_limit() may be later, up to that limit (reported with its log: the store was
   // late, not the backend).
-  std::vector<std::string> wait_lease_end(Backend& b, Clock::time_point t0, milliseconds earliest, milliseconds ttl) {
+  std::vector<std::string> wait_lease_end(Backend& b, const std::string& run, Clock::time_point t0,
+                                          milliseconds earliest, milliseconds ttl) {
     const auto slack = Traits::lease_end_slack() + scale(milliseconds(1000));
     auto limit = slack;
     if constexpr (requires { Traits::lease_end_limit(); }) limit = std::max(limit, Traits::lease_end_limit());
     auto lines = wait_lines(b, "events", 1, ttl + limit + scale(milliseconds(2000)));
     auto took = since(t0);
+    std::string log;
+    if constexpr (requires { Traits::store_log(run); })
+      if (lines.empty() || took > ttl + slack) log = Traits::store_log(run);
+    EXPECT_FALSE(lines.empty()) << "no lease-end line within " << (ttl + limit).count() << " ms. The store:\n" << log;
     EXPECT_GE(took, earliest) << "not before the ttl";
-    if (!lines.empty() && took > ttl + slack && took <= ttl + limit) {
-      std::string log;
-      if constexpr (requires { Traits::store_log(); }) log = Traits::store_log();
-      std::fprintf(stderr, "[contract] the lease ended %lld ms after the ttl (slack %lld ms): the store was late. Its log:\n%s\n",
+    if (!lines.empty() && took > ttl + slack && took <= ttl + limit)
+      std::fprintf(stderr, "[contract] the lease ended %lld ms after the ttl (slack %lld ms): the store was late. It:\n%s\n",
                    static_cast<long long>((took - ttl).count()), static_cast<long long>(slack.count()), log.c_str());
-    } else {
+    else
       EXPECT_LE(took, ttl + slack) << "the line of an ended lease shows within the slack";
-    }
     return lines;
   }
   // Every call of a backend that cannot reach its server ends, with a ddp::Error, in time.
@@ -525,7 +528,7 @@ TYPED_TEST_P(BackendContract, LeaseEndsWithoutKeepAlive) {
   auto t0 = Clock::now();  // the lease cannot end before t0 + ttl
   node->open_lease(ttl);
   node->on_lease_end("events", "silent node");
-  auto lines = this->wait_lease_end(*other, t0, ttl, ttl);
+  auto lines = this->wait_lease_end(*other, run, t0, ttl, ttl);
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0].rfind("silent node ", 0), 0u) << lines[0];
   EXPECT_THROW(node->keep_alive(milliseconds(3000)), ddprun::rdzv::LeaseEnded) << "certainly over, and says so";
@@ -606,7 +609,7 @@ TYPED_TEST_P(BackendContract, LeaseEndsWhenTheProcessDies) {
   ASSERT_TRUE(got) << "the child could not open its lease";
   auto other = this->make(run);
   // A store may end it at once (the connection closed), or when the ttl has passed.
-  auto lines = this->wait_lease_end(*other, t0, milliseconds(0), ttl);
+  auto lines = this->wait_lease_end(*other, run, t0, milliseconds(0), ttl);
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0].rfind("killed node ", 0), 0u) << lines[0];
   std::this_thread::sleep_for(milliseconds(300));

@@ -70,9 +70,22 @@ struct EtcdTraits {
   static milliseconds lease_ttl() { return milliseconds(2000); }
   static milliseconds lease_end_slack() { return scaled(milliseconds(N == 1 ? 4000 : 5000)); }
   static milliseconds lease_end_limit() { return scaled(milliseconds(30000)); }
-  static std::string store_log() {
+  // Each member's log, and the run's keys as member 0 holds them (with their leases).
+  static std::string store_log(const std::string& run) {
     std::string out;
-    for (int i = 0; i < N; ++i) out += fmt::format("--- etcd member {}:\n{}", i, cluster(N).log_tail(i));
+    for (int i = 0; i < N; ++i) out += fmt::format("--- etcd member {}'s log:\n{}", i, cluster(N).log_tail(i));
+    out += "--- the run's keys (lease):\n";
+    try {
+      ddprun::rdzv::etcd::ClientOptions o;
+      o.endpoints = {{"127.0.0.1", static_cast<uint16_t>(cluster(N).member(0).client_port)}};
+      ddprun::rdzv::etcd::Client client(o);
+      const std::string p = "/ddprun/rdzv/" + run + "/";
+      auto r = client.range(ddprun::rdzv::etcd::Range(p, ddprun::rdzv::etcd::prefix_end(p)),
+                            Clock::now() + milliseconds(5000), "listing the run's keys");
+      for (const auto& kv : r.kvs) out += fmt::format("{} ({:x}): {}\n", kv.key, kv.lease, kv.value.substr(0, 200));
+    } catch (const std::exception& e) {
+      out += std::string("(cannot list them: ") + e.what() + ")\n";
+    }
     return out;
   }
   static void freeze() {
