@@ -70,19 +70,30 @@ struct EtcdTraits {
   static milliseconds lease_ttl() { return milliseconds(2000); }
   static milliseconds lease_end_slack() { return scaled(milliseconds(N == 1 ? 4000 : 5000)); }
   static milliseconds lease_end_limit() { return scaled(milliseconds(30000)); }
+  // A node lease's alive/ key still there: etcd has not revoked that lease.
+  static bool store_kept_a_lease(const std::string& run) {
+    try {
+      return !run_keys(run, "alive/").empty();
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+  static std::vector<ddprun::rdzv::etcd::KeyValue> run_keys(const std::string& run, const std::string& under = "") {
+    ddprun::rdzv::etcd::ClientOptions o;
+    o.endpoints = {{"127.0.0.1", static_cast<uint16_t>(cluster(N).member(0).client_port)}};
+    ddprun::rdzv::etcd::Client client(o);
+    const std::string p = "/ddprun/rdzv/" + run + "/" + under;
+    return client.range(ddprun::rdzv::etcd::Range(p, ddprun::rdzv::etcd::prefix_end(p)), Clock::now() + milliseconds(5000),
+                        "listing the run's keys")
+        .kvs;
+  }
   // Each member's log, and the run's keys as member 0 holds them (with their leases).
   static std::string store_log(const std::string& run) {
     std::string out;
     for (int i = 0; i < N; ++i) out += fmt::format("--- etcd member {}'s log:\n{}", i, cluster(N).log_tail(i));
     out += "--- the run's keys (lease):\n";
     try {
-      ddprun::rdzv::etcd::ClientOptions o;
-      o.endpoints = {{"127.0.0.1", static_cast<uint16_t>(cluster(N).member(0).client_port)}};
-      ddprun::rdzv::etcd::Client client(o);
-      const std::string p = "/ddprun/rdzv/" + run + "/";
-      auto r = client.range(ddprun::rdzv::etcd::Range(p, ddprun::rdzv::etcd::prefix_end(p)),
-                            Clock::now() + milliseconds(5000), "listing the run's keys");
-      for (const auto& kv : r.kvs) out += fmt::format("{} ({:x}): {}\n", kv.key, kv.lease, kv.value.substr(0, 200));
+      for (const auto& kv : run_keys(run)) out += fmt::format("{} ({:x}): {}\n", kv.key, kv.lease, kv.value.substr(0, 200));
     } catch (const std::exception& e) {
       out += std::string("(cannot list them: ") + e.what() + ")\n";
     }
