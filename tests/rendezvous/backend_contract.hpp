@@ -541,7 +541,7 @@ TYPED_TEST_P(BackendContract, LeaseEndsWithoutKeepAlive) {
   node->open_lease(ttl);
   node->on_lease_end("events", "silent node");
   auto ended = this->wait_lease_end(*other, run, t0, ttl, ttl);
-  if (!ended) return;  // the store's failure, reported
+  if (!ended) GTEST_SKIP() << "the store never ended the lease: its own failure (reported above)";
   const auto& lines = *ended;
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0].rfind("silent node ", 0), 0u) << lines[0];
@@ -624,7 +624,7 @@ TYPED_TEST_P(BackendContract, LeaseEndsWhenTheProcessDies) {
   auto other = this->make(run);
   // A store may end it at once (the connection closed), or when the ttl has passed.
   auto ended = this->wait_lease_end(*other, run, t0, milliseconds(0), ttl);
-  if (!ended) return;  // the store's failure, reported
+  if (!ended) GTEST_SKIP() << "the store never ended the lease: its own failure (reported above)";
   const auto& lines = *ended;
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0].rfind("killed node ", 0), 0u) << lines[0];
