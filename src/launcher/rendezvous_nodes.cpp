@@ -414,16 +414,14 @@ std::unique_ptr<rdzv::Backend> NodeRendezvous::open_static() {
   } catch (const ddp::Error& e) {
     if (hosting) throw;
     // A store that accepted late in join_timeout still gets a few seconds to answer.
-    const auto took = std::chrono::steady_clock::now() - t0;
+    const auto took = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - t0);
+    std::string in_all;
+    if (took > bo.connect_timeout + milliseconds(500))
+      in_all = fmt::format(" ({} in all: a store that accepts is given time to answer)", ddp::format_duration(took));
     throw ddp::NetworkError(fmt::format("node {} could not reach node 0's store at {} (--master-addr, --master-port) "
                                         "within join_timeout {}{}: {}",
                                         o_.node_rank, endpoint_text(o_.master_addr, port_),
-                                        ddp::format_duration(bo.connect_timeout),
-                                        took > bo.connect_timeout + std::chrono::milliseconds(500)
-                                            ? fmt::format(" ({} in all: a store that accepts is given time to answer)",
-                                                          ddp::format_duration(std::chrono::duration_cast<milliseconds>(took)))
-                                            : "",
-                                        e.what()));
+                                        ddp::format_duration(bo.connect_timeout), in_all, e.what()));
   }
 }
 

@@ -115,8 +115,8 @@ class BackendContract : public ::testing::Test {
   // Waits for the one lease-end line of a node whose lease started at t0, and checks when
   // it came: not before t0 + `earliest`, within ttl + the slack; a store with a
   // lease_end_limit() may be later, up to that limit (reported with its log: the store was
-  // late, not the backend).
-  // nullopt: the store never ended the lease (store_kept_a_lease), reported.
+  // late, not the backend). nullopt: the store never ended the lease (store_kept_a_lease),
+  // reported.
   std::optional<std::vector<std::string>> wait_lease_end(Backend& b, const std::string& run, Clock::time_point t0,
                                                          milliseconds earliest, milliseconds ttl) {
     const auto slack = Traits::lease_end_slack() + scale(milliseconds(1000));

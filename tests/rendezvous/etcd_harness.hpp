@@ -267,7 +267,7 @@ class EtcdCluster {
 
   const std::string& root() const { return root_; }
 
- private:
+  // A client of member i alone (with the members' TLS, if any).
   ddprun::rdzv::etcd::Client client(int i) {
     ddprun::rdzv::etcd::ClientOptions o;
     o.endpoints = {{"127.0.0.1", static_cast<uint16_t>(members_[i].client_port)}};
@@ -277,6 +277,7 @@ class EtcdCluster {
     return ddprun::rdzv::etcd::Client(o);
   }
 
+ private:
   void spawn(int i) {
     Member& m = members_[i];
     std::string scheme = tls_ ? "https" : "http";

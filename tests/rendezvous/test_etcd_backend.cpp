@@ -39,6 +39,14 @@ EtcdCluster& cluster(int members) {
   return *c;
 }
 
+// The keys under `prefix` (empty: every key) as member 0 of `c` holds them.
+std::vector<ddprun::rdzv::etcd::KeyValue> member0_kvs(EtcdCluster& c, const std::string& prefix, bool keys_only) {
+  std::string from = prefix.empty() ? std::string(1, '\0') : prefix;
+  std::string end = prefix.empty() ? std::string(1, '\0') : ddprun::rdzv::etcd::prefix_end(prefix);
+  return c.client(0).range(ddprun::rdzv::etcd::Range(from, end, false, keys_only), Clock::now() + milliseconds(5000),
+                           "listing keys").kvs;
+}
+
 EtcdOptions options(const EtcdCluster& c, const std::string& run, milliseconds op) {
   EtcdOptions o;
   o.endpoints = c.endpoints();
@@ -79,13 +87,7 @@ struct EtcdTraits {
     }
   }
   static std::vector<ddprun::rdzv::etcd::KeyValue> run_keys(const std::string& run, const std::string& under = "") {
-    ddprun::rdzv::etcd::ClientOptions o;
-    o.endpoints = {{"127.0.0.1", static_cast<uint16_t>(cluster(N).member(0).client_port)}};
-    ddprun::rdzv::etcd::Client client(o);
-    const std::string p = "/ddprun/rdzv/" + run + "/" + under;
-    return client.range(ddprun::rdzv::etcd::Range(p, ddprun::rdzv::etcd::prefix_end(p)), Clock::now() + milliseconds(5000),
-                        "listing the run's keys")
-        .kvs;
+    return member0_kvs(cluster(N), "/ddprun/rdzv/" + run + "/" + under, false);
   }
   // Each member's log, and the run's keys as member 0 holds them (with their leases).
   static std::string store_log(const std::string& run) {
@@ -204,14 +206,8 @@ class EtcdRun : public ::testing::Test {
   EtcdOptions opts(const std::string& run) { return options(*c_, run, scaled(milliseconds(10000))); }
   std::unique_ptr<Backend> make(const std::string& run) { return make_etcd_backend(opts(run)); }
   std::vector<std::string> keys(const std::string& prefix = "") {
-    ClientOptions o;
-    o.endpoints = {{"127.0.0.1", static_cast<uint16_t>(c_->member(0).client_port)}};
-    Client client(o);
-    std::string from = prefix.empty() ? std::string(1, '\0') : prefix;
-    std::string end = prefix.empty() ? std::string(1, '\0') : ddprun::rdzv::etcd::prefix_end(prefix);
-    auto r = client.range(Range(from, end, false, true), Clock::now() + milliseconds(5000), "listing keys");
     std::vector<std::string> out;
-    for (const auto& kv : r.kvs) out.push_back(kv.key);
+    for (const auto& kv : member0_kvs(*c_, prefix, true)) out.push_back(kv.key);
     return out;
   }
   EtcdCluster* c_ = nullptr;
@@ -384,9 +380,7 @@ TEST_F(EtcdRun, ALeaseEndReachesAWaitingNodeAtOnce) {
   auto node = make(run);
   auto observer = make(run);
   observer->open_lease(milliseconds(20000));
-  ClientOptions co;
-  co.endpoints = {{"127.0.0.1", static_cast<uint16_t>(c_->member(0).client_port)}};
-  Client raw(co);
+  Client raw = c_->client(0);
   const std::string alive = "/ddprun/rdzv/" + run + "/alive/";
   int64_t rev = 0;
   raw.range(Range(alive, ddprun::rdzv::etcd::prefix_end(alive)), Clock::now() + milliseconds(5000), "a revision", &rev);
