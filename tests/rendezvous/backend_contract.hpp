@@ -139,7 +139,7 @@ class BackendContract : public ::testing::Test {
       std::fprintf(stderr, "[contract] the lease ended %lld ms after the ttl (slack %lld ms): the store was late. It:\n%s\n",
                    static_cast<long long>((took - ttl).count()), static_cast<long long>(slack.count()), log.c_str());
     else
-      EXPECT_LE(took, ttl + slack) << "the line of an ended lease shows within the slack";
+      EXPECT_LE(took, ttl + slack) << "the line of an ended lease shows within the slack" << (log.empty() ? "" : ". The store:\n") << log;
     return lines;
   }
   // Every call of a backend that cannot reach its server ends, with a ddp::Error, in time.

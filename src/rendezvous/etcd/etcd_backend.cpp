@@ -61,6 +61,10 @@ int64_t unhex(const std::string& s) {
 
 // 16 hex digits naming one operation, so that a retry can recognise its own earlier write.
 constexpr size_t kRememberedLines = 1024;  // per log, the positions of the last lines read
+// A wait() reads again at least this often, watch or no watch: etcd has lost and delayed
+// events of watches that share a stream (etcd-io/etcd#17529, #18089), and ours shares one
+// between the log and the live leases. A missed event then costs a second, not the wait.
+constexpr milliseconds kRereadEvery{1000};
 
 std::string random_op() {
   thread_local std::mt19937_64 rng{(uint64_t(std::random_device{}()) << 32) ^ std::random_device{}()};
@@ -501,7 +505,7 @@ class Watching {
 
 // Reads; when there is nothing yet, watches the log (and the live leases, whose end may
 // bring lines) from the read's revision on, and reads again after each change, on the same
-// watch, until lines come or the time is up.
+// watch, until lines come or the time is up; and anew every kRereadEvery.
 std::vector<std::string> EtcdBackend::wait(const std::string& log, size_t from, milliseconds timeout) {
   const Deadline end = Clock::now() + timeout;
   while (true) {
@@ -511,12 +515,14 @@ std::vector<std::string> EtcdBackend::wait(const std::string& log, size_t from, 
     if (!lines.empty() || Clock::now() >= end) return lines;
     std::vector<WatchSpec> specs{{keys_.log_dir(log), prefix_end(keys_.log_dir(log)), rev + 1, false, true},
                                  {keys_.alive_dir(), prefix_end(keys_.alive_dir()), rev + 1, true, false}};
+    const Deadline reread = std::min(end, Clock::now() + kRereadEvery);
     try {
       auto watch = client_->watch(specs, std::min(end, deadline()), "watching a log");
       Watching guard(*this, *watch);
       while (true) {
-        auto events = watch->next(end);
-        if (!events) return {};
+        auto events = watch->next(reread);
+        if (!events && Clock::now() >= end) return {};
+        if (!events) break;  // time to read anew
         if (events->empty()) break;  // the member cancelled it: read and watch anew
         lines = read_at(log, from, deadline(), nullptr);
         if (!lines.empty()) return lines;
