@@ -19,6 +19,7 @@ import os
 import secrets
 import shutil
 import signal
+import sys
 import subprocess
 import tempfile
 import time
@@ -176,12 +177,31 @@ class MultiNodeNetns(unittest.TestCase):
 
     # ------------------------------------------------------------------ tests
 
+    def run_until_not_torch_exit_race(self, start, done, timeout):
+        """Nodes from start(), until they exited; once more when the job failed only by torch's
+        exit race (lib.torch_exit_abort: a rank aborted in torch's exit after rank 0 printed
+        `done`, and ddprun stopped the job, as it should), saying so on stderr."""
+        for attempt in range(2):
+            nodes = start()
+            self.wait_all(nodes, timeout)
+            raced = any(n.rc == 128 + 6 and lib.TORCH_EXIT_ABORT in n.stderr() for n in nodes)
+            if attempt == 0 and raced and done in nodes[0].stdout():
+                print(f"\n{self.id()}: a worker aborted in torch's exit after the job was done "
+                      f"({lib.TORCH_EXIT_ABORT!r}); running the job again:{self.describe(nodes)}", file=sys.stderr)
+                continue
+            return nodes
+
     def test_three_nodes_train(self):
         self.make_topology(3)
         ckpt = os.path.join(self.tmp, "ckpt.pt")
-        nodes = [self.start_node(i, 3, 2, os.path.join(lib.EXAMPLES, "train.py"),
-                                 ["--checkpoint", ckpt, "--debug"]) for i in range(3)]
-        self.wait_all(nodes, 150)
+
+        def start():
+            if os.path.exists(ckpt):
+                os.unlink(ckpt)  # each run writes its own
+            return [self.start_node(i, 3, 2, os.path.join(lib.EXAMPLES, "train.py"), ["--checkpoint", ckpt, "--debug"])
+                    for i in range(3)]
+
+        nodes = self.run_until_not_torch_exit_race(start, "parameters identical on all 6 ranks", 150)
         for n in nodes:
             self.assertEqual(n.rc, 0, self.describe(nodes))
         loss = lib.losses(nodes[0].stdout())

@@ -557,7 +557,8 @@ class CpuGroup final : public GroupBase {
           format_duration(op_timeout()), describe()));
     if (now >= w.next_check) {
       if (seg_) check_peers();
-      if (recv && recv->at_eof()) recv->peek();  // throws once nothing is buffered
+      // Waiting means what is buffered cannot make progress: at EOF it never will.
+      if (recv && recv->at_eof()) recv->fail_at_eof();
       w.next_check = now + milliseconds(5);
     }
     long budget_us = std::min<long>(

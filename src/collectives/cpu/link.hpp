@@ -31,6 +31,9 @@ class Link {
   virtual void shutdown() noexcept {}
   // True once the peer closed the stream (what is buffered can still be read).
   virtual bool at_eof() const { return false; }
+  // Called when this rank waits on a stream at EOF: what is buffered (if anything) cannot
+  // complete an element, and nothing more will come. Throws CollectiveError.
+  virtual void fail_at_eof() {}
 
  private:
   int peer_;

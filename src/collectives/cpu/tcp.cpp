@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -204,7 +206,30 @@ std::string hostname_address() {
 
 TcpLink::TcpLink(int peer, Fd fd, std::string peer_addr, size_t buffer_bytes)
     : Link(peer), fd_(std::move(fd)), peer_addr_(std::move(peer_addr)),
-      buf_(std::max<size_t>(buffer_bytes, 64 << 10)) {}
+      buf_(std::max<size_t>(buffer_bytes, 64 << 10)) {
+  const char* fault = std::getenv("DDP_TEST_FAULT");
+  die_mid_element_ = fault && std::strcmp(fault, "tcp-die-mid-element") == 0;
+}
+
+void TcpLink::fail_at_eof() {
+  if (rpos_ == rend_) fail("while receiving", 0);
+  throw CollectiveError(fmt::format("peer rank {} ({}) closed the TCP connection (EOF) in the middle of an "
+                                    "element: {} byte(s) of it came",
+                                    peer(), peer_addr_, rend_ - rpos_));
+}
+
+// Test-only fault: past 1 MiB, sends what leaves this collective's stream 2 bytes into a
+// 4-byte element, then dies (the peer gets those bytes, then EOF), as a rank killed between
+// two partial sends does.
+void TcpLink::die_mid_element(const uint8_t* p, size_t n) {
+  size_t k = (6 - msg_sent_ % 4) % 4;
+  if (k == 0) k = 4;
+  k = std::min(k, n);
+  if (!io_full(fd_.get(), const_cast<uint8_t*>(p), k, true, Clock::now() + std::chrono::seconds(10)))
+    fail("while sending", errno);
+  ::raise(SIGKILL);
+  std::abort();
+}
 
 void TcpLink::fail(const char* what, int err) {
   if (err == 0)
@@ -215,8 +240,13 @@ void TcpLink::fail(const char* what, int err) {
 }
 
 size_t TcpLink::try_send(const uint8_t* p, size_t n) {
+  if (die_mid_element_ && total_sent_ >= (1u << 20) && n >= 4) die_mid_element(p, n);
   ssize_t k = ::send(fd_.get(), p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-  if (k >= 0) return static_cast<size_t>(k);
+  if (k >= 0) {
+    msg_sent_ += static_cast<size_t>(k);
+    total_sent_ += static_cast<size_t>(k);
+    return static_cast<size_t>(k);
+  }
   if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
   fail("while sending", errno);
 }

@@ -49,14 +49,19 @@ class TcpLink : public Link {
   int fd() const override { return fd_.get(); }
   void shutdown() noexcept override;
   bool at_eof() const override { return eof_; }
+  [[noreturn]] void fail_at_eof() override;
+  void end_message() override { msg_sent_ = 0; }
 
  private:
   [[noreturn]] void fail(const char* what, int err);
+  [[noreturn]] void die_mid_element(const uint8_t* p, size_t n);
   Fd fd_;
   std::string peer_addr_;
   std::vector<uint8_t> buf_;
   size_t rpos_ = 0, rend_ = 0;
   bool eof_ = false;
+  size_t msg_sent_ = 0, total_sent_ = 0;  // bytes sent in this collective, and in all
+  bool die_mid_element_;                  // DDP_TEST_FAULT=tcp-die-mid-element (tests only)
 };
 
 }  // namespace ddp::detail
