@@ -19,8 +19,8 @@ import os
 import secrets
 import shutil
 import signal
-import sys
 import subprocess
+import sys
 import tempfile
 import time
 import unittest

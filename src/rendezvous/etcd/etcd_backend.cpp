@@ -59,13 +59,13 @@ int64_t unhex(const std::string& s) {
   }
 }
 
-// 16 hex digits naming one operation, so that a retry can recognise its own earlier write.
 constexpr size_t kRememberedLines = 1024;  // per log, the positions of the last lines read
 // A wait() reads again at least this often, watch or no watch: etcd has lost and delayed
 // events of watches that share a stream (etcd-io/etcd#17529, #18089), and ours shares one
 // between the log and the live leases. A missed event then costs a second, not the wait.
 constexpr milliseconds kRereadEvery{1000};
 
+// 16 hex digits naming one operation, so that a retry can recognise its own earlier write.
 std::string random_op() {
   thread_local std::mt19937_64 rng{(uint64_t(std::random_device{}()) << 32) ^ std::random_device{}()};
   return hex(static_cast<int64_t>(rng()));
