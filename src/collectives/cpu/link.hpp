@@ -32,7 +32,8 @@ class Link {
   // True once the peer closed the stream (what is buffered can still be read).
   virtual bool at_eof() const { return false; }
   // Called when this rank waits on a stream at EOF: what is buffered (if anything) cannot
-  // complete an element, and nothing more will come. Throws CollectiveError.
+  // complete an element, and nothing more will come. Throws CollectiveError (a link that
+  // never reaches EOF has nothing to do).
   virtual void fail_at_eof() {}
 
  private:

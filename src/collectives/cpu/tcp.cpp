@@ -218,7 +218,7 @@ void TcpLink::fail_at_eof() {
                                     peer(), peer_addr_, rend_ - rpos_));
 }
 
-// Test-only fault: past 1 MiB, sends what leaves this collective's stream 2 bytes into a
+// Test-only fault: 1 MiB into a collective, sends what leaves its stream 2 bytes into a
 // 4-byte element, then dies (the peer gets those bytes, then EOF), as a rank killed between
 // two partial sends does.
 void TcpLink::die_mid_element(const uint8_t* p, size_t n) {
@@ -240,11 +240,10 @@ void TcpLink::fail(const char* what, int err) {
 }
 
 size_t TcpLink::try_send(const uint8_t* p, size_t n) {
-  if (die_mid_element_ && total_sent_ >= (1u << 20) && n >= 4) die_mid_element(p, n);
+  if (die_mid_element_ && msg_sent_ >= (1u << 20) && n >= 4) die_mid_element(p, n);
   ssize_t k = ::send(fd_.get(), p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
   if (k >= 0) {
     msg_sent_ += static_cast<size_t>(k);
-    total_sent_ += static_cast<size_t>(k);
     return static_cast<size_t>(k);
   }
   if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;

@@ -60,8 +60,8 @@ class TcpLink : public Link {
   std::vector<uint8_t> buf_;
   size_t rpos_ = 0, rend_ = 0;
   bool eof_ = false;
-  size_t msg_sent_ = 0, total_sent_ = 0;  // bytes sent in this collective, and in all
-  bool die_mid_element_;                  // DDP_TEST_FAULT=tcp-die-mid-element (tests only)
+  size_t msg_sent_ = 0;    // bytes sent in this collective
+  bool die_mid_element_;   // DDP_TEST_FAULT=tcp-die-mid-element (tests only)
 };
 
 }  // namespace ddp::detail
