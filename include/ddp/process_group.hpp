@@ -185,10 +185,14 @@ class ProcessGroup {
 std::unique_ptr<ProcessGroup> init_process_group(ProcessGroupOptions options);
 
 // Joins from the environment ddprun sets: rank/world size/local rank from RANK, WORLD_SIZE,
-// LOCAL_RANK; the store is ddprun's agent store (TcpStore client of MASTER_ADDR:MASTER_PORT,
-// which requires TORCHELASTIC_USE_AGENT_STORE=True) under the prefix
-// "ddp/attempt_<TORCHELASTIC_RESTART_COUNT>". Other fields of `options` (backend, timeout,
-// transport, ...) are kept; rank, world_size, local_rank and store are overwritten.
+// LOCAL_RANK; the store (a TcpStore client of MASTER_ADDR:MASTER_PORT) under the prefix
+// "ddp/attempt_<TORCHELASTIC_RESTART_COUNT>". With TORCHELASTIC_USE_AGENT_STORE=True (ddprun,
+// torchrun's static launch, its c10d from torch 2.4) that store is the launcher's; otherwise
+// (torchrun's c10d before 2.4, a job started without a launcher) rank 0 hosts it on
+// MASTER_PORT of every interface, as PyTorch's env:// does, for as long as the group lives,
+// and throws SystemError naming MASTER_PORT when it cannot listen there. Other fields of
+// `options` (backend, timeout, transport, ...) are kept; rank, world_size, local_rank and
+// store are overwritten.
 std::unique_ptr<ProcessGroup> init_process_group_from_env(ProcessGroupOptions options = {});
 
 }  // namespace ddp

@@ -11,6 +11,7 @@
 #include "progress.hpp"
 #include "ddp/error.hpp"
 #include "ddp/tcp_store.hpp"
+#include "store/server.hpp"
 
 namespace ddp {
 
@@ -189,6 +190,43 @@ LaunchEnv read_launch_env() {
   return e;
 }
 
+namespace {
+
+// The job's store as a client of MASTER_ADDR:MASTER_PORT: the agent's (ddprun's, or
+// torchrun's: generation 1 up to torch 2.1), or the one rank 0 hosts (host_store).
+std::shared_ptr<TcpStore> connect_store(const LaunchEnv& e, const std::string& host,
+                                        std::chrono::milliseconds timeout) {
+  auto connect_timeout = std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(60));
+  return std::make_shared<TcpStore>(TcpStoreOptions{host, static_cast<uint16_t>(e.master_port), timeout,
+                                                    connect_timeout, WireGeneration::kAuto});
+}
+
+// No launcher shares its store with the workers (TORCHELASTIC_USE_AGENT_STORE not True:
+// torchrun's c10d before torch 2.4, or a job started without a launcher, every rank given
+// RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT): rank 0 serves the store on MASTER_PORT of
+// every interface, as PyTorch's env:// does, for as long as the returned store lives.
+std::shared_ptr<TcpStore> host_store(const LaunchEnv& e, std::chrono::milliseconds timeout) {
+  struct Hosted {
+    std::unique_ptr<detail::StoreServer> server;
+    std::shared_ptr<TcpStore> client;  // destroyed before the server
+  };
+  auto hosted = std::make_shared<Hosted>();
+  try {
+    hosted->server = std::make_unique<detail::StoreServer>(
+        detail::StoreServerOptions{.host = "", .port = static_cast<uint16_t>(e.master_port)});
+  } catch (const SystemError& err) {
+    throw SystemError(fmt::format("rank 0 hosts the job's store (TORCHELASTIC_USE_AGENT_STORE is not "
+                                  "True) but cannot listen on MASTER_PORT={}",
+                                  e.master_port),
+                      err.code());
+  }
+  hosted->server->start();
+  hosted->client = connect_store(e, "127.0.0.1", timeout);
+  return {hosted, hosted->client.get()};  // shares ownership of the server
+}
+
+}  // namespace
+
 std::unique_ptr<ProcessGroup> init_process_group_from_env(ProcessGroupOptions o) {
   detail::arm_native_stack_dump();  // a job stuck before its first collective still answers
   LaunchEnv e = read_launch_env();
@@ -197,22 +235,13 @@ std::unique_ptr<ProcessGroup> init_process_group_from_env(ProcessGroupOptions o)
   o.local_rank = e.local_rank;
   o.store.reset();
   if (e.world_size > 1) {
-    if (!e.use_agent_store)
-      throw UsageError(
-          "TORCHELASTIC_USE_AGENT_STORE is not True: libddp never hosts a store (rank 0 would "
-          "have to run the TCPStore server). Run this worker under ddprun, which hosts it, or under "
-          "torchrun's static launch (no --rdzv-backend; torchrun's c10d shares its store only from "
-          "torch 2.4 on, and not with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), or pass a store "
-          "explicitly with ddp::init_process_group(options)");
     if (e.master_addr.empty() || e.master_port <= 0 || e.master_port > 65535)
       throw UsageError(fmt::format("MASTER_ADDR/MASTER_PORT not set or invalid ('{}', {}): run "
                                    "under ddprun or pass a store explicitly",
                                    e.master_addr, e.master_port));
-    auto connect_timeout = std::min<std::chrono::milliseconds>(o.timeout, std::chrono::seconds(60));
-    // The agent's store: ddprun's, or torchrun's (generation 1 up to torch 2.1).
-    auto tcp = std::make_shared<TcpStore>(TcpStoreOptions{e.master_addr, static_cast<uint16_t>(e.master_port),
-                                                          o.timeout, connect_timeout, WireGeneration::kAuto});
-    o.store = std::make_shared<PrefixStore>(fmt::format("ddp/attempt_{}", e.restart_count), tcp);
+    auto tcp = !e.use_agent_store && e.rank == 0 ? host_store(e, o.timeout)
+                                                 : connect_store(e, e.master_addr, o.timeout);
+    o.store = std::make_shared<PrefixStore>(fmt::format("ddp/attempt_{}", e.restart_count), std::move(tcp));
   }
   return init_process_group(std::move(o));
 }

@@ -6,8 +6,9 @@ launcher works both ways. Registered twice (tests/CMakeLists.txt, ddp_add_torch_
   agent's TCPStore (TORCHELASTIC_USE_AGENT_STORE=True), which speaks wire generation 1:
   libddp finds that itself (WireGeneration::kAuto) and trains. Before, its generation-2
   handshake got the connection reset, and the VALIDATE it then sent alone stalled torch's
-  store for every client until the worker's next request. Its c10d (--standalone) shares no
-  store: refused with a clear error.
+  store for every client until the worker's next request. Its c10d (--standalone, or two
+  agents) shares no store (TORCHELASTIC_USE_AGENT_STORE=False): the worker of rank 0 hosts
+  one, as PyTorch's env:// does, and the others connect to it.
 - torch2: torchrun 2.6 in the chroot of scripts/torch2-chroot.sh (torch_runtime.py), whose
   static and c10d rendezvous (--standalone) both share a generation-2 agent store. The
   worker is this build's binary run inside the chroot: the libraries it links that the
@@ -68,14 +69,14 @@ class UnderTorchrun113(unittest.TestCase):
         # torchrun's own start-up is most of it; 60 s would be the old handshake's timeout.
         self.assertLess(took, scaled(45), out)
 
-    def test_two_static_nodes_train_across_both_agents(self):
-        port = str(free_port())
-        common = ["--nnodes", "2", "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", port]
+    def two_agents(self, *rendezvous):
+        """Two torchrun 1.13 agents of one worker each: (return codes, outputs)."""
         tmp1 = self.mkdtemp()
         procs = []
         for rank, cwd in ((0, self.tmp), (1, tmp1)):
             procs.append(subprocess.Popen(
-                [PYTHON, TORCHRUN113, *common, "--node_rank", str(rank), "--no_python", TRAIN_LINEAR,
+                [PYTHON, TORCHRUN113, "--nnodes", "2", "--nproc_per_node", "1", *rendezvous,
+                 "--node_rank", str(rank), "--no_python", TRAIN_LINEAR,
                  "--steps", "300", "--out", os.path.join(cwd, "model.txt")],
                 cwd=cwd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         outs = []
@@ -86,18 +87,28 @@ class UnderTorchrun113(unittest.TestCase):
                 for q in procs:
                     q.kill()
                 raise
-        self.assertEqual([p.returncode for p in procs], [0, 0], outs)
+        return [p.returncode for p in procs], outs
+
+    def test_two_static_nodes_train_across_both_agents(self):
+        rcs, outs = self.two_agents("--master_addr", "127.0.0.1", "--master_port", str(free_port()))
+        self.assertEqual(rcs, [0, 0], outs)
         self.assertRegex(outs[0], r"final loss \S+ over 2 ranks; weights identical on all ranks", outs)
 
-    def test_standalone_launch_is_refused_saying_why(self):
+    def test_standalone_launch_trains_on_the_store_rank_0_hosts(self):
         # torchrun 1.13's c10d rendezvous (--standalone) shares no store with its workers
-        # (TORCHELASTIC_USE_AGENT_STORE=False): rank 0 would have to host one, which libddp
-        # does not. One clear error per rank, not a hang.
+        # (TORCHELASTIC_USE_AGENT_STORE=False): rank 0 hosts the job's store on MASTER_PORT.
         rc, out, took = torchrun("--standalone", "--nproc_per_node", "2", cwd=self.tmp)
-        self.assertNotEqual(rc, 0, out)
-        self.assertIn("TORCHELASTIC_USE_AGENT_STORE is not True: libddp never hosts a store", out)
-        self.assertIn("or under torchrun's static launch", out)
+        self.assertEqual(rc, 0, out)
+        self.assertRegex(out, r"final loss \S+ over 2 ranks; weights identical on all ranks", out)
         self.assertLess(took, scaled(45), out)
+
+    def test_two_c10d_agents_train_on_the_store_rank_0_hosts(self):
+        # The second agent's worker reaches rank 0's store at the address the first agent
+        # published (its host name), not through a store of its own agent.
+        rcs, outs = self.two_agents("--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}",
+                                    "--rdzv_id", "libddp")
+        self.assertEqual(rcs, [0, 0], outs)
+        self.assertRegex("".join(outs), r"final loss \S+ over 2 ranks; weights identical on all ranks", outs)
 
 
 def chroot_worker(binary, libs):
@@ -136,9 +147,9 @@ class UnderTorchrun2(unittest.TestCase):
         os.mkdir(libs)
         self.prefix, self.binds = chroot_worker(TRAIN_LINEAR, libs)
 
-    def torchrun(self, *args):
+    def torchrun(self, *args, **extra_env):
         rt = torch_runtime.current()
-        env = rt.env(clean_env())
+        env = rt.env({**clean_env(), **extra_env})
         env["DDP_TORCH2_BIND"] = self.binds
         r = subprocess.run([rt.python, "-m", "torch.distributed.run", *args, "--no_python", *self.prefix,
                             TRAIN_LINEAR, "--steps", "300", "--out", os.path.join(self.tmp, "model.txt")],
@@ -151,8 +162,12 @@ class UnderTorchrun2(unittest.TestCase):
         self.torchrun("--nproc_per_node", "2", "--master_port", str(free_port()))
 
     def test_standalone_launch_trains_on_the_agents_store(self):
-        # c10d shares its agent's store with the workers from torch 2.4 on (1.13 refused).
+        # c10d shares its agent's store with the workers from torch 2.4 on.
         self.torchrun("--standalone", "--nproc_per_node", "2")
+
+    def test_standalone_launch_not_sharing_its_store_trains_on_rank_0s(self):
+        # Told not to share it, torchrun sets TORCHELASTIC_USE_AGENT_STORE=False: rank 0 hosts.
+        self.torchrun("--standalone", "--nproc_per_node", "2", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
 
 
 def main():

@@ -1,8 +1,18 @@
 // Error-file helper (torch's JSON format) and joining from ddprun's environment.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -92,19 +102,84 @@ TEST(LaunchEnv, MissingVariablesPointAtDdprun) {
   }
 }
 
-TEST(LaunchEnv, WithoutAgentStoreRankZeroHostsNothing) {
+// A port nobody listens on now (the kernel's pick, released).
+int unused_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    ADD_FAILURE() << "bind: " << ddp::errno_text(errno);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// One rank of a job started without a launcher, in a child process: the environment
+// PyTorch's env:// reads and nothing else. Exits 0 when the all-reduce summed every rank.
+pid_t start_rank(int rank, int world, int port) {
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  int rc = 1;
+  try {
+    EnvGuard g;
+    setenv("RANK", std::to_string(rank).c_str(), 1);
+    setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    auto pg = ddp::init_process_group_from_env({.timeout = std::chrono::seconds(30)});
+    std::vector<double> v{double(rank + 1)};
+    pg->all_reduce(std::span<double>(v));
+    rc = v[0] == world * (world + 1) / 2.0 ? 0 : 3;
+  } catch (const std::exception& e) {
+    fprintf(stderr, "rank %d: %s\n", rank, e.what());
+  }
+  _exit(rc);
+}
+
+int exit_code(pid_t pid) {
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// No launcher shares its store (torchrun's c10d before torch 2.4, a Kubernetes or srun job
+// that sets RANK, WORLD_SIZE and MASTER_* itself): rank 0 hosts it, as env:// does, and the
+// others wait for it to listen, whichever starts first.
+TEST(LaunchEnv, WithoutAgentStoreRankZeroHostsTheStore) {
+  int port = unused_port();
+  std::vector<pid_t> ranks;
+  for (int r : {2, 1}) ranks.push_back(start_rank(r, 3, port));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // they retry until rank 0 listens
+  ranks.push_back(start_rank(0, 3, port));
+  for (pid_t pid : ranks) EXPECT_EQ(exit_code(pid), 0);
+}
+
+TEST(LaunchEnv, WithoutAgentStoreRankZeroSaysItsPortIsTaken) {
   EnvGuard g;
+  int taken = socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  socklen_t len = sizeof a;
+  ASSERT_EQ(bind(taken, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << ddp::errno_text(errno);
+  ASSERT_EQ(listen(taken, 1), 0);
+  ASSERT_EQ(getsockname(taken, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const int port = ntohs(a.sin6_port);
   setenv("RANK", "0", 1);
   setenv("WORLD_SIZE", "2", 1);
   setenv("MASTER_ADDR", "127.0.0.1", 1);
-  setenv("MASTER_PORT", "29500", 1);
+  setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
   try {
     ddp::init_process_group_from_env();
     FAIL() << "no exception";
-  } catch (const ddp::UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("TORCHELASTIC_USE_AGENT_STORE"), std::string::npos);
-    EXPECT_NE(std::string(e.what()).find("ddprun"), std::string::npos);
+  } catch (const ddp::SystemError& e) {
+    EXPECT_EQ(e.code(), EADDRINUSE) << e.what();
+    const std::string want = "rank 0 hosts the job's store (TORCHELASTIC_USE_AGENT_STORE is not True) "
+                             "but cannot listen on MASTER_PORT=" + std::to_string(port) + ": ";
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
   }
+  close(taken);
 }
 
 TEST(LaunchEnv, ReadsWhatDdprunSets) {
