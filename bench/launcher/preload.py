@@ -41,12 +41,12 @@ round to round, so the drift of this noisy machine hits them alike. Medians.
 
 Prints markdown tables of medians and ratios, then one JSON line of the medians and every run.
 """
-import argparse, atexit, json, os, re, shutil, signal, socket, statistics, subprocess, tempfile, time
+import argparse, atexit, json, os, re, shutil, signal, statistics, subprocess, tempfile, time
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "rendezvous"))
 # The rendezvous bench's paths, its launcher environment and its host-loss measure, shared.
-from run import DDPRUN, ENV, PY, ROOT, TRAIN, wait_for_line, workers_restarted  # noqa: E402
+from run import DDPRUN, ENV, PY, ROOT, TRAIN, free_port, wait_for_line, workers_restarted  # noqa: E402
 
 TORCH2_PY = os.path.join(ROOT, "tests", "torch2", "python3")
 CHROOT = os.path.join(ROOT, "scripts", "torch2-chroot.sh")
@@ -343,12 +343,6 @@ def bench_memory(runs):
 
 # ------------------------------------------------------------------ 4. host loss
 # After bench/rendezvous/run.py (host_loss_once), with the extra ddprun flags of a variant.
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def host_loss_once(tmp, flags, last_call):

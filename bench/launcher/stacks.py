@@ -23,7 +23,9 @@ import sys
 import tempfile
 import threading
 import time
-import socket
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "testlib"))
+from ports import free_port  # noqa: E402
 
 WORKER = """
 import os, sys, time
@@ -34,12 +36,6 @@ def step():
 open(os.path.join(sys.argv[1], "ready_" + os.environ["RANK"]), "w").close()
 step()
 """
-
-
-def free_port():
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        return sk.getsockname()[1]
 
 
 def read_lines(stream, seen, cond):

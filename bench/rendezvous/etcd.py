@@ -20,7 +20,6 @@ import glob
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,18 +30,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "tests", "testlib"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "common"))
 import etcd_cluster  # noqa: E402
+from ports import free_port  # noqa: E402
 
 DDPRUN = os.path.join(ROOT, "build", "bin", "ddprun")
 SPAWN_N = os.path.join(ROOT, "build", "bin", "ddp-bench-spawn-n")
 STORE_SERVER = os.path.join(ROOT, "build", "bin", "ddp-store-server")
 ENV = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
 LOSS_CONF = "last_call_timeout=0.3,join_timeout=30,keep_alive_interval=0.5,keep_alive_max_attempt=3"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rendezvous_once(n, backend, endpoint, run_id):

@@ -25,13 +25,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tests", "testlib"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "common"))
+from ports import free_port  # noqa: E402
 WORKER = "echo \"$TORCHELASTIC_RESTART_COUNT $(date +%s.%N)\" >> \"$0/rounds.$GROUP_RANK\"; exit 1"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_kb(pid):

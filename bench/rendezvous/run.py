@@ -15,9 +15,11 @@
    same run (importing torch alone takes seconds here).
 Prints markdown tables of medians and ratios.
 """
-import argparse, json, os, signal, socket, statistics, subprocess, sys, tempfile, time
+import argparse, json, os, signal, statistics, subprocess, sys, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "testlib"))
+from ports import free_port  # noqa: E402  (re-exported to preload.py)
 DDPRUN = os.path.join(ROOT, "build", "bin", "ddprun")
 SPAWN_N = os.path.join(ROOT, "build", "bin", "ddp-bench-spawn-n")
 TORCHRUN = os.path.join(ROOT, "..", "shared", "anchors", "torchrun113.py")
@@ -27,12 +29,6 @@ ENV = dict(os.environ, PYTHON_EXEC=PY, OMP_NUM_THREADS="1", LOGLEVEL="ERROR")
 for k in list(ENV):
     if k.startswith(("PET_", "TORCHELASTIC_")):
         del ENV[k]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 BACKEND = "c10d"

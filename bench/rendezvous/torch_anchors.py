@@ -16,7 +16,6 @@ Prints a markdown table of medians and ratios.
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,17 +23,13 @@ import time
 import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "testlib"))
+from ports import free_port  # noqa: E402
 DDPRUN = os.path.join(ROOT, "build", "bin", "ddprun")
 TORCHRUN113 = os.path.join(ROOT, "..", "shared", "anchors", "torchrun113.py")
 TORCH2_PY = os.path.join(ROOT, "tests", "torch2", "python3")
 CHROOT = os.path.join(ROOT, "scripts", "torch2-chroot.sh")
 AGENT_TIMEOUT = 120
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def agent_argv(launcher, case, n, i, port, run_id):

@@ -20,7 +20,6 @@ The torchrun anchor is Debian's torchrun made to start on Python 3.11
 import argparse
 import os
 import shlex
-import socket
 import statistics
 import sys
 import time
@@ -28,15 +27,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(SOURCE, "tests", "slurm"))
+sys.path.insert(0, os.path.join(SOURCE, "tests", "testlib"))
+from ports import free_port  # noqa: E402
 from slurm_cluster import SlurmCluster, unavailable_reason  # noqa: E402
 
 PYTHON = "/usr/bin/python3"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def job_script(nodes, reps, ddprun, torchrun, stamp, outdir):
