@@ -10,6 +10,8 @@ drift hits both alike: launch-to-exit of `--standalone --nproc-per-node 4 --no-p
 by ddprun) instead of `true`. --lines N: each worker writes N short lines
 (build/bin/ddp-bench-lines) through ddprun's output path; add `--old-flags="--log-dir D --tee 3"`
 and the same --new-flags for the log files too. --old-flags/--new-flags: extra ddprun flags for either side.
+--libddp: the workers are C++ on libddp, each side its own build's (train_linear beside the
+binary, 300 steps: joining the job's store, its set-up and 300 small all-reduces).
 --etcd: each launch a one-node job through a one-member etcd started here
 (tests/testlib/etcd_cluster.py; `--rdzv-backend etcd --nnodes 1`, a run id of its own per
 launch) instead of --standalone: what a job that uses etcd pays.
@@ -41,6 +43,7 @@ def main():
     p.add_argument("new")
     p.add_argument("--runs", type=int, default=200)
     p.add_argument("--python", action="store_true", help="Python workers (python3 -c pass)")
+    p.add_argument("--libddp", action="store_true", help="libddp workers (each build's train_linear)")
     p.add_argument("--lines", type=int, default=0, help="workers writing this many lines each")
     p.add_argument("--old-flags", default="", help="extra ddprun flags for OLD (space-separated)")
     p.add_argument("--new-flags", default="", help="extra ddprun flags for NEW (space-separated)")
@@ -59,21 +62,26 @@ def main():
     lines = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "bin", "ddp-bench-lines")
     worker = ["--no-python", os.environ.get("PYTHON_EXEC", "python3"), "-c", "pass"] if a.python else \
         ["--no-python", lines, str(a.lines)] if a.lines else ["--no-python", "true"]
-    def args(flags):
+    def args(binary, flags):
         run_id = [f"ab-{os.getpid()}-{next(run_ids)}"] if etcd else []
+        if a.libddp:
+            return base + run_id + flags.split() + [
+                "--no-python", os.path.join(os.path.dirname(binary), "train_linear"), "--steps", "300",
+                "--out", os.devnull]
         return base + run_id + flags.split() + worker
 
     try:
         for b, flags in ((a.old, a.old_flags), (a.new, a.new_flags)):  # warm the page cache
-            once(b, args(flags))
+            once(b, args(b, flags))
         old, new = [], []
         for _ in range(a.runs):
-            old.append(once(a.old, args(a.old_flags)))
-            new.append(once(a.new, args(a.new_flags)))
+            old.append(once(a.old, args(a.old, a.old_flags)))
+            new.append(once(a.new, args(a.new, a.new_flags)))
     finally:
         if etcd:
             etcd.stop()
-    what = "`python3 -c pass`" if a.python else f"`ddp-bench-lines {a.lines}`" if a.lines else "`true`"
+    what = ("`train_linear --steps 300` (libddp)" if a.libddp else "`python3 -c pass`" if a.python else
+            f"`ddp-bench-lines {a.lines}`" if a.lines else "`true`")
     what += ", through etcd" if etcd else ""
     for i, row in ((0, "launch to exit"), (1, "CPU of the launch (ddprun and all it started)")):
         mo, mn = statistics.median(x[i] for x in old), statistics.median(x[i] for x in new)
