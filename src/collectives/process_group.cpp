@@ -239,8 +239,21 @@ std::unique_ptr<ProcessGroup> init_process_group_from_env(ProcessGroupOptions o)
       throw UsageError(fmt::format("MASTER_ADDR/MASTER_PORT not set or invalid ('{}', {}): run "
                                    "under ddprun or pass a store explicitly",
                                    e.master_addr, e.master_port));
-    auto tcp = !e.use_agent_store && e.rank == 0 ? host_store(e, o.timeout)
-                                                 : connect_store(e, e.master_addr, o.timeout);
+    std::shared_ptr<TcpStore> tcp;
+    if (e.use_agent_store) {
+      tcp = connect_store(e, e.master_addr, o.timeout);
+    } else if (e.rank == 0) {
+      tcp = host_store(e, o.timeout);
+    } else {
+      try {
+        tcp = connect_store(e, e.master_addr, o.timeout);
+      } catch (const NetworkError& err) {
+        throw NetworkError(fmt::format("rank {}: rank 0 hosts the job's store (TORCHELASTIC_USE_AGENT_STORE is not "
+                                       "True), and it never answered: is rank 0 running, and is MASTER_ADDR its "
+                                       "host? {}",
+                                       e.rank, err.what()));
+      }
+    }
     o.store = std::make_shared<PrefixStore>(fmt::format("ddp/attempt_{}", e.restart_count), std::move(tcp));
   }
   return init_process_group(std::move(o));

@@ -1,5 +1,4 @@
 // Error-file helper (torch's JSON format) and joining from ddprun's environment.
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -18,6 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include "ddp/ddp.hpp"
+#include "ports.hpp"
+#include "test_timeouts.hpp"
 
 namespace {
 
@@ -102,20 +103,6 @@ TEST(LaunchEnv, MissingVariablesPointAtDdprun) {
   }
 }
 
-// A port nobody listens on now (the kernel's pick, released).
-int unused_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-    ADD_FAILURE() << "bind: " << ddp::errno_text(errno);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 // One rank of a job started without a launcher, in a child process: the environment
 // PyTorch's env:// reads and nothing else. Exits 0 when the all-reduce summed every rank.
 pid_t start_rank(int rank, int world, int port) {
@@ -148,7 +135,7 @@ int exit_code(pid_t pid) {
 // that sets RANK, WORLD_SIZE and MASTER_* itself): rank 0 hosts it, as env:// does, and the
 // others wait for it to listen, whichever starts first.
 TEST(LaunchEnv, WithoutAgentStoreRankZeroHostsTheStore) {
-  int port = unused_port();
+  int port = ddp::test::free_port();
   std::vector<pid_t> ranks;
   for (int r : {2, 1}) ranks.push_back(start_rank(r, 3, port));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // they retry until rank 0 listens
@@ -180,6 +167,27 @@ TEST(LaunchEnv, WithoutAgentStoreRankZeroSaysItsPortIsTaken) {
     EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
   }
   close(taken);
+}
+
+TEST(LaunchEnv, WithoutAgentStoreARankSaysRankZeroNeverAnswered) {
+  EnvGuard g;
+  setenv("RANK", "1", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", std::to_string(ddp::test::free_port()).c_str(), 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    ddp::init_process_group_from_env({.timeout = std::chrono::seconds(1)});
+    FAIL() << "no exception";
+  } catch (const ddp::NetworkError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rank 1: rank 0 hosts the job's store (TORCHELASTIC_USE_AGENT_STORE is not True), and "
+                        "it never answered: is rank 0 running, and is MASTER_ADDR its host? cannot connect"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("Connection refused"), std::string::npos) << what;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, ddp::test::scaled(std::chrono::seconds(10)));
 }
 
 TEST(LaunchEnv, ReadsWhatDdprunSets) {
