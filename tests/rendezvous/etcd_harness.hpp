@@ -14,7 +14,6 @@
 #include <fcntl.h>
 
 #include <chrono>
-#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -29,22 +28,14 @@
 #include <fmt/format.h>
 
 #include "ports.hpp"
+#include "test_timeouts.hpp"
 #include "rendezvous/etcd/client.hpp"
 
 namespace ddprun_test {
 
 using std::chrono::milliseconds;
 
-// DDP_TEST_TIMEOUT_SCALE (a float, default 1) stretches every time limit of the tests.
-inline double timeout_scale() {
-  const char* s = std::getenv("DDP_TEST_TIMEOUT_SCALE");
-  double v = s && *s ? std::atof(s) : 1.0;
-  return v > 0 ? v : 1.0;
-}
-inline milliseconds scaled(milliseconds d) {
-  return milliseconds(static_cast<int64_t>(std::llround(static_cast<double>(d.count()) * timeout_scale())));
-}
-
+using ddp::test::scaled;  // DDP_TEST_TIMEOUT_SCALE
 using ddp::test::free_port;  // below the ephemeral range: etcd binds it later
 
 // The etcd binary: $DDP_ETCD, else etcd on PATH; empty when there is none.
