@@ -484,6 +484,24 @@ void check_rendezvous(Options& o, const Flags& g) {
   check_static(o, g);
 }
 
+// torchrun's c10d shares its agent's store with the workers from torch 2.4 on, unless
+// TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: then rank 0's worker hosts one on MASTER_PORT, a free
+// port picked each round (TORCHELASTIC_USE_AGENT_STORE=False), as before 2.4. A static job's
+// workers share node 0's store whatever it says, in torchrun too.
+void read_store_sharing(Options& o, const std::map<std::string, std::string>& env) {
+  auto v = env.find("TORCH_DISABLE_SHARE_RDZV_TCP_STORE");
+  if (v == env.end() || v->second != "1") return;
+  if (!o.dynamic() && !o.standalone) {
+    o.infos.push_back("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 ignored: a static job's workers share node 0's store, "
+                      "as torchrun's do");
+    return;
+  }
+  o.share_worker_store = false;
+  o.infos.push_back("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: the workers get no agent store "
+                    "(TORCHELASTIC_USE_AGENT_STORE=False); rank 0's worker hosts theirs on MASTER_PORT, a free port "
+                    "each round");
+}
+
 // ------------------------------------------------------------------ 4. the target
 
 bool is_executable_file(const std::string& path) {
@@ -709,6 +727,7 @@ Options parse_options(const std::vector<std::string>& args, const std::map<std::
   check_worker_command(o, g);
   check_output(o, g);
   check_rendezvous(o, g);
+  read_store_sharing(o, env);
   check_target(o, env);
   return o;
 }

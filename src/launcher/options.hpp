@@ -49,6 +49,9 @@ struct Options {
   std::string rdzv_id = "none";
   RdzvConf rdzv_conf;
   bool standalone = false;
+  // false with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (c10d, etcd, --standalone), as in torchrun
+  // 2.4+: the workers get no agent store, and each round's rank 0 worker hosts theirs.
+  bool share_worker_store = true;
   bool no_slurm = false;  // --no-slurm: nothing derived from SLURM_* (launcher/slurm.hpp)
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;

@@ -39,23 +39,35 @@ std::unique_ptr<ddp::detail::StoreServer> host_master_store(int port, bool pick_
 
 namespace {
 
-// The node hosts the workers' store (TORCHELASTIC_USE_AGENT_STORE) and restarts alone.
+// A port free now on every interface (where a worker's TCPStore listens), left at once.
+int free_port_now() {
+  ddp::detail::StoreServer probe(ddp::detail::StoreServerOptions{.host = "", .port = 0});
+  return probe.port();
+}
+
+// The node hosts the workers' store (TORCHELASTIC_USE_AGENT_STORE) and restarts alone; with
+// --standalone and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, rank 0's worker hosts it instead, on a
+// free port each attempt (torchrun's c10d rounds).
 class LocalRendezvous : public Rendezvous {
  public:
   LocalRendezvous(const Options& o, std::string hostname) : o_(o), hostname_(std::move(hostname)) {}
 
   JobPlan next_round() override {
-    if (!server_) {
-      server_ = host_master_store(o_.master_port, o_.standalone);
+    if (!started_) {
+      started_ = true;
       plan_.hostname = hostname_;
       plan_.run_id = o_.rdzv_id;
       plan_.world_size = o_.nproc_per_node;
       plan_.master_addr = o_.standalone ? "localhost" : o_.master_addr;
-      plan_.master_port = server_->port();
-      plan_.use_agent_store = true;
+      plan_.use_agent_store = o_.share_worker_store;
+      if (o_.share_worker_store) {
+        server_ = host_master_store(o_.master_port, o_.standalone);
+        plan_.master_port = server_->port();
+      }
     } else {
       ++plan_.restart_count;
     }
+    if (!o_.share_worker_store) plan_.master_port = free_port_now();
     return plan_;
   }
   bool joins_over_network() const override { return false; }
@@ -77,6 +89,7 @@ class LocalRendezvous : public Rendezvous {
   const Options& o_;
   std::string hostname_;
   JobPlan plan_;
+  bool started_ = false;
   std::unique_ptr<ddp::detail::StoreServer> server_;
 };
 

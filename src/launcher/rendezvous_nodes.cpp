@@ -472,6 +472,7 @@ rdzv::DynamicConfig NodeRendezvous::config(bool hosting) const {
   c.keep_alive_interval = seconds(o_.rdzv_conf.keep_alive_interval);
   c.keep_alive_max_attempt = o_.rdzv_conf.keep_alive_max_attempt;
   c.hosts_store = hosting;
+  c.share_worker_store = o_.share_worker_store;
   return c;
 }
 
@@ -528,7 +529,7 @@ JobPlan NodeRendezvous::next_round() {
   p.world_size = r.world_size;
   p.master_addr = r.master_addr;
   p.master_port = r.master_port;
-  p.use_agent_store = true;
+  p.use_agent_store = o_.share_worker_store;
   p.restart_count = r.restart_count;
   p.round = o_.dynamic() ? r.round : -1;  // static jobs count attempts (restart_count), as torchrun's
   return p;

@@ -160,10 +160,10 @@ void DynamicRendezvous::use_worker_store(RoundPlan& p, const NodeDesc& rank0,
                                  p.round, rank0.describe()));
   p.master_addr = rank0.master_addr;
   p.master_port = rank0.master_port;
-  if (p.group_rank == 0) {
+  if (p.group_rank == 0 && c_.share_worker_store) {
     worker_store_ = std::move(mine);
     worker_store_->start();
-  }
+  }  // else `mine` closes here, and the workers' rank 0 takes its port
 }
 
 // The round's events as this (caller) thread has read them.

@@ -59,6 +59,9 @@ struct DynamicConfig {
     int port = 0;
   };
   std::optional<Endpoint> worker_store;
+  // false (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): rank 0's node hosts no worker store; the port
+  // it named, held until the round is complete, is left for its rank 0 worker to listen on.
+  bool share_worker_store = true;
   std::string store_lost_hint;  // appended to "lost the rendezvous at ...": what would outlive a node
 };
 

@@ -188,6 +188,21 @@ TEST_F(LauncherOptions, LogLinePrefixTemplateEnvironment) {
   EXPECT_EQ(*c.log_line_prefix_template, "");
 }
 
+TEST_F(LauncherOptions, DisableShareRdzvTcpStoreEnvironment) {
+  const Env off{{"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"}};
+  EXPECT_TRUE(parse_with_script({"--standalone"}).share_worker_store);
+  EXPECT_FALSE(parse_with_script({"--standalone"}, off).share_worker_store);
+  EXPECT_FALSE(
+      parse_with_script({"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "--rdzv-id", "j"}, off)
+          .share_worker_store);
+  EXPECT_TRUE(parse_with_script({"--standalone"}, {{"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0"}}).share_worker_store);
+  // Static: node 0's store is shared whatever the variable says, as in torchrun; said once.
+  Options st = parse_with_script({"--nnodes", "2", "--node-rank", "1", "--master-addr", "h"}, off);
+  EXPECT_TRUE(st.share_worker_store);
+  auto ignored = [](const std::string& s) { return s.starts_with("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 ignored"); };
+  EXPECT_EQ(std::count_if(st.infos.begin(), st.infos.end(), ignored), 1);
+}
+
 // ------------------------------------------------------------------ script and its args
 
 TEST_F(LauncherOptions, EverythingAfterScriptGoesToScript) {

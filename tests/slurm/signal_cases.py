@@ -232,7 +232,8 @@ srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
             self.assertEqual(info["JobState"], "TIMEOUT", self.job_output(name))
             # Slurm's SIGTERM follows the TIMEOUT state; from it, the step must end within KillWait.
             term = self.wait_all_signalled(d, "SIGTERM", 60)
-            self.assertIsNotNone(term, f"no SIGTERM reached every worker after the time limit\n{self.diagnostics(name)}")
+            self.assertIsNotNone(term,
+                                 f"no SIGTERM reached every worker after the time limit\n{self.diagnostics(name)}")
             self.wait_gone(name, term, self.KILL_WAIT)
             if any("Slurm sent SIGUSR1" in log for log in self.ddprun_logs(d)):
                 break

@@ -3,6 +3,7 @@ torch 2.6: a @record failure shows its traceback in ddprun's summary and error f
 all_reduce works under --standalone and static rendezvous; and on torch 2.6 without the
 tests' use_libuv shim, the summary names Debian's libuv-less build as the cause."""
 import os
+import re
 import sys
 import unittest
 
@@ -62,6 +63,32 @@ class TorchTest(DdprunTestCase):
         res = self.run_job(["--nnodes", "1", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                             "--nproc-per-node", "2", worker("torch_allreduce.py"), self.tmp])
         self.assert_sums(res)
+
+    def test_gloo_all_reduce_not_sharing_the_agents_store(self):
+        """TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as torchrun 2.4+ reads it: c10d and --standalone
+        workers get no agent store, and rank 0's worker hosts theirs on MASTER_PORT (a free port,
+        not the rendezvous's); a static job shares node 0's store whatever it says."""
+        # USE_LIBUV=0: rank 0's env:// store passes use_libuv itself, which the tests' shim for
+        # Debian's libuv-less torch 2.6 cannot default (a pip wheel of torch needs neither).
+        env = clean_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", USE_LIBUV="0")
+        rdzv_port = free_port()
+        for line in (["--standalone"],
+                     ["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{rdzv_port}"]):
+            with self.subTest(line=line):
+                res = self.run_job(["--log-level", "info", *line, "--nproc-per-node", "2", worker("torch_allreduce.py"),
+                                    self.tmp], env=env)
+                self.assert_sums(res)
+                port = re.search(r"\[rank0\]:agent store False at port (\d+)\n", res.stdout)
+                self.assertIsNotNone(port, res)
+                self.assertNotEqual(int(port.group(1)), rdzv_port)
+                self.assertIn("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: the workers get no agent store", res.stderr)
+        master_port = free_port()
+        res = self.run_job(["--log-level", "info", "--nnodes", "1", "--master-addr", "127.0.0.1", "--master-port",
+                            str(master_port), "--nproc-per-node", "2", worker("torch_allreduce.py"), self.tmp],
+                           env=env)
+        self.assert_sums(res)
+        self.assertIn(f"[rank0]:agent store True at port {master_port}\n", res.stdout)
+        self.assertIn("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 ignored: a static job's workers share", res.stderr)
 
     @unittest.skipUnless(RUNTIME.is_torch2, "torch 2.x only (1.13 has no use_libuv)")
     def test_missing_libuv_is_named_in_the_summary(self):

@@ -7,6 +7,7 @@ import torch.distributed as dist
 
 if os.environ.get("RANK") == "0":
     print(f"torch {torch.__version__}", flush=True)
+    print(f"agent store {os.environ['TORCHELASTIC_USE_AGENT_STORE']} at port {os.environ['MASTER_PORT']}", flush=True)
 dist.init_process_group("gloo")
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)
