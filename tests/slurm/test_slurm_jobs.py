@@ -17,6 +17,7 @@ torch 2.6: the derived static line, the c10d line and preemption with requeue.
 """
 import os
 import re
+import sys
 import time
 
 import slurm_testlib as lib
@@ -285,10 +286,24 @@ srun --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node gpu --no-pyth
         job_env["SRUN_EXPORT_ENV"] = f"ALL,{lib.STEP_MARKER}={self.step_marker(name)}"
         return self.cluster.sbatch(text, name=name, env=job_env)
 
-    def assert_example_trained(self, name, job):
-        """The example job completed a 4-rank DDP training with a checkpoint, and left nothing."""
-        info = self.cluster.wait(job, lib.scaled(180))
-        out = self.job_output(name)
+    def assert_example_trained(self, name, example, **submit):
+        """The example job completed a 4-rank DDP training with a checkpoint, and left nothing.
+        Run once more when it failed only by torch's exit race (torch_runtime.TORCH_EXIT_ABORT:
+        a rank aborted in torch's exit after the training was done, and ddprun stopped the job,
+        as it should; seen on torch 2.6 under load), saying so on stderr."""
+        for attempt in range(2):
+            if attempt:
+                name += "_again"
+            job = self.submit_example(name, example, **submit)
+            info = self.cluster.wait(job, lib.scaled(180))
+            out = self.job_output(name)
+            if (attempt == 0 and info["ExitCode"] == "134:0" and lib.torch_runtime.TORCH_EXIT_ABORT in out
+                    and "parameters identical on all 4 ranks" in out):
+                print(f"\n{self.id()}: a worker aborted in torch's exit after the job was done; running it "
+                      f"again:\n{out}", file=sys.stderr)
+                self.assert_nothing_left(name)
+                continue
+            break
         self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
         self.assertIn("training on 4 ranks", out)
         self.assertIn("parameters identical on all 4 ranks", out)
@@ -296,16 +311,12 @@ srun --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node gpu --no-pyth
         self.assert_nothing_left(name)
 
     def test_example_multi_node(self):
-        name = "ex_multi"
-        job = self.submit_example(name, "multi_node.sbatch", NPROC=2)
-        self.assert_example_trained(name, job)
+        self.assert_example_trained("ex_multi", "multi_node.sbatch", NPROC=2)
 
     @lib.torch_workers
     def test_example_c10d(self):
-        name = "ex_c10d"
-        job = self.submit_example(name, "c10d.sbatch", port=lib.derived_port(self.cluster.first_job_id + 97, 5),
-                                  NPROC=2)
-        self.assert_example_trained(name, job)
+        self.assert_example_trained("ex_c10d", "c10d.sbatch",
+                                    port=lib.derived_port(self.cluster.first_job_id + 97, 5), NPROC=2)
 
     @lib.torch_workers
     def test_example_preempt_requeue_resumes(self):
