@@ -24,6 +24,17 @@ with open(os.path.join(out, f"where_{rank}.json.tmp"), "w") as f:
     json.dump(rec, f)
 os.replace(os.path.join(out, f"where_{rank}.json.tmp"), os.path.join(out, f"where_{rank}.json"))
 
+
+
+def finish(status):
+    """Exits skipping the interpreter's finalization, as tests/integration/workers/elastic_train.py
+    does: torch's exit race (tests/testlib/torch_runtime.py, TORCH_EXIT_ABORT) can abort a rank
+    there after its work is done, and these tests are about where ranks run, not about that."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 if args[:1] == ["--wait-for"]:
     d, n = args[1], int(args[2])
     args = args[3:]
@@ -35,7 +46,12 @@ if args[:1] == ["--wait-for"]:
 if args[:1] == ["--train"]:
     train = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "examples", "pytorch", "train.py")
     sys.argv = [train] + args[1:]
-    runpy.run_path(train, run_name="__main__")  # exits with train.py's status
+    try:
+        runpy.run_path(train, run_name="__main__")
+        status = 0
+    except SystemExit as e:  # train.py's status
+        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finish(status)
 else:
     import torch
     import torch.distributed as dist
@@ -46,3 +62,4 @@ else:
     assert t.item() == world * (world - 1) / 2, t
     dist.destroy_process_group()
     print(f"rank {rank} on {rec['hostname']}: all_reduce ok", flush=True)
+    finish(0)
