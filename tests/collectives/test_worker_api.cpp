@@ -190,6 +190,39 @@ TEST(LaunchEnv, WithoutAgentStoreARankSaysRankZeroNeverAnswered) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, ddp::test::scaled(std::chrono::seconds(10)));
 }
 
+// Something listens on MASTER_PORT but never answers (another program, a frozen rank 0):
+// the store's handshake times out, and the error says what to check, as when nobody listens.
+TEST(LaunchEnv, WithoutAgentStoreARankSaysASilentRankZeroNeverAnswered) {
+  EnvGuard g;
+  int silent = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(bind(silent, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << ddp::errno_text(errno);
+  ASSERT_EQ(listen(silent, 4), 0);  // the kernel accepts; nobody reads or answers
+  ASSERT_EQ(getsockname(silent, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const int port = ntohs(a.sin_port);
+  setenv("RANK", "1", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    ddp::init_process_group_from_env({.timeout = std::chrono::seconds(1)});
+    FAIL() << "no exception";
+  } catch (const ddp::NetworkError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rank 1: rank 0 hosts the job's store (TORCHELASTIC_USE_AGENT_STORE is not True), and "
+                        "it never answered: is rank 0 running, and is MASTER_ADDR its host? store at 127.0.0.1:" +
+                        std::to_string(port) + ": it accepted the connection but sent no reply to the handshake"),
+              std::string::npos)
+        << what;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, ddp::test::scaled(std::chrono::seconds(10)));
+  close(silent);
+}
+
 TEST(LaunchEnv, ReadsWhatDdprunSets) {
   EnvGuard g;
   setenv("RANK", "3", 1);
