@@ -103,6 +103,14 @@ TEST(LaunchEnv, MissingVariablesPointAtDdprun) {
   }
 }
 
+// The environment PyTorch's env:// reads, and nothing else: a rank started without a launcher.
+void set_env_rank(int rank, int world, int port) {
+  setenv("RANK", std::to_string(rank).c_str(), 1);
+  setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+}
+
 // One rank of a job started without a launcher, in a child process: the environment
 // PyTorch's env:// reads and nothing else. Exits 0 when the all-reduce summed every rank.
 pid_t start_rank(int rank, int world, int port) {
@@ -111,10 +119,7 @@ pid_t start_rank(int rank, int world, int port) {
   int rc = 1;
   try {
     EnvGuard g;
-    setenv("RANK", std::to_string(rank).c_str(), 1);
-    setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    set_env_rank(rank, world, port);
     auto pg = ddp::init_process_group_from_env({.timeout = std::chrono::seconds(30)});
     std::vector<double> v{double(rank + 1)};
     pg->all_reduce(std::span<double>(v));
@@ -153,10 +158,7 @@ TEST(LaunchEnv, WithoutAgentStoreRankZeroSaysItsPortIsTaken) {
   ASSERT_EQ(listen(taken, 1), 0);
   ASSERT_EQ(getsockname(taken, reinterpret_cast<sockaddr*>(&a), &len), 0);
   const int port = ntohs(a.sin6_port);
-  setenv("RANK", "0", 1);
-  setenv("WORLD_SIZE", "2", 1);
-  setenv("MASTER_ADDR", "127.0.0.1", 1);
-  setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  set_env_rank(0, 2, port);
   try {
     ddp::init_process_group_from_env();
     FAIL() << "no exception";
@@ -171,10 +173,7 @@ TEST(LaunchEnv, WithoutAgentStoreRankZeroSaysItsPortIsTaken) {
 
 TEST(LaunchEnv, WithoutAgentStoreARankSaysRankZeroNeverAnswered) {
   EnvGuard g;
-  setenv("RANK", "1", 1);
-  setenv("WORLD_SIZE", "2", 1);
-  setenv("MASTER_ADDR", "127.0.0.1", 1);
-  setenv("MASTER_PORT", std::to_string(ddp::test::free_port()).c_str(), 1);
+  set_env_rank(1, 2, ddp::test::free_port());
   const auto t0 = std::chrono::steady_clock::now();
   try {
     ddp::init_process_group_from_env({.timeout = std::chrono::seconds(1)});
@@ -203,10 +202,7 @@ TEST(LaunchEnv, WithoutAgentStoreARankSaysASilentRankZeroNeverAnswered) {
   ASSERT_EQ(listen(silent, 4), 0);  // the kernel accepts; nobody reads or answers
   ASSERT_EQ(getsockname(silent, reinterpret_cast<sockaddr*>(&a), &len), 0);
   const int port = ntohs(a.sin_port);
-  setenv("RANK", "1", 1);
-  setenv("WORLD_SIZE", "2", 1);
-  setenv("MASTER_ADDR", "127.0.0.1", 1);
-  setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  set_env_rank(1, 2, port);
   const auto t0 = std::chrono::steady_clock::now();
   try {
     ddp::init_process_group_from_env({.timeout = std::chrono::seconds(1)});
