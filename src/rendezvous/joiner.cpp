@@ -137,10 +137,10 @@ void Joiner::failed(JoinAction a, const State& s) {
 
 // One read-decide-write step. Returns true (with the state in seen) when this node is a
 // member of a complete round. Every write also applies the requests other nodes appended.
-bool Joiner::step(Seen& seen, Clock::time_point deadline, int& conflicts) {
-  if (cancel_) throw ddp::Error("rendezvous: joining the next round was cancelled (this node is stopping)");
-  // After a wait: the state is loaded again only if it changed (a thousand waiting nodes
-  // would each fetch and decode the whole state at every wake-up).
+// The state as this node reads it at each step. After a wait it is loaded again only if it
+// changed (a thousand waiting nodes would each fetch and decode the whole state at every
+// wake-up).
+const State& Joiner::read_state(Seen& seen) {
   if (seen.recheck && seen.snap && main_.changed(seen.snap->token).value_or(true)) seen.reset();
   seen.recheck = false;
   if (!seen.snap) {
@@ -148,35 +148,55 @@ bool Joiner::step(Seen& seen, Clock::time_point deadline, int& conflicts) {
     seen.state.reset();
   }
   if (!seen.state) seen.state = decode(*seen.snap, backend_name_);
-  const State& s = *seen.state;
-  State t = s;
-  bool changed = remove_lost(t, events_.lost()), wake = changed;
-  // Requests not applied yet. This node writes them all in only while one of its own is
-  // among them: then a thousand joiners need a few writes, and a node that is in waits
-  // instead of writing the others' requests again and again.
-  std::vector<std::string> pending;
+  return *seen.state;
+}
+
+// The join and leave requests appended after those `t` applied. nullopt: a newer state
+// applied them (and its round's rank 0 dropped them); `seen` is reset, to read that state.
+std::optional<std::vector<std::string>> Joiner::pending_requests(const State& t, Seen& seen,
+                                                                 Clock::time_point deadline) {
   try {
-    pending = main_.read("requests", static_cast<size_t>(t.requests_seen), t.requests_at);
+    return main_.read("requests", static_cast<size_t>(t.requests_seen), t.requests_at);
   } catch (const LogTrimmed& e) {
-    // A newer state applied those requests (and its round's rank 0 dropped them): read it.
     if (Clock::now() >= deadline)
       throw ddp::StoreError(fmt::format("rendezvous: the state at {} applied requests up to line {}, but the "
                                         "requests log holds none before line {}",
                                         backend_name_, t.requests_seen, e.first()));
     seen.reset();
-    return false;
+    return std::nullopt;
   }
-  const bool mine = std::any_of(pending.begin(), pending.end(), [&](const std::string& l) {
+}
+
+// This node's own request is among `pending`: it applies them all to `t`, unless the nodes
+// of older requests should write (defer_to_older: nullopt, decide again).
+std::optional<Absorbed> Joiner::apply_pending(State& t, const std::vector<std::string>& pending, Seen& seen,
+                                              Clock::time_point deadline) {
+  size_t ahead = 0;  // pending requests older than this node's
+  while (ahead < pending.size() && pending[ahead].find(c_.me.id) == std::string::npos) ++ahead;
+  if (ahead > 0 && defer_to_older(ahead, seen, deadline)) return std::nullopt;
+  Absorbed ab = absorb(t, pending, events_.lost());
+  t.requests_at = main_.position("requests", static_cast<size_t>(t.requests_seen));
+  return ab;
+}
+
+bool Joiner::step(Seen& seen, Clock::time_point deadline, int& conflicts) {
+  if (cancel_) throw ddp::Error("rendezvous: joining the next round was cancelled (this node is stopping)");
+  const State& s = read_state(seen);
+  State t = s;
+  bool changed = remove_lost(t, events_.lost()), wake = changed;
+  // This node writes the pending requests in only while one of its own is among them: then
+  // a thousand joiners need a few writes, and a node that is in waits instead of writing
+  // the others' requests again and again.
+  const auto pending = pending_requests(t, seen, deadline);
+  if (!pending) return false;
+  const bool mine = std::any_of(pending->begin(), pending->end(), [&](const std::string& l) {
     return l.find(c_.me.id) != std::string::npos;
   });
   if (mine) {
-    size_t ahead = 0;  // pending requests older than this node's
-    while (ahead < pending.size() && pending[ahead].find(c_.me.id) == std::string::npos) ++ahead;
-    if (ahead > 0 && defer_to_older(ahead, seen, deadline)) return false;
-    Absorbed ab = absorb(t, pending, events_.lost());
-    t.requests_at = main_.position("requests", static_cast<size_t>(t.requests_seen));
-    changed |= ab.changed;
-    wake |= ab.wake;
+    const auto ab = apply_pending(t, *pending, seen, deadline);
+    if (!ab) return false;
+    changed |= ab->changed;
+    wake |= ab->wake;
   }
   const auto now = Clock::now();
   if (t.last_call && !t.complete && t.has_participant(c_.me.id) && lc_round_ != t.round) {

@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "rendezvous/machine.hpp"
 #include "rendezvous/node_events.hpp"
@@ -43,6 +45,10 @@ class Joiner {
     }
   };
   bool step(Seen& seen, Clock::time_point deadline, int& conflicts);
+  const State& read_state(Seen& seen);
+  std::optional<std::vector<std::string>> pending_requests(const State& t, Seen& seen, Clock::time_point deadline);
+  std::optional<Absorbed> apply_pending(State& t, const std::vector<std::string>& pending, Seen& seen,
+                                        Clock::time_point deadline);
   bool write(Seen& seen, const State& s, const State& t, JoinAction a, bool mine, bool wake, int& conflicts);
   bool defer_to_older(size_t ahead, Seen& seen, Clock::time_point deadline);
   void say_waiting(const State& t);
