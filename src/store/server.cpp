@@ -177,6 +177,7 @@ class StoreServer::Impl {
   void pump(const ConnPtr& c);
   void process(Conn& c);
   void handle(Conn& c, proto::Request& r);
+  void handle_extension(Conn& c, proto::Request& r);
   // The requests that are more than a line in handle(), each replying on c.
   void compare_set(Conn& c, const std::string& key, std::string& expected, std::string& desired);
   void get(Conn& c, const std::string& key, bool gen1);
@@ -1070,6 +1071,15 @@ void StoreServer::Impl::handle(Conn& c, proto::Request& r) {
     case Op::kBarrier:
       barrier(c, r.keys[0], r.i64);
       break;
+    default:
+      handle_extension(c, r);
+  }
+}
+
+// The requests PyTorch's TCPStore does not know (docs/store.md, "ddprun's extensions").
+void StoreServer::Impl::handle_extension(Conn& c, proto::Request& r) {
+  using proto::Op;
+  switch (r.op) {
     case Op::kLease:
       lease(c, r.i64);
       break;
@@ -1089,6 +1099,8 @@ void StoreServer::Impl::handle(Conn& c, proto::Request& r) {
       if (!opt_.log_trim) throw Violation("TRIM_LOG: log trimming is off");
       proto::put_i64(out(c), trim_log(r.keys[0], r.i64));
       break;
+    default:
+      throw Violation(fmt::format("unknown request {}", static_cast<int>(r.op)));
   }
 }
 
