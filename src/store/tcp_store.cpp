@@ -198,65 +198,9 @@ struct TcpStore::Impl {
     std::string last_error = "no attempt made";
     for (;;) {
       ++attempts;
-      addrinfo hints{};
-      hints.ai_family = AF_UNSPEC;
-      hints.ai_socktype = SOCK_STREAM;
-      addrinfo* res = nullptr;
-      const std::string port = std::to_string(opt.port);
-      int rc = ::getaddrinfo(opt.host.c_str(), port.c_str(), &hints, &res);
-      if (rc != 0) {
-        last_error = fmt::format("cannot resolve {}: {}", opt.host,
-                                 rc == EAI_SYSTEM ? errno_text(errno) : ::gai_strerror(rc));
-      } else {
-        std::unique_ptr<addrinfo, void (*)(addrinfo*)> owner(res, ::freeaddrinfo);
-        for (addrinfo* ai = res; ai; ai = ai->ai_next) {
-          int err = 0;
-          // One attempt waits at most kConnectAttempt: a host that drops SYNs (a firewall, a
-          // full accept queue) is tried afresh, and `retrying` hears of it meanwhile.
-          Fd s = try_connect(ai, std::min(deadline, Clock::now() + kConnectAttempt), err);
-          if (s) {
-            fd = std::move(s);
-            try {
-              handshake(deadline, t0);
-            } catch (const PingRefused&) {
-              // Closed on the handshake: a generation-2 server older than PING (torch
-              // 2.2/2.3), or a generation-1 server (its daemon reads VALIDATE as a SET of an
-              // impossible length). VALIDATE alone would stall a generation-1 daemon for every
-              // client, so ask which first.
-              if (Fd g1 = generation1_answers(ai, Clock::now() + milliseconds(2000))) {
-                // ddprun's own server answers generation 1 too (torch 1.13's clients): the
-                // close may have been a moment's (a relay or proxy that accepted before it
-                // could reach the server). Only a second close says generation 1.
-                auto again = handshake_closed_again(ai, t0);
-                if (!again) {
-                  last_error = "the server closed the connection on the handshake, then refused another";
-                  continue;
-                }
-                if (!*again) {
-                  find_gen = false;
-                  return;  // answered: a generation-2 server after all
-                }
-                if (!find_gen)
-                  throw StoreError(fmt::format(
-                      "store at {} speaks only wire generation 1: it is PyTorch 1.13 .. 2.1's TCPStore (a "
-                      "torchrun of those versions hosts one), not ddprun's store",
-                      addr));
-                gen = proto::Generation::kV1;
-                find_gen = false;
-                fd = std::move(g1);
-                return;
-              }
-              // Otherwise connect again at once and send VALIDATE alone.
-              ping = false;
-              last_error = "the server closed the connection on PING";
-              continue;
-            }
-            find_gen = false;
-            return;
-          }
-          last_error = errno_text(err);
-        }
-      }
+      if (auto res = resolve(last_error))
+        for (addrinfo* ai = res.get(); ai; ai = ai->ai_next)
+          if (connect_to(ai, deadline, t0, last_error)) return;
       auto now = Clock::now();
       if (now >= deadline)
         throw NetworkError(fmt::format(
@@ -270,6 +214,75 @@ struct TcpStore::Impl {
       std::this_thread::sleep_for(std::min(sleep, left));
       backoff = std::min(backoff * 2, milliseconds(1000));
     }
+  }
+
+  using AddrInfo = std::unique_ptr<addrinfo, void (*)(addrinfo*)>;
+
+  // The host's addresses; null (last_error says why) when it does not resolve.
+  AddrInfo resolve(std::string& last_error) const {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    const std::string port = std::to_string(opt.port);
+    int rc = ::getaddrinfo(opt.host.c_str(), port.c_str(), &hints, &res);
+    if (rc == 0) return {res, ::freeaddrinfo};
+    last_error = fmt::format("cannot resolve {}: {}", opt.host, rc == EAI_SYSTEM ? errno_text(errno) : ::gai_strerror(rc));
+    return {nullptr, ::freeaddrinfo};
+  }
+
+  // One address of the host: connect, then the handshake. True: connected (fd set, the
+  // generation known); false: on to the next address or attempt (last_error says why).
+  bool connect_to(addrinfo* ai, Clock::time_point deadline, Clock::time_point t0, std::string& last_error) {
+    int err = 0;
+    // One attempt waits at most kConnectAttempt: a host that drops SYNs (a firewall, a
+    // full accept queue) is tried afresh, and `retrying` hears of it meanwhile.
+    Fd s = try_connect(ai, std::min(deadline, Clock::now() + kConnectAttempt), err);
+    if (!s) {
+      last_error = errno_text(err);
+      return false;
+    }
+    fd = std::move(s);
+    try {
+      handshake(deadline, t0);
+    } catch (const PingRefused&) {
+      return after_ping_refused(ai, t0, last_error);
+    }
+    find_gen = false;
+    return true;
+  }
+
+  // Closed on the handshake: a generation-2 server older than PING (torch 2.2/2.3), or a
+  // generation-1 server (its daemon reads VALIDATE as a SET of an impossible length).
+  // VALIDATE alone would stall a generation-1 daemon for every client, so ask which first.
+  // Returns as connect_to does.
+  bool after_ping_refused(addrinfo* ai, Clock::time_point t0, std::string& last_error) {
+    if (Fd g1 = generation1_answers(ai, Clock::now() + milliseconds(2000))) {
+      // ddprun's own server answers generation 1 too (torch 1.13's clients): the close may
+      // have been a moment's (a relay or proxy that accepted before it could reach the
+      // server). Only a second close says generation 1.
+      auto again = handshake_closed_again(ai, t0);
+      if (!again) {
+        last_error = "the server closed the connection on the handshake, then refused another";
+        return false;
+      }
+      if (!*again) {
+        find_gen = false;
+        return true;  // answered: a generation-2 server after all
+      }
+      if (!find_gen)
+        throw StoreError(fmt::format("store at {} speaks only wire generation 1: it is PyTorch 1.13 .. 2.1's "
+                                     "TCPStore (a torchrun of those versions hosts one), not ddprun's store",
+                                     addr));
+      gen = proto::Generation::kV1;
+      find_gen = false;
+      fd = std::move(g1);
+      return true;
+    }
+    // Otherwise connect again and send VALIDATE alone.
+    ping = false;
+    last_error = "the server closed the connection on PING";
+    return false;
   }
 
   // Generation 2: VALIDATE, then PING with our pid, expecting it echoed (as torch's client
