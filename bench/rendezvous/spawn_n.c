@@ -1,5 +1,5 @@
 /* spawn_n N CMD ARGS...: starts N copies of CMD at once (posix_spawn, stdout and stderr to
- * /dev/null), waits for all, and prints the seconds from the first start to the last exit,
+ * /dev/null, or to $SPAWN_N_LOGS/<index>.log when that folder is set), waits for all, and prints the seconds from the first start to the last exit,
  * then the number of copies that failed. In ARGS, "{i}" becomes the copy's index. A fast
  * spawner, so that starting 1024 agents is not what the rendezvous benchmark measures. */
 #define _GNU_SOURCE
@@ -27,10 +27,7 @@ int main(int argc, char** argv) {
   int n = atoi(argv[1]);
   char** args = argv + 2;
   int nargs = argc - 2;
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  const char* logs = getenv("SPAWN_N_LOGS");
   double t0 = now();
   int started = 0;
   for (int i = 0; i < n; ++i) {
@@ -48,8 +45,15 @@ int main(int argc, char** argv) {
       snprintf(a[j], len + 1, "%.*s%s%s", (int)(p - args[j]), args[j], idx, p + 3);
     }
     a[nargs] = NULL;
+    char out[4096] = "/dev/null";
+    if (logs && *logs) snprintf(out, sizeof out, "%s/%d.log", logs, i);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
     pid_t pid;
     if (posix_spawnp(&pid, a[0], &fa, NULL, a, environ) == 0) ++started;
+    posix_spawn_file_actions_destroy(&fa);
   }
   int failed = n - started, status;
   while (wait(&status) > 0)

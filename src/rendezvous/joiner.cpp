@@ -137,6 +137,14 @@ void Joiner::failed(JoinAction a, const State& s) {
 
 // One read-decide-write step. Returns true (with the state in seen) when this node is a
 // member of a complete round. Every write also applies the requests other nodes appended.
+// Whether `s` lists a node of `lost` (remove_lost would change it), without copying it.
+static bool names_any(const State& s, const std::set<std::string>& lost) {
+  if (lost.empty()) return false;
+  auto gone = [&](const NodeDesc& n) { return lost.count(n.id) > 0; };
+  return std::ranges::any_of(s.participants, gone) || std::ranges::any_of(s.wait_list, gone) ||
+         std::ranges::any_of(s.redundancy_list, gone);
+}
+
 // The state as this node reads it at each step. After a wait it is loaded again only if it
 // changed (a thousand waiting nodes would each fetch and decode the whole state at every
 // wake-up).
@@ -182,30 +190,38 @@ std::optional<Absorbed> Joiner::apply_pending(State& t, const std::vector<std::s
 bool Joiner::step(Seen& seen, Clock::time_point deadline, int& conflicts) {
   if (cancel_) throw ddp::Error("rendezvous: joining the next round was cancelled (this node is stopping)");
   const State& s = read_state(seen);
-  State t = s;
-  bool changed = remove_lost(t, events_.lost()), wake = changed;
+  // This step decides on `s` itself until something changes it, then on a copy: a waiting
+  // node steps at each wake-up, and a state of a thousand members is 150 kB of them.
+  std::optional<State> copy;
+  auto edit = [&]() -> State& {
+    if (!copy) copy.emplace(s);
+    return *copy;
+  };
+  auto cur = [&]() -> const State& { return copy ? *copy : s; };
+  const auto& lost = events_.lost();
+  bool changed = names_any(s, lost) && remove_lost(edit(), lost), wake = changed;
   // This node writes the pending requests in only while one of its own is among them: then
   // a thousand joiners need a few writes, and a node that is in waits instead of writing
   // the others' requests again and again.
-  const auto pending = pending_requests(t, seen, deadline);
+  const auto pending = pending_requests(cur(), seen, deadline);
   if (!pending) return false;
   const bool mine = std::any_of(pending->begin(), pending->end(), [&](const std::string& l) {
     return l.find(c_.me.id) != std::string::npos;
   });
   if (mine) {
-    const auto ab = apply_pending(t, *pending, seen, deadline);
+    const auto ab = apply_pending(edit(), *pending, seen, deadline);
     if (!ab) return false;
     changed |= ab->changed;
     wake |= ab->wake;
   }
   const auto now = Clock::now();
-  if (t.last_call && !t.complete && t.has_participant(c_.me.id) && lc_round_ != t.round) {
-    lc_round_ = t.round;  // MIN nodes are in: this node times the last call from now
+  if (cur().last_call && !cur().complete && cur().has_participant(c_.me.id) && lc_round_ != cur().round) {
+    lc_round_ = cur().round;  // MIN nodes are in: this node times the last call from now
     lc_deadline_ = now + c_.last_call_timeout;
   }
-  JoinContext ctx{c_.me, c_.job, now >= deadline, lc_round_ == t.round && now >= lc_deadline_};
-  say_waiting(t);
-  JoinAction a = mine ? JoinAction::kWait : decide_join(t, ctx);
+  JoinContext ctx{c_.me, c_.job, now >= deadline, lc_round_ == cur().round && now >= lc_deadline_};
+  say_waiting(cur());
+  JoinAction a = mine ? JoinAction::kWait : decide_join(cur(), ctx);
   switch (a) {
     case JoinAction::kFinish:
     case JoinAction::kWait:
@@ -214,12 +230,14 @@ bool Joiner::step(Seen& seen, Clock::time_point deadline, int& conflicts) {
     case JoinAction::kErrorTimeout:
     case JoinAction::kErrorMismatch:
     case JoinAction::kErrorRankTaken:
-      failed(a, t);
+      failed(a, cur());
     default:
-      wake |= apply_join(t, a, ctx);
+      wake |= apply_join(edit(), a, ctx);
       changed = true;
   }
-  if (changed && !write(seen, s, t, a, mine, wake, conflicts)) return false;
+  // A write (only of a copy) forgets `s`; from here on cur() is what was decided.
+  if (changed && !write(seen, s, *copy, a, mine, wake, conflicts)) return false;
+  const State& t = cur();
   say_waiting(t);
   announce_waiting(t);
   if (a == JoinAction::kFinish) {
