@@ -135,8 +135,6 @@ void Joiner::failed(JoinAction a, const State& s) {
       j.min_nodes, j.max_nodes, s.participants.empty() ? "" : ": ", describe_nodes(s.participants)));
 }
 
-// One read-decide-write step. Returns true (with the state in seen) when this node is a
-// member of a complete round. Every write also applies the requests other nodes appended.
 // Whether `s` lists a node of `lost` (remove_lost would change it), without copying it.
 static bool names_any(const State& s, const std::set<std::string>& lost) {
   if (lost.empty()) return false;
@@ -187,6 +185,8 @@ std::optional<Absorbed> Joiner::apply_pending(State& t, const std::vector<std::s
   return ab;
 }
 
+// One read-decide-write step. Returns true (with the state in seen) when this node is a
+// member of a complete round. Every write also applies the requests other nodes appended.
 bool Joiner::step(Seen& seen, Clock::time_point deadline, int& conflicts) {
   if (cancel_) throw ddp::Error("rendezvous: joining the next round was cancelled (this node is stopping)");
   const State& s = read_state(seen);
