@@ -45,8 +45,8 @@ srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
                                     "User defined signal 1" in self.job_output(name) or
                                     any("SIGUSR1 reached no worker" in log for log in self.ddprun_logs(d))):
                 return job, None  # (the caller tries again: see test_time_limit_usr1_then_one_stop)
-            self.assertIn(info["JobState"], ("PENDING", "RUNNING"), self.job_output(name))
-            self.assertLess(time.monotonic(), deadline, f"workers never got ready: {self.job_output(name)}")
+            self.assertIn(info["JobState"], ("PENDING", "RUNNING"), self.job_story(name, d))
+            self.assertLess(time.monotonic(), deadline, f"workers never got ready: {self.job_story(name, d)}")
             time.sleep(0.1)
         return job, d
 
@@ -61,6 +61,11 @@ srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
             seen = ", ".join(f"+{t - t0:.2f}s {s} from {who}" if who else f"+{t - t0:.2f}s {s}" for t, s, who in out[r])
             print(f"  proctrack/{self.PROCTRACK} {self._testMethodName}: rank {r}: {seen}", file=sys.stderr)
         return out
+
+    def job_story(self, name, d):
+        """The job's output and each node's ddprun log: why a job ended before its workers were ready."""
+        logs = "".join(f"\n--- ddprun on node {t} (task_{t}.err):\n{log}" for t, log in enumerate(self.ddprun_logs(d)))
+        return self.job_output(name) + logs
 
     def ddprun_logs(self, d):
         """Each task's ddprun log ("" before srun has created it)."""
