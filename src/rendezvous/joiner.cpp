@@ -135,14 +135,6 @@ void Joiner::failed(JoinAction a, const State& s) {
       j.min_nodes, j.max_nodes, s.participants.empty() ? "" : ": ", describe_nodes(s.participants)));
 }
 
-// Whether `s` lists a node of `lost` (remove_lost would change it), without copying it.
-static bool names_any(const State& s, const std::set<std::string>& lost) {
-  if (lost.empty()) return false;
-  auto gone = [&](const NodeDesc& n) { return lost.count(n.id) > 0; };
-  return std::ranges::any_of(s.participants, gone) || std::ranges::any_of(s.wait_list, gone) ||
-         std::ranges::any_of(s.redundancy_list, gone);
-}
-
 // The state as this node reads it at each step. After a wait it is loaded again only if it
 // changed (a thousand waiting nodes would each fetch and decode the whole state at every
 // wake-up).
@@ -199,7 +191,7 @@ bool Joiner::step(Seen& seen, Clock::time_point deadline, int& conflicts) {
   };
   auto cur = [&]() -> const State& { return copy ? *copy : s; };
   const auto& lost = events_.lost();
-  bool changed = names_any(s, lost) && remove_lost(edit(), lost), wake = changed;
+  bool changed = lists_lost(s, lost) && remove_lost(edit(), lost), wake = changed;
   // This node writes the pending requests in only while one of its own is among them: then
   // a thousand joiners need a few writes, and a node that is in waits instead of writing
   // the others' requests again and again.
@@ -215,13 +207,14 @@ bool Joiner::step(Seen& seen, Clock::time_point deadline, int& conflicts) {
     wake |= ab->wake;
   }
   const auto now = Clock::now();
-  if (cur().last_call && !cur().complete && cur().has_participant(c_.me.id) && lc_round_ != cur().round) {
-    lc_round_ = cur().round;  // MIN nodes are in: this node times the last call from now
+  const State& v = cur();  // what this step decides on
+  if (v.last_call && !v.complete && v.has_participant(c_.me.id) && lc_round_ != v.round) {
+    lc_round_ = v.round;  // MIN nodes are in: this node times the last call from now
     lc_deadline_ = now + c_.last_call_timeout;
   }
-  JoinContext ctx{c_.me, c_.job, now >= deadline, lc_round_ == cur().round && now >= lc_deadline_};
-  say_waiting(cur());
-  JoinAction a = mine ? JoinAction::kWait : decide_join(cur(), ctx);
+  JoinContext ctx{c_.me, c_.job, now >= deadline, lc_round_ == v.round && now >= lc_deadline_};
+  say_waiting(v);
+  JoinAction a = mine ? JoinAction::kWait : decide_join(v, ctx);
   switch (a) {
     case JoinAction::kFinish:
     case JoinAction::kWait:
@@ -230,7 +223,7 @@ bool Joiner::step(Seen& seen, Clock::time_point deadline, int& conflicts) {
     case JoinAction::kErrorTimeout:
     case JoinAction::kErrorMismatch:
     case JoinAction::kErrorRankTaken:
-      failed(a, cur());
+      failed(a, v);
     default:
       wake |= apply_join(edit(), a, ctx);
       changed = true;

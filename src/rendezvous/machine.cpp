@@ -157,9 +157,22 @@ bool leave_round(State& s, const std::string& id, int64_t round, bool counted) {
   return true;
 }
 
+namespace {
+auto lost_in(const std::set<std::string>& lost) {
+  return [&lost](const NodeDesc& n) { return lost.count(n.id) > 0; };
+}
+}  // namespace
+
+bool lists_lost(const State& s, const std::set<std::string>& lost) {
+  if (lost.empty()) return false;
+  auto gone = lost_in(lost);
+  return std::ranges::any_of(s.participants, gone) || std::ranges::any_of(s.wait_list, gone) ||
+         std::ranges::any_of(s.redundancy_list, gone);
+}
+
 bool remove_lost(State& s, const std::set<std::string>& lost) {
   if (lost.empty()) return false;
-  auto gone = [&](const NodeDesc& n) { return lost.count(n.id) > 0; };
+  auto gone = lost_in(lost);
   size_t w = std::erase_if(s.wait_list, gone), r = std::erase_if(s.redundancy_list, gone);
   size_t p = std::erase_if(s.participants, gone);
   if (w + r + p == 0) return false;

@@ -54,6 +54,9 @@ bool leave_round(State& s, const std::string& id, int64_t round, bool counted);
 // Drops lost nodes (their lease ended) from every list. A complete round left empty opens
 // the next (counted: it ended by losing nodes). Returns true when something changed.
 bool remove_lost(State& s, const std::set<std::string>& lost);
+// Whether remove_lost would change `s`, without touching it (a caller need not copy a state
+// it would only read).
+bool lists_lost(const State& s, const std::set<std::string>& lost);
 
 // The job is over; nobody joins any more. reason "" means it succeeded.
 void close_state(State& s, const std::string& reason);

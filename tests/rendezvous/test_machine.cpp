@@ -190,6 +190,18 @@ TEST_F(Machine, TheFirstLeaverDecidesWhetherTheRestartCounts) {
   EXPECT_EQ(s.restarts, 1);
 }
 
+// lists_lost says beforehand what remove_lost will say, on every list, without a change.
+TEST_F(Machine, ListsLostAgreesWithRemoveLost) {
+  State s = running({a, b});
+  s.redundancy_list.push_back(c);
+  const std::string before = encode_state(s);
+  for (const std::set<std::string>& lost : {std::set<std::string>{}, {"x"}, {"b"}, {"c"}, {"a", "x"}}) {
+    State t = s;
+    EXPECT_EQ(lists_lost(s, lost), remove_lost(t, lost)) << lost.size();
+    EXPECT_EQ(encode_state(s), before);
+  }
+}
+
 TEST_F(Machine, ALostMemberIsDroppedAndAnEmptyRoundOpensTheNextCounted) {
   State s = running({a, b});
   s.wait_list.push_back(c);
