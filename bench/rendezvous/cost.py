@@ -10,27 +10,19 @@ process of the run (the spawner's children and theirs, from getrusage). OLD and 
 turns, so the drift of a noisy machine hits both alike. Prints medians and NEW / OLD.
 NEW defaults to this checkout's build/bin/ddprun.
 """
-import argparse, os, resource, statistics, subprocess, sys
+import argparse, os, resource, statistics, sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "tests", "testlib"))
-from ports import free_port  # noqa: E402
-SPAWN_N = os.path.join(ROOT, "build", "bin", "ddp-bench-spawn-n")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import run  # noqa: E402  (its agents' command line and spawner)
 
 
 def one_round(binary, n):
     """(wall s, CPU s, minor faults) of one round of n agents; raises if any agent failed."""
-    cmd = [SPAWN_N, str(n), binary, "--nnodes", str(n), "--rdzv-backend", "c10d", "--rdzv-endpoint",
-           f"127.0.0.1:{free_port()}", "--rdzv-id", "cost", "--nproc-per-node", "1", "--no-python", "true"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True)
+    wall = run.rendezvous_once(n, binary=binary)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    wall, failed = r.stdout.split()
-    if int(failed):
-        raise RuntimeError(f"{failed} of {n} agents failed; rerun with SPAWN_N_LOGS=DIR for their output: "
-                           f"{' '.join(cmd)}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return float(wall), cpu, after.ru_minflt - before.ru_minflt
+    return wall, cpu, after.ru_minflt - before.ru_minflt
 
 
 def main():
@@ -38,7 +30,7 @@ def main():
     ap.add_argument("--agents", type=int, default=1024)
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("old")
-    ap.add_argument("new", nargs="?", default=os.path.join(ROOT, "build", "bin", "ddprun"))
+    ap.add_argument("new", nargs="?", default=run.DDPRUN)
     a = ap.parse_args()
     runs = {"old": [], "new": []}
     for i in range(a.pairs):

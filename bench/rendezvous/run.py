@@ -49,11 +49,12 @@ def rendezvous_once(n, torchrun=False, binary=None):
     else:
         cmd = [binary or DDPRUN, *rdzv, "--nproc-per-node", "1", "--no-python", "true"]
     # A C spawner starts the n agents (Python's Popen would take seconds for 1024 of them).
-    r = subprocess.run([SPAWN_N, str(n)] + cmd, env=ENV, capture_output=True, text=True, timeout=900)
+    cmd = [SPAWN_N, str(n)] + cmd
+    r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=900)
     dt, failed = r.stdout.split()
     if int(failed):
-        raise RuntimeError(f"{'torchrun' if torchrun else 'ddprun'} x{n}: {failed} agents failed; "
-                           f"rerun one by hand: {' '.join(cmd)}")
+        raise RuntimeError(f"{'torchrun' if torchrun else 'ddprun'} x{n}: {failed} agents failed; rerun with "
+                           f"SPAWN_N_LOGS=DIR for their output: {' '.join(cmd)}")
     return float(dt)
 
 

@@ -1,6 +1,7 @@
 /* spawn_n N CMD ARGS...: starts N copies of CMD at once (posix_spawn, stdout and stderr to
- * /dev/null, or to $SPAWN_N_LOGS/<index>.log when that folder is set), waits for all, and prints the seconds from the first start to the last exit,
- * then the number of copies that failed. In ARGS, "{i}" becomes the copy's index. A fast
+ * /dev/null, or to $SPAWN_N_LOGS/<index>.log when that folder is set), waits for all, and
+ * prints the seconds from the first start to the last exit, then the number of copies that
+ * failed. In ARGS, "{i}" becomes the copy's index. A fast
  * spawner, so that starting 1024 agents is not what the rendezvous benchmark measures. */
 #define _GNU_SOURCE
 #include <fcntl.h>

@@ -25,7 +25,6 @@ with open(os.path.join(out, f"where_{rank}.json.tmp"), "w") as f:
 os.replace(os.path.join(out, f"where_{rank}.json.tmp"), os.path.join(out, f"where_{rank}.json"))
 
 
-
 def finish(status):
     """Exits skipping the interpreter's finalization, as tests/integration/workers/elastic_train.py
     does: torch's exit race (tests/testlib/torch_runtime.py, TORCH_EXIT_ABORT) can abort a rank
@@ -49,8 +48,10 @@ if args[:1] == ["--train"]:
     try:
         runpy.run_path(train, run_name="__main__")
         status = 0
-    except SystemExit as e:  # train.py's status
+    except SystemExit as e:  # train.py's status, as the interpreter would turn it into one
         status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
     finish(status)
 else:
     import torch
