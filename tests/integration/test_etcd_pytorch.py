@@ -59,8 +59,8 @@ class EtcdElasticPytorch(base.ElasticPytorch):
     def test_lose_the_rank0_host_survivor_resumes_as_rank0(self):
         a = self.start_node("A", "127.0.0.2", CONF)
         b = self.start_node("B", "127.0.0.3", CONF)
-        self.wait_for(lambda: len(self.epochs_done(4)) >= 2 and os.path.exists(self.ckpt), 120,
-                      "two epochs at world 4")
+        self.wait_for(lambda: len(self.epochs_done(4)) >= 2 and self.saved_epoch() >= 1, 120,
+                      "two epochs at world 4, both in the checkpoint")
         starts4 = [r for r in self.lines("start") if r["world"] == 4]
         self.assertTrue(all(r["master"].split(":")[0] == "127.0.0.2" for r in starts4), self.describe())
         # A is node rank 0 (ranks 0, 1) and hosts the workers' store: it goes, all at once.

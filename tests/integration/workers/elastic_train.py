@@ -8,6 +8,7 @@ Rank 0 saves {"epoch", "model", "optimizer"} after every epoch (write, then rena
 rank appends JSON lines to DIR/train_<pid>.jsonl:
   {"event": "start", "rank", "world", "resume_epoch", "restart_count", "master", "t"}
   {"event": "epoch", "rank", "world", "epoch", "loss", "t"}   after the epoch's all-reduce
+  {"event": "saved", "rank", "world", "epoch", "t"}           rank 0, once the checkpoint holds it
   {"event": "done", "rank", "world", "t"}
 """
 import argparse
@@ -81,6 +82,7 @@ def main():
             tmp = a.checkpoint + ".tmp"
             torch.save({"epoch": epoch, "model": model.state_dict(), "optimizer": opt.state_dict()}, tmp)
             os.rename(tmp, a.checkpoint)
+            record(event="saved", rank=rank, world=world, epoch=epoch)
         dist.barrier()
     record(event="done", rank=rank, world=world)
     dist.destroy_process_group()
