@@ -23,10 +23,10 @@
 #include <cstdio>
 #include <chrono>
 #include <deque>
+#include <list>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp misses it under C++20
 #include <vector>
 
@@ -91,13 +91,25 @@ constexpr auto kLeaseTimerSlack = std::chrono::milliseconds(20);
 constexpr auto kLongestLeaseTtl = std::chrono::milliseconds(int64_t{1} << 40);
 
 struct Conn;
+struct Wait;
+
+// A key's waiters, oldest first: each entry a wait and which of its registrations it is.
+// A list, so that a wait leaves it in O(1) however many others wait on the key.
+using WaitList = std::list<std::pair<Wait*, size_t>>;
 
 // One pending WAIT request. Registered under each key that was missing (once per
 // occurrence); `remaining` counts registrations not yet satisfied.
 struct Wait {
+  struct Reg {
+    explicit Reg(std::string k) : key(std::move(k)) {}
+    std::string key;
+    WaitList* list = nullptr;  // waiters_[key] (map values stay put)
+    WaitList::iterator at;     // this registration's entry; valid while `live`
+    bool live = false;
+  };
   Conn* conn = nullptr;
   size_t remaining = 0;
-  std::vector<std::string> keys;
+  std::vector<Reg> regs;
   int64_t grows_beyond = -1;  // WAIT_GROWS: done once the key's value is longer than this
   size_t slot = 0;            // index in conn->waits
   size_t bytes = 0;           // counted in conn->wait_bytes
@@ -127,6 +139,7 @@ struct Conn : std::enable_shared_from_this<Conn> {
   // Output positions count every byte ever queued on the connection.
   uint64_t out_pos = 0;    // position of out[0]
   uint64_t batch_end = 0;  // end of the batch being written
+  uint64_t counted_behind = 0;  // queued_behind() as counted in the server's total
   bool closed = false, reading = false, writing = false, dirty = false;
   bool paused = false;  // not reading until unsent replies drain
   std::vector<std::unique_ptr<Wait>> waits;  // waits[i]->slot == i
@@ -140,7 +153,11 @@ struct Conn : std::enable_shared_from_this<Conn> {
   std::chrono::steady_clock::time_point last_request;
   std::chrono::steady_clock::duration lease_grace{};  // granted since last_request (lease_grace())
   std::unique_ptr<asio::steady_timer> lease_timer;
-  std::vector<std::pair<std::string, std::string>> lease_lines;  // key, value
+  // Lines in the order registered, and where each key's are (ON_LEASE_END "" drops a
+  // key's lines at the cost of those lines, not of all the connection's).
+  using LeaseLines = std::list<std::pair<std::string, std::string>>;  // key, value
+  LeaseLines lease_lines;
+  std::unordered_map<std::string, std::vector<LeaseLines::iterator>> lease_index;
 };
 
 }  // namespace
@@ -190,6 +207,8 @@ class StoreServer::Impl {
   std::string& out(Conn& c);
   void flush_dirty();
   void flush(const ConnPtr& c);
+  uint64_t recount_behind(Conn& c);
+  bool over_output_budget(Conn& c);
   void close(Conn& c, std::string_view why, std::string_view lease_why = {});
   std::string peer(const Conn& c) const;
   void refuse(Conn& c, proto::Op op, const Refused& e);
@@ -211,6 +230,7 @@ class StoreServer::Impl {
   void wait_keys(Conn& c, const std::vector<std::string>& keys);
   void add_wait(Conn& c, std::unique_ptr<Wait> w);
   void remove_wait(Wait* w);
+  void unregister(Wait& w, size_t i);
   void barrier(Conn& c, const std::string& key, int64_t world_size);
   void wake_all(const std::string& key);
   void wake_one(const std::string& key);
@@ -223,6 +243,7 @@ class StoreServer::Impl {
   void add_lease_line(Conn& c, std::string key, std::string value);
   int64_t trim_log(const std::string& key, int64_t line);
   int64_t logical_size(const std::string& key) const;
+  std::string_view held(const std::string& key, const std::string& stored) const;
   void drop_lease_lines(Conn& c, const std::string& key);
   size_t reply_bytes(const proto::Request& r) const;
   void check_connection(const Conn& c, size_t bytes, const char* what) const;
@@ -244,16 +265,20 @@ class StoreServer::Impl {
   std::unordered_map<uint64_t, ConnPtr> conns_;
   uint64_t next_id_ = 1;
   std::vector<ConnPtr> dirty_;
+  uint64_t behind_total_ = 0;  // queued_behind() summed over the connections
 
   std::unordered_map<std::string, std::string> kv_;
   // TRIM_LOG: per trimmed key, what its value no longer holds (offsets and line numbers
   // count from the key's first byte ever). Gone with the key's value (any write but APPEND).
   struct Trimmed {
     int64_t bytes = 0, lines = 0;
+    // Of those bytes, the ones still at the front of the stored string: removed once they are
+    // as many as the bytes held, so that a trim costs what it drops, not what it keeps.
+    size_t dead = 0;
   };
   std::unordered_map<std::string, Trimmed> trimmed_;
   std::unordered_map<std::string, std::deque<std::string>> queues_;
-  std::unordered_map<std::string, std::vector<Wait*>> waiters_;
+  std::unordered_map<std::string, WaitList> waiters_;
   std::unordered_map<std::string, std::vector<Conn*>> watchers_;
 };
 
@@ -427,6 +452,7 @@ void StoreServer::Impl::on_accept(tcp::socket s) {
 void StoreServer::Impl::close(Conn& c, std::string_view why, std::string_view lease_why) {
   if (c.closed) return;
   c.closed = true;
+  recount_behind(c);  // none: its output goes
   if (spdlog::should_log(spdlog::level::debug))
     spdlog::debug("store server: closing connection {} ({}): {}", c.id, peer(c), why);
   cancel_waits(c);
@@ -549,16 +575,39 @@ void StoreServer::Impl::flush_dirty() {
     dirty_.clear();
     for (auto& c : list) {
       c->dirty = false;
-      if (c->closed) continue;
-      if (uint64_t behind = c->queued_behind(); behind > opt_.max_pending_output_bytes) {
-        close(*c, fmt::format("client does not read its replies ({} bytes unsent, {} of them "
-                              "queued behind the {} bytes being written)",
-                              c->pending(), behind, c->pending() - behind));
-        continue;
-      }
+      if (c->closed || over_output_budget(*c)) continue;
       flush(c);
     }
   }
+}
+
+// Keeps behind_total_ up to date with c's output queued behind what it is being sent.
+uint64_t StoreServer::Impl::recount_behind(Conn& c) {
+  const uint64_t now = c.closed ? 0 : c.queued_behind();
+  behind_total_ = behind_total_ - c.counted_behind + now;
+  c.counted_behind = now;
+  return now;
+}
+
+// Closes c (true) when the output it does not read is over its own cap, or when the server
+// holds more such output than max_total_pending_output_bytes in all and c has a share of it
+// (a client that reads has almost none queued behind its batch, and is never cut off).
+bool StoreServer::Impl::over_output_budget(Conn& c) {
+  const uint64_t behind = recount_behind(c);
+  if (behind > opt_.max_pending_output_bytes) {
+    close(c, fmt::format("client does not read its replies ({} bytes unsent, {} of them queued behind the {} bytes "
+                         "being written)",
+                         c.pending(), behind, c.pending() - behind));
+    return true;
+  }
+  if (behind_total_ <= opt_.max_total_pending_output_bytes || behind < kPauseReadingAbove) return false;
+  const std::string why = fmt::format(
+      "client does not read its replies ({} queued behind what it is being sent) while the server holds {} of such "
+      "output for all its clients, over max_total_pending_output_bytes ({})",
+      mib(behind), mib(behind_total_), mib(opt_.max_total_pending_output_bytes));
+  spdlog::warn("store server: closing connection {} from {}: {}", c.id, peer(c), why);
+  close(c, why);
+  return true;
 }
 
 void StoreServer::Impl::flush(const ConnPtr& c) {
@@ -572,6 +621,7 @@ void StoreServer::Impl::flush(const ConnPtr& c) {
         c->out_pos += c->out_off;
         c->out_off = 0;
       }
+      recount_behind(*c);
       c->writing = true;
       c->sock.async_wait(tcp::socket::wait_write, [this, c](error_code e) {
         c->writing = false;
@@ -593,6 +643,7 @@ void StoreServer::Impl::flush(const ConnPtr& c) {
   c->out_pos += c->out.size();
   c->out.clear();
   c->out_off = 0;
+  recount_behind(*c);
   if (c->out.capacity() > (1u << 20)) c->out.shrink_to_fit();
   if (c->paused) {
     // Requests were left unhandled and reading stopped while replies piled up: go on,
@@ -613,7 +664,7 @@ size_t StoreServer::Impl::reply_bytes(const proto::Request& r) const {
   using proto::Op;
   auto value_size = [this](const std::string& k) -> size_t {
     auto it = kv_.find(k);
-    return it == kv_.end() ? 0 : it->second.size();
+    return it == kv_.end() ? 0 : held(k, it->second).size();
   };
   switch (r.op) {
     case Op::kGet:
@@ -685,16 +736,12 @@ bool StoreServer::Impl::present(const std::string& key) const {
 // only; BARRIER's are on an existing key, as are WAITs registered before a barrier created
 // its key, and a SET/ADD/... of that key releases them as torch's would.
 void StoreServer::Impl::store_value(const std::string& key, std::string value, bool wake) {
-  if (!trimmed_.empty()) trimmed_.erase(key);  // a new value: its offsets start at 0
-  auto w = watchers_.find(key);
+  const bool watched = watchers_.count(key) > 0;
   auto [it, inserted] = kv_.try_emplace(key);
-  if (w != watchers_.end()) {
-    std::string old = inserted ? std::string() : std::move(it->second);
-    it->second = std::move(value);
-    notify(key, inserted ? proto::kWatchCreated : proto::kWatchUpdated, old, it->second);
-  } else {
-    it->second = std::move(value);
-  }
+  std::string old = watched && !inserted ? std::string(held(key, it->second)) : std::string();
+  if (!trimmed_.empty()) trimmed_.erase(key);  // a new value: its offsets start at 0
+  it->second = std::move(value);
+  if (watched) notify(key, inserted ? proto::kWatchCreated : proto::kWatchUpdated, old, it->second);
   if (wake) wake_all(key);
 }
 
@@ -705,7 +752,7 @@ void StoreServer::Impl::store_value(const std::string& key, std::string value, b
 void StoreServer::Impl::barrier(Conn& c, const std::string& key, int64_t world_size) {
   int64_t count = 1;
   if (auto it = kv_.find(key); it != kv_.end()) {
-    auto cur = proto::parse_counter(it->second);
+    auto cur = proto::parse_counter(held(key, it->second));
     if (!cur)
       throw Violation(fmt::format("BARRIER on key '{}' whose value is not an integer", key));
     count = static_cast<int64_t>(static_cast<uint64_t>(*cur) + 1);
@@ -726,12 +773,10 @@ void StoreServer::Impl::barrier(Conn& c, const std::string& key, int64_t world_s
 void StoreServer::Impl::wait_on(Conn& c, const std::string& key, int64_t grows_beyond) {
   auto w = std::make_unique<Wait>();
   w->conn = &c;
-  w->keys.push_back(key);
-  w->remaining = 1;
+  w->regs.emplace_back(key);
   w->grows_beyond = grows_beyond;
   w->bytes = 2 * kRegistrationOverhead + key.size();
   check_registration(c, c.waits.size(), opt_.max_pending_waits, "waits", "max_pending_waits", w->bytes);
-  waiters_[key].push_back(w.get());
   add_wait(c, std::move(w));
 }
 
@@ -743,20 +788,26 @@ void StoreServer::Impl::wait_keys(Conn& c, const std::vector<std::string>& keys)
   w->bytes = kRegistrationOverhead;
   for (auto& k : keys) {
     if (present(k)) continue;
-    w->keys.push_back(k);
+    w->regs.emplace_back(k);
     w->bytes += kRegistrationOverhead + k.size();
   }
-  if (w->keys.empty()) {
+  if (w->regs.empty()) {
     proto::put_u8(out(c), proto::kWaitStopWaiting);
     return;
   }
   check_registration(c, c.waits.size(), opt_.max_pending_waits, "waits", "max_pending_waits", w->bytes);
-  for (auto& k : w->keys) waiters_[k].push_back(w.get());
-  w->remaining = w->keys.size();
   add_wait(c, std::move(w));
 }
 
+// Registers w under each of its keys and gives it to its connection.
 void StoreServer::Impl::add_wait(Conn& c, std::unique_ptr<Wait> w) {
+  for (size_t i = 0; i < w->regs.size(); ++i) {
+    Wait::Reg& r = w->regs[i];
+    r.list = &waiters_[r.key];
+    r.at = r.list->emplace(r.list->end(), w.get(), i);
+    r.live = true;
+  }
+  w->remaining = w->regs.size();
   w->slot = c.waits.size();
   c.wait_bytes += w->bytes;
   c.waits.push_back(std::move(w));
@@ -774,25 +825,30 @@ void StoreServer::Impl::remove_wait(Wait* w) {
   c.waits.pop_back();
 }
 
+// Takes registration i of w out of its key's list (dropping the key's list when it empties).
+void StoreServer::Impl::unregister(Wait& w, size_t i) {
+  Wait::Reg& r = w.regs[i];
+  if (!r.live) return;
+  r.live = false;
+  r.list->erase(r.at);
+  if (r.list->empty()) waiters_.erase(r.key);
+}
+
+// Every waiter on the key whose condition holds is released; WAIT_GROWS waiters whose key
+// has not grown enough stay. A wait registered n times completes on the n-th release.
 void StoreServer::Impl::wake_all(const std::string& key) {
   auto it = waiters_.find(key);
   if (it == waiters_.end()) return;
-  std::vector<Wait*> list = std::move(it->second);
-  waiters_.erase(it);
-  std::vector<Wait*> still;  // WAIT_GROWS waiters whose key has not grown enough yet
-  for (Wait* w : list) {
-    if (w->grows_beyond >= 0) {
-      if (logical_size(key) <= w->grows_beyond) {
-        still.push_back(w);
-        continue;
-      }
-    }
-    if (--w->remaining == 0) complete(w);  // a Wait registered n times completes on the n-th
+  std::vector<std::pair<Wait*, size_t>> due;
+  const int64_t size = logical_size(key);
+  for (auto& [w, i] : it->second)
+    if (w->grows_beyond < 0 || size > w->grows_beyond) due.emplace_back(w, i);
+  std::vector<Wait*> done;
+  for (auto [w, i] : due) {  // (the list, and then the key's entry, may go meanwhile)
+    unregister(*w, i);
+    if (--w->remaining == 0) done.push_back(w);
   }
-  if (!still.empty()) {
-    auto& back = waiters_[key];
-    back.insert(back.end(), still.begin(), still.end());
-  }
+  for (Wait* w : done) complete(w);
 }
 
 void StoreServer::Impl::append_value(const std::string& key, std::string value) {
@@ -802,9 +858,9 @@ void StoreServer::Impl::append_value(const std::string& key, std::string value) 
     return;
   }
   if (watchers_.count(key)) {
-    std::string old = it->second;
+    std::string old(held(key, it->second));
     it->second += value;
-    notify(key, proto::kWatchUpdated, old, it->second);
+    notify(key, proto::kWatchUpdated, old, held(key, it->second));
   } else {
     it->second += value;
   }
@@ -824,7 +880,15 @@ int64_t StoreServer::Impl::logical_size(const std::string& key) const {
   auto it = kv_.find(key);
   if (it == kv_.end()) return 0;
   auto t = trimmed_.find(key);
-  return static_cast<int64_t>(it->second.size()) + (t == trimmed_.end() ? 0 : t->second.bytes);
+  if (t == trimmed_.end()) return static_cast<int64_t>(it->second.size());
+  return static_cast<int64_t>(it->second.size() - t->second.dead) + t->second.bytes;
+}
+
+// The value as clients see it: without the bytes TRIM_LOG dropped that are still stored.
+std::string_view StoreServer::Impl::held(const std::string& key, const std::string& stored) const {
+  if (trimmed_.empty()) return stored;
+  auto t = trimmed_.find(key);
+  return t == trimmed_.end() ? std::string_view(stored) : std::string_view(stored).substr(t->second.dead);
 }
 
 // TRIM_LOG: drops the value's whole lines before line `line`; returns the first line held.
@@ -834,11 +898,15 @@ int64_t StoreServer::Impl::trim_log(const std::string& key, int64_t line) {
   auto t = trimmed_.find(key);
   Trimmed now = t == trimmed_.end() ? Trimmed{} : t->second;
   const std::string& v = it->second;
-  size_t cut = 0;
+  size_t cut = now.dead;
   for (size_t nl; now.lines < line && (nl = v.find('\n', cut)) != std::string::npos; ++now.lines) cut = nl + 1;
-  if (cut == 0) return now.lines;
-  now.bytes += static_cast<int64_t>(cut);
-  it->second.erase(0, cut);
+  if (cut == now.dead) return now.lines;
+  now.bytes += static_cast<int64_t>(cut - now.dead);
+  now.dead = cut;
+  if (now.dead >= v.size() - now.dead) {  // moving what is held costs no more than was dropped
+    it->second.erase(0, now.dead);
+    now.dead = 0;
+  }
   trimmed_[key] = now;
   return now.lines;
 }
@@ -902,25 +970,30 @@ void StoreServer::Impl::end_lease(Conn& c, std::string_view why) {
   if (shutting_down_) return;
   auto lines = std::move(c.lease_lines);
   c.lease_lines.clear();
+  c.lease_index.clear();
   c.lease_bytes = 0;
   for (auto& [key, value] : lines) append_value(key, value + std::string(why) + "\n");
 }
 
+// QUEUE_PUSH: the oldest WAIT on the key takes every one of its registrations there; the
+// next one too while the one before still waits for other keys. WAIT_GROWS waits for the
+// key's value, not its queue, and is passed over.
 void StoreServer::Impl::wake_one(const std::string& key) {
-  auto it = waiters_.find(key);
-  if (it == waiters_.end()) return;
   for (;;) {
-    auto& list = it->second;
-    Wait* w = list.front();
-    size_t m = std::erase(list, w);
-    w->remaining -= m;
-    bool empty = list.empty();
-    if (empty) waiters_.erase(it);
+    auto it = waiters_.find(key);
+    if (it == waiters_.end()) return;
+    auto first = std::find_if(it->second.begin(), it->second.end(), [](auto& e) { return e.first->grows_beyond < 0; });
+    if (first == it->second.end()) return;
+    Wait* w = first->first;
+    for (size_t i = 0; i < w->regs.size(); ++i)
+      if (w->regs[i].live && w->regs[i].key == key) {
+        unregister(*w, i);
+        --w->remaining;
+      }
     if (w->remaining == 0) {
       complete(w);
       return;
     }
-    if (empty) return;
   }
 }
 
@@ -929,18 +1002,10 @@ void StoreServer::Impl::complete(Wait* w) {
   remove_wait(w);
 }
 
-// Each key's list of waiters is filtered once, however many of c's waits are on it.
+// At the cost of c's own registrations, whoever else waits on the same keys.
 void StoreServer::Impl::cancel_waits(Conn& c) {
-  if (c.waits.empty()) return;
-  std::unordered_set<std::string_view> keys;
   for (auto& w : c.waits)
-    for (auto& k : w->keys) keys.insert(k);
-  for (std::string_view k : keys) {
-    auto it = waiters_.find(std::string(k));
-    if (it == waiters_.end()) continue;
-    std::erase_if(it->second, [&c](const Wait* w) { return w->conn == &c; });
-    if (it->second.empty()) waiters_.erase(it);
-  }
+    for (size_t i = 0; i < w->regs.size(); ++i) unregister(*w, i);
   c.waits.clear();
   c.wait_bytes = 0;
 }
@@ -985,17 +1050,20 @@ void StoreServer::Impl::add_lease_line(Conn& c, std::string key, std::string val
   check_registration(c, c.lease_lines.size(), opt_.max_lease_lines, "lease-end lines",
                      "max_lease_lines", bytes);
   c.leased = true;  // without LEASE: the lines are written when the connection closes
-  c.lease_lines.emplace_back(std::move(key), std::move(value));
+  auto& at = c.lease_index[key];
+  at.push_back(c.lease_lines.emplace(c.lease_lines.end(), std::move(key), std::move(value)));
   c.lease_bytes += bytes;
 }
 
 void StoreServer::Impl::drop_lease_lines(Conn& c, const std::string& key) {
   c.leased = true;
-  std::erase_if(c.lease_lines, [&](const auto& l) {
-    if (l.first != key) return false;
-    c.lease_bytes -= kRegistrationOverhead + l.first.size() + l.second.size();
-    return true;
-  });
+  auto f = c.lease_index.find(key);
+  if (f == c.lease_index.end()) return;
+  for (auto l : f->second) {
+    c.lease_bytes -= kRegistrationOverhead + l->first.size() + l->second.size();
+    c.lease_lines.erase(l);
+  }
+  c.lease_index.erase(f);
 }
 
 void StoreServer::Impl::handle(Conn& c, proto::Request& r) {
@@ -1117,17 +1185,17 @@ void StoreServer::Impl::compare_set(Conn& c, const std::string& key, std::string
     }
     return;
   }
-  if (it->second == expected)
+  if (held(key, it->second) == expected)
     store_value(key, std::move(desired));
   else
     wake_all(key);  // as PyTorch's libuv server (waits on a present key: BARRIER's)
-  proto::put_str(out(c), kv_.find(key)->second);
+  proto::put_str(out(c), held(key, kv_.find(key)->second));
 }
 
 void StoreServer::Impl::get(Conn& c, const std::string& key, bool gen1) {
   auto it = kv_.find(key);
   if (it != kv_.end())
-    proto::put_str(out(c), it->second);
+    proto::put_str(out(c), held(key, it->second));
   else if (gen1)
     throw Violation(fmt::format("GET of missing key '{}'", key));
   else
@@ -1138,7 +1206,7 @@ void StoreServer::Impl::add(Conn& c, const std::string& key, int64_t delta) {
   int64_t v = delta;
   auto it = kv_.find(key);
   if (it != kv_.end()) {
-    auto cur = proto::parse_counter(it->second);
+    auto cur = proto::parse_counter(held(key, it->second));
     if (!cur) throw Violation(fmt::format("ADD on key '{}' whose value is not an integer", key));
     v = static_cast<int64_t>(static_cast<uint64_t>(*cur) + static_cast<uint64_t>(v));
   }
@@ -1150,7 +1218,7 @@ void StoreServer::Impl::delete_key(Conn& c, const std::string& key) {
   auto it = kv_.find(key);
   int64_t n = 0;
   if (it != kv_.end()) {
-    std::string old = std::move(it->second);
+    std::string old = watchers_.count(key) ? std::string(held(key, it->second)) : std::string();
     kv_.erase(it);
     trimmed_.erase(key);
     n = 1;
@@ -1164,7 +1232,7 @@ void StoreServer::Impl::multi_get(Conn& c, const std::vector<std::string>& keys,
   for (auto& k : keys) {
     auto it = kv_.find(k);
     if (it == kv_.end() && gen1) throw Violation(fmt::format("MULTI_GET of missing key '{}'", k));
-    proto::put_str(o, it == kv_.end() ? std::string_view() : std::string_view(it->second));
+    proto::put_str(o, it == kv_.end() ? std::string_view() : held(k, it->second));
   }
 }
 
@@ -1204,15 +1272,15 @@ void StoreServer::Impl::read_log(Conn& c, proto::Op op, const std::string& key, 
   }
   auto it = kv_.find(key);
   auto t = trimmed_.find(key);
-  const Trimmed held = t == trimmed_.end() ? Trimmed{} : t->second;
+  const Trimmed dropped = t == trimmed_.end() ? Trimmed{} : t->second;
   // Below the trimmed bytes: from the first byte held (LOG_FROM says where that is).
-  const size_t from = static_cast<size_t>(std::max<int64_t>(offset, held.bytes) - held.bytes);
+  const size_t from = static_cast<size_t>(std::max<int64_t>(offset, dropped.bytes) - dropped.bytes);
   if (log_from) {
-    proto::put_i64(out(c), held.bytes);
-    proto::put_i64(out(c), held.lines);
+    proto::put_i64(out(c), dropped.bytes);
+    proto::put_i64(out(c), dropped.lines);
   }
-  if (it == kv_.end() || it->second.size() <= from) proto::put_str(out(c), "");
-  else proto::put_str(out(c), std::string_view(it->second).substr(from));
+  const std::string_view value = it == kv_.end() ? std::string_view() : held(key, it->second);
+  proto::put_str(out(c), value.size() <= from ? std::string_view() : value.substr(from));
 }
 
 // ---------------------------------------------------------------------------------------

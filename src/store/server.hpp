@@ -32,6 +32,10 @@ struct StoreServerOptions {
   // (a client that never reads while wake-ups or watch events pile up). A reply being
   // written is never counted, however large: a client that reads is never cut off.
   size_t max_pending_output_bytes = size_t{512} << 20;
+  // The same output summed over all connections: past it, every connection found with 4 MiB
+  // or more queued behind its output is closed (with a warning): n clients that never read
+  // (generation-1 watchers of a busy key) cannot make the server hold n x the cap above.
+  size_t max_total_pending_output_bytes = size_t{1} << 30;
 
   // Memory budget (docs/store.md, "Memory budget"). A request past one of these is refused:
   // a warning names the client, and its connection alone is closed (the only error either

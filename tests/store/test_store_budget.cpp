@@ -6,17 +6,15 @@
 #include <sys/socket.h>
 
 #include <algorithm>
-#include <fstream>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
 #include "ddp/error.hpp"
+#include "server_watch.hpp"
 #include "store_test_util.hpp"
 
 using namespace store_test;
@@ -27,51 +25,6 @@ namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
 
-// Keeps the log lines of spdlog's default logger (the server's) while it lives.
-class LogCapture {
- public:
-  LogCapture() : sink_(std::make_shared<Sink>()), previous_(spdlog::default_logger()) {
-    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink_));
-  }
-  ~LogCapture() { spdlog::set_default_logger(previous_); }
-  // True once a line contains every one of `parts` (within the hang guard).
-  bool has_line_with(const std::vector<std::string>& parts) {
-    return ddp::test::wait_until([&] { return sink_->any_line([&](const std::string& l) {
-                                   return std::all_of(parts.begin(), parts.end(), [&](auto& p) {
-                                     return l.find(p) != std::string::npos;
-                                   });
-                                 }); },
-                                 hang_guard());
-  }
-  std::string all() { return sink_->joined(); }
-
- private:
-  class Sink : public spdlog::sinks::base_sink<std::mutex> {
-   public:
-    template <typename F>
-    bool any_line(F f) {
-      std::lock_guard lk(mutex_);
-      return std::any_of(lines_.begin(), lines_.end(), f);
-    }
-    std::string joined() {
-      std::lock_guard lk(mutex_);
-      std::string s;
-      for (auto& l : lines_) s += l + "\n";
-      return s;
-    }
-
-   protected:
-    void sink_it_(const spdlog::details::log_msg& m) override {
-      lines_.emplace_back(m.payload.data(), m.payload.size());
-    }
-    void flush_() override {}
-
-   private:
-    std::vector<std::string> lines_;
-  };
-  std::shared_ptr<Sink> sink_;
-  std::shared_ptr<spdlog::logger> previous_;
-};
 
 // "127.0.0.1:PORT" of a client socket, as the server's log names it.
 std::string local_address(const RawConn& c) {
@@ -81,22 +34,6 @@ std::string local_address(const RawConn& c) {
   return fmt::format("127.0.0.1:{}", ntohs(a.sin_port));
 }
 
-size_t status_kib(const char* field) {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  const std::string prefix = std::string(field) + ":";
-  while (std::getline(f, line))
-    if (line.rfind(prefix, 0) == 0) return std::stoul(line.substr(prefix.size()));
-  return 0;
-}
-
-// Resets VmHWM (the peak RSS) to the current RSS.
-bool reset_peak_rss() {
-  std::ofstream f("/proc/self/clear_refs");
-  f << "5";
-  f.flush();
-  return static_cast<bool>(f);
-}
 
 // Caps the address space at the current size plus `extra` while it lives, so that a server
 // that does build a huge reply fails with bad_alloc instead of taking the machine's memory.
@@ -130,13 +67,6 @@ void expect_refused(RawConn& c, LogCapture& log, const std::string& op, const st
   EXPECT_TRUE(log.has_line_with({"refused " + op + " from " + who, option})) << log.all();
 }
 
-// A round trip on c: everything it sent before has been handled.
-void sync(RawConn& c) {
-  auto ping = request(Op::kPing);
-  ping.u32 = 0x5eed;
-  c.send_request(ping);
-  ASSERT_EQ(c.recv_u32(), 0x5eedu);
-}
 
 proto::Request with_i64(proto::Request r, int64_t v) {
   r.i64 = v;

@@ -961,7 +961,9 @@ TEST(StoreServer, ConnectTellsItsRetriesAndARetryThatThrowsStopsIt) {
   ASSERT_GE(told.size(), 2u);
   for (size_t i = 0; i < told.size(); ++i) {
     EXPECT_EQ(told[i].second, "Connection refused");
-    if (i) EXPECT_GE(told[i].first, told[i - 1].first);
+    if (i) {
+      EXPECT_GE(told[i].first, told[i - 1].first);
+    }
   }
   EXPECT_LT(told.back().first, 300ms);
   o.connect_timeout = scaled(30s);
