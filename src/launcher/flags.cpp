@@ -98,8 +98,10 @@ const FlagSpec kFlags[] = {
      "debug info warning error", "LEVEL"},
     {"summary-json", 0, K::kValue, "", "Output", "write the job's outcome (every rank) as JSON to this path",
      nullptr, "", "FILE"},
-    {"help", 'h', K::kFlag, "", "Other", "show this help and exit"},
-    {"version", 0, K::kFlag, "", "Other", "show the version and exit"},
+    // Never from PET_HELP or PET_VERSION (torchrun has no such fallback): a variable left in
+    // the environment must not turn every job into a help or version print.
+    {"help", 'h', K::kFlag, "", "Other", "show this help and exit", nullptr, nullptr, "VALUE", false},
+    {"version", 0, K::kFlag, "", "Other", "show the version and exit", nullptr, nullptr, "VALUE", false},
     {"dump-stacks", 0, K::kFlag, "", "Other",
      "ddprun --dump-stacks [PID]: print every rank's stack in the output of the running ddprun job (PID: which "
      "one, when several run); the job runs on",
@@ -142,7 +144,8 @@ std::string help_text() {
   app.set_help_flag();  // ddprun handles -h itself
   app.footer(
       "\nUnderscore spellings (--nproc_per_node) and unambiguous prefixes are accepted.\n"
-      "Every option falls back to the environment variable PET_<NAME> (PET_NPROC_PER_NODE=4).\n"
+      "Every option but --help and --version falls back to the environment variable PET_<NAME>\n"
+      "(PET_NPROC_PER_NODE=4).\n"
       "Everything after the training script is passed to the script.");
   std::string sink;
   bool bsink = false;

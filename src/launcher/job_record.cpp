@@ -47,7 +47,10 @@ void JobRecord::report(const Ending& e, const std::string& run_id) {
     end.remote_node_only = e.remote->node_only();
   }
   conclude(outcome_, end, o_.script);
-  if (!o_.summary_json.empty()) write_summary_json(o_.summary_json, outcome_, run_id);
+  // A scheduler that reads the summary must not take a missing one for a success: ddprun's
+  // own failure, exit 1 (as any error of ddprun's that is not a usage error).
+  if (!o_.summary_json.empty() && !write_summary_json(o_.summary_json, outcome_, run_id) && outcome_.exit_code == 0)
+    outcome_.exit_code = 1;
 }
 
 // A node stopping on a signal is gone by the time the SIGKILL escalation would have

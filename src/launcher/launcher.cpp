@@ -40,8 +40,17 @@ std::string host_name() {
   return buf;
 }
 
+// The one line every ddprun error is: control characters (a newline in a bad value) shown
+// escaped.
 void print_error(const std::string& msg) {
-  std::string line = "ddprun: error: " + msg + "\n";
+  std::string line = "ddprun: error: ";
+  for (unsigned char c : msg) {
+    if (c == '\n') line += "\\n";
+    else if (c == '\t') line += "\\t";
+    else if (c < 0x20 || c == 0x7f) line += fmt::format("\\x{:02x}", c);
+    else line += static_cast<char>(c);
+  }
+  line += "\n";
   ssize_t r = ::write(2, line.data(), line.size());
   (void)r;
 }

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
 #include <type_traits>
 #include <sys/stat.h>
 
@@ -100,6 +101,32 @@ void for_each_item(const std::string& s, F f) {
     f(s.substr(start, end - start));
     start = end + 1;
   }
+}
+
+// Why h is not a host name or address ("" when it is one): the check of --rdzv-endpoint's
+// host, --master-addr and --local-addr.
+std::string bad_host(const std::string& h) {
+  if (h.empty()) return "no host";
+  if (h[0] == '-') return "a host name or address cannot start with '-'";
+  for (char ch : h)
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '-' && ch != '_' && ch != ':')
+      return "a host name or address has letters, digits, '.', '-', '_' (and ':' for IPv6) only";
+  return "";
+}
+
+// --master-addr, --local-addr: a host name or address without a port. An IPv6 address may
+// come in brackets ([::1]): they are dropped, as MASTER_ADDR goes to torch's TCPStore, which
+// resolves the bare address.
+std::string parse_host(const Given& g) {
+  std::string h = trim(g.value);
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  std::string why = bad_host(h);
+  if (why.empty() && std::count(h.begin(), h.end(), ':') == 1)
+    why = "one ':' makes it host:port (IPv6 has two or more)";
+  if (!why.empty())
+    throw UsageError(fmt::format("{}: {}; expected a host name or address without a port, got '{}'", g.source,
+                                 why, g.value));
+  return h;
 }
 
 // ------------------------------------------------------------------ 1. the command line
@@ -214,16 +241,21 @@ void read_nodes(Options& o, const Flags& g) {
   if (g.has("node-rank")) o.node_rank = parse_int(g.at("node-rank"), 0, 1 << 20, "a node index >= 0");
 }
 
+constexpr size_t kLongestRdzvId = 200;
+
 void read_rendezvous(Options& o, const Flags& g) {
   o.standalone = g.flag("standalone");
   o.no_slurm = g.flag("no-slurm");
-  if (g.has("master-addr")) o.master_addr = g.value("master-addr");
-  if (o.master_addr.empty()) throw UsageError(fmt::format("{}: expected a host name or address", g.source("master-addr")));
+  if (g.has("master-addr")) o.master_addr = parse_host(g.at("master-addr"));
   if (g.has("master-port")) o.master_port = parse_int(g.at("master-port"), 0, 65535, "a port number 0..65535");
-  if (g.has("local-addr")) o.local_addr = g.value("local-addr");
+  if (g.has("local-addr")) o.local_addr = parse_host(g.at("local-addr"));
   if (g.has("rdzv-backend")) o.rdzv_backend = g.value("rdzv-backend");
   if (g.has("rdzv-endpoint")) o.rdzv_endpoint = g.value("rdzv-endpoint");
   if (g.has("rdzv-id")) o.rdzv_id = g.value("rdzv-id");
+  // The id names the run's folder (<id>_<8 characters>, within a file name's 255 bytes).
+  if (o.rdzv_id.size() > kLongestRdzvId)
+    throw UsageError(fmt::format("{}: '{}...' is {} bytes long, at most {}", g.source("rdzv-id"),
+                                 o.rdzv_id.substr(0, 20), o.rdzv_id.size(), kLongestRdzvId));
   if (g.has("rdzv-conf"))
     o.rdzv_conf = parse_rdzv_conf(g.source("rdzv-conf"), g.value("rdzv-conf"), o.rdzv_backend, o.warnings);
 }
@@ -528,6 +560,28 @@ void check_target(const Options& o, const std::map<std::string, std::string>& en
   }
 }
 
+// --summary-json is written when the job ends: a place it cannot be written is found now,
+// before any worker runs. Its missing folders are made, as --log-dir's are.
+void check_summary_json(const Options& o, const Flags& g) {
+  if (o.summary_json.empty()) return;
+  const std::string src = g.source("summary-json");
+  const std::filesystem::path path(o.summary_json);
+  if (!path.has_filename()) throw UsageError(fmt::format("{}: '{}' names a folder, not a file", src, o.summary_json));
+  const std::string parent = path.has_parent_path() ? path.parent_path().string() : ".";
+  std::error_code ec;
+  std::filesystem::create_directories(parent, ec);
+  if (ec) throw UsageError(fmt::format("{}: cannot create the folder '{}': {}", src, parent, ec.message()));
+  struct stat st {};
+  if (::stat(o.summary_json.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) throw UsageError(fmt::format("{}: '{}' is a directory", src, o.summary_json));
+    if (::access(o.summary_json.c_str(), W_OK) != 0)
+      throw UsageError(fmt::format("{}: cannot write '{}': {}", src, o.summary_json, ddp::errno_text(errno)));
+  } else if (::access(parent.c_str(), W_OK | X_OK) != 0) {
+    throw UsageError(fmt::format("{}: cannot write '{}' in '{}': {}", src, o.summary_json, parent,
+                                 ddp::errno_text(errno)));
+  }
+}
+
 // `ddprun --dump-stacks [PID]`: nothing else on the line.
 Options parse_dump_stacks(const CommandLine& c) {
   Options o;
@@ -555,7 +609,7 @@ std::map<std::string, std::string> current_environment() {
 void parse_endpoint(const std::string& source, const std::string& value, int default_port, std::string& host,
                     int& port, bool allow_zero) {
   const std::string v = trim(value);
-  auto bad = [&](const char* why) {
+  auto bad = [&](const std::string& why) {
     return UsageError(fmt::format("{}: {}; expected host[:port] or [ipv6]:port, got '{}'", source, why, value));
   };
   std::string h = v, p;
@@ -575,10 +629,7 @@ void parse_endpoint(const std::string& source, const std::string& value, int def
     p = v.substr(colon + 1);
     if (p.empty()) throw bad("an empty port");
   }
-  if (h.empty()) throw bad("no host");
-  for (char ch : h)
-    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '-' && ch != '_' && ch != ':')
-      throw bad("a host name or address has letters, digits, '.', '-', '_' (and ':' for IPv6) only");
+  if (auto why = bad_host(h); !why.empty()) throw bad(why);
   port = default_port;
   if (!p.empty()) {
     long n = 0;
@@ -729,6 +780,7 @@ Options parse_options(const std::vector<std::string>& args, const std::map<std::
   check_rendezvous(o, g);
   read_store_sharing(o, env);
   check_target(o, env);
+  check_summary_json(o, g);
   return o;
 }
 

@@ -159,7 +159,7 @@ void write_root_cause_error_file(const std::string& path, const WorkerResult& ro
     spdlog::error("cannot write TORCHELASTIC_ERROR_FILE {}: {}", path, ddp::errno_text(errno));
 }
 
-void write_summary_json(const std::string& path, const JobOutcome& o, const std::string& run_id) {
+bool write_summary_json(const std::string& path, const JobOutcome& o, const std::string& run_id) {
   auto state_name = [](WorkerResult::State s) {
     switch (s) {
       case WorkerResult::State::kRunning: return "running";
@@ -209,8 +209,9 @@ void write_summary_json(const std::string& path, const JobOutcome& o, const std:
   j["root_cause"] = o.root_cause ? worker_json(*o.root_cause) : json(nullptr);
   j["workers"] = json::array();
   for (auto& w : o.workers) j["workers"].push_back(worker_json(w));
-  if (!write_file(path, j.dump(2) + "\n"))
-    spdlog::error("cannot write --summary-json {}: {}", path, ddp::errno_text(errno));
+  if (write_file(path, j.dump(2) + "\n")) return true;
+  spdlog::error("cannot write --summary-json {}: {}", path, ddp::errno_text(errno));
+  return false;
 }
 
 void conclude(JobOutcome& outcome, const JobEnd& e, const std::string& script) {

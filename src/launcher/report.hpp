@@ -61,7 +61,8 @@ struct JobOutcome {
   std::chrono::system_clock::time_point start, end;
 };
 
-void write_summary_json(const std::string& path, const JobOutcome& outcome, const std::string& run_id);
+// False (and an error logged) when it cannot be written.
+bool write_summary_json(const std::string& path, const JobOutcome& outcome, const std::string& run_id);
 
 // What ddprun exits with when no rank made progress for --hang-timeout (as timeout(1)).
 inline constexpr int kHangExitCode = 124;

@@ -580,7 +580,7 @@ struct Supervisor::Impl {
     const JobRecord::Ending e{signals, attempts.root(), workers.all(), stacks, attempts.remote_end(), stop_reason};
     record.report(e, job.plan.run_id);
     record.leave(e);
-    if (!tmp_root.empty() && record.outcome().exit_code == 0) {
+    if (!tmp_root.empty() && record.outcome().status == "succeeded") {
       std::error_code ec;
       fs::remove_all(tmp_root, ec);
     }

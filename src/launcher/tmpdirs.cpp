@@ -165,6 +165,15 @@ std::string random_suffix() {
 
 }  // namespace
 
+std::string run_id_file_name(std::string run_id) {
+  std::replace(run_id.begin(), run_id.end(), '/', '_');
+  for (char& c : run_id) {
+    if (c != '.') break;
+    c = '_';
+  }
+  return run_id;
+}
+
 RunFolders make_run_folders(const std::string& log_dir, const std::string& run_id) {
   RunFolders f;
   std::string base = log_dir;
@@ -177,10 +186,12 @@ RunFolders make_run_folders(const std::string& log_dir, const std::string& run_i
     f.tmp_root = base = f.tmp_dir->path();
     if (prune_due(dir)) prune_run_tmp_dirs(dir);  // older finished runs' folders (README, "Using it")
   }
-  f.log_root = base + "/" + run_id + "_" + random_suffix();
+  f.log_root = base + "/" + run_id_file_name(run_id) + "_" + random_suffix();
   std::error_code ec;
   std::filesystem::create_directories(f.log_root, ec);
-  if (ec) throw ddp::Error(fmt::format("--log-dir: cannot create {}: {}", f.log_root, ec.message()));
+  if (ec)
+    throw ddp::Error(fmt::format("{}cannot create the run's folder {}: {}", log_dir.empty() ? "" : "--log-dir: ",
+                                 f.log_root, ec.message()));
   return f;
 }
 

@@ -56,7 +56,11 @@ bool prune_due(const std::string& parent, std::chrono::seconds every = std::chro
 // their paths. Best effort: a folder it cannot judge or remove stays, and nothing throws.
 std::vector<std::string> prune_run_tmp_dirs(const std::string& parent, const PrunePolicy& policy = {});
 
-// A run's folders: log_root = <log_dir or a temporary root>/<run_id>_<random>; without
+// The run id as it appears in a file name: '/' and a leading run of '.' become '_', so that
+// the run's folder is always directly inside its parent (the id stays as given elsewhere).
+std::string run_id_file_name(std::string run_id);
+
+// A run's folders: log_root = <log_dir or a temporary root>/<run_id_file_name>_<random>; without
 // --log-dir the temporary root (TMPDIR, else /dev/shm, else /tmp) is made and locked here
 // (tmp_dir, tmp_root; removed after success by the caller), and older finished runs'
 // folders beside it are pruned now and then. Throws ddp::Error naming a folder it cannot make.

@@ -2,10 +2,12 @@
 // --flag value, PET_ fallbacks, prefixes, short forms), defaults, the script/argument split,
 // and every bad input refused with a ddp::UsageError naming the flag.
 #include <csignal>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "ddp/error.hpp"
@@ -164,6 +166,17 @@ TEST_F(LauncherOptions, CommandLineBeatsPet) {
   EXPECT_EQ(o.master_port, 1111);
   // Even when the command line uses a prefix.
   EXPECT_EQ(parse_with_script({"--nproc", "5"}, env).nproc_per_node, 5);
+}
+
+// torchrun has no environment fallback for --help or --version: a PET_HELP left in the
+// environment must not turn a job into a help print.
+TEST_F(LauncherOptions, PetHelpAndPetVersionAreNotRead) {
+  for (const char* var : {"PET_HELP", "PET_VERSION"}) {
+    Options o = parse_with_script({"--standalone"}, {{var, "1"}});
+    EXPECT_FALSE(o.help) << var;
+    EXPECT_FALSE(o.version) << var;
+    EXPECT_EQ(o.script, script_) << var;
+  }
 }
 
 TEST_F(LauncherOptions, BadPetValueNamesTheVariable) {
@@ -443,6 +456,54 @@ TEST_F(LauncherOptions, Help) {
   EXPECT_TRUE(o.help);
   EXPECT_NE(o.help_text.find("--nproc-per-node"), std::string::npos);
   EXPECT_TRUE(parse({"-h"}).help);
+}
+
+TEST_F(LauncherOptions, RdzvIdUpTo200Bytes) {
+  const Args c10d{"--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id"};
+  Args ok = c10d, long_id = c10d;
+  ok.push_back(std::string(200, 'a'));
+  EXPECT_EQ(parse_with_script(ok).rdzv_id, std::string(200, 'a'));
+  long_id.push_back(std::string(250, 'a'));
+  EXPECT_EQ(usage_error_with_script(long_id),
+            fmt::format("--rdzv-id: '{}...' is 250 bytes long, at most 200", std::string(20, 'a')));
+  EXPECT_EQ(usage_error_with_script({"--standalone"}, {{"PET_RDZV_ID", std::string(10000, 'b')}}),
+            fmt::format("PET_RDZV_ID: '{}...' is 10000 bytes long, at most 200", std::string(20, 'b')));
+  // An id with '/' stays as given: only the run's folder name is made safe (tmpdirs).
+  Args slash = c10d;
+  slash.push_back("../../esc");
+  EXPECT_EQ(parse_with_script(slash).rdzv_id, "../../esc");
+}
+
+// --master-addr and --local-addr get --rdzv-endpoint's host check; an IPv6 address loses its
+// brackets (MASTER_ADDR goes to torch as it is).
+TEST_F(LauncherOptions, MasterAndLocalAddrAreHosts) {
+  EXPECT_EQ(parse_with_script({"--master-addr", "node-0.example"}).master_addr, "node-0.example");
+  EXPECT_EQ(parse_with_script({"--master-addr", "[::1]"}).master_addr, "::1");
+  EXPECT_EQ(parse_with_script({"--master-addr", "fe80::1"}).master_addr, "fe80::1");
+  EXPECT_EQ(parse_with_script({"--local-addr", "[fe80::2]"}).local_addr, "fe80::2");
+  for (const char* bad : {"a b", "x\ny", " ", "", "localhost:29500", "-h", "[::1", "a/b"}) {
+    std::string msg = usage_error_with_script({"--master-addr", bad});
+    EXPECT_TRUE(msg.starts_with("--master-addr: ")) << msg;
+    EXPECT_NE(msg.find(fmt::format("got '{}'", bad)), std::string::npos) << msg;
+    EXPECT_TRUE(usage_error_with_script({"--local-addr", bad}).starts_with("--local-addr: ")) << bad;
+  }
+  EXPECT_TRUE(usage_error_with_script({}, {{"PET_MASTER_ADDR", " "}}).starts_with("PET_MASTER_ADDR: "));
+}
+
+// --summary-json is checked before anything runs: its missing folders are made (as
+// --log-dir's are), and a place it cannot be written is a usage error.
+TEST_F(LauncherOptions, SummaryJsonPlaceCheckedBeforeTheJob) {
+  const std::string nested = dir_.file("a/b/s.json");
+  EXPECT_EQ(parse_with_script({"--summary-json", nested}).summary_json, nested);
+  EXPECT_TRUE(std::filesystem::is_directory(dir_.file("a/b")));
+  EXPECT_EQ(usage_error_with_script({"--summary-json", dir_.path()}),
+            fmt::format("--summary-json: '{}' is a directory", dir_.path()));
+  EXPECT_EQ(usage_error_with_script({"--summary-json", dir_.path() + "/new/"}),
+            fmt::format("--summary-json: '{}/new/' names a folder, not a file", dir_.path()));
+  std::string msg = usage_error_with_script({"--summary-json", script_ + "/s.json"});
+  EXPECT_TRUE(msg.starts_with(fmt::format("--summary-json: cannot create the folder '{}'", script_))) << msg;
+  msg = usage_error_with_script({}, {{"PET_SUMMARY_JSON", "/proc/ddprun-test/s.json"}});
+  EXPECT_TRUE(msg.starts_with("PET_SUMMARY_JSON: ")) << msg;
 }
 
 // ------------------------------------------------------------------ bad input

@@ -174,6 +174,23 @@ TEST(LauncherTmpdirs, NeverAnotherUsersFolder) {
   EXPECT_TRUE(fs::exists(marker(theirs)));
 }
 
+// The run id is a file name's part only: '/' and a leading '.' run cannot put the run's
+// folder anywhere but directly inside --log-dir (or the temporary root).
+TEST(LauncherTmpdirs, TheRunsFolderIsDirectlyInsideItsParentWhateverTheId) {
+  ddprun_test::TempDir dir;
+  const std::string logs = dir.file("a/b/logs");  // (without the fix, '../..' stays in `dir`)
+  for (const std::string id : {"../../esc", "x/y", "..", ".", "/abs", "..hidden", "job42"}) {
+    SCOPED_TRACE(id);
+    ddprun::RunFolders f = ddprun::make_run_folders(logs, id);
+    EXPECT_EQ(fs::path(f.log_root).parent_path(), fs::path(logs));
+    EXPECT_TRUE(fs::is_directory(f.log_root));
+    const std::string name = fs::path(f.log_root).filename();
+    EXPECT_NE(name[0], '.') << name;
+  }
+  EXPECT_EQ(ddprun::run_id_file_name("../../esc"), "___.._esc");
+  EXPECT_EQ(ddprun::run_id_file_name("job.42"), "job.42");
+}
+
 TEST(LauncherTmpdirs, AMissingParentIsNoError) {
   EXPECT_TRUE(prune_run_tmp_dirs("/nonexistent/ddprun-tmpdirs-test").empty());
   EXPECT_THROW(RunTmpDir("/nonexistent/ddprun-tmpdirs-test"), ddp::SystemError);

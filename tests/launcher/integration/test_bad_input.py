@@ -38,6 +38,15 @@ CASES = [
     ("local ranks filter letters", ["--local-ranks-filter", "a,b"], "--local-ranks-filter", True),
     ("bad signal", ["--signals-to-handle", "SIGNOPE"], "--signals-to-handle", True),
     ("bad PET value", [], "PET_NPROC_PER_NODE", True),
+    # A control character in a value is shown escaped: the error stays one line.
+    ("newline in a value", ["--nproc-per-node", "2\n"], "--nproc-per-node: expected a positive integer or auto, "
+                                                          "cpu, gpu; got '2\\n'", True),
+    ("master addr with a space", ["--master-addr", "a b"], "--master-addr", True),
+    ("master addr with a newline", ["--master-addr", "x\ny"], "--master-addr: ", True),
+    ("master addr with a port", ["--master-addr", "localhost:29500"], "--master-addr", True),
+    ("master addr like a flag", ["--master-addr", "-h"], "--master-addr", True),
+    ("rdzv id too long", ["--rdzv-id", "a" * 250],
+     "--rdzv-id: 'aaaaaaaaaaaaaaaaaaaa...' is 250 bytes long, at most 200", True),
 ]
 
 
@@ -61,6 +70,18 @@ class BadInputTest(DdprunTestCase):
                     args += [worker("marker.py"), self.path("marker")]
                 env = clean_env(PET_NPROC_PER_NODE="many") if name == "bad PET value" else None
                 self.check(args, expect, env)
+
+    def test_blank_pet_master_addr(self):
+        self.check([worker("marker.py"), self.path("marker")], "PET_MASTER_ADDR: no host",
+                   clean_env(PET_MASTER_ADDR=" "))
+
+    def test_summary_json_that_cannot_be_written_is_refused_before_the_job(self):
+        with open(self.path("a_file"), "w"):
+            pass
+        for where, expect in ((self.path("a_file", "s.json"), "--summary-json: cannot create the folder"),
+                              (self.tmp, "is a directory")):
+            with self.subTest(where):
+                self.check(["--summary-json", where, worker("marker.py"), self.path("marker")], expect)
 
     def test_nonexistent_script(self):
         self.check(["/nonexistent/train.py", self.path("marker")], "/nonexistent/train.py")
@@ -91,6 +112,16 @@ class BadInputTest(DdprunTestCase):
         res = self.run_ddprun(["--version"])
         self.assertEqual(res.rc, 0, res)
         self.assertTrue(res.stdout.startswith("ddprun "), res)
+
+    def test_pet_help_and_version_do_not_replace_the_job(self):
+        # torchrun reads neither from the environment.
+        for var in ("PET_HELP", "PET_VERSION"):
+            with self.subTest(var):
+                marker = self.path(f"marker_{var}")
+                res = self.run_ddprun([worker("marker.py"), marker], env=clean_env(**{var: "1"}))
+                self.assertEqual(res.rc, 0, res)
+                self.assertTrue(os.path.exists(marker), f"{var}=1: the job did not run: {res}")
+                self.assertNotIn("Usage:", res.stdout)
 
 
 if __name__ == "__main__":

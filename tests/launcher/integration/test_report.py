@@ -121,6 +121,23 @@ class SummaryJsonTest(DdprunTestCase):
         self.assertEqual(j["signal"], "SIGTERM")
         self.assertEqual(j["exit_code"], 143)
 
+    def test_summary_json_folders_are_made(self):
+        path = self.path("new", "deeper", "summary.json")
+        res = self.run_ddprun(["--summary-json", path, "--no-python", "/bin/true"])
+        self.assertEqual(res.rc, 0, res)
+        self.assertEqual(self.load_json(path)["status"], "succeeded")
+
+    def test_summary_json_lost_after_a_success_is_no_success(self):
+        # The place was writable at the start; the job removes it. ddprun's own failure: 1.
+        folder = self.path("gone")
+        os.mkdir(folder)
+        path = os.path.join(folder, "summary.json")
+        res = self.run_ddprun(["--summary-json", path, "--no-python", "rmdir", folder])
+        self.assertEqual(res.rc, 1, res)
+        self.assertFalse(os.path.exists(folder), "the job did not succeed")
+        self.assertNotIn("FAILED", res.stderr)
+        self.assertIn(f"cannot write --summary-json {path}: No such file or directory", res.stderr)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

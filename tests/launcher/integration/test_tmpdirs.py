@@ -110,6 +110,19 @@ class TmpdirPruneTest(DdprunTestCase):
         self.assertEqual(res.rc, 0, res)
         self.assertEqual(self.run_dirs(), set(), "a success removes its folder and prunes the old one")
 
+    def test_a_rdzv_id_with_slashes_stays_inside_the_runs_folder(self):
+        # The id is a name in the store and the environment, and only a part of a file name:
+        # '../esc' must not put the run's log folder beside TMPDIR's run folders.
+        res = self.run_ddprun(["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id", "../esc",
+                               "--no-python", "sh", "-c", 'echo "id=$TORCHELASTIC_RUN_ID"; exit 3'])
+        self.assertEqual(res.rc, 3, res)
+        self.assertIn("[rank0]:id=../esc", res.stdout)
+        self.assertEqual([n for n in os.listdir(self.tmp) if "esc" in n], [], "a folder outside the run's folder")
+        (run,) = self.run_dirs()
+        logs = [n for n in os.listdir(self.path(run)) if n != MARKER]
+        self.assertEqual(len(logs), 1, logs)
+        self.assertRegex(logs[0], r"^___esc_[a-z0-9_]{8}$")
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
