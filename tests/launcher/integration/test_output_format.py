@@ -3,7 +3,6 @@ continuation marks, UTF-8 written byte by byte, --tee/--redirects with --log-dir
 --local-ranks-filter, prefix templates, --log-timestamps."""
 import glob
 import os
-import re
 import select
 import socket
 import subprocess

@@ -1,13 +1,12 @@
 """Issue 3: the failure summary (stderr tail, signal), ddprun's own TORCHELASTIC_ERROR_FILE,
 and --summary-json."""
-import json
 import os
 import signal
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddprun_testlib import DdprunTestCase, clean_env, read_text, scaled, worker
+from ddprun_testlib import DdprunTestCase, clean_env, scaled, worker
 
 
 class SummaryTest(DdprunTestCase):
