@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <type_traits>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <fmt/format.h>
@@ -108,6 +109,13 @@ void for_each_item(const std::string& s, F f) {
 std::string bad_host(const std::string& h) {
   if (h.empty()) return "no host";
   if (h[0] == '-') return "a host name or address cannot start with '-'";
+  if (h.find(':') == std::string::npos) {  // a name or IPv4 address: DNS's lengths (RFC 1035)
+    if (h.size() > 253) return fmt::format("a host name is at most 253 characters, this one has {}", h.size());
+    for (size_t at = 0, dot; at <= h.size(); at = dot + 1) {
+      dot = std::min(h.find('.', at), h.size());
+      if (dot - at > 63) return fmt::format("a label of a host name is at most 63 characters, one has {}", dot - at);
+    }
+  }
   for (char ch : h)
     if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '-' && ch != '_' && ch != ':')
       return "a host name or address has letters, digits, '.', '-', '_' (and ':' for IPv6) only";
@@ -204,6 +212,21 @@ CommandLine read_command_line(const std::vector<std::string>& args, const std::m
 
 // ------------------------------------------------------------------ 2. one group at a time
 
+// Each worker holds four or more of ddprun's open files (its output pipes, its pidfd, ...):
+// a count that no `ulimit -n` of this process allows is refused now, before one folder per
+// rank is made (99999999 workers filled /dev/shm's inodes before failing). The limit is the
+// machine's, not a usage error: exit 1, as when the pipes themselves run out.
+void check_worker_count(const Given& n, int count) {
+  constexpr rlim_t kFilesPerWorker = 4;
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_max == RLIM_INFINITY) return;
+  if (static_cast<rlim_t>(count) <= rl.rlim_max / kFilesPerWorker) return;
+  throw ddp::Error(fmt::format("{}: {} workers need {} or more open files, and this process may open at most {} "
+                               "(the hard limit, ulimit -Hn): at most {} workers per node",
+                               n.source, count, static_cast<uint64_t>(count) * kFilesPerWorker,
+                               static_cast<uint64_t>(rl.rlim_max), static_cast<uint64_t>(rl.rlim_max / kFilesPerWorker)));
+}
+
 void read_nodes(Options& o, const Flags& g) {
   if (g.has("nnodes")) {
     const auto& n = g.at("nnodes");
@@ -226,6 +249,7 @@ void read_nodes(Options& o, const Flags& g) {
         throw UsageError(
             fmt::format("{}: expected a positive integer or auto, cpu, gpu; got '{}'", n.source, n.value));
       o.nproc_per_node = count;
+      check_worker_count(n, count);
     } else if (n.value == "cpu" || n.value == "auto" || n.value == "gpu") {
       GpuCount gpus = n.value == "cpu" ? GpuCount{} : visible_gpus(!g.flag("no-slurm"));
       if (n.value == "gpu" && gpus.n == 0)

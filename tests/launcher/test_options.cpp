@@ -532,6 +532,12 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"NprocZero", {"--nproc-per-node", "0"}, "--nproc-per-node"},
         BadCase{"NprocAbc", {"--nproc-per-node", "abc"}, "--nproc-per-node"},
         BadCase{"NprocNegative", {"--nproc-per-node=-2"}, "--nproc-per-node"},
+        BadCase{"EndpointLabelTooLong", {"--rdzv-endpoint", std::string(64, 'a') + ".example:29400"},
+                "a label of a host name is at most 63 characters, one has 64"},
+        BadCase{"MasterAddrTooLong", {"--master-addr", std::string(50, 'b') + "." + std::string(50, 'b') + "." +
+                                                           std::string(50, 'b') + "." + std::string(50, 'b') + "." +
+                                                           std::string(60, 'b')},
+                "--master-addr: a host name is at most 253 characters, this one has 264"},
         BadCase{"NnodesReversed", {"--nnodes", "3:1"}, "--nnodes"},
         BadCase{"NnodesZero", {"--nnodes", "0"}, "--nnodes"},
         BadCase{"MasterPortTooBig", {"--master-port", "70000"}, "--master-port"},

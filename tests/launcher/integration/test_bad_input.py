@@ -89,7 +89,8 @@ class BadInputTest(DdprunTestCase):
     def test_more_workers_than_open_files_allow(self):
         # Not a usage error (exit 1): the limit is the machine's. One line that names it and
         # what to do, before any worker starts (every worker's pipes are opened first).
-        res = self.run_ddprun(["--nproc-per-node", "40", worker("marker.py"), self.path("marker")],
+        # 15 workers pass the count check (4 files each, hard limit 64) and run out of pipes.
+        res = self.run_ddprun(["--nproc-per-node", "15", worker("marker.py"), self.path("marker")],
                               env=clean_env(OMP_NUM_THREADS="1"), cmd_prefix=("prlimit", "--nofile=64:64"))
         self.assertEqual(res.rc, 1, res)
         lines = res.stderr.splitlines()
@@ -97,6 +98,19 @@ class BadInputTest(DdprunTestCase):
         self.assertRegex(lines[0], r"^ddprun: error: cannot open a pipe for the std(out|err) of local rank \d+ "
                                    r"\(ddprun may hold 64 open files, RLIMIT_NOFILE, .* raise `ulimit -n`\): "
                                    r"Too many open files$")
+        self.assertFalse(os.path.exists(self.path("marker")), "a worker was started")
+
+    def test_more_workers_than_any_open_file_limit_allows(self):
+        # 40 workers need 160 files or more, past the hard limit of 64: refused before any
+        # folder or pipe is made (99999999 once made 610k folders in /dev/shm first).
+        env = clean_env(OMP_NUM_THREADS="1", TMPDIR=self.tmp)
+        res = self.run_ddprun(["--nproc-per-node", "40", worker("marker.py"), self.path("marker")],
+                              env=env, cmd_prefix=("prlimit", "--nofile=64:64"))
+        self.assertEqual(res.rc, 1, res)
+        self.assertEqual(res.stderr.splitlines(), [
+            "ddprun: error: --nproc-per-node: 40 workers need 160 or more open files, and this process may open at "
+            "most 64 (the hard limit, ulimit -Hn): at most 16 workers per node"], res)
+        self.assertEqual([n for n in os.listdir(self.tmp) if n.startswith("torchelastic_")], [], "a folder was made")
         self.assertFalse(os.path.exists(self.path("marker")), "a worker was started")
 
     def test_flags_after_script_are_the_scripts(self):
