@@ -18,7 +18,8 @@ std::string unsent_note() {
          "answer); they notice its absence within their keep-alive window";
 }
 
-std::unique_ptr<ddp::detail::StoreServer> host_master_store(int port, bool pick_any) {
+std::unique_ptr<ddp::detail::StoreServer> host_master_store(const Options& o, bool pick_any) {
+  const int port = o.master_port;
   ddp::detail::StoreServerOptions so;
   so.host = "";  // every interface, dual stack
   so.port = static_cast<uint16_t>(pick_any ? 0 : port);
@@ -28,6 +29,10 @@ std::unique_ptr<ddp::detail::StoreServer> host_master_store(int port, bool pick_
   } catch (const ddp::SystemError& e) {
     if (e.code() != EADDRINUSE) throw;
     std::string holder = who_listens(port);
+    if (auto ep = o.given.find("rdzv-endpoint"); ep != o.given.end() && !o.rdzv_endpoint.empty())
+      throw ddp::Error(fmt::format("{} {}: the port {} is already in use{}; give the endpoint another port, or use "
+                                   "--standalone to pick a free one",
+                                   ep->second, o.rdzv_endpoint, port, holder.empty() ? "" : " by " + holder));
     throw ddp::Error(fmt::format(
         "--master-port {}: the port is already in use{}; choose another with --master-port (or "
         "PET_MASTER_PORT), or use --standalone to pick a free one",
@@ -61,7 +66,7 @@ class LocalRendezvous : public Rendezvous {
       plan_.master_addr = o_.standalone ? "localhost" : o_.master_addr;
       plan_.use_agent_store = o_.share_worker_store;
       if (o_.share_worker_store) {
-        server_ = host_master_store(o_.master_port, o_.standalone);
+        server_ = host_master_store(o_, o_.standalone);
         plan_.master_port = server_->port();
       }
     } else {

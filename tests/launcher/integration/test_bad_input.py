@@ -1,11 +1,12 @@
 """Issue 2: every bad command line exits 2 with exactly one 'ddprun: error:' line on
 stderr, names the culprit, and starts no worker."""
 import os
+import socket
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddprun_testlib import DdprunTestCase, clean_env, worker
+from ddprun_testlib import DdprunTestCase, clean_env, free_port, worker
 
 # (name, ddprun flags before the script, text the error must contain, script given?)
 CASES = [
@@ -136,6 +137,28 @@ class BadInputTest(DdprunTestCase):
                 self.assertEqual(res.rc, 0, res)
                 self.assertTrue(os.path.exists(marker), f"{var}=1: the job did not run: {res}")
                 self.assertNotIn("Usage:", res.stdout)
+
+
+class PortInUseTest(DdprunTestCase):
+    """A taken port fails at once (exit 1: the machine's state, not the command line), naming
+    the process that holds it and the flag the port came from."""
+
+    def test_the_message_names_the_holder_and_the_flag_the_port_came_from(self):
+        port = free_port()
+        with socket.socket() as held:
+            held.bind(("127.0.0.1", port))
+            held.listen()
+            for args, expect in (
+                    (["--nnodes", "1", "--master-port", str(port)],
+                     f"--master-port {port}: the port is already in use by pid {os.getpid()} "),
+                    (["--nnodes", "1", "--rdzv-endpoint", f"localhost:{port}"],
+                     f"--rdzv-endpoint localhost:{port}: the port {port} is already in use by pid {os.getpid()} ")):
+                with self.subTest(args[2]):
+                    res = self.run_ddprun(args + [worker("marker.py"), self.path("marker")])
+                    self.assertEqual(res.rc, 1, res)
+                    self.assertIn(expect, res.stderr, res)
+                    self.assertEqual(len(res.stderr.splitlines()), 1, res)
+                    self.assertFalse(os.path.exists(self.path("marker")), "a worker was started")
 
 
 if __name__ == "__main__":
