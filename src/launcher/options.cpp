@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <string_view>
 #include <type_traits>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -62,7 +63,14 @@ bool truthy(const std::string& source, const std::string& v) {
 bool Flags::flag(const char* n) const { return has(n) && truthy(at(n).source, at(n).value); }
 
 template <typename T>
-bool parse_number(const std::string& s, T& out) {
+bool parse_number(const std::string& text, T& out) {
+  // As Python's int() and float() read torchrun's values: spaces (a value read from a file
+  // ends with a newline) and a leading '+' are allowed.
+  std::string_view s(text);
+  constexpr std::string_view kSpace = " \t\n\r\f\v";
+  s.remove_prefix(std::min(s.size(), s.find_first_not_of(kSpace)));
+  s.remove_suffix(s.size() - (s.find_last_not_of(kSpace) + 1));
+  if (s.size() > 1 && s[0] == '+' && s[1] != '+' && s[1] != '-') s.remove_prefix(1);
   if (s.empty()) return false;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
   if constexpr (std::is_floating_point_v<T>) {

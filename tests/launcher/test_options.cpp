@@ -179,6 +179,18 @@ TEST_F(LauncherOptions, PetHelpAndPetVersionAreNotRead) {
   }
 }
 
+// Numbers as torchrun reads them (Python's int() and float()): spaces around them (a value
+// read from a file ends with a newline) and a leading '+'; '+-2' or a blank stays an error.
+TEST_F(LauncherOptions, NumbersAsPythonReadsThem) {
+  for (const char* v : {" 2", "2 ", "+2", "2\n", "\t+2 "})
+    EXPECT_EQ(parse_with_script({}, {{"PET_NPROC_PER_NODE", v}}).nproc_per_node, 2) << "'" << v << "'";
+  EXPECT_EQ(parse_with_script({"--max-restarts", " 3\n"}).max_restarts, 3);
+  EXPECT_DOUBLE_EQ(parse_with_script({"--monitor-interval", "+0.5"}).monitor_interval, 0.5);
+  for (const char* v : {"+-2", "++2", " ", "2 2"})
+    EXPECT_NE(usage_error_with_script({}, {{"PET_NPROC_PER_NODE", v}}).find("PET_NPROC_PER_NODE"), std::string::npos)
+        << "'" << v << "'";
+}
+
 TEST_F(LauncherOptions, BadPetValueNamesTheVariable) {
   std::string msg = usage_error_with_script({}, {{"PET_NPROC_PER_NODE", "abc"}});
   EXPECT_NE(msg.find("PET_NPROC_PER_NODE"), std::string::npos) << msg;

@@ -40,8 +40,8 @@ CASES = [
     ("bad signal", ["--signals-to-handle", "SIGNOPE"], "--signals-to-handle", True),
     ("bad PET value", [], "PET_NPROC_PER_NODE", True),
     # A control character in a value is shown escaped: the error stays one line.
-    ("newline in a value", ["--nproc-per-node", "2\n"], "--nproc-per-node: expected a positive integer or auto, "
-                                                          "cpu, gpu; got '2\\n'", True),
+    ("newline in a value", ["--nproc-per-node", "2\nx"], "--nproc-per-node: expected a positive integer or auto, "
+                                                           "cpu, gpu; got '2\\nx'", True),
     ("master addr with a space", ["--master-addr", "a b"], "--master-addr", True),
     ("master addr with a newline", ["--master-addr", "x\ny"], "--master-addr: ", True),
     ("master addr with a port", ["--master-addr", "localhost:29500"], "--master-addr", True),
