@@ -381,7 +381,8 @@ class BadInput(unittest.TestCase):
                "hello", check=False)
         self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
         self.assertEqual(len(p.stderr.strip().splitlines()), 1, p.stderr)
-        self.assertRegex(p.stderr, r"^ddprun: error: --log-dir: cannot create /logs/\S+: Read-only file system\n$")
+        self.assertRegex(p.stderr,
+                         r"^ddprun: error: --log-dir: cannot create the run's folder /logs/\S+: Read-only file system\n$")
         self.assertEqual(os.listdir(ro), [])
 
 
