@@ -62,14 +62,20 @@ bool truthy(const std::string& source, const std::string& v) {
 
 bool Flags::flag(const char* n) const { return has(n) && truthy(at(n).source, at(n).value); }
 
+// Without the white space around it (Python's str.strip()).
+std::string trim(std::string s) {
+  constexpr const char* kSpace = " \t\n\r\f\v";
+  s.erase(0, s.find_first_not_of(kSpace));
+  s.erase(s.find_last_not_of(kSpace) + 1);
+  return s;
+}
+
 template <typename T>
 bool parse_number(const std::string& text, T& out) {
   // As Python's int() and float() read torchrun's values: spaces (a value read from a file
   // ends with a newline) and a leading '+' are allowed.
-  std::string_view s(text);
-  constexpr std::string_view kSpace = " \t\n\r\f\v";
-  s.remove_prefix(std::min(s.size(), s.find_first_not_of(kSpace)));
-  s.remove_suffix(s.size() - (s.find_last_not_of(kSpace) + 1));
+  const std::string trimmed = trim(text);
+  std::string_view s(trimmed);
   if (s.size() > 1 && s[0] == '+' && s[1] != '+' && s[1] != '-') s.remove_prefix(1);
   if (s.empty()) return false;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
@@ -94,11 +100,6 @@ double parse_seconds(const Given& g, bool allow_zero) {
   return v;
 }
 
-std::string trim(std::string s) {
-  s.erase(0, s.find_first_not_of(" \t"));
-  s.erase(s.find_last_not_of(" \t") + 1);
-  return s;
-}
 
 // Calls f(item) for each comma-separated item of s.
 template <typename F>
