@@ -18,11 +18,11 @@ std::string unsent_note() {
          "answer); they notice its absence within their keep-alive window";
 }
 
-std::unique_ptr<ddp::detail::StoreServer> host_master_store(const Options& o, bool pick_any) {
+std::unique_ptr<ddp::detail::StoreServer> host_master_store(const Options& o) {
   const int port = o.master_port;
   ddp::detail::StoreServerOptions so;
   so.host = "";  // every interface, dual stack
-  so.port = static_cast<uint16_t>(pick_any ? 0 : port);
+  so.port = static_cast<uint16_t>(o.standalone ? 0 : port);
   std::unique_ptr<ddp::detail::StoreServer> server;
   try {
     server = std::make_unique<ddp::detail::StoreServer>(so);
@@ -66,7 +66,7 @@ class LocalRendezvous : public Rendezvous {
       plan_.master_addr = o_.standalone ? "localhost" : o_.master_addr;
       plan_.use_agent_store = o_.share_worker_store;
       if (o_.share_worker_store) {
-        server_ = host_master_store(o_, o_.standalone);
+        server_ = host_master_store(o_);
         plan_.master_port = server_->port();
       }
     } else {

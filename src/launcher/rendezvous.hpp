@@ -100,8 +100,8 @@ std::unique_ptr<Rendezvous> make_rendezvous(const Options& o, const std::string&
 // A multi-node job's rendezvous, static or dynamic (rendezvous_nodes.cpp).
 std::unique_ptr<Rendezvous> make_node_rendezvous(const Options& o, const std::string& hostname);
 
-// Hosts the workers' store on every interface at o.master_port (pick_any: a free port); a
-// port in use is an error that names its holder and the flag the port came from.
-std::unique_ptr<ddp::detail::StoreServer> host_master_store(const Options& o, bool pick_any);
+// Hosts the workers' store on every interface at o.master_port (--standalone: a free port);
+// a port in use is an error that names its holder and the flag the port came from.
+std::unique_ptr<ddp::detail::StoreServer> host_master_store(const Options& o);
 
 }  // namespace ddprun

@@ -391,7 +391,7 @@ rdzv::NodeDesc NodeRendezvous::describe_me(const std::string& connect_host, int 
 std::unique_ptr<rdzv::Backend> NodeRendezvous::open_static() {
   const bool hosting = o_.node_rank == 0;
   if (hosting) {
-    server_ = host_master_store(o_, false);
+    server_ = host_master_store(o_);
     port_ = server_->port();
   } else {
     port_ = o_.master_port;
