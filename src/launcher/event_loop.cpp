@@ -72,6 +72,7 @@ std::vector<void*> EventLoop::wait_between_attempts(int timeout_ms) {
 
 bool EventLoop::run_off_loop(std::function<void()> call, const OffLoop& how) {
   using Clock = std::chrono::steady_clock;
+  if (how.stopped()) return false;
   struct Call {
     std::exception_ptr error;
     int fd = -1;

@@ -58,6 +58,9 @@ class EventLoop {
   // Runs `call` (a rendezvous call that may wait for the network) on a thread of its own
   // while this one still reads signals: a signal meanwhile stops this node at once
   // (nullopt; the call is cancelled, and abandoned if it does not end within how.grace).
+  // None runs when how.stopped() already holds. A call that ended in the same wake-up as
+  // the signal returns its result, which the caller must undo or drop: stopped() after a
+  // result is not a race to ignore (a signal lost there left a node waiting forever).
   // The thread owns what it touches (background.hpp).
   template <class T>
   std::optional<T> off_loop(std::function<T()> call, const OffLoop& how) {

@@ -76,7 +76,14 @@ std::unique_ptr<Rendezvous> open_rendezvous(const Options& o, const std::string&
               [] {}});
   EventLoop::OffLoop how{[&] { return sig != 0; }, [] {}, [](bool) {}, std::chrono::milliseconds(0)};
   auto opened = loop.off_loop<std::unique_ptr<Rendezvous>>([&o, host] { return make_rendezvous(o, host); }, how);
-  return opened ? std::move(*opened) : nullptr;
+  if (!opened) return nullptr;
+  // Opened in the wake-up that brought the signal, which stops this node all the same: the
+  // rendezvous is left as an abandoned opening is (no round joined; its lease runs out).
+  if (sig) {
+    (void)opened->release();
+    return nullptr;
+  }
+  return std::move(*opened);
 }
 
 }  // namespace

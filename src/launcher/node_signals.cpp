@@ -38,8 +38,12 @@ void NodeSignals::take(const signalfd_siginfo& si) {
   spdlog::warn("received {}: forwarding it to the workers, SIGKILL after {} s", signal_name(sig), o_.shutdown_timeout);
   workers_.restart_stop();  // begin_stop sends this signal, not SIGTERM
   workers_.begin_stop(sig);  // before anything that talks to the network
-  if (!joining_)  // (while joining there is no round to end: join_round cancels the join)
-    rdzv_.end_round(RoundEnd::Kind::kLeft, fmt::format("ddprun on {} received {}", plan_.hostname, signal_name(sig)));
+  end_note_ = fmt::format("ddprun on {} received {}", plan_.hostname, signal_name(sig));
+  if (!joining_) end_round();  // (while joining there is no round to end: join_round cancels the join)
+}
+
+void NodeSignals::end_round() {
+  if (!end_note_.empty()) rdzv_.end_round(RoundEnd::Kind::kLeft, end_note_);
 }
 
 // A signal Slurm sent (launcher/slurm_signals.hpp decides what it means); false when it
@@ -56,8 +60,8 @@ bool NodeSignals::on_slurm_signal(SlurmSignals::Act act, int sig) {
     if (!got_) {
       got_ = sig;
       at_ = Clock::now();
-      if (!was_stopping && !joining_)
-        rdzv_.end_round(RoundEnd::Kind::kLeft, slurm_->stop_note({sig, act == A::kStopQuiet}, plan_.hostname));
+      if (!was_stopping) end_note_ = slurm_->stop_note({sig, act == A::kStopQuiet}, plan_.hostname);
+      if (!joining_) end_round();
     }
   }
   return true;

@@ -38,6 +38,10 @@ class NodeSignals {
   bool stopped_elsewhere(const RoundEnd& end);
   // While joining there is no round to end (the join is cancelled instead).
   void joining(bool j) { joining_ = j; }
+  // Ends the round with the note that says why this node stops (after got(); nothing when
+  // its workers were stopping already). take() does when no join runs; join_round does
+  // for a round that formed as the signal came (both seen in one wake-up).
+  void end_round();
 
   int got() const { return got_; }  // the signal that stops this node (0: none)
   // When the SIGKILL escalation of the stop would end, at least a second after now.
@@ -55,6 +59,7 @@ class NodeSignals {
   int got_ = 0;
   Clock::time_point at_{};  // when got_ came
   bool joining_ = false;    // the supervisor waits for the rendezvous (no round to end)
+  std::string end_note_;    // what ends the round for the other nodes ("": nothing)
 };
 
 }  // namespace ddprun

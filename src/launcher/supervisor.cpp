@@ -557,14 +557,20 @@ struct Supervisor::Impl {
   // The next round (nullopt: a signal came while joining).
   std::optional<JobPlan> join_round() {
     if (!rdzv.joins_over_network()) return rdzv.next_round();
-    return off_loop<JobPlan>([r = &rdzv] { return r->next_round(); });
+    auto plan = off_loop<JobPlan>([r = &rdzv] { return r->next_round(); });
+    if (plan && signals.got()) {  // joined as the signal came: no worker starts
+      signals.end_round();
+      return std::nullopt;
+    }
+    return plan;
   }
 
   // Whether another round may follow `end` ("" when it may; nullopt: a signal came while
   // the rendezvous was asked). prejoin's answer when it was asked.
   std::optional<std::string> restart_refusal(const RoundEnd& end) {
     if (!rdzv.joins_over_network()) return rdzv.restart_refused(end);
-    return off_loop<std::string>([r = &rdzv, end] { return r->restart_refused(end); });
+    auto refusal = off_loop<std::string>([r = &rdzv, end] { return r->restart_refused(end); });
+    return signals.got() ? std::nullopt : refusal;
   }
 
   void finish() {
