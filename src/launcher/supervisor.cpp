@@ -441,6 +441,7 @@ struct Supervisor::Impl {
       job.plan = *joined;
       watch_rendezvous();
       if (!wait_warm()) break;  // a signal while the warm process imports
+      if (signals.got()) break;  // one read in the same wake-up as an answer: no worker starts after it
       attempts.start();
       attempts.supervise();
       record.keep(workers.all(), job.attempt);
