@@ -22,6 +22,13 @@
 
 namespace {
 
+// Options with only the bootstrap's bound changed.
+ddp::ProcessGroupOptions with_timeout(std::chrono::milliseconds t) {
+  ddp::ProcessGroupOptions o;
+  o.timeout = t;
+  return o;
+}
+
 std::string slurp(const std::string& p) {
   std::ifstream f(p);
   std::stringstream ss;
@@ -120,7 +127,7 @@ pid_t start_rank(int rank, int world, int port) {
   try {
     EnvGuard g;
     set_env_rank(rank, world, port);
-    auto pg = ddp::init_process_group_from_env({.timeout = std::chrono::seconds(30)});
+    auto pg = ddp::init_process_group_from_env(with_timeout(std::chrono::seconds(30)));
     std::vector<double> v{double(rank + 1)};
     pg->all_reduce(std::span<double>(v));
     rc = v[0] == world * (world + 1) / 2.0 ? 0 : 3;
@@ -179,7 +186,7 @@ std::string rank_one_without_rank_zero(int port) {
   const auto t0 = std::chrono::steady_clock::now();
   std::string what = "no exception";
   try {
-    ddp::init_process_group_from_env({.timeout = std::chrono::seconds(1)});
+    ddp::init_process_group_from_env(with_timeout(std::chrono::seconds(1)));
   } catch (const ddp::NetworkError& e) {
     what = e.what();
   }
