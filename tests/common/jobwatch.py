@@ -34,6 +34,26 @@ def highest_round(prefix):
     return last
 
 
+def wait_round(prefix, at, nodes, stall_s, poll_s=0.05):
+    """Waits until workers/fail_round.sh recorded round `at` under prefix for as long as the
+    job moves: returns None then, else why it stopped waiting (a node exited first, or no new
+    round started for stall_s, already scaled). Only a stall fails: a fixed deadline for
+    hundreds of rounds ran out once in CI with nothing to say where the job stood."""
+    last, since = -1, time.monotonic()
+    while True:
+        h = highest_round(prefix)
+        if h >= at:
+            return None
+        if h != last:
+            last, since = h, time.monotonic()
+        gone = [f"{n.name} (exit {n.proc.returncode})" for n in nodes if n.proc.poll() is not None]
+        if gone:
+            return f"round {at} not reached: at round {h}, {', '.join(gone)} exited"
+        if time.monotonic() - since > stall_s:
+            return f"round {at} not reached: no round after round {h} for {stall_s:.0f} s"
+        time.sleep(poll_s)
+
+
 def start_records(folder):
     """The workers' start_*.json records in folder, oldest first."""
     out = []

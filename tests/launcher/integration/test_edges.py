@@ -349,7 +349,8 @@ class EdgeTest(DdprunTestCase):
         store = torch_store_client(self.port)
         samples = {}
         for at in (rounds // 10, rounds * 9 // 10):
-            self.wait_for(lambda: jobwatch.highest_round(rec) >= at, 150, f"round {at}")
+            why = jobwatch.wait_round(rec, at, agents, scaled(60))
+            self.assertIsNone(why, f"{why}{self.describe()}")
             logs = sum(len(store_get(self.port, f"ddprun.rdzv.edges/{log}")) for log in ("events", "requests"))
             samples[at] = (store.num_keys(), logs, [vm_rss_kb(a.proc.pid) for a in agents])
         self.assertEqual(jobwatch.wait_exited(agents, scaled(150)), [], self.describe())

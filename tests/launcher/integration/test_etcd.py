@@ -159,7 +159,8 @@ class EtcdScenarios(EtcdTestCase):
         agents = [self.start_node(n, addr, **kw) for n, addr in (("A", "127.0.0.2"), ("B", "127.0.0.3"))]
         samples = {}
         for at in (rounds // 10, rounds * 4 // 10, rounds * 9 // 10):
-            self.wait_for(lambda: jobwatch.highest_round(rec) >= at, 120, f"round {at}")
+            why = jobwatch.wait_round(rec, at, agents, scaled(60))
+            self.assertIsNone(why, f"{why}{self.describe()}")
             keys = self.run_keys()
             samples[at] = (len(keys), [vm_rss_kb(a.proc.pid) for a in agents])
         self.wait_nodes(agents, 120)
