@@ -195,7 +195,7 @@ def _fork_between(count, child, linger=None):
         except BaseException:  # noqa: BLE001  (those forked so far go on)
             pass
         try:
-            os.write(w, " ".join(map(str, pids)).encode())
+            os.write(w, (" ".join(map(str, pids)) + "\n").encode())
             os.close(w)
             if linger:
                 linger(gone_w)
@@ -203,7 +203,10 @@ def _fork_between(count, child, linger=None):
             os._exit(0)
     os.close(w)
     with os.fdopen(r, "rb") as f:
-        return False, (between, [int(p) for p in f.read().split()])
+        # Up to the line's end, not the pipe's: a child stopped before it ran (SIGSTOP) holds
+        # its copy of the write end, and this process would wait for it (ddprun's request
+        # with it, until ddprun gave up and started the workers cold).
+        return False, (between, [int(p) for p in f.readline().split()])
 
 
 def _fork_workers(count, betweens):

@@ -554,6 +554,67 @@ with open(os.path.join(os.environ["OUT"], "big_" + os.environ["TORCHELASTIC_REST
         self.assertIn("cannot execute /nonexistent/python3.99: No such file or directory", res.stderr)
 
 
+class ForkBetween(unittest.TestCase):
+    """The warm process's fork through a child between (ddprun_preload._fork_between), run
+    in this process: the pids come back while a child is stopped before it ran."""
+
+    def test_a_child_stopped_before_it_ran_does_not_hold_back_its_pids(self):
+        # Each grandchild stops itself (SIGSTOP) at its first close, before it closes its
+        # copy of the pipe the child between tells the pids through: as a spare that
+        # test_a_spare_frozen_before_the_restart_is_killed_and_replaced_by_a_fork froze
+        # before it ever ran (CI: the warm process waited for that pipe's end, and ddprun
+        # started the workers cold 10 s later). It notes its pid first, to be killed by it.
+        import gc
+        import importlib.util
+        import select
+
+        spec = importlib.util.spec_from_file_location(
+            "ddprun_preload_under_test", os.path.join(SOURCE, "src", "launcher", "python", "ddprun_preload.py"))
+        preload = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(preload)
+        me, real_close = os.getpid(), os.close
+        note_r, note_w = os.pipe()
+
+        def close(fd):
+            if os.getpid() != me and os.getppid() != me:  # a grandchild (a worker, a spare)
+                os.write(note_w, f"{os.getpid()}\n".encode())
+                os.kill(os.getpid(), signal.SIGSTOP)
+                os._exit(0)  # (never continued: killed below)
+            real_close(fd)
+
+        def on_alarm(*_):
+            raise TimeoutError("the pids did not come back within 5 s")
+
+        def noted(count, timeout):  # (not to the pipe's end: the stopped ones hold it)
+            text, deadline = b"", time.monotonic() + timeout
+            while len(text.split()) < count and time.monotonic() < deadline:
+                if select.select([note_r], [], [], 0.05)[0]:
+                    text += os.read(note_r, 4096)
+            return [int(x) for x in text.split()]
+
+        old_alarm = signal.signal(signal.SIGALRM, on_alarm)
+        os.close = close  # (in the module too: its os is this process's)
+        try:
+            signal.alarm(max(1, int(scaled(5))))
+            forked, got = preload._fork_between(2, lambda i, gone: i)
+            if forked:  # (a grandchild never gets here: it stops at its first close)
+                os._exit(0)
+        finally:
+            signal.alarm(0)
+            os.close = real_close
+            signal.signal(signal.SIGALRM, old_alarm)
+            gc.unfreeze()
+            stopped = noted(2, scaled(5))
+            for pid in stopped:  # ours: forked above
+                os.kill(pid, signal.SIGKILL)
+            os.close(note_r)
+            os.close(note_w)
+        between, pids = got
+        os.waitpid(between, 0)
+        self.assertEqual(len(pids), 2)
+        self.assertEqual(sorted(pids), sorted(stopped), "the pids told are those of the children stopped")
+
+
 class ReadmeLine(DdprunTestCase):
     def test_the_readme_line_as_written(self):
         readme = read_text(os.path.join(SOURCE, "README.md"))
