@@ -514,6 +514,7 @@ JobPlan NodeRendezvous::next_round() {
       throw ddp::Error("rendezvous: no further round may follow (asked to join one after a refusal)");
     }
     if (o_.dynamic()) check_master_reachable(r, o_.rdzv_host);
+    d_->start_round();
   } catch (...) {
     // The store lives in this process: the nodes still joining keep it until they have
     // learnt how their own join ends (or close_timeout), instead of losing it with this one.

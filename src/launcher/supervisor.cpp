@@ -464,12 +464,22 @@ struct Supervisor::Impl {
     const int fd = warm.pending_fd();
     if (fd < 0) return true;
     loop.add(fd, &warm_tag);
+    hold_notify(true);
     bool answered = false;
     while (!answered && !signals.got())
       for (void* tag : loop.wait_between_attempts()) answered |= tag == &warm_tag;
     loop.remove(fd);
+    hold_notify(false);
     if (answered) warm.on_ready();
     return answered;
+  }
+
+  // While this node is between rounds (joining, its warm process importing), a round's end
+  // stays unread until the round's workers run: the fd is out of the epoll set meanwhile
+  // (level-triggered, it would wake every wait).
+  void hold_notify(bool hold) {
+    if (notify_registered && hold) loop.remove(rdzv.notify_fd());
+    if (notify_registered && !hold) loop.add(rdzv.notify_fd(), &notify_tag);
   }
 
   // The rendezvous's notify fd exists once the first round is joined (static: multi-node).
@@ -547,9 +557,7 @@ struct Supervisor::Impl {
     how.stopped = [this] { return signals.got() != 0; };
     how.cancel = [this] { rdzv.cancel(); };
     how.waiting = [this](bool waiting) {
-      // The last round's end stays unread until the next round runs (level-triggered).
-      if (notify_registered && waiting) loop.remove(rdzv.notify_fd());
-      if (notify_registered && !waiting) loop.add(rdzv.notify_fd(), &notify_tag);
+      hold_notify(waiting);
       signals.joining(waiting);
     };
     return loop.off_loop<T>(std::move(call), how);

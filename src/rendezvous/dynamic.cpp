@@ -67,7 +67,7 @@ RoundPlan DynamicRendezvous::next_round() {
   auto store = listen_for_workers();
   if (store) me.master_port = store->port();
   main_->append("requests", join_request(me, c_.job));
-  State s = joiner_.join(deadline);
+  State s = joiner_.join(me, deadline);
   round_ = s.round;
   events_.keep_from(round_);
   members_ = std::make_shared<const std::vector<NodeDesc>>(s.participants);
@@ -76,7 +76,7 @@ RoundPlan DynamicRendezvous::next_round() {
   signal_.watch(round_, members_);
   use_worker_store(p, s.participants.front(), std::move(store));
   if (p.group_rank == 0) {
-    forget_round(p.round - 1);
+    forget_round(*main_, p.round - 1);
     trim_logs(s, events_mark);
   }
   p.members = std::move(s.participants);  // s is done with
@@ -102,18 +102,20 @@ RoundPlan DynamicRendezvous::plan_of(const State& s) const {
   return p;
 }
 
-// Round r is over for every member of the round after it: its rank 0 removes r's exit log
-// and count, so that a long job's rendezvous holds a few rounds, not all of them.
-void DynamicRendezvous::forget_round(int64_t r) {
+namespace detail {
+
+void forget_round(Backend& b, int64_t r) {
   if (r < 0) return;
   try {
-    main_->drop_log(exit_log(r));
-    main_->drop_counter(exit_log(r) + "/n");
-    main_->drop_counter(fmt::format("progress/{}", r));
+    b.drop_log(exit_log(r));
+    b.drop_counter(exit_log(r) + "/n");
+    b.drop_counter(fmt::format("progress/{}", r));
   } catch (const std::exception& e) {
     spdlog::debug("rendezvous: removing round {}'s exit log: {}", r, e.what());
   }
 }
+
+}  // namespace detail
 
 // Round s.round is complete: its rank 0 drops the log lines that no reader needs any more
 // (docs/design.md, "State that does not grow"): the requests the state applied, and the

@@ -95,6 +95,11 @@ class DynamicRendezvous {
   RoundPlan next_round();
   int notify_fd() const { return signal_.fd(); }
   std::optional<RoundEnd> round_end();
+  // The caller starts the round next_round() joined. A join that ran ahead on another
+  // thread (while the caller still stopped the last round's workers, reading notify_fd for
+  // that round) may have let the caller drain the new round's end: notify_fd is readable
+  // again when the round already ended, or this node was cut off.
+  void start_round() { signal_.rearm(); }
   void end_round(RoundEnd::Kind kind, const std::string& text);
   void arrive_exit();
   RoundEnd wait_end();  // blocks until the running round ends (however it does)
@@ -123,7 +128,6 @@ class DynamicRendezvous {
   RoundPlan plan_of(const State& s) const;
   std::unique_ptr<ddp::detail::StoreServer> listen_for_workers() const;
   void use_worker_store(RoundPlan& p, const NodeDesc& rank0, std::unique_ptr<ddp::detail::StoreServer> mine);
-  void forget_round(int64_t r);
   void trim_logs(const State& s, size_t events_mark);
   RoundReader reader_for(int64_t round, const Members& members);
   template <class F>

@@ -75,6 +75,11 @@ inline std::set<std::string> exited_before_lost(Backend& b, int64_t r) {
   return exited;
 }
 
+// Round r is over for every member of the round after it: that round's rank 0 removes r's
+// exit log and counts (dynamic.cpp), so that a long job's rendezvous holds a few rounds, not
+// all of them.
+void forget_round(Backend& b, int64_t r);
+
 // Jittered exponential backoff after a lost compare-and-set: the writers thin out.
 void backoff(int attempt);
 

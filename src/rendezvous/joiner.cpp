@@ -29,7 +29,8 @@ void backoff(int attempt) {
 Joiner::Joiner(const DynamicConfig& c, Backend& main, NodeEvents& events, const std::atomic<bool>& cancel)
     : c_(c), backend_name_(main.describe()), main_(main), events_(events), cancel_(cancel) {}
 
-State Joiner::join(Clock::time_point deadline) {
+State Joiner::join(const NodeDesc& me, Clock::time_point deadline) {
+  me_ = me;
   Seen seen;
   int conflicts = 0;
   while (!step(seen, deadline, conflicts)) {
@@ -87,6 +88,18 @@ void Joiner::say_waiting(const State& t) {
                  "--monitor-interval",
                  t.round, c_.run_id);
   }
+}
+
+// This node is a member of the complete round `t`, but a member already left it (ran its
+// workers, failed and left, or was lost) before this node looked: the round is over, and
+// its members as still listed are not the round that formed. This node leaves it too,
+// without starting it, and joins the next with the others.
+// Its rank 0's part is done all the same (the first member still listed: either the rank 0
+// that formed, or that one left and did it): the round before is forgotten.
+void Joiner::leave_ended(const State& t) {
+  spdlog::debug("rendezvous: round {} ended before this node saw it complete: joining the next", t.round);
+  if (t.rank_of(c_.me.id) == 0) forget_round(main_, t.round - 1);
+  main_.append("requests", leave_request(c_.me.id, t.round, t.ending_counted));
 }
 
 void Joiner::failed(JoinAction a, const State& s) {
@@ -212,9 +225,14 @@ bool Joiner::step(Seen& seen, Clock::time_point deadline, int& conflicts) {
     lc_round_ = v.round;  // MIN nodes are in: this node times the last call from now
     lc_deadline_ = now + c_.last_call_timeout;
   }
-  JoinContext ctx{c_.me, c_.job, now >= deadline, lc_round_ == v.round && now >= lc_deadline_};
+  JoinContext ctx{me_, c_.job, now >= deadline, lc_round_ == v.round && now >= lc_deadline_};
   say_waiting(v);
   JoinAction a = mine ? JoinAction::kWait : decide_join(v, ctx);
+  if (a == JoinAction::kFinish && v.ending_round == v.round) {
+    leave_ended(v);
+    seen.reset();
+    return false;
+  }
   switch (a) {
     case JoinAction::kFinish:
     case JoinAction::kWait:

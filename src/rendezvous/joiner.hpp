@@ -28,8 +28,9 @@ class Joiner {
   Joiner(const DynamicConfig& c, Backend& main, NodeEvents& events, const std::atomic<bool>& cancel);
 
   // The state of the complete round this node is a member of; throws when it cannot be
-  // (join timeout, the job closed, a mismatch of settings).
-  State join(Clock::time_point deadline);
+  // (join timeout, the job closed, a mismatch of settings). me: this node as its join
+  // request names it (with the worker store it listens on), as it writes itself in.
+  State join(const NodeDesc& me, Clock::time_point deadline);
 
  private:
   // What this node last read of the state: the snapshot, decoded once; `recheck`: it has
@@ -53,10 +54,12 @@ class Joiner {
   bool defer_to_older(size_t ahead, Seen& seen, Clock::time_point deadline);
   void say_waiting(const State& t);
   void announce_waiting(const State& t);
+  void leave_ended(const State& t);
   [[noreturn]] void failed(JoinAction a, const State& s);
   void wait(Seen& seen, const State& t, Clock::time_point now, Clock::time_point deadline);
 
   const DynamicConfig& c_;
+  NodeDesc me_;  // join()'s
   const std::string backend_name_;
   Backend& main_;
   NodeEvents& events_;

@@ -48,6 +48,15 @@ std::optional<RoundEnd> RoundSignal::take() {
   return end_;
 }
 
+void RoundSignal::rearm() {
+  bool pending = false;
+  {
+    std::lock_guard lk(mu_);
+    pending = problem_ || end_ || !dumps_.empty();
+  }
+  if (pending) wake();
+}
+
 RoundEnd RoundSignal::wait() {
   std::unique_lock lk(mu_);
   cv_.wait(lk, [&] { return problem_ || end_ || stop_; });

@@ -31,6 +31,10 @@ class RoundSignal {
   void watch(int64_t round, Members members);  // round -1: between rounds (joining)
   int64_t watched() const;
   std::optional<RoundEnd> take();  // round_end(): the cut-off, else the round's end
+  // The caller starts the watched round: fd() is readable again when what it must act on
+  // came already (the round's end, a cut-off, dumps asked), even if a take() meanwhile,
+  // for the round before, drained it.
+  void rearm();
   RoundEnd wait();                 // blocks until there is one (or stop())
   bool cut_off() const;
   std::vector<std::string> take_dumps();

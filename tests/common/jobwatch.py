@@ -34,6 +34,17 @@ def highest_round(prefix):
     return last
 
 
+def last_error(node):
+    """', saying: <its last "ddprun: error:" line>' when the node's stderr (err_path) has one:
+    a failure's message names it first, not only in a log tail that a long output cuts."""
+    try:
+        with open(node.err_path, errors="replace") as f:
+            lines = [line.strip() for line in f if line.startswith("ddprun: error:")]
+    except (AttributeError, OSError):
+        return ""
+    return f", saying: {lines[-1]}" if lines else ""
+
+
 def wait_round(prefix, at, nodes, stall_s, poll_s=0.05):
     """Waits until workers/fail_round.sh recorded round `at` under prefix for as long as the
     job moves: returns None then, else why it stopped waiting (a node exited first, or no new
@@ -46,7 +57,7 @@ def wait_round(prefix, at, nodes, stall_s, poll_s=0.05):
             return None
         if h != last:
             last, since = h, time.monotonic()
-        gone = [f"{n.name} (exit {n.proc.returncode})" for n in nodes if n.proc.poll() is not None]
+        gone = [f"{n.name} (exit {n.proc.returncode}{last_error(n)})" for n in nodes if n.proc.poll() is not None]
         if gone:
             return f"round {at} not reached: at round {h}, {', '.join(gone)} exited"
         if time.monotonic() - since > stall_s:

@@ -187,6 +187,43 @@ TEST(DynamicRendezvous, AFailureEndsTheRoundForAllAndCountsOnce) {
   EXPECT_NE(refused.find("no restart left"), std::string::npos) << refused;
 }
 
+// A node slow to look (a loaded machine) may find the round it joined already over: the
+// other member ran its workers, failed and left before this node saw the round complete.
+// It does not start that round as what is left of it (before: a round of one node, its
+// world half the job's); it leaves it too and joins the next one with the other node. Node
+// a's join is written by a bare backend (a is not looking), b completes the round with it.
+TEST(DynamicRendezvous, ANodeThatFindsItsRoundAlreadyLeftJoinsTheNextInstead) {
+  Cluster c;
+  c.job = {2, 2, 5};
+  auto writer = c.world->backend("w");
+  NodeDesc slow = raw_node("a");
+  slow.master_port = 1;
+  writer->append("requests", join_request(slow, c.job));
+  auto b = c.node("b");
+  RoundPlan first = b->next_round();
+  ASSERT_EQ(first.group_world_size, 2);
+  b->end_round(K::kFailed, "rank 2 on b exited with 1");
+  auto next_b = std::async(std::launch::async, [&] { return b->next_round(); });
+  // b has left round 0 (and waits for its next): a is all the complete round still lists.
+  auto b_left = [&] {
+    State s = decode_state(*writer->load().state, "test");
+    return s.round == 0 && s.complete && s.participants.size() == 1 && s.ending_round == 0;
+  };
+  for (auto t = std::chrono::steady_clock::now() + kGuard; !b_left() && std::chrono::steady_clock::now() < t;)
+    std::this_thread::sleep_for(2ms);
+  ASSERT_TRUE(b_left());
+  auto a = c.node("a");
+  RoundPlan pa = a->next_round();
+  EXPECT_EQ(pa.round, 1);
+  EXPECT_EQ(pa.group_world_size, 2);
+  EXPECT_EQ(pa.world_size, 4);
+  EXPECT_EQ(pa.restart_count, 1);  // round 0 failed: one restart
+  ASSERT_EQ(next_b.wait_for(kGuard), std::future_status::ready);
+  RoundPlan pb = next_b.get();
+  EXPECT_EQ(pb.round, 1);
+  EXPECT_EQ(pb.master_port, pa.master_port);
+}
+
 TEST(DynamicRendezvous, ADeadNodeIsNoticedAtOnceAndTheOthersReform) {
   Cluster c;
   c.job = {1, 3, 2};

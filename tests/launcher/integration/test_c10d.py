@@ -332,6 +332,37 @@ class ScenarioTest(C10dTestCase):
         self.assertNotEqual(late.rc, 0)
         self.assertRegex(late.stderr(), r"rendezvous 'job' at .* is closed \(its job succeeded\)", self.describe())
 
+    def test_next_round_ends_while_this_node_still_stops_the_last(self):
+        """Node A's worker takes 3 s to stop after round 0 fails on B; meanwhile A joins round
+        1 ahead (in the background), B's round-1 worker fails at once, and A's supervisor
+        reads that end while it still stops round 0's worker. A still stops its round-1
+        worker at once (before: the end was read and dropped with round 0, and A's round-1
+        worker ran on; it then waited forever at the exit barrier)."""
+        stamps = self.path("stamps")
+        os.mkdir(stamps)
+        kw = dict(nnodes="2", nproc=1, extra=["--max-restarts", "1", "--no-python"], script="sh",
+                  script_args=[os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers",
+                                            "late_stop_round.sh"), stamps])
+        a = self.start_node("A", "127.0.0.2", conf=CONF + ",is_host=1", **kw)
+        b = self.start_node("B", "127.0.0.3", conf=CONF + ",is_host=0", **kw)
+        self.wait_nodes([a, b], 30)
+
+        def stamp(name):
+            p = os.path.join(stamps, name)
+            return float(read_text(p)) if os.path.exists(p) else None
+        # The case happened: B's round-1 worker failed before A's round-1 worker started.
+        failed, started = stamp("fail_1"), stamp("started_1")
+        self.assertIsNotNone(failed, self.describe())
+        if started is not None:
+            self.assertLess(failed, started, self.describe())
+        # A stopped its round-1 worker for it, and both nodes stopped within seconds of it
+        # (no restart left), not after A's worker's 60 s.
+        self.assertEqual(len(re.findall(r"rank 1 on \S+ exited with 1: stopping this node's workers", a.stderr())), 2,
+                         self.describe())
+        self.assertLess(a.exited_at - failed, hang(10), self.describe())
+        self.assertEqual(b.rc, 1, self.describe())
+        self.assertNotEqual(a.rc, 0, self.describe())
+
     def test_s5_node_beyond_max_waits_and_times_out_alone(self):
         # A and B fill --nnodes 1:2. C waits (join_timeout 2 s) and gives up alone. The job is
         # not closed by it: rank 0 then fails once (after C left), and the restart works.
