@@ -68,9 +68,12 @@ bool Joiner::defer_to_older(size_t ahead, Seen& seen, Clock::time_point deadline
 
 // A node on the wait list of a running round asks that round to restart with it, itself:
 // whoever wrote it onto the list also does, but may die before it does (the first "join"
-// line ends the round; a second is ignored).
+// line ends the round; a second is ignored). Not a round that is ending anyway (a member
+// left it, or was lost): the node that just left it, rejoining, would ask at every restart.
 void Joiner::announce_waiting(const State& t) {
-  if (!t.complete || !State::contains(t.wait_list, c_.me.id) || announced_round_ == t.round) return;
+  if (!t.complete || t.ending_round == t.round || !State::contains(t.wait_list, c_.me.id) ||
+      announced_round_ == t.round)
+    return;
   announced_round_ = t.round;
   main_.append("events", round_event(t.round, "join", c_.me.id, c_.me.describe()));
 }
@@ -82,7 +85,8 @@ void Joiner::say_waiting(const State& t) {
     said_waiting_ = 2;
     spdlog::warn("rendezvous: the job '{}' is full ({} nodes running, --nnodes {}:{}): this node waits for a place",
                  c_.run_id, t.participants.size(), j.min_nodes, j.max_nodes);
-  } else if (t.complete && State::contains(t.wait_list, c_.me.id) && said_waiting_ != 1) {
+  } else if (t.complete && t.ending_round != t.round && State::contains(t.wait_list, c_.me.id) &&
+             said_waiting_ != 1) {
     said_waiting_ = 1;
     spdlog::info("rendezvous: round {} of job '{}' is running without this node: it restarts with this node within "
                  "--monitor-interval",
@@ -203,8 +207,13 @@ bool Joiner::step(Seen& seen, Clock::time_point deadline, int& conflicts) {
     return *copy;
   };
   auto cur = [&]() -> const State& { return copy ? *copy : s; };
+  // A member of a complete round that no member has left yet takes it as it formed, lost
+  // members and all: its watcher ends it at once, and the restart rules apply as to any
+  // loss (its remnant would be a smaller world; skipping it, a wait for nodes that are
+  // gone). The others, joining the next round, remove them.
   const auto& lost = events_.lost();
-  bool changed = lists_lost(s, lost) && remove_lost(edit(), lost), wake = changed;
+  const bool formed = s.complete && s.ending_round != s.round && s.has_participant(c_.me.id);
+  bool changed = !formed && lists_lost(s, lost) && remove_lost(edit(), lost), wake = changed;
   // This node writes the pending requests in only while one of its own is among them: then
   // a thousand joiners need a few writes, and a node that is in waits instead of writing
   // the others' requests again and again.
@@ -277,9 +286,10 @@ bool Joiner::write(Seen& seen, const State& s, const State& t, JoinAction a, boo
                 mine ? "applied requests, " : "", to_string(a), conflicts, conflicts == 1 ? "" : "s");
   conflicts = 0;
   if (wake) main_.append("events", "state");  // waiting nodes look at the state again
-  // Nodes this write put on the wait list ask the running round to restart with them.
+  // Nodes this write put on the wait list ask the running round to restart with them (a
+  // round that is ending needs no asking).
   for (auto& n : t.wait_list)
-    if (t.complete && !State::contains(s.wait_list, n.id))
+    if (t.complete && t.ending_round != t.round && !State::contains(s.wait_list, n.id))
       main_.append("events", round_event(t.round, "join", n.id, n.describe()));
   if (a == JoinAction::kRemoveMe) failed(JoinAction::kErrorTimeout, s);  // as it was, with this node
   return !mine && a == JoinAction::kWait;

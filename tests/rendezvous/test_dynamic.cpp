@@ -224,6 +224,32 @@ TEST(DynamicRendezvous, ANodeThatFindsItsRoundAlreadyLeftJoinsTheNextInstead) {
   EXPECT_EQ(pb.master_port, pa.master_port);
 }
 
+// The same, but the other member was lost (no member left) before a's first look: a takes
+// the round as it formed, and its loss ends it at once, with the restart rules of any loss:
+// too few nodes remain here (before: a ran the remnant, a round of one node, its world half
+// the job's; skipping it instead, a would wait out join_timeout for nodes that are gone).
+TEST(DynamicRendezvous, ANodeThatFindsItsRoundShortOfALostNodeStartsItAsFormed) {
+  Cluster c;
+  c.job = {2, 2, 5};
+  auto writer = c.world->backend("w");
+  NodeDesc slow = raw_node("a");
+  slow.master_port = 1;
+  writer->append("requests", join_request(slow, c.job));
+  auto b = c.node("b");
+  ASSERT_EQ(b->next_round().group_world_size, 2);
+  c.world->kill("b");  // its lease ends: "lost b_1_0"
+  auto a = c.node("a");
+  RoundPlan p = a->next_round();
+  EXPECT_EQ(p.round, 0);
+  EXPECT_EQ(p.group_world_size, 2);
+  EXPECT_EQ(p.world_size, 4);
+  auto e = end_within(*a, 2s);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind, K::kLost);
+  std::string refused = a->restart_refused(*e);
+  EXPECT_NE(refused.find("only 1 node remains, fewer than the 2 the job needs"), std::string::npos) << refused;
+}
+
 TEST(DynamicRendezvous, ADeadNodeIsNoticedAtOnceAndTheOthersReform) {
   Cluster c;
   c.job = {1, 3, 2};
