@@ -187,26 +187,31 @@ TEST(DynamicRendezvous, AFailureEndsTheRoundForAllAndCountsOnce) {
   EXPECT_NE(refused.find("no restart left"), std::string::npos) << refused;
 }
 
+// Round 0 of a two-node job formed while node a was not looking: a's join is written by a
+// bare backend, and b (returned) completes the round with it.
+std::unique_ptr<DynamicRendezvous> formed_while_a_was_not_looking(Cluster& c) {
+  c.job = {2, 2, 5};
+  NodeDesc slow = raw_node("a");
+  slow.master_port = 1;
+  c.world->backend("w")->append("requests", join_request(slow, c.job));
+  auto b = c.node("b");
+  EXPECT_EQ(b->next_round().group_world_size, 2);
+  return b;
+}
+
 // A node slow to look (a loaded machine) may find the round it joined already over: the
 // other member ran its workers, failed and left before this node saw the round complete.
 // It does not start that round as what is left of it (before: a round of one node, its
-// world half the job's); it leaves it too and joins the next one with the other node. Node
-// a's join is written by a bare backend (a is not looking), b completes the round with it.
+// world half the job's); it leaves it too and joins the next one with the other node.
 TEST(DynamicRendezvous, ANodeThatFindsItsRoundAlreadyLeftJoinsTheNextInstead) {
   Cluster c;
-  c.job = {2, 2, 5};
-  auto writer = c.world->backend("w");
-  NodeDesc slow = raw_node("a");
-  slow.master_port = 1;
-  writer->append("requests", join_request(slow, c.job));
-  auto b = c.node("b");
-  RoundPlan first = b->next_round();
-  ASSERT_EQ(first.group_world_size, 2);
+  auto b = formed_while_a_was_not_looking(c);
+  auto reader = c.world->backend("r");
   b->end_round(K::kFailed, "rank 2 on b exited with 1");
   auto next_b = std::async(std::launch::async, [&] { return b->next_round(); });
   // b has left round 0 (and waits for its next): a is all the complete round still lists.
   auto b_left = [&] {
-    State s = decode_state(*writer->load().state, "test");
+    State s = decode_state(*reader->load().state, "test");
     return s.round == 0 && s.complete && s.participants.size() == 1 && s.ending_round == 0;
   };
   for (auto t = std::chrono::steady_clock::now() + kGuard; !b_left() && std::chrono::steady_clock::now() < t;)
@@ -230,13 +235,7 @@ TEST(DynamicRendezvous, ANodeThatFindsItsRoundAlreadyLeftJoinsTheNextInstead) {
 // the job's; skipping it instead, a would wait out join_timeout for nodes that are gone).
 TEST(DynamicRendezvous, ANodeThatFindsItsRoundShortOfALostNodeStartsItAsFormed) {
   Cluster c;
-  c.job = {2, 2, 5};
-  auto writer = c.world->backend("w");
-  NodeDesc slow = raw_node("a");
-  slow.master_port = 1;
-  writer->append("requests", join_request(slow, c.job));
-  auto b = c.node("b");
-  ASSERT_EQ(b->next_round().group_world_size, 2);
+  auto b = formed_while_a_was_not_looking(c);
   c.world->kill("b");  // its lease ends: "lost b_1_0"
   auto a = c.node("a");
   RoundPlan p = a->next_round();

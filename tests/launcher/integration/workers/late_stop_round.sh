@@ -7,7 +7,7 @@ d=$1
 r=$TORCHELASTIC_RESTART_COUNT
 if [ "$GROUP_RANK" = 0 ]; then
   if [ "$r" = 0 ]; then
-    trap 'date +%s.%N > "$d/stopping"; sleep 3; exit 0' TERM
+    trap 'sleep 3; exit 0' TERM
     : > "$d/up"
     sleep 60 &
     wait
