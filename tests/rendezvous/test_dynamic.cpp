@@ -472,8 +472,10 @@ TEST(DynamicRendezvous, LogsHoldTheLastRoundsNotTheJobsHistory) {
   auto a = c.node("a"), b = c.node("b");
   fail_rounds({a.get(), b.get()}, 30);
   const size_t events = c.world->log("events").size(), requests = c.world->log("requests").size();
-  EXPECT_GT(c.world->trimmed("events"), 100u);
-  EXPECT_LT(events, 20u) << "30 rounds of 2 nodes write about 6 events a round";
+  // 30 rounds of 2 nodes write 3-4 events a round (97-103 in all, since a node rejoining
+  // no longer asks the round it left to restart with it; 6 a round before): nearly all dropped.
+  EXPECT_GT(c.world->trimmed("events"), 80u);
+  EXPECT_LT(events, 20u) << "30 rounds of 2 nodes write 3-4 events a round";
   EXPECT_LT(requests, 8u) << "4 requests a round";
   fail_rounds({a.get(), b.get()}, 30);
   EXPECT_LE(c.world->log("events").size(), events + 4);
