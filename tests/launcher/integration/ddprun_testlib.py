@@ -30,6 +30,7 @@ from ports import free_port  # noqa: E402,F401  (tests/testlib: one pick for eve
 import torch_runtime  # noqa: E402
 
 RUNTIME = torch_runtime.current()
+TORCH_EXIT_ABORT, torch_exit_abort = torch_runtime.TORCH_EXIT_ABORT, torch_runtime.torch_exit_abort
 PYTHON = RUNTIME.python
 
 

@@ -7,7 +7,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddprun_testlib import DdprunTestCase, clean_env, pid_alive, scaled, worker
+from ddprun_testlib import DdprunTestCase, clean_env, pid_alive, read_text, scaled, worker
 
 # "At once" for a whole ddprun run: starting the workers and tearing them down takes well
 # under a second idle and a few seconds on a loaded machine. A sibling that is not stopped
@@ -103,6 +103,9 @@ class FailurePropagationTest(DdprunTestCase):
         p = self.start(args, env=env)
         rc = p.wait(timeout=scaled(60))
         exited = time.monotonic()
+        if not os.path.exists(self.path("failed_at")):
+            self.fail(f"ddprun exited {rc} before the failing rank wrote failed_at:\n"
+                      + read_text(self.path("ddprun.stderr")))
         with open(self.path("failed_at")) as f:
             return rc, exited - float(f.read())
 

@@ -25,8 +25,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddprun_testlib import (DDPRUN, DdprunTestCase, RUNTIME, clean_env, free_port, main, read_text,  # noqa: E402
-                            scaled, worker)
+from ddprun_testlib import (DDPRUN, DdprunTestCase, RUNTIME, TORCH_EXIT_ABORT, clean_env, free_port, main,  # noqa: E402
+                            read_text, scaled, torch_exit_abort, worker)
 
 SOURCE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 JOB_TIMEOUT = 120  # a hang guard: a torch job here takes 5-15 s on 2 cores
@@ -473,22 +473,28 @@ class ReadmeLines(StacksTest):
         self.assertEqual(len(lines), 2, lines)
         for name in ("build", "examples"):  # the lines' relative paths, from this folder
             os.symlink(os.path.join(SOURCE, name), self.path(name))
-        driver = self.write_driver()
-        env = clean_env()
-        r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, driver, lines[0],
-                            lines[1], str(scaled(60))], cwd=self.tmp, env=env, capture_output=True, text=True,
-                           timeout=scaled(JOB_TIMEOUT))
-        err = read_text(self.path("job.err"))
+        r, err = self.run_driver(lines)
         self.assertIn("DUMP 0 ddprun: asked ddprun", r.stdout, r.stderr + err[-2000:])
         self.assertIn("JOB 0", r.stdout, err[-3000:])
         self.assertRegex(err, r"SIGURG \(dump 1 asked on node 0 \(\S+\)\): the stacks of 4 ranks")
         self.assertRegex(err, r"\[rank0\]:  File \".*train.py\", line \d+ in")
 
-    def write_driver(self):
-        path = self.path("driver.py")
-        with open(path, "w") as f:
+    def run_driver(self, lines):
+        """README_DRIVER's output and the job's stderr; run once more when the job failed only
+        by torch's exit race (torch_exit_abort: exit 134 after train.py printed it was done)."""
+        driver = self.path("driver.py")
+        with open(driver, "w") as f:
             f.write(README_DRIVER)
-        return path
+        for attempt in range(2):
+            r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, driver, lines[0],
+                                lines[1], str(scaled(60))], cwd=self.tmp, env=clean_env(), capture_output=True,
+                               text=True, timeout=scaled(JOB_TIMEOUT))
+            err = read_text(self.path("job.err"))
+            job = subprocess.CompletedProcess(lines[0], 128 + 6 if "JOB 134" in r.stdout else None,
+                                              read_text(self.path("job.out")), err)
+            if attempt or not torch_exit_abort(job, "; done in "):
+                return r, err
+            print(f"torch's exit race ({TORCH_EXIT_ABORT!r}); once more:\n{err[-2000:]}", file=sys.stderr)
 
 
 if __name__ == "__main__":
