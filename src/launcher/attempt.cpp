@@ -37,6 +37,8 @@ void AttemptWorkers::make_records(const JobPlan& plan, int attempt, const std::s
     ::unlink(w.error_file.c_str());  // a stale file must not be mistaken for this attempt's
     workers_.push_back(std::move(w));
   }
+  groups_.clear();
+  groups_.resize(workers_.size());
 }
 
 std::vector<WorkerResult*> AttemptWorkers::start(const JobPlan& plan, int attempt, const std::string& dir,
@@ -67,6 +69,7 @@ std::vector<WorkerResult*> AttemptWorkers::start(const JobPlan& plan, int attemp
     close(specs[i].stderr_fd);
     w.pid = started[i].pid;
     w.state = WorkerResult::State::kRunning;
+    groups_[i] = WorkerGroup(w.pid);
     guardian_.watch(w.pid);
     ++live_;
   }
@@ -87,9 +90,10 @@ std::vector<WorkerResult*> AttemptWorkers::start(const JobPlan& plan, int attemp
 
 int AttemptWorkers::signal_live(int sig, bool mark_stopped) {
   int n = 0;
-  for (auto& w : workers_) {
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    WorkerResult& w = workers_[i];
     if (w.state != WorkerResult::State::kRunning) continue;
-    if (kill(-w.pid, sig) != 0 && errno == ESRCH) kill(w.pid, sig);
+    groups_[i].signal(sig);
     if (mark_stopped) w.stopped_by_ddprun = true;
     ++n;
   }
@@ -126,6 +130,7 @@ std::vector<WorkerResult*> AttemptWorkers::reap() {
     }
     WorkerResult& w = *it;
     --live_;
+    if (groups_[it - workers_.begin()].leader_reaped()) guardian_.forget(w.pid);
     if (w.state == WorkerResult::State::kExecFailed) continue;
     w.end = std::chrono::system_clock::now();
     if (WIFSIGNALED(st)) w.signal = WTERMSIG(st);
@@ -147,11 +152,14 @@ std::vector<WorkerResult*> AttemptWorkers::reap() {
 }
 
 void AttemptWorkers::kill_leftovers() {
-  for (auto& w : workers_)
-    if (w.pid > 0) kill(-w.pid, SIGKILL);
+  for (auto& g : groups_) g.signal(SIGKILL);  // (a group long empty: not by its number, process.hpp)
   // (Not the warm process's own children: its spare workers wait there for the next attempt.)
   for (pid_t p : descendants(warm_ ? warm_->pid() : -1))
     if (p != guardian_.pid()) kill(p, SIGKILL);
+  for (auto& g : groups_) {  // each is gone, or has its SIGKILL (the empty ones were forgotten when reaped)
+    if (!g.empty()) guardian_.forget(g.id());
+    g = WorkerGroup();
+  }
 }
 
 }  // namespace ddprun

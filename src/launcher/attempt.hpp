@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "launcher/options.hpp"
+#include "launcher/process.hpp"
 #include "launcher/report.hpp"
 #include "launcher/worker.hpp"
 
@@ -70,6 +71,7 @@ class AttemptWorkers {
   Guardian& guardian_;
   WarmPython* warm_;
   std::vector<WorkerResult> workers_;
+  std::vector<WorkerGroup> groups_;  // workers_[i]'s process group
   int live_ = 0;
   bool stopping_ = false;
   std::optional<Clock::time_point> kill_deadline_;

@@ -62,9 +62,26 @@ constexpr size_t kStackBytes = 64 << 10;
 
 struct GuardState {
   int fd;          // the read end of its pipe
-  unsigned count;  // groups received
+  unsigned count;  // groups held, oldest first
   int32_t groups[Guardian::kMaxGroups];
 };
+
+// Raw loops, not memmove: nothing here may call into libc (above).
+void add_group(GuardState* s, int32_t g) {
+  if (s->count == Guardian::kMaxGroups) {  // the oldest goes
+    for (unsigned i = 1; i < s->count; ++i) s->groups[i - 1] = s->groups[i];
+    --s->count;
+  }
+  s->groups[s->count++] = g;
+}
+
+void forget_group(GuardState* s, int32_t g) {
+  unsigned i = s->count;
+  while (i > 0 && s->groups[i - 1] != g) --i;  // the newest first: a number held twice was reused
+  if (i == 0) return;
+  for (; i < s->count; ++i) s->groups[i - 1] = s->groups[i];
+  --s->count;
+}
 
 constexpr size_t kMemoryBytes = (sizeof(GuardState) + kStackBytes + 4095) / 4096 * 4096;
 
@@ -83,10 +100,10 @@ int guardian_main(void* arg) {
     if (n == -EINTR) continue;
     if (n != sizeof msg) break;  // EOF: ddprun is gone
     if (msg == 0) return 0;      // disarmed
-    s->groups[s->count++ % Guardian::kMaxGroups] = msg;
+    if (msg > 0) add_group(s, msg);
+    else forget_group(s, -msg);
   }
-  unsigned n = s->count < Guardian::kMaxGroups ? s->count : Guardian::kMaxGroups;
-  for (unsigned i = 0; i < n; ++i) guard_syscall(SYS_kill, -s->groups[i], SIGKILL, 0);
+  for (unsigned i = 0; i < s->count; ++i) guard_syscall(SYS_kill, -s->groups[i], SIGKILL, 0);
   return 0;
 }
 
@@ -137,6 +154,10 @@ void Guardian::start() {
 
 void Guardian::watch(pid_t pgid) {
   if (fd_ >= 0) send(fd_, pgid);
+}
+
+void Guardian::forget(pid_t pgid) {
+  if (fd_ >= 0 && pgid > 0) send(fd_, -pgid);
 }
 
 void Guardian::disarm() {

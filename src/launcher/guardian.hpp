@@ -12,12 +12,15 @@ namespace ddprun {
 // copy-on-write faults that a fork leaves behind.
 class Guardian {
  public:
-  // The most worker groups it remembers; past that, the oldest are forgotten first (they
-  // belong to attempts long over).
+  // The most groups it holds at once; past that, the oldest is forgotten first.
   static constexpr unsigned kMaxGroups = 16384;
 
   void start();            // starts it (call before any thread starts)
   void watch(pid_t pgid);  // a worker group to kill if ddprun dies
+  // A group that is gone: its number is free, and the kernel may give it to an unrelated
+  // group (after a wrap of the pid space: minutes on a busy host), which the guardian must
+  // then never kill. Told as soon as ddprun knows (launcher/attempt.cpp).
+  void forget(pid_t pgid);
   void disarm();           // normal end: it exits without killing
   pid_t pid() const { return pid_; }
   ~Guardian();

@@ -236,6 +236,7 @@ void WarmPython::on_ready() {
 void WarmPython::exited(pid_t pid, int status) {
   if (pid != pid_) return;
   pid_ = -1;
+  if (group_empty(pid)) guardian_.forget(pid);
   exit_status_ = status;
   if (!ready_) return;  // on_ready() reads the socket's end and says how it ended
   spdlog::warn("--preload: the warm Python process (pid {}) {}: the next workers come from a new one", pid,

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <charconv>
 #include <cstring>
 #include <sstream>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -88,6 +90,54 @@ std::string describe_exec_failure(const std::string& path, int err) {
 }
 
 void become_subreaper() { prctl(PR_SET_CHILD_SUBREAPER, 1); }
+
+bool group_empty(pid_t pgid) { return kill(-pgid, 0) != 0 && errno == ESRCH; }
+
+namespace {
+constexpr unsigned kPidfdSignalProcessGroup = 1u << 2;  // PIDFD_SIGNAL_PROCESS_GROUP (Linux 6.9)
+}
+
+WorkerGroup::WorkerGroup(pid_t leader) : leader_(leader) {
+#ifdef SYS_pidfd_open
+  pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, leader, 0));  // -1 before Linux 5.3
+#endif
+}
+
+WorkerGroup& WorkerGroup::operator=(WorkerGroup&& o) noexcept {
+  if (this != &o) {
+    close_pidfd();
+    leader_ = std::exchange(o.leader_, -1);
+    pidfd_ = std::exchange(o.pidfd_, -1);
+    reaped_ = o.reaped_;
+    empty_ = o.empty_;
+  }
+  return *this;
+}
+
+WorkerGroup::~WorkerGroup() { close_pidfd(); }
+
+void WorkerGroup::close_pidfd() {
+  if (pidfd_ >= 0) close(pidfd_);
+  pidfd_ = -1;
+}
+
+bool WorkerGroup::leader_reaped() {
+  reaped_ = true;
+  empty_ = group_empty(leader_);
+  if (empty_) close_pidfd();
+  return empty_;
+}
+
+void WorkerGroup::signal(int sig) {
+  if (leader_ <= 0 || empty_) return;
+  if (!reaped_) {
+    if (kill(-leader_, sig) != 0 && errno == ESRCH) kill(leader_, sig);  // before its setpgid
+    return;
+  }
+#ifdef SYS_pidfd_send_signal
+  if (pidfd_ >= 0) syscall(SYS_pidfd_send_signal, pidfd_, sig, nullptr, kPidfdSignalProcessGroup);
+#endif  // (EINVAL before Linux 6.9: nothing is sent)
+}
 
 namespace {
 

@@ -38,6 +38,40 @@ std::string describe_exec_failure(const std::string& path, int err);
 // Makes ddprun the reaper of every orphan its workers leave behind.
 void become_subreaper();
 
+// Whether no process is left in group `pgid`. Meaningful only at once after its leader
+// (a child of this process) is reaped: later, an unrelated group may have the number.
+bool group_empty(pid_t pgid);
+
+// A worker's process group: the worker leads it, so its id is the worker's pid. Once the
+// worker is reaped that number is free, and when the group has emptied too the kernel may
+// give it to an unrelated group (after a wrap of the pid space: minutes on a busy host): the
+// number alone is never signalled again. A pidfd of the worker, taken before it can be
+// reaped, still names the group itself (Linux 6.9's PIDFD_SIGNAL_PROCESS_GROUP), never a
+// newcomer with its number. On older kernels a group whose leader was reaped is not
+// signalled: what is left in it descends from ddprun (a subreaper), which kills it by pid.
+class WorkerGroup {
+ public:
+  WorkerGroup() = default;
+  explicit WorkerGroup(pid_t leader);  // an unreaped child of this process
+  WorkerGroup(WorkerGroup&& o) noexcept { *this = std::move(o); }
+  WorkerGroup& operator=(WorkerGroup&& o) noexcept;
+  ~WorkerGroup();
+
+  pid_t id() const { return leader_; }
+  // The worker has just been reaped; true when nothing is left in its group either.
+  bool leader_reaped();
+  bool empty() const { return empty_; }  // as leader_reaped() found it
+  // sig to every process in the group (to the worker alone before it made the group).
+  void signal(int sig);
+
+ private:
+  void close_pidfd();
+
+  pid_t leader_ = -1;
+  int pidfd_ = -1;
+  bool reaped_ = false, empty_ = false;
+};
+
 // The state letter of /proc/<pid>/stat (R, S, D, Z...), 0 when the process is gone; its
 // parent in *ppid if asked.
 char process_state(pid_t pid, pid_t* ppid = nullptr);

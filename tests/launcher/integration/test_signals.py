@@ -1,6 +1,8 @@
 """Issue 2: signals to ddprun are forwarded (SIGTERM, SIGUSR1, SIGHUP; a SIGUSR1 that finds no
 worker running is said to have reached none), a second SIGINT kills at once, no worker or
-grandchild outlives `kill -9 ddprun` or a crashed ddprun, and ddprun as PID 1."""
+grandchild outlives `kill -9 ddprun` or a crashed ddprun, a process group that reuses an exited
+worker's number is never killed, and ddprun as PID 1."""
+import json
 import os
 import signal
 import socket
@@ -10,7 +12,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddprun_testlib import DdprunTestCase, free_port, pid_alive, read_text, scaled, worker
+from ddprun_testlib import DDPRUN, DdprunTestCase, clean_env, free_port, pid_alive, read_text, scaled, worker
 
 # "At once" for ddprun's reaction to a signal or a worker's exit: well under a second idle,
 # a few seconds on a loaded machine. What a missing reaction costs (a shutdown timeout of
@@ -173,17 +175,52 @@ class NoOrphansTest(DdprunTestCase):
             self.assertFalse(pid_alive(orphan), f"orphan {orphan} outlived ddprun")
 
 
-class Pid1Test(DdprunTestCase):
+PID_NAMESPACE = ["unshare", "--pid", "--fork", "--mount-proc"]
+
+
+class PidNamespaceTest(DdprunTestCase):
+    """Tests that run ddprun in a pid namespace of their own (root only)."""
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True)
+        probe = subprocess.run(PID_NAMESPACE + ["true"], capture_output=True)
         if probe.returncode != 0:
             raise unittest.SkipTest(f"unshare --pid not permitted here: {probe.stderr.decode().strip()}")
 
+
+class ReusedGroupNumberTest(PidNamespaceTest):
+    """A worker that exits early leaves its process group's number free; the kernel hands it
+    out again after a wrap of the pid space (minutes on a busy host). Neither the end of the
+    attempt nor the guardian (ddprun SIGKILLed) may then kill the unrelated group that got it.
+    workers/reuse_number.py gives the number away at once, through ns_last_pid."""
+    def reuse(self, how):
+        cmd = PID_NAMESPACE + [sys.executable, worker("reuse_number.py"), self.tmp, how, DDPRUN,
+                               "--nproc-per-node", "2", worker("early_exit.py"), self.tmp]
+        env = clean_env(TMPDIR=self.tmp)
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=scaled(120))
+        lines = r.stdout.strip().splitlines()
+        self.assertTrue(lines, r)
+        out = json.loads(lines[-1])
+        self.assertTrue(out["reused"], f"no process got rank 1's number: {r}")
+        self.assertTrue(out["rank0_gone"], r)
+        return out, r
+
+    def test_the_attempts_end_leaves_a_group_that_reuses_a_workers_number_alone(self):
+        out, r = self.reuse("end")
+        self.assertEqual(out["rc"], 0, r)
+        self.assertTrue(out["bystander_alive"], f"ddprun killed the group that took rank 1's number: {r}")
+
+    def test_the_guardian_leaves_a_group_that_reuses_a_workers_number_alone(self):
+        out, r = self.reuse("kill9")
+        self.assertEqual(out["rc"], -signal.SIGKILL, r)
+        self.assertTrue(out["bystander_alive"], f"the guardian killed the group that took rank 1's number: {r}")
+
+
+class Pid1Test(PidNamespaceTest):
+
     def run_pid1(self, code):
         return self.run_ddprun(["--nproc-per-node", "2", worker("leave_orphan.sh"), self.tmp, str(code)],
-                               cmd_prefix=["unshare", "--pid", "--fork", "--mount-proc"])
+                               cmd_prefix=PID_NAMESPACE)
 
     def test_pid1_worker_with_orphan_exits_cleanly(self):
         res = self.run_pid1(0)

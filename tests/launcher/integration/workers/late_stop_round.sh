@@ -3,7 +3,9 @@
 # $1: a directory for stamps. Round 0: node rank 0's worker takes 3 s to stop after
 # SIGTERM, and every other node's worker fails once rank 0's is up. Round 1: node rank 0's
 # worker runs 60 s unless stopped, and every other node's fails at once (stamp fail_<round>).
+# Stamps appear whole (mv), or not at all when the worker is stopped while it writes one.
 d=$1
+stamp() { date +%s.%N > "$d/$1.tmp" && mv "$d/$1.tmp" "$d/$1"; }
 r=$TORCHELASTIC_RESTART_COUNT
 if [ "$GROUP_RANK" = 0 ]; then
   if [ "$r" = 0 ]; then
@@ -13,12 +15,12 @@ if [ "$GROUP_RANK" = 0 ]; then
     wait
     exit 0
   fi
-  date +%s.%N > "$d/started_$r"
+  stamp "started_$r"
   exec sleep 60
 fi
 if [ "$r" = 0 ]; then
   i=0
   while [ ! -e "$d/up" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i + 1)); done
 fi
-date +%s.%N > "$d/fail_$r"
+stamp "fail_$r"
 exit 1
