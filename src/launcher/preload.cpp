@@ -156,6 +156,7 @@ void WarmPython::stop() {
     kill(-pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);  // ECHILD when ddprun's reaper had it already
     wait_gone(below);
+    guardian_.forget(pid_);  // (reaped: its number is free)
   }
   pid_ = -1;
   ready_ = false;
@@ -236,7 +237,9 @@ void WarmPython::on_ready() {
 void WarmPython::exited(pid_t pid, int status) {
   if (pid != pid_) return;
   pid_ = -1;
-  if (group_empty(pid)) guardian_.forget(pid);
+  // Its number is free: the guardian must not kill it later. (What may be left in its group,
+  // children between that are `cat`s on its pipes, ends with that pipe.)
+  guardian_.forget(pid);
   exit_status_ = status;
   if (!ready_) return;  // on_ready() reads the socket's end and says how it ended
   spdlog::warn("--preload: the warm Python process (pid {}) {}: the next workers come from a new one", pid,

@@ -91,8 +91,6 @@ std::string describe_exec_failure(const std::string& path, int err) {
 
 void become_subreaper() { prctl(PR_SET_CHILD_SUBREAPER, 1); }
 
-bool group_empty(pid_t pgid) { return kill(-pgid, 0) != 0 && errno == ESRCH; }
-
 namespace {
 constexpr unsigned kPidfdSignalProcessGroup = 1u << 2;  // PIDFD_SIGNAL_PROCESS_GROUP (Linux 6.9)
 }
@@ -123,7 +121,8 @@ void WorkerGroup::close_pidfd() {
 
 bool WorkerGroup::leader_reaped() {
   reaped_ = true;
-  empty_ = group_empty(leader_);
+  // Asked at once: the number cannot have been handed on yet (it takes a wrap of the pid space).
+  empty_ = kill(-leader_, 0) != 0 && errno == ESRCH;
   if (empty_) close_pidfd();
   return empty_;
 }

@@ -38,10 +38,6 @@ std::string describe_exec_failure(const std::string& path, int err);
 // Makes ddprun the reaper of every orphan its workers leave behind.
 void become_subreaper();
 
-// Whether no process is left in group `pgid`. Meaningful only at once after its leader
-// (a child of this process) is reaped: later, an unrelated group may have the number.
-bool group_empty(pid_t pgid);
-
 // A worker's process group: the worker leads it, so its id is the worker's pid. Once the
 // worker is reaped that number is free, and when the group has emptied too the kernel may
 // give it to an unrelated group (after a wrap of the pid space: minutes on a busy host): the

@@ -189,13 +189,14 @@ class PidNamespaceTest(DdprunTestCase):
 
 
 class ReusedGroupNumberTest(PidNamespaceTest):
-    """A worker that exits early leaves its process group's number free; the kernel hands it
-    out again after a wrap of the pid space (minutes on a busy host). Neither the end of the
-    attempt nor the guardian (ddprun SIGKILLed) may then kill the unrelated group that got it.
+    """A worker that exits early leaves its process group's number free (so does a warm
+    process that died); the kernel hands it out again after a wrap of the pid space (minutes
+    on a busy host). Neither the end of the attempt nor the guardian (ddprun SIGKILLed) may
+    then kill the unrelated group that got it.
     workers/reuse_number.py gives the number away at once, through ns_last_pid."""
-    def reuse(self, how):
+    def reuse(self, how, extra=()):
         cmd = PID_NAMESPACE + [sys.executable, worker("reuse_number.py"), self.tmp, how, DDPRUN,
-                               "--nproc-per-node", "2", worker("early_exit.py"), self.tmp]
+                               "--nproc-per-node", "2", *extra, worker("early_exit.py"), self.tmp]
         env = clean_env(TMPDIR=self.tmp)
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=scaled(120))
         lines = r.stdout.strip().splitlines()
@@ -214,6 +215,11 @@ class ReusedGroupNumberTest(PidNamespaceTest):
         out, r = self.reuse("kill9")
         self.assertEqual(out["rc"], -signal.SIGKILL, r)
         self.assertTrue(out["bystander_alive"], f"the guardian killed the group that took rank 1's number: {r}")
+
+    def test_the_guardian_leaves_a_group_that_reuses_the_warm_processs_number_alone(self):
+        out, r = self.reuse("warm", ["--preload", "json"])
+        self.assertEqual(out["rc"], -signal.SIGKILL, r)
+        self.assertTrue(out["bystander_alive"], f"the guardian killed the group that took the warm process's number: {r}")
 
 
 class Pid1Test(PidNamespaceTest):

@@ -3,10 +3,12 @@
 waits until ddprun has reaped rank 1, starts an unrelated process group (`sleep`, in a
 session of its own) whose number is rank 1's old pid, and then ends the job: with "end", rank
 0 exits and the attempt ends; with "kill9", ddprun is SIGKILLed (its guardian then kills the
-groups it holds). Prints one JSON line: whether the number was taken, whether that group
-outlived the end, ddprun's exit status, and whether rank 0 is gone.
+groups it holds). With "warm" (a --preload job), the number given away is the warm Python
+process's, SIGKILLed here and reaped by ddprun, and then ddprun is SIGKILLed. Prints one
+JSON line: whether the number was taken, whether that group outlived the end, ddprun's exit
+status, and whether rank 0 is gone.
 
-usage: reuse_number.py DIR end|kill9 DDPRUN_ARGV...
+usage: reuse_number.py DIR end|kill9|warm DDPRUN_ARGV...
 """
 import json
 import os
@@ -53,10 +55,24 @@ def take_number(pid):
     return None
 
 
+def warm_process(ddprun_pid):
+    """ddprun's child that runs ddprun_preload.py."""
+    for kids in os.listdir(f"/proc/{ddprun_pid}/task"):
+        with open(f"/proc/{ddprun_pid}/task/{kids}/children") as f:
+            for pid in map(int, f.read().split()):
+                with open(f"/proc/{pid}/cmdline", "rb") as c:
+                    if b"ddprun_preload.py" in c.read():
+                        return pid
+    raise SystemExit("no warm process under ddprun")
+
+
 ddprun = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
 rank0, rank1 = read_pid(0), read_pid(1)
-wait_until(lambda: not os.path.exists(f"/proc/{rank1}"))  # exited and reaped by ddprun
-bystander = take_number(rank1)
+given = warm_process(ddprun.pid) if how == "warm" else rank1
+if how == "warm":
+    os.kill(given, signal.SIGKILL)  # the warm process of the ddprun started above
+wait_until(lambda: not os.path.exists(f"/proc/{given}"))  # exited and reaped by ddprun
+bystander = take_number(given)
 if how == "end":
     open(os.path.join(d, "go"), "w").close()
 else:
