@@ -428,6 +428,8 @@ def _serve(ddprun_pid, sock, spares_wanted, refill):
                 if fd not in mine:
                     os.close(fd)  # another rank's pipes: their ends must close with that rank
             return reqs[rest[i]], mine, (gone, between)
+        if os.environ.get("DDPRUN_TEST_WARM_DIES_ANSWERING"):  # test_preload only: killed mid-request
+            os._exit(137)
         for fd in fds:
             os.close(fd)
         for i, pid in zip(rest, forked):

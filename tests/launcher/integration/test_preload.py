@@ -408,6 +408,24 @@ with open(os.path.join(os.environ["OUT"], "big_" + os.environ["TORCHELASTIC_REST
         self.assertIn("--preload: started a new warm Python process", err)
         self.assertEqual(len(self.probe_imports()), 2)
 
+    def test_a_warm_process_that_dies_answering_leaves_no_rank_twice(self):
+        # The warm process forks (or hands spares) a request's workers and dies before its
+        # reply (DDPRUN_TEST_WARM_DIES_ANSWERING: killed mid-request, by the OOM killer say):
+        # the workers start cold, and the forks nobody was told of never run their ranks
+        # beside them (before: each rank ran twice). Both attempts' requests die so; the
+        # restart's warm process is a new one.
+        script = self.write("ranks.py", "import os, sys, time\n"
+                                        "a = os.environ['TORCHELASTIC_RESTART_COUNT']\n"
+                                        "print('rank', os.environ['RANK'], 'attempt', a, flush=True)\n"
+                                        "time.sleep(1)\n"
+                                        "sys.exit(3 if a == '0' and os.environ['RANK'] == '0' else 0)\n")
+        res = self.job(script, preload="json", flags=["--max-restarts", "1"],
+                       env=self.env(DDPRUN_TEST_WARM_DIES_ANSWERING="1"))
+        self.assertEqual(res.rc, 0, res)
+        lines = sorted(l.split(":", 1)[1] for l in res.stdout.splitlines())
+        self.assertEqual(lines, ["rank 0 attempt 0", "rank 0 attempt 1", "rank 1 attempt 0", "rank 1 attempt 1"], res)
+        self.assertEqual(res.stderr.count("did not fork the workers"), 2, res)
+
     # -- what a worker sees
 
     def view(self, flags, env, script):
