@@ -8,7 +8,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -19,7 +18,6 @@
 #include <spdlog/spdlog.h>
 
 #include "ddp/error.hpp"
-#include "launcher/fileio.hpp"
 #include "launcher/guardian.hpp"
 #include "launcher/report.hpp"
 #include "launcher/stack_dump.hpp"
@@ -227,7 +225,6 @@ void WarmPython::on_ready() {
     throw ddp::Error("--preload: " + why);
   }
   ready_ = true;
-  cmdline_ = read_file(fmt::format("/proc/{}/cmdline", pid_)).value_or("");
   std::vector<std::string> threads = msg->value("threads", std::vector<std::string>());
   if (!threads.empty())
     spdlog::warn("--preload: {} thread(s) run in the warm process after importing {}, and a forked worker has "
@@ -248,40 +245,6 @@ void WarmPython::exited(pid_t pid, int status) {
   spdlog::warn("--preload: the warm Python process (pid {}) {}: the next workers come from a new one", pid,
                describe_status(status));
   stop();
-}
-
-namespace {
-
-// Whether pid is one of `roots`, or below one (read from /proc).
-bool below_any(pid_t pid, const std::vector<pid_t>& roots) {
-  for (int depth = 0; pid > 1 && pid != getpid() && depth < 64; ++depth) {
-    if (std::find(roots.begin(), roots.end(), pid) != roots.end()) return true;
-    pid_t parent = 0;
-    if (!process_state(pid, &parent)) return false;
-    pid = parent;
-  }
-  return false;
-}
-
-}  // namespace
-
-// A warm process that dies while it answers a request may have forked workers (or handed
-// spares their requests) that no reply named: once their child between leaves, ddprun adopts
-// them and they run their ranks beside the cold workers started in their place. They show the
-// warm process's command line (forks exec nothing), as do its children between and spares:
-// every such descendant of ddprun outside the named workers' trees is killed, until none is
-// left (a child between may still be forking).
-void WarmPython::kill_unnamed_forks(const std::vector<pid_t>& named) {
-  if (cmdline_.empty()) return;
-  for (int round = 0; round < 10; ++round) {
-    std::vector<pid_t> forks;
-    for (pid_t p : descendants())
-      if (read_file(fmt::format("/proc/{}/cmdline", p)).value_or("") == cmdline_ && !below_any(p, named))
-        forks.push_back(p);
-    if (forks.empty()) return;
-    for (pid_t p : forks) kill(p, SIGKILL);
-    wait_gone(forks);
-  }
 }
 
 // One request: specs[from, to) forked through one child between; their pids in order.
@@ -320,9 +283,6 @@ std::vector<SpawnResult> WarmPython::spawn(const std::vector<SpawnSpec>& specs) 
     } catch (const ddp::Error& e) {
       spdlog::warn("--preload: the warm Python process did not fork the workers ({}): they start cold", e.what());
       stop();
-      std::vector<pid_t> named;  // the earlier batches' workers
-      for (size_t i = 0; i < from; ++i) named.push_back(out[i].pid);
-      kill_unnamed_forks(named);
     }
   }
   return out;

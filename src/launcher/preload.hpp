@@ -57,13 +57,11 @@ class WarmPython {
  private:
   std::string how_it_ended();
   std::vector<pid_t> fork_batch(const std::vector<SpawnSpec>& specs, size_t from, size_t to);
-  void kill_unnamed_forks(const std::vector<pid_t>& named);
 
   const Options& o_;
   Guardian& guardian_;
   bool enabled_ = false;
   std::string script_;  // ddprun_preload.py
-  std::string cmdline_;  // the ready warm process's /proc cmdline, which its forks show too
   int fd_ = -1;         // our end of the socket
   pid_t pid_ = -1;                // -1 once reaped
   std::optional<int> exit_status_;  // how it ended, when ddprun's reaper saw it

@@ -48,7 +48,7 @@ void become_subreaper();
 class WorkerGroup {
  public:
   WorkerGroup() = default;
-  explicit WorkerGroup(pid_t leader);  // an unreaped child of this process
+  explicit WorkerGroup(pid_t leader);  // a worker not yet reaped (a child, or one ddprun adopts)
   WorkerGroup(WorkerGroup&& o) noexcept { *this = std::move(o); }
   WorkerGroup& operator=(WorkerGroup&& o) noexcept;
   ~WorkerGroup();

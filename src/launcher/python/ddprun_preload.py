@@ -160,9 +160,10 @@ def _preload(modules, started_with):
 def _fork_between(count, child, linger=None):
     """Forks a child between that forks `count` children, each in a process group of its
     own, tells their pids, and leaves (after linger(gone_w), when given). In child i: (True,
-    child(i, (gone_r, the child between's pid))), gone_r ending once the child between has
-    left. Here: (False, (the child between's pid, the children's pids: fewer when a fork
-    failed)). OSError when the child between cannot be forked."""
+    child(i, (gone_r, the child between's pid, go_r))), gone_r ending once the child between
+    has left, go_r giving the child a byte once ddprun has its pid (_hand_over), or ending
+    without one. Here: (False, (the child between's pid, the children's pids: fewer when a
+    fork failed, go_w)). OSError when the child between cannot be forked."""
     import gc
 
     # What exists now is shared with the children: their collections skip it, so they do
@@ -170,13 +171,20 @@ def _fork_between(count, child, linger=None):
     gc.freeze()
     r, w = os.pipe()
     try:
-        between = os.fork()
+        go_r, go_w = os.pipe()
     except OSError:
         os.close(r)
         os.close(w)
         raise
+    try:
+        between = os.fork()
+    except OSError:
+        for fd in (r, w, go_r, go_w):
+            os.close(fd)
+        raise
     if between == 0:
         os.close(r)
+        os.close(go_w)  # this process's alone: its end before the bytes says it died first
         me = os.getpid()
         gone_r, gone_w = os.pipe()  # its end tells the children they have been adopted
         pids = []
@@ -187,7 +195,7 @@ def _fork_between(count, child, linger=None):
                     try:
                         os.close(w)
                         os.close(gone_w)
-                        return True, child(i, (gone_r, me))
+                        return True, child(i, (gone_r, me, go_r))
                     except BaseException:  # noqa: BLE001  (never on as the child between)
                         os._exit(1)
                 os.setpgid(pid, pid)
@@ -202,23 +210,36 @@ def _fork_between(count, child, linger=None):
         finally:
             os._exit(0)
     os.close(w)
+    os.close(go_r)
     with os.fdopen(r, "rb") as f:
         # Up to the line's end, not the pipe's: a child stopped before it ran (SIGSTOP) holds
         # its copy of the write end, and this process would wait for it (ddprun's request
         # with it, until ddprun gave up and started the workers cold).
-        return False, (between, [int(p) for p in f.readline().split()])
+        return False, (between, [int(p) for p in f.readline().split()], go_w)
+
+
+def _hand_over(go_w, count):
+    """Lets `count` children of one child between run (ddprun has their pids, or they are
+    not needed: 0), one byte each, and closes go_w."""
+    data = b"g" * count
+    try:
+        while data:
+            data = data[os.write(go_w, data):]
+    except OSError:  # (none is left to read)
+        pass
+    os.close(go_w)
 
 
 def _fork_workers(count, betweens):
     """Forks `count` workers through one child between, which leaves once they all exist
-    (its pid is added to betweens, to reap): (index, its pid) in a worker, the pids (fewer
-    when a fork failed) here."""
-    forked, got = _fork_between(count, lambda i, gone: (i, *gone))
+    (its pid is added to betweens, to reap): (True, (index, what _adopted waits on)) in a
+    worker; here (False, (the pids: fewer when a fork failed, go_w for _hand_over))."""
+    forked, got = _fork_between(count, lambda i, gone: (i, gone))
     if forked:
-        return got
-    between, pids = got
+        return True, got
+    between, pids, go_w = got
     betweens.append(between)
-    return pids
+    return False, (pids, go_w)
 
 
 class _Spares:
@@ -227,8 +248,8 @@ class _Spares:
     child between (a `cat` by then, so that leaving costs it nothing), and ddprun adopts
     them once it is released. A spare whose socket ends without a request exits."""
 
-    def __init__(self, socks, release, between, pids):
-        self.socks, self.release, self.between, self.pids = socks, release, between, pids
+    def __init__(self, socks, release, between, pids, go_w):
+        self.socks, self.release, self.between, self.pids, self.go_w = socks, release, between, pids, go_w
 
     def dispatch(self, reqs, fds):
         """Hands reqs[i] (with fds[3i:3i+3]) to spare i: the pids by index (None where the
@@ -354,13 +375,13 @@ def _fork_spares(count, sock):
         return None
     if forked:
         return got
-    between, pids = got
+    between, pids, go_w = got
     for pair in pairs:
         pair[1].close()
     os.close(release_r)
     for pair in pairs[len(pids):]:  # (a fork failed: no spare behind them)
         pair[0].close()
-    return _Spares([pair[0] for pair in pairs[:len(pids)]], release_w, between, pids)
+    return _Spares([pair[0] for pair in pairs[:len(pids)]], release_w, between, pids, go_w)
 
 
 def _wait_for_release(release_r, gone_w):
@@ -408,26 +429,34 @@ def _serve(ddprun_pid, sock, spares_wanted, refill):
             _send(sock, {"error": "a request without its descriptors"})
             continue
         pids = [None] * len(reqs)
+        go_ahead = []  # (go_w, count): who may run once ddprun has the reply (_hand_over)
         if spares is not None and len(spares.pids) >= len(reqs):
             pids = spares.dispatch(reqs, fds)
+            go_ahead.append((spares.go_w, len(spares.pids)))
         elif spares is not None:
             spares.close()
+            go_ahead.append((spares.go_w, 0))
         if spares is not None:
             betweens.append(spares.between)
         spares, idle = None, 0.3  # (new spares once the workers had a moment to start)
         due = refill and spares_wanted > 0
         rest = [i for i, pid in enumerate(pids) if pid is None]
+        in_worker, got = False, ([], None)
         try:
-            forked = _fork_workers(len(rest), betweens) if rest else []
+            if rest:
+                in_worker, got = _fork_workers(len(rest), betweens)
         except OSError:
-            forked = []
-        if isinstance(forked, tuple):
-            i, gone, between = forked
+            pass
+        if in_worker:
+            i, gone = got
             mine = fds[3 * rest[i]:3 * rest[i] + 3]
             for fd in fds:
                 if fd not in mine:
                     os.close(fd)  # another rank's pipes: their ends must close with that rank
-            return reqs[rest[i]], mine, (gone, between)
+            return reqs[rest[i]], mine, gone
+        forked, go_w = got
+        if go_w is not None:
+            go_ahead.append((go_w, len(forked)))
         if os.environ.get("DDPRUN_TEST_WARM_DIES_ANSWERING"):  # test_preload only: killed mid-request
             os._exit(137)
         for fd in fds:
@@ -435,20 +464,27 @@ def _serve(ddprun_pid, sock, spares_wanted, refill):
         for i, pid in zip(rest, forked):
             pids[i] = pid
         _send(sock, {"pids": [-1 if p is None else p for p in pids]})
+        for go_w, count in go_ahead:
+            _hand_over(go_w, count)
 
 
 def _adopted(ddprun_pid, gone):
     """Waits for the child between to leave; True once ddprun is the parent, with the death
-    signal armed."""
+    signal armed, and knows this worker's pid: the warm process says so after its reply. If
+    it died before (its end, no byte), ddprun starts this rank cold: this one must not run."""
     import signal
 
-    fd, between = gone
+    fd, between, go_r = gone
     os.read(fd, 1)  # its end: the child between is exiting
     os.close(fd)
     while os.getppid() == between:  # its exit reparents us a moment after
         os.sched_yield()
     _LIBC[0].prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: gone with ddprun
-    return os.getppid() == ddprun_pid  # else ddprun died first (or is no subreaper)
+    if os.getppid() != ddprun_pid:  # ddprun died first (or is no subreaper)
+        return False
+    named = os.read(go_r, 1) == b"g"
+    os.close(go_r)
+    return named
 
 
 def _become_worker(ddprun_pid, gone, sock, req, fds):

@@ -411,9 +411,9 @@ with open(os.path.join(os.environ["OUT"], "big_" + os.environ["TORCHELASTIC_REST
     def test_a_warm_process_that_dies_answering_leaves_no_rank_twice(self):
         # The warm process forks (or hands spares) a request's workers and dies before its
         # reply (DDPRUN_TEST_WARM_DIES_ANSWERING: killed mid-request, by the OOM killer say):
-        # the workers start cold, and the forks nobody was told of never run their ranks
-        # beside them (before: each rank ran twice). Both attempts' requests die so; the
-        # restart's warm process is a new one.
+        # the workers start cold, and the forks nobody was told of exit without running their
+        # ranks beside them (before: each rank ran twice). Both attempts' requests die so;
+        # the restart's warm process is a new one.
         script = self.write("ranks.py", "import os, sys, time\n"
                                         "a = os.environ['TORCHELASTIC_RESTART_COUNT']\n"
                                         "print('rank', os.environ['RANK'], 'attempt', a, flush=True)\n"
@@ -627,7 +627,8 @@ class ForkBetween(unittest.TestCase):
                 os.kill(pid, signal.SIGKILL)
             os.close(note_r)
             os.close(note_w)
-        between, pids = got
+        between, pids, go_w = got
+        os.close(go_w)
         os.waitpid(between, 0)
         self.assertEqual(len(pids), 2)
         self.assertEqual(sorted(pids), sorted(stopped), "the pids told are those of the children stopped")
