@@ -449,6 +449,8 @@ def _serve(ddprun_pid, sock, spares_wanted, refill):
             pass
         if in_worker:
             i, gone = got
+            for go_w, _ in go_ahead:
+                os.close(go_w)  # (the spares' go-ahead: the warm process's alone)
             mine = fds[3 * rest[i]:3 * rest[i] + 3]
             for fd in fds:
                 if fd not in mine:
