@@ -66,21 +66,23 @@ struct GuardState {
   int32_t groups[Guardian::kMaxGroups];
 };
 
-// Raw loops, not memmove: nothing here may call into libc (above).
+// The list is moved through a volatile pointer: a plain loop becomes a call of libc's
+// memmove (GCC does that at -O2), and nothing here may call into libc (above).
+void drop_group(GuardState* s, unsigned at) {
+  volatile int32_t* groups = s->groups;
+  for (unsigned i = at + 1; i < s->count; ++i) groups[i - 1] = groups[i];
+  --s->count;
+}
+
 void add_group(GuardState* s, int32_t g) {
-  if (s->count == Guardian::kMaxGroups) {  // the oldest goes
-    for (unsigned i = 1; i < s->count; ++i) s->groups[i - 1] = s->groups[i];
-    --s->count;
-  }
+  if (s->count == Guardian::kMaxGroups) drop_group(s, 0);  // the oldest goes
   s->groups[s->count++] = g;
 }
 
 void forget_group(GuardState* s, int32_t g) {
   unsigned i = s->count;
   while (i > 0 && s->groups[i - 1] != g) --i;  // the newest first: a number held twice was reused
-  if (i == 0) return;
-  for (; i < s->count; ++i) s->groups[i - 1] = s->groups[i];
-  --s->count;
+  if (i > 0) drop_group(s, i - 1);
 }
 
 constexpr size_t kMemoryBytes = (sizeof(GuardState) + kStackBytes + 4095) / 4096 * 4096;
