@@ -6,14 +6,14 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
-#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
-#include <cstdio>
 #include <new>
+
+#include "launcher/process.hpp"
 
 // Why the guardian shares ddprun's memory. A fork of ddprun copied its page tables and left
 // every page that either side wrote afterwards to a copy-on-write fault: about a quarter of
@@ -107,13 +107,6 @@ int guardian_main(void* arg) {
   }
   for (unsigned i = 0; i < s->count; ++i) guard_syscall(SYS_kill, -s->groups[i], SIGKILL, 0);
   return 0;
-}
-
-bool kernel_at_least(int major, int minor) {
-  utsname u{};
-  int ma = 0, mi = 0;
-  if (uname(&u) != 0 || std::sscanf(u.release, "%d.%d", &ma, &mi) != 2) return false;
-  return ma > major || (ma == major && mi >= minor);
 }
 
 // A 4-byte message: one write, atomic on a pipe.

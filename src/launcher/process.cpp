@@ -6,11 +6,13 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 #include <utility>
@@ -90,6 +92,13 @@ std::string describe_exec_failure(const std::string& path, int err) {
 }
 
 void become_subreaper() { prctl(PR_SET_CHILD_SUBREAPER, 1); }
+
+bool kernel_at_least(int major, int minor) {
+  utsname u{};
+  int ma = 0, mi = 0;
+  if (uname(&u) != 0 || std::sscanf(u.release, "%d.%d", &ma, &mi) != 2) return false;
+  return ma > major || (ma == major && mi >= minor);
+}
 
 namespace {
 constexpr unsigned kPidfdSignalProcessGroup = 1u << 2;  // PIDFD_SIGNAL_PROCESS_GROUP (Linux 6.9)

@@ -38,6 +38,9 @@ std::string describe_exec_failure(const std::string& path, int err);
 // Makes ddprun the reaper of every orphan its workers leave behind.
 void become_subreaper();
 
+// Whether the running kernel is at least major.minor (false when it cannot tell).
+bool kernel_at_least(int major, int minor);
+
 // A worker's process group: the worker leads it, so its id is the worker's pid. Once the
 // worker is reaped that number is free, and when the group has emptied too the kernel may
 // give it to an unrelated group (after a wrap of the pid space: minutes on a busy host): the

@@ -3,12 +3,10 @@
 // the number out at once: integration/test_signals.py, ReusedGroupNumberTest.)
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdio>
 #include <string>
 #include <thread>
 
@@ -19,13 +17,6 @@
 namespace {
 
 using ddprun::WorkerGroup;
-
-bool kernel_at_least(int major, int minor) {
-  utsname u{};
-  int ma = 0, mi = 0;
-  if (uname(&u) != 0 || std::sscanf(u.release, "%d.%d", &ma, &mi) != 2) return false;
-  return ma > major || (ma == major && mi >= minor);
-}
 
 // `sh -c script` in a group of its own; what it prints on stdout comes back in *out.
 pid_t start_shell(const std::string& script, std::string* out = nullptr) {
@@ -71,7 +62,7 @@ TEST(LauncherWorkerGroup, WhatAReapedWorkerLeftInItsGroupIsReachedThroughItsPidf
   g.signal(SIGKILL);
   const bool reached = gone_within(child, std::chrono::seconds(10));
   if (!reached && !ddprun::process_gone(child)) kill(child, SIGKILL);  // the child this test started
-  if (!kernel_at_least(6, 9)) GTEST_SKIP() << "PIDFD_SIGNAL_PROCESS_GROUP needs Linux 6.9";
+  if (!ddprun::kernel_at_least(6, 9)) GTEST_SKIP() << "PIDFD_SIGNAL_PROCESS_GROUP needs Linux 6.9";
   EXPECT_TRUE(reached) << "the group's SIGKILL never reached the worker's child " << child;
 }
 
