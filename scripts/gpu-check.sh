@@ -8,6 +8,8 @@
 #   4 pytorch_jobs       real PyTorch 2.x jobs (gloo) under ddprun
 #   5 launch             ddprun against python3 -m torch.distributed.run, same job, same run
 #   6 train_nccl         examples/train_linear --backend nccl under ddprun
+#   7 numa_binding       --numa-binding's CPUs for every GPU and mode against torch's own
+#                        (torch.numa.binding, torch 2.9+), and what the GPU query costs a launch
 # Exits non-zero when any step failed; summary.txt lists each step's status and time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -81,5 +83,45 @@ print(f"| python3 -m torch.distributed.run | {tr*1e3:.0f} ms (ddprun {tr/ddp:.0f
 PY
 step train_nccl 120 "$kit/bin/ddprun" --standalone --nproc-per-node 1 "$kit/bin/train_linear" \
   --backend nccl --steps 300 --out "$out/linear_model.txt"
+step numa_binding 120 "$py" - <<'PY'
+import os, re, statistics, subprocess, sys, time
+ddprun = os.environ["DDPRUN"]
+n = len(subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.splitlines())
+try:
+    import torch.numa.binding as b
+except ImportError:
+    b = None
+failed = False
+for mode in ("node", "socket", "exclusive", "core-complex"):
+    r = subprocess.run([ddprun, "--nproc-per-node", str(n), "--numa-binding", mode, "--log-level", "info",
+                        "--no-python", "sh", "-c", "grep Cpus_allowed_list: /proc/self/status"],
+                       capture_output=True, text=True)
+    got = dict(re.findall(r"local rank (\d+) runs on CPUs (\S+)", r.stderr))
+    print(f"{mode}: rc={r.returncode} ddprun: {got}")
+    if r.returncode != 0:
+        print(r.stderr)
+        failed = True
+        continue
+    if b is None:
+        continue
+    want = {}
+    for i in range(n):
+        cpus = b._get_logical_cpus_to_bind_to(gpu_index=i, numa_options=b.NumaOptions(affinity_mode=b.AffinityMode(mode)))
+        want[str(i)] = b._get_ranges_str_from_ints(cpus)
+    same = {k: got.get(k) == v for k, v in want.items()}
+    print(f"{mode}: torch: {want} same: {all(same.values())}")
+    failed |= not all(same.values())
+def med(cmd, k=15):
+    ts = []
+    for _ in range(k):
+        t0 = time.perf_counter()
+        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+plain = med([ddprun, "--standalone", "--nproc-per-node", str(n), "--no-python", "true"])
+bound = med([ddprun, "--standalone", "--nproc-per-node", str(n), "--numa-binding", "node", "--no-python", "true"])
+print(f"launch, {n} x true: {plain*1e3:.1f} ms; with --numa-binding node {bound*1e3:.1f} ms ({bound/plain:.2f}x)")
+sys.exit(1 if failed else 0)
+PY
 cat "$out/summary.txt"
 exit $status

@@ -13,6 +13,7 @@
 
 #include "ddp/error.hpp"
 #include "launcher/guardian.hpp"
+#include "launcher/numa.hpp"
 #include "launcher/preload.hpp"
 #include "launcher/process.hpp"
 
@@ -57,6 +58,7 @@ std::vector<WorkerResult*> AttemptWorkers::start(const JobPlan& plan, int attemp
     if (env_hook) env_hook(env, w);
     specs.push_back(SpawnSpec{cmd.path, cmd.argv, to_envp(env), stdin_fd, open_stream(static_cast<int>(i), false, wdir),
                               open_stream(static_cast<int>(i), true, wdir)});
+    if (!o_.worker_cpus.empty()) specs.back().cpus = o_.worker_cpus.at(static_cast<size_t>(w.local_rank));
   }
   // --preload: forked by the warm process, all at once; what it could not, cold.
   std::vector<SpawnResult> started = warm_ && warm_->ready() ? warm_->spawn(specs) : std::vector<SpawnResult>();
@@ -79,7 +81,10 @@ std::vector<WorkerResult*> AttemptWorkers::start(const JobPlan& plan, int attemp
     if (int err = started[i].exec_errno) {
       w.state = WorkerResult::State::kExecFailed;
       w.exit_code = err == ENOENT ? 127 : 126;
-      w.exec_error = describe_exec_failure(specs[i].path, err);
+      w.exec_error = started[i].bind_failed
+                         ? fmt::format("cannot bind to CPUs {} (--numa-binding): {}", cpu_list_text(specs[i].cpus),
+                                       ddp::errno_text(err))
+                         : describe_exec_failure(specs[i].path, err);
       w.end = std::chrono::system_clock::now();
       spdlog::error("rank {}: {}", w.rank, w.exec_error);
       failed.push_back(&w);

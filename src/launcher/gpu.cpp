@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <sstream>
 #include <string>
 
 #include <fmt/format.h>
@@ -16,39 +18,75 @@
 namespace ddprun {
 
 namespace {
-int count_in_this_process() {
-  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!lib) return 0;
-  using InitFn = int (*)(unsigned);
-  using CountFn = int (*)(int*);
-  auto init = reinterpret_cast<InitFn>(dlsym(lib, "cuInit"));
-  auto count = reinterpret_cast<CountFn>(dlsym(lib, "cuDeviceGetCount"));
-  int n = 0;
-  if (!init || !count || init(0) != 0 || count(&n) != 0) n = 0;
-  return n;
+
+// In a child process (ddprun itself never holds a CUDA context: memory, and a driver that
+// must not be forked after initialisation): "N\n" then each device's PCI address, a line
+// each, in CUDA's order; "" without a driver or device.
+std::string ask_driver() {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return "";
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::string out;
+    if (void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL)) {
+      using InitFn = int (*)(unsigned);
+      using CountFn = int (*)(int*);
+      using GetFn = int (*)(int*, int);
+      using BusIdFn = int (*)(char*, int, int);
+      auto init = reinterpret_cast<InitFn>(dlsym(lib, "cuInit"));
+      auto count = reinterpret_cast<CountFn>(dlsym(lib, "cuDeviceGetCount"));
+      auto get = reinterpret_cast<GetFn>(dlsym(lib, "cuDeviceGet"));
+      auto bus_id = reinterpret_cast<BusIdFn>(dlsym(lib, "cuDeviceGetPCIBusId"));
+      int n = 0;
+      if (init && count && init(0) == 0 && count(&n) == 0 && n > 0) {
+        out = std::to_string(n) + "\n";
+        for (int i = 0; i < n && get && bus_id; ++i) {
+          char id[64] = {};
+          int dev = 0;
+          if (get(&dev, i) != 0 || bus_id(id, sizeof id, dev) != 0) break;
+          out += std::string(id) + "\n";
+        }
+      }
+    }
+    _exit(write(fds[1], out.data(), out.size()) == static_cast<ssize_t>(out.size()) ? 0 : 1);
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t r; pid > 0 && (r = read(fds[0], buf, sizeof buf)) != 0;) {
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) break;
+    out.append(buf, static_cast<size_t>(r));
+  }
+  close(fds[0]);
+  if (pid > 0) waitpid(pid, nullptr, 0);
+  return out;
 }
+
+bool all_hidden() {  // an explicitly empty list hides every device, without loading the driver
+  const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
+  return v && (std::string(v).empty() || std::string(v) == "-1");
+}
+
 }  // namespace
 
 int gpu_count() {
-  // An explicitly empty list hides every device, without loading the driver.
-  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v && (std::string(v).empty() || std::string(v) == "-1"))
+  if (all_hidden()) return 0;
+  try {
+    return std::stoi(ask_driver());
+  } catch (const std::exception&) {
     return 0;
-  // Ask in a child process, so that ddprun itself never holds a CUDA context (memory, and
-  // a driver that must not be forked after initialisation).
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return 0;
-  pid_t pid = fork();
-  if (pid == 0) {
-    int n = count_in_this_process();
-    ssize_t w = write(fds[1], &n, sizeof n);
-    _exit(w == sizeof n ? 0 : 1);
   }
-  close(fds[1]);
-  int n = 0;
-  if (pid < 0 || read(fds[0], &n, sizeof n) != sizeof n) n = 0;
-  close(fds[0]);
-  if (pid > 0) waitpid(pid, nullptr, 0);
-  return n;
+}
+
+std::vector<std::string> gpu_pci_addresses() {
+  std::vector<std::string> out;
+  if (all_hidden()) return out;
+  std::istringstream lines(ask_driver());
+  std::string line;
+  std::getline(lines, line);  // the count
+  while (std::getline(lines, line)) out.push_back(line);
+  return out;
 }
 
 namespace {

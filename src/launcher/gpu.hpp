@@ -3,12 +3,17 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ddprun {
 // Number of CUDA devices visible to this process (CUDA_VISIBLE_DEVICES honoured by the
 // driver). The driver is loaded at run time with dlopen: ddprun never links CUDA.
 // 0 when there is no driver or no device.
 int gpu_count();
+
+// The PCI address of each CUDA device visible to this process, in CUDA's order, as the
+// driver writes it ("0000:1A:00.0"); empty when there is no driver or no device.
+std::vector<std::string> gpu_pci_addresses();
 
 struct GpuCount {
   int n = 0;

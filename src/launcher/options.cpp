@@ -20,6 +20,7 @@
 #include "ddp/error.hpp"
 #include "launcher/flags.hpp"
 #include "launcher/gpu.hpp"
+#include "launcher/numa.hpp"
 #include "launcher/preload.hpp"
 #include "launcher/process.hpp"
 #include "launcher/slurm.hpp"
@@ -332,7 +333,12 @@ void read_worker_command(Options& o, const Flags& g) {
   o.run_path = g.flag("run-path");
   o.virtual_local_rank = g.flag("virtual-local-rank");
   if (g.has("role")) o.role = g.value("role");
-  if (g.has("numa-binding")) o.numa_binding = g.value("numa-binding");
+  if (g.has("numa-binding")) {
+    o.numa_binding = g.value("numa-binding");
+    if (!numa_mode(o.numa_binding))
+      throw UsageError(fmt::format("{}: expected node, socket, exclusive or core-complex, got '{}'",
+                                   g.source("numa-binding"), o.numa_binding));
+  }
   if (g.has("preload")) {
     for_each_item(g.value("preload"), [&](const std::string& m) { o.preload.push_back(m); });
     if (auto err = check_preload_list(o.preload); !err.empty())
@@ -393,8 +399,15 @@ void check_worker_command(const Options& o, const Flags& g) {
   if (!o.logs_specs.empty())
     throw UsageError(fmt::format("{}: log spec plug-ins are not supported yet; use --log-dir, --tee, --redirects",
                                  g.source("logs-specs")));
-  if (!o.numa_binding.empty())
-    throw UsageError(fmt::format("{}: NUMA binding is not supported yet", g.source("numa-binding")));
+}
+
+// --numa-binding: each local rank's CPUs, found once (the machine does not change).
+void bind_near_gpus(Options& o, const Flags& g, const std::map<std::string, std::string>& env) {
+  if (o.numa_binding.empty()) return;
+  o.worker_cpus = numa_binding_plan(o.numa_binding, g.source("numa-binding"), o.nproc_per_node, env);
+  for (size_t lr = 0; lr < o.worker_cpus.size(); ++lr)
+    o.infos.push_back(fmt::format("{}: local rank {} runs on CPUs {}", g.source("numa-binding"), lr,
+                                  cpu_list_text(o.worker_cpus[lr])));
 }
 
 // torchrun accepts local ranks this node does not have, and then shows nothing of them:
@@ -814,6 +827,7 @@ Options parse_options(const std::vector<std::string>& args, const std::map<std::
   read_store_sharing(o, env);
   check_target(o, env);
   check_summary_json(o, g);
+  bind_near_gpus(o, g, env);
   return o;
 }
 

@@ -80,8 +80,9 @@ struct Options {
   bool log_timestamps = false;
   std::string log_level = "warning";
   std::string summary_json;
+  std::string numa_binding;  // --numa-binding's mode ("": none)
   // Not supported yet, kept to refuse with a clear error
-  std::string logs_specs, numa_binding;
+  std::string logs_specs;
 
   // Derived
   bool help = false, version = false;
@@ -89,6 +90,7 @@ struct Options {
   std::string help_text;
   std::vector<std::string> warnings;  // printed once logging is set up (e.g. an ignored flag)
   std::vector<std::string> infos;     // printed at info level once logging is set up
+  std::vector<std::set<int>> worker_cpus;  // --numa-binding: each local rank's CPUs (numa.hpp)
   // The flags given explicitly (command line or PET_*): canonical name -> how, e.g.
   // "node-rank" -> "--node-rank" or "PET_NODE_RANK". Anything absent took its default.
   std::map<std::string, std::string> given;

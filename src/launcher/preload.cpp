@@ -253,13 +253,19 @@ std::vector<pid_t> WarmPython::fork_batch(const std::vector<SpawnSpec>& specs, s
   std::vector<int> fds;
   for (size_t i = from; i < to; ++i) {
     const SpawnSpec& s = specs[i];
-    // (-m|s) argc argv... envc env...: python, -u and -m are not arguments of the script.
+    // (-m|s) argc argv... envc env... cpus: python, -u and -m are not arguments of the script.
     std::vector<std::string> argv(s.argv.begin() + (o_.module ? 3 : 2), s.argv.end());
     req.push_back(o_.module ? "m" : "s");
     req.push_back(std::to_string(argv.size()));
     req.insert(req.end(), argv.begin(), argv.end());
     req.push_back(std::to_string(s.env.size()));
     req.insert(req.end(), s.env.begin(), s.env.end());
+    std::string cpus;  // "0,1,5": the CPUs it runs on; "": the warm process's
+    for (int c : s.cpus) {
+      if (!cpus.empty()) cpus += ',';
+      cpus += std::to_string(c);
+    }
+    req.push_back(cpus);
     fds.insert(fds.end(), {s.stdin_fd >= 0 ? s.stdin_fd : 0, s.stdout_fd, s.stderr_fd});
   }
   send_all(fd_, nul_joined(req), fds.data(), static_cast<int>(fds.size()));

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -34,6 +35,25 @@ std::vector<char*> c_strings(const std::vector<std::string>& v) {
   return out;
 }
 
+// A CPU mask sized for the highest CPU in it; null when the set is empty.
+struct CpuMask {
+  explicit CpuMask(const std::set<int>& cpus) {
+    if (cpus.empty()) return;
+    const int n = *cpus.rbegin() + 1;
+    set = CPU_ALLOC(n);
+    size = CPU_ALLOC_SIZE(n);
+    CPU_ZERO_S(size, set);
+    for (int c : cpus) CPU_SET_S(c, size, set);
+  }
+  ~CpuMask() {
+    if (set) CPU_FREE(set);
+  }
+  CpuMask(const CpuMask&) = delete;
+  CpuMask& operator=(const CpuMask&) = delete;
+  cpu_set_t* set = nullptr;
+  size_t size = 0;
+};
+
 }  // namespace
 
 SpawnResult spawn(const SpawnSpec& spec) {
@@ -46,7 +66,9 @@ SpawnResult spawn(const SpawnSpec& spec) {
   const pid_t parent = getpid();
   sigset_t none;
   sigemptyset(&none);
+  const CpuMask cpus(spec.cpus);
   volatile int exec_err = 0;
+  volatile bool bind_failed = false;
 
   // vfork: no page tables to copy, and ddprun resumes only once the child has exec'd or
   // failed, so the exec's outcome is known without a pipe.
@@ -63,6 +85,11 @@ SpawnResult spawn(const SpawnSpec& spec) {
       if (s != SIGKILL && s != SIGSTOP) sigaction(s, &dfl, nullptr);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     if (keep_fd >= 0) fcntl(keep_fd, F_SETFD, 0);  // the child's descriptor table is its own
+    if (cpus.set && sched_setaffinity(0, cpus.size, cpus.set) != 0) {  // before exec: every thread inherits it
+      exec_err = errno ? errno : EINVAL;
+      bind_failed = true;
+      _exit(127);
+    }
     if ((in_fd < 0 || dup2(in_fd, 0) >= 0) && (out_fd < 0 || dup2(out_fd, 1) >= 0) &&
         (err_fd < 0 || dup2(err_fd, 2) >= 0))
       execve(path, argv.data(), envp.data());
@@ -70,7 +97,7 @@ SpawnResult spawn(const SpawnSpec& spec) {
     _exit(127);
   }
   setpgid(pid, pid);  // no-op when the child did it; closes the race otherwise
-  return SpawnResult{pid, exec_err};
+  return SpawnResult{pid, exec_err, bind_failed};
 }
 
 std::string describe_exec_failure(const std::string& path, int err) {

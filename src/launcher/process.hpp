@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,11 +21,13 @@ struct SpawnSpec {
   int stdout_fd = -1;             // dup2'ed onto 1 in the child; -1 inherits
   int stderr_fd = -1;             // dup2'ed onto 2 in the child; -1 inherits
   int inherit_fd = -1;            // a close-on-exec descriptor the child keeps (same number)
+  std::set<int> cpus{};           // the CPUs it may run on (--numa-binding); empty: ddprun's
 };
 
 struct SpawnResult {
   pid_t pid = -1;
-  int exec_errno = 0;  // != 0: execve failed with this errno (the child has exited 127)
+  int exec_errno = 0;       // != 0: execve failed with this errno (the child has exited 127)
+  bool bind_failed = false;  // with exec_errno: sched_setaffinity to spec.cpus failed (no exec)
 };
 
 // vfork + exec. The child leads its own process group and gets SIGKILL if ddprun dies.

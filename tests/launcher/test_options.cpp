@@ -614,7 +614,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"SignalsUnknown", {"--signals-to-handle", "SIGFOO"}, "--signals-to-handle"},
         BadCase{"SignalsKill", {"--signals-to-handle", "SIGKILL"}, "--signals-to-handle"},
         BadCase{"StartMethod", {"--start-method", "thread"}, "--start-method"},
-        BadCase{"NumaBinding", {"--numa-binding", "node"}, "--numa-binding"}),
+        BadCase{"NumaBindingMode", {"--numa-binding", "nodes"}, "--numa-binding"}),
     [](const ::testing::TestParamInfo<BadCase>& i) { return std::string(i.param.name); });
 
 TEST_F(LauncherOptions, NoPythonNonexistentCommand) {

@@ -33,6 +33,7 @@ class TempDir {
   // Writes a file under the folder and returns its path; mode 0755 makes it executable.
   std::string write(const std::string& name, const std::string& content, mode_t mode = 0644) const {
     std::string p = file(name);
+    std::filesystem::create_directories(std::filesystem::path(p).parent_path());  // "a/b/c": a/b too
     {
       std::ofstream f(p, std::ios::binary | std::ios::trunc);
       f << content;

@@ -69,7 +69,8 @@ def _environment(entries):
 
 
 def _batch(data):
-    """An attempt's workers (or a part of them): [(module?, argv as str, environment as bytes)]."""
+    """An attempt's workers (or a part of them): [(module?, argv as str, environment as bytes,
+    the CPUs it runs on: a set, empty for the warm process's own)]."""
     parts = data.split(b"\0")
     out, i = [], 1
     for _ in range(int(parts[0])):
@@ -77,8 +78,11 @@ def _batch(data):
         argv = [os.fsdecode(a) for a in parts[i + 2:i + 2 + argc]]
         i += 2 + argc
         envc = int(parts[i])
-        out.append((module, argv, _environment(parts[i + 1:i + 1 + envc])))
+        env = _environment(parts[i + 1:i + 1 + envc])
         i += 1 + envc
+        cpus = {int(c) for c in parts[i].split(b",") if c}
+        out.append((module, argv, env, cpus))
+        i += 1
     return out
 
 
@@ -507,6 +511,8 @@ def _become_worker(ddprun_pid, gone, sock, req, fds):
                 signal.signal(s, handler)
         except (OSError, ValueError, TypeError):
             pass
+    if req[3]:  # --numa-binding: this process has one thread, so every later one inherits it
+        os.sched_setaffinity(0, req[3])
     os.environ.clear()
     os.environb.update(req[2])
     changed, removed = _ENV_CHANGES
@@ -663,7 +669,7 @@ def _path0(module, script):
 
 
 def _run(req):
-    module, argv, _ = req
+    module, argv = req[0], req[1]
     sys.orig_argv = [sys.executable, "-u"] + (["-m"] if module else []) + argv
     sys.argv = list(argv)
     status = 0

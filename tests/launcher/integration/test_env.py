@@ -145,5 +145,67 @@ class EnvTest(DdprunTestCase):
                 self.assertEqual(f.read().strip(), f"{r} {r} 2")
 
 
+@unittest.skipUnless({0, 1} <= os.sched_getaffinity(0), "needs CPUs 0 and 1")
+class NumaBindingTest(DdprunTestCase):
+    """--numa-binding on a made-up machine (DDPRUN_TEST_SYSFS: a sysfs tree and the GPUs'
+    PCI addresses) whose NUMA node 0 is CPU 0 and node 1 CPU 1, a GPU on each: the worker
+    of local rank r runs on CPU r, its threads too, restarts too (the modes themselves:
+    test_numa.cpp)."""
+
+    def machine(self):
+        root = self.path("sys")
+        files = {"gpus": "0000:10:00.0\n0000:11:00.0\n", "devices/system/node/possible": "0-1\n"}
+        for n in range(2):
+            files[f"devices/system/node/node{n}/cpulist"] = f"{n}\n"
+            files[f"bus/pci/devices/0000:1{n}:00.0/numa_node"] = f"{n}\n"
+            files[f"devices/system/cpu/cpu{n}/topology/thread_siblings_list"] = f"{n}\n"  # (exclusive)
+        for rel, text in files.items():
+            os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
+            with open(os.path.join(root, rel), "w") as f:
+                f.write(text)
+        return root
+
+    def cpus(self, rank, attempt):
+        with open(self.path(f"cpus_{rank}_{attempt}")) as f:
+            return f.read().splitlines()
+
+    def test_each_rank_runs_near_its_gpu_and_so_do_its_threads_and_restarts(self):
+        env = clean_env(DDPRUN_TEST_SYSFS=self.machine())
+        res = self.run_ddprun(["--standalone", "--nproc-per-node", "2", "--numa-binding", "node", "--max-restarts",
+                               "1", "--log-level", "info", worker("affinity.py"), self.tmp, "1"], env=env)
+        self.assertEqual(res.rc, 0, res)
+        for attempt in (0, 1):
+            for r in range(2):
+                with self.subTest(rank=r, attempt=attempt):
+                    self.assertEqual(self.cpus(r, attempt), [f"[{r}]", f"[{r}]", str(r)])
+        self.assertIn("--numa-binding: local rank 1 runs on CPUs 1", res.stderr)
+
+    def test_a_program_run_directly_and_the_environment_spelling(self):
+        env = clean_env(DDPRUN_TEST_SYSFS=self.machine(), PET_NUMA_BINDING="exclusive")
+        res = self.run_ddprun(["--standalone", "--nproc-per-node", "2", "--no-python", "sh", "-c",
+                               'grep Cpus_allowed_list: /proc/self/status > "$0/allowed_$RANK"', self.tmp], env=env)
+        self.assertEqual(res.rc, 0, res)
+        for r in range(2):
+            with open(self.path(f"allowed_{r}")) as f:
+                self.assertEqual(f.read().split(), ["Cpus_allowed_list:", str(r)])
+
+    def test_without_a_gpu_it_is_a_usage_error_and_nothing_starts(self):
+        env = clean_env(CUDA_VISIBLE_DEVICES="")
+        res = self.run_ddprun(["--standalone", "--numa-binding", "node", worker("affinity.py"), self.tmp], env=env)
+        self.assertEqual(res.rc, 2, res)
+        self.assertEqual(res.stderr.splitlines(), [
+            "ddprun: error: --numa-binding: binds each worker to the CPUs near its GPU, but no GPU is visible "
+            "(CUDA_VISIBLE_DEVICES, driver)"])
+        self.assertEqual([f for f in os.listdir(self.tmp) if f.startswith("cpus_")], [])
+
+    def test_more_workers_than_gpus_is_a_usage_error(self):
+        env = clean_env(DDPRUN_TEST_SYSFS=self.machine())
+        res = self.run_ddprun(["--standalone", "--nproc-per-node", "3", "--numa-binding", "socket",
+                               worker("affinity.py"), self.tmp], env=env)
+        self.assertEqual(res.rc, 2, res)
+        self.assertEqual(res.stderr.splitlines(), [
+            "ddprun: error: --numa-binding: 3 workers but 2 GPUs visible: local rank 2 has no GPU to bind near"])
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
