@@ -93,6 +93,12 @@ const FlagSpec kFlags[] = {
      "prefix of every forwarded line; ${rank} ${local_rank} ${role_name} ${hostname}; empty = raw",
      "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "", "TEMPLATE"},
     {"log-timestamps", 0, K::kFlag, "", "Output", "prefix forwarded lines with the time they were read"},
+    {"duplicate-stdout-filters", 0, K::kValue, "", "Output",
+     "copy the --tee'd stdout lines that contain any of these strings (',,' is a comma) into the attempt's "
+     "filtered_stdout.log",
+     nullptr, "", "TEXT,..."},
+    {"duplicate-stderr-filters", 0, K::kValue, "", "Output",
+     "the same for stderr, into filtered_stderr.log", nullptr, "", "TEXT,..."},
     {"logs-specs", 0, K::kValue, "", "Output", "not supported yet", nullptr, "", "NAME"},
     {"log-level", 0, K::kValue, "warning", "Output", "ddprun's own messages: debug, info, warning, error", "LOGLEVEL",
      "debug info warning error", "LEVEL"},

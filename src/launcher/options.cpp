@@ -386,7 +386,11 @@ void read_output(Options& o, const Flags& g) {
   if (g.has("log-level")) o.log_level = parse_log_level(g.at("log-level"));
   if (g.has("summary-json")) o.summary_json = g.value("summary-json");
   if (g.has("logs-specs")) o.logs_specs = g.value("logs-specs");
+  for (int i : {0, 1})
+    if (const char* flag = i ? "duplicate-stderr-filters" : "duplicate-stdout-filters"; g.has(flag))
+      o.duplicate_filters[i] = parse_filter_list(g.value(flag));
 }
+
 
 // ------------------------------------------------------------------ 3. combinations
 
@@ -412,7 +416,22 @@ void bind_near_gpus(Options& o, const Flags& g, const std::map<std::string, std:
 
 // torchrun accepts local ranks this node does not have, and then shows nothing of them:
 // say so, and what the console still shows.
+// The filters copy only lines that are tee'd (and shown), as torchrun's: say so when none is.
+void check_duplicate_filters(Options& o, const Flags& g) {
+  for (int i : {0, 1}) {
+    if (o.duplicate_filters[i].empty()) continue;
+    bool fed = false;
+    for (int lr = 0; lr < o.nproc_per_node && !fed; ++lr)
+      fed = (o.tee.of(lr) & (i + 1)) && (!o.local_ranks_filter || o.local_ranks_filter->count(lr));
+    if (!fed)
+      o.warnings.push_back(fmt::format("{}: no local rank's {} is given to --tee{}, so no line is copied",
+                                       g.source(i ? "duplicate-stderr-filters" : "duplicate-stdout-filters"),
+                                       i ? "stderr" : "stdout", o.local_ranks_filter ? " and shown" : ""));
+  }
+}
+
 void check_output(Options& o, const Flags& g) {
+  check_duplicate_filters(o, g);
   if (!o.local_ranks_filter) return;
   std::vector<int> missing, shown;
   for (int r : *o.local_ranks_filter) (r < o.nproc_per_node ? shown : missing).push_back(r);
@@ -750,6 +769,25 @@ RdzvConf parse_rdzv_conf(const std::string& source, const std::string& value, co
                                  "{} s) is longer than {}",
                                  source, c.keep_alive_interval, c.keep_alive_max_attempt, window, kLongestConfText));
   return c;
+}
+
+// torchrun's comma-separated filters: ",," is a comma inside one; empty ones are dropped
+// (torchrun's would match every line).
+std::vector<std::string> parse_filter_list(const std::string& value) {
+  std::vector<std::string> out;
+  std::string item;
+  for (size_t i = 0; i <= value.size(); ++i) {
+    if (i < value.size() && value[i] == ',' && i + 1 < value.size() && value[i + 1] == ',') {
+      item += ',';
+      ++i;
+    } else if (i == value.size() || value[i] == ',') {
+      if (!item.empty()) out.push_back(std::move(item));
+      item.clear();
+    } else {
+      item += value[i];
+    }
+  }
+  return out;
 }
 
 StdMap parse_std_map(const std::string& flag, const std::string& value) {

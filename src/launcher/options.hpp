@@ -78,6 +78,8 @@ struct Options {
   std::optional<std::set<int>> local_ranks_filter;
   std::optional<std::string> log_line_prefix_template;
   bool log_timestamps = false;
+  // --duplicate-std{out,err}-filters: [0] stdout's, [1] stderr's ("" items dropped).
+  std::vector<std::string> duplicate_filters[2];
   std::string log_level = "warning";
   std::string summary_json;
   std::string numa_binding;  // --numa-binding's mode ("": none)
@@ -117,6 +119,8 @@ void parse_endpoint(const std::string& source, const std::string& value, int def
 
 // Parses --redirects/--tee values: "0".."3" or "0:1,1:2". Throws UsageError.
 StdMap parse_std_map(const std::string& flag, const std::string& value);
+// --duplicate-std{out,err}-filters: "a,,b,c" -> {"a,b", "c"}; empty items are dropped.
+std::vector<std::string> parse_filter_list(const std::string& value);
 
 // "SIGTERM", "TERM" or "15" -> 15; throws UsageError naming the flag.
 int parse_signal(const std::string& flag, const std::string& name);

@@ -219,8 +219,28 @@ void StreamForwarder::remember(const char* p, size_t n) {
   tail_partial_.append(p, std::min(n, kTailLineMax - std::min(kTailLineMax, tail_partial_.size())));
 }
 
+void StreamForwarder::duplicate(const char* p, size_t n, bool terminated, const std::string& stamp) {
+  if (cfg_.filtered_fd < 0 || filtered_lost_) return;
+  filtered_line_.append(p, n);
+  if (!terminated) return;
+  const bool hit = std::ranges::any_of(
+      *cfg_.filters, [&](const std::string& f) { return filtered_line_.find(f) != std::string::npos; });
+  if (hit) {
+    std::string line;
+    line.reserve(stamp.size() + cfg_.prefix.size() + filtered_line_.size());
+    line.append(stamp).append(cfg_.prefix).append(filtered_line_);
+    if (int err = write_all(cfg_.filtered_fd, line.data(), line.size())) {
+      filtered_lost_ = true;
+      spdlog::warn("cannot write the filtered lines ({}): this worker's are missing from it from here on",
+                   ddp::errno_text(err));
+    }
+  }
+  filtered_line_.clear();
+}
+
 void StreamForwarder::emit_piece(std::string& out, const char* p, size_t n, bool terminated,
                                  const std::string& stamp) {
+  duplicate(p, n, terminated, stamp);
   if (cfg_.tail_lines) {
     size_t body = n;
     while (body > 0 && (p[body - 1] == '\n' || p[body - 1] == '\r')) --body;
@@ -260,7 +280,7 @@ void StreamForwarder::feed(const char* data, size_t n, std::chrono::system_clock
                    ddp::errno_text(err));
     }
   }
-  if (!cfg_.console && cfg_.tail_lines == 0) {
+  if (!cfg_.console && cfg_.tail_lines == 0 && cfg_.filtered_fd < 0) {
     lines_ += static_cast<uint64_t>(std::count(data, data + n, '\n'));
     return;
   }
@@ -332,6 +352,7 @@ void StreamForwarder::flush_partial(std::chrono::system_clock::time_point now) {
 
 void StreamForwarder::finish(std::chrono::system_clock::time_point now) {
   if (partial_.empty()) {
+    if (!filtered_line_.empty()) duplicate("\n", 1, true, stamp(now));  // flushed while idle, never ended
     // A line flushed while idle and never finished is ended, so the console stays tidy.
     if (cfg_.console && cfg_.console->open_line() == this) {
       std::string nl = "\n";

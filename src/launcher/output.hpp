@@ -72,6 +72,10 @@ struct ForwarderConfig {
   int file_fd = -1;                // log file (raw bytes), -1 = none
   std::string file_name;           // its path, for the one line when a write to it fails
   size_t tail_lines = 0;           // keep the last N lines (stderr, for the failure report)
+  // --duplicate-std{out,err}-filters: whole lines containing any of `filters` also go,
+  // stamped and prefixed as on the console, to filtered_fd (the attempt's file, shared).
+  const std::vector<std::string>* filters = nullptr;
+  int filtered_fd = -1;
 };
 
 class StreamForwarder {
@@ -96,6 +100,7 @@ class StreamForwarder {
  private:
   void emit_piece(std::string& out, const char* p, size_t n, bool terminated, const std::string& stamp);
   void remember(const char* p, size_t n);
+  void duplicate(const char* p, size_t n, bool terminated, const std::string& stamp);
   void split_overlong(std::string& out, const std::string& stamp);
   size_t open_bytes() const;
   std::string stamp(std::chrono::system_clock::time_point now) const;
@@ -107,8 +112,10 @@ class StreamForwarder {
   bool after_cr_ = false;       // the last piece ended with '\r' (a following '\n' belongs to it)
   std::deque<std::string> tail_;
   std::string tail_partial_;
+  std::string filtered_line_;  // the line being read, for the filters (idle flushes split it)
   uint64_t lines_ = 0;
-  bool file_lost_ = false;  // a write to the log file failed (said once)
+  bool file_lost_ = false;      // a write to the log file failed (said once)
+  bool filtered_lost_ = false;  // the same for the filtered file
   std::chrono::steady_clock::time_point last_data_{};
 };
 

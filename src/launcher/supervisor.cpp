@@ -93,6 +93,9 @@ struct Job {
 class NodeOutput {
  public:
   NodeOutput(const Options& o, const JobPlan& plan) : o_(o), plan_(plan) {}
+  ~NodeOutput() { close_filtered(); }
+  NodeOutput(const NodeOutput&) = delete;
+  NodeOutput& operator=(const NodeOutput&) = delete;
 
   void start(EventLoop& loop) {
     streams_ = std::make_unique<WorkerStreams>(loop.epfd());
@@ -128,10 +131,33 @@ class NodeOutput {
                                plan_.hostname);
     cfg.timestamps = o_.log_timestamps;
     cfg.tail_lines = is_stderr ? kTailLines : 0;
+    if (tee && shown(lr) && !o_.duplicate_filters[is_stderr].empty()) {  // torchrun's rule: tee'd lines only
+      cfg.filters = &o_.duplicate_filters[is_stderr];
+      cfg.filtered_fd = filtered_file(dir, is_stderr);
+    }
     return streams_->open(idx, is_stderr, std::move(cfg), file_fd);
   }
 
  private:
+  // <attempt>/filtered_std{out,err}.log, opened once an attempt (dir: a worker's folder in it)
+  // and shared by its workers' forwarders, which all write on this thread, whole lines.
+  int filtered_file(const std::string& dir, bool is_stderr) {
+    const std::string attempt = dir.substr(0, dir.rfind('/'));
+    if (attempt != filtered_attempt_) {
+      close_filtered();
+      filtered_attempt_ = attempt;
+    }
+    int& fd = filtered_[is_stderr];
+    if (fd < 0) fd = open_log(attempt + (is_stderr ? "/filtered_stderr.log" : "/filtered_stdout.log"));
+    return fd;
+  }
+  void close_filtered() {
+    for (int& fd : filtered_) {
+      if (fd >= 0) ::close(fd);
+      fd = -1;
+    }
+  }
+
   bool shown(int local_rank) const {
     return !o_.local_ranks_filter || o_.local_ranks_filter->count(local_rank) > 0;
   }
@@ -147,6 +173,8 @@ class NodeOutput {
   std::unique_ptr<ConsoleWriter> out_writer_, err_writer_;
   Console out_console_, err_console_;
   std::unique_ptr<WorkerStreams> streams_;  // this attempt's output pipes
+  std::string filtered_attempt_;            // the attempt folder filtered_ belong to
+  int filtered_[2] = {-1, -1};              // its filtered_stdout.log, filtered_stderr.log
 };
 
 // This node's workers, attempt after attempt: starts an attempt's workers and serves the

@@ -622,6 +622,20 @@ TEST_F(LauncherOptions, NoPythonNonexistentCommand) {
   EXPECT_NE(msg.find("definitely-not-a-command-xyz"), std::string::npos) << msg;
 }
 
+TEST(FilterList, CommasSplitAndTwoCommasAreOne) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(ddprun::parse_filter_list("loss,a,,b"), (V{"loss", "a,b"}));
+  EXPECT_EQ(ddprun::parse_filter_list(""), V{});
+  EXPECT_EQ(ddprun::parse_filter_list("a,,,b,"), (V{"a,", "b"}));  // an empty filter would match every line
+}
+
+TEST_F(LauncherOptions, DuplicateFiltersPerStream) {
+  auto o = parse_with_script({"--tee", "3", "--duplicate-stdout-filters", "x,y", "--duplicate-stderr_filters", "z"});
+  EXPECT_EQ(o.duplicate_filters[0], (std::vector<std::string>{"x", "y"}));
+  EXPECT_EQ(o.duplicate_filters[1], (std::vector<std::string>{"z"}));
+  EXPECT_TRUE(o.warnings.empty());
+}
+
 TEST_F(LauncherOptions, ArgsAfterBadScriptNotParsed) {
   // A flag-looking argument after the script belongs to the script, even a bad one.
   Options o = parse_with_script({}, {}, {"--redirects", "5", "--nnodes", "3:1"});

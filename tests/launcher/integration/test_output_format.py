@@ -166,6 +166,37 @@ class LogFilesTest(DdprunTestCase):
                                                                           "0", "stderr.log")))
         self.assertEqual(read_text(os.path.join(self.attempt_dir(log_dir, "none", 1), "0", "stderr.log")), "")
 
+    def filtered(self, log_dir, stream):
+        return read_text(os.path.join(self.attempt_dir(log_dir, "none"), f"filtered_{stream}.log")).splitlines()
+
+    def test_duplicate_filters_copy_the_teed_lines_that_match(self):
+        log_dir = self.path("logs")
+        res = self.run_ddprun(["--nproc-per-node", "2", "--log-dir", log_dir, "--tee", "3",
+                               "--duplicate-stdout-filters", "loss,a,,b", "--duplicate-stderr-filters", "warn",
+                               worker("filtered.py")])
+        self.assertEqual(res.rc, 0, res)
+        want = [f"[rank{r}]:{line}" for r in range(2) for line in ("step 1 loss 0.5", "a,b here", "loss late")]
+        self.assertEqual(sorted(self.filtered(log_dir, "stdout")), sorted(want))
+        self.assertEqual(sorted(self.filtered(log_dir, "stderr")), ["[rank0]:warn x", "[rank1]:warn x"])
+        self.assertIn("[rank1]:other\n", res.stdout)  # the console is untouched
+
+    def test_duplicate_filters_take_only_teed_and_shown_ranks(self):
+        log_dir = self.path("logs")
+        env = clean_env(PET_DUPLICATE_STDOUT_FILTERS="loss")
+        res = self.run_ddprun(["--nproc-per-node", "3", "--log-dir", log_dir, "--tee", "0:1,1:1",
+                               "--local-ranks-filter", "1,2", worker("filtered.py")], env=env)
+        self.assertEqual(res.rc, 0, res)
+        self.assertEqual(self.filtered(log_dir, "stdout"), ["[rank1]:step 1 loss 0.5", "[rank1]:loss late"])
+        self.assertNotIn("no line is copied", res.stderr)
+
+    def test_duplicate_filters_without_tee_say_nothing_is_copied(self):
+        log_dir = self.path("logs")
+        res = self.run_ddprun(["--log-dir", log_dir, "--duplicate-stderr-filters", "warn", worker("filtered.py")])
+        self.assertEqual(res.rc, 0, res)
+        self.assertIn("--duplicate-stderr-filters: no local rank's stderr is given to --tee, so no line is copied",
+                      res.stderr)
+        self.assertIn("[rank0]:warn x", res.stderr)
+
 
 class ConsoleFormatTest(DdprunTestCase):
     def test_local_ranks_filter(self):
