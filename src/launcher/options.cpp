@@ -319,6 +319,17 @@ void read_supervision(Options& o, const Flags& g) {
   o.signals_to_handle = parse_signal_list(g.source("signals-to-handle"), g.has("signals-to-handle")
                                                                              ? g.value("signals-to-handle")
                                                                              : default_signals);
+  // torchrun 2.x's handlers of its own event log; ddprun keeps none, and says so.
+  if (g.has("event-log-handler")) {
+    const std::string& h = g.value("event-log-handler");
+    if (h != "null" && h != "console" && h != "dynamic_rendezvous")
+      throw UsageError(fmt::format("{}: expected null, console or dynamic_rendezvous, got '{}'",
+                                   g.source("event-log-handler"), h));
+    if (h == "console")
+      o.warnings.push_back(fmt::format("{} console: ddprun keeps no torchelastic event log, so none is printed; "
+                                       "--log-level info shows what ddprun does",
+                                       g.source("event-log-handler")));
+  }
   if (g.has("start-method")) {
     o.start_method = g.value("start-method");
     if (o.start_method != "spawn" && o.start_method != "fork" && o.start_method != "forkserver")

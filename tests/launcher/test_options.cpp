@@ -636,6 +636,20 @@ TEST_F(LauncherOptions, DuplicateFiltersPerStream) {
   EXPECT_TRUE(o.warnings.empty());
 }
 
+TEST_F(LauncherOptions, EventLogHandlerIsAcceptedAndConsoleSaysThereIsNoLog) {
+  EXPECT_TRUE(parse_with_script({"--event-log-handler", "null"}).warnings.empty());
+  EXPECT_TRUE(parse_with_script({"--event_log_handler", "dynamic_rendezvous"}).warnings.empty());
+  auto o = parse_with_script({}, {{"PET_EVENT_LOG_HANDLER", "console"}});
+  ASSERT_EQ(o.warnings.size(), 1u);
+  EXPECT_NE(o.warnings[0].find("PET_EVENT_LOG_HANDLER console: ddprun keeps no torchelastic event log"),
+            std::string::npos)
+      << o.warnings[0];
+  std::string msg = usage_error({"--event-log-handler", "file", script_});
+  EXPECT_NE(msg.find("--event-log-handler: expected null, console or dynamic_rendezvous, got 'file'"),
+            std::string::npos)
+      << msg;
+}
+
 TEST_F(LauncherOptions, ArgsAfterBadScriptNotParsed) {
   // A flag-looking argument after the script belongs to the script, even a bad one.
   Options o = parse_with_script({}, {}, {"--redirects", "5", "--nnodes", "3:1"});

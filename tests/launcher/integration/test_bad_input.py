@@ -35,6 +35,7 @@ CASES = [
     ("rdzv conf join below last call", ["--rdzv-backend", "c10d", "--rdzv-endpoint", "h", "--nnodes", "1:2",
                                         "--rdzv-conf", "join_timeout=5"], "join_timeout", True),
     ("logs specs", ["--logs-specs", "x"], "--logs-specs", True),
+    ("event log handler", ["--event-log-handler", "file"], "--event-log-handler: expected null, console or", True),
     ("numa binding mode", ["--numa-binding", "nodes"],
      "--numa-binding: expected node, socket, exclusive or core-complex, got 'nodes'", True),
     ("redirects 5", ["--redirects", "5"], "--redirects", True),
