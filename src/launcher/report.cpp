@@ -108,6 +108,7 @@ std::string traceback_of(const WorkerResult& w) {
   if (w.state == WorkerResult::State::kExecFailed) return w.exec_error;
   std::string out;
   if (w.signal) out = fmt::format("Signal {} ({}) received by PID {}", w.signal, signal_name(w.signal), w.pid);
+  if (!w.killed_for.empty()) out += (out.empty() ? "" : ": ") + w.killed_for;
   if (w.stopped_by_ddprun) out += (out.empty() ? "" : "; ") + std::string("stopped by ddprun during teardown");
   if (!w.stderr_tail.empty()) {
     if (!out.empty()) out += "\n";

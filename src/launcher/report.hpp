@@ -25,6 +25,7 @@ struct WorkerResult {
   bool stopped_by_ddprun = false;  // ddprun signalled it before it exited
   std::chrono::system_clock::time_point start, end;
   std::string exec_error;
+  std::string killed_for;  // why ddprun signalled it while it ran (an expired file timer)
   std::vector<std::string> stderr_tail;
 
   bool failed() const { return state == State::kFailed || state == State::kExecFailed; }

@@ -369,6 +369,14 @@ void StackDumps::at_remote_failure(const std::vector<WorkerResult>& workers, con
   failure_note_ = failure_stacks(workers, nullptr, attempt_dir, "Where this node's ranks were");
 }
 
+void StackDumps::at_expiry(const std::vector<WorkerResult>& workers, const WorkerResult& expired,
+                           const std::string& attempt_dir) {
+  if (failing_ > 0) return;
+  failing_ = expired.pid;  // at_failure keeps these
+  failure_note_ = failure_stacks(workers, nullptr, attempt_dir,
+                                 fmt::format("Where each rank was when rank {}'s timer expired", expired.rank));
+}
+
 std::string StackDumps::failure_stacks(const std::vector<WorkerResult>& workers, const WorkerResult* root,
                                        const std::string& attempt_dir, const std::string& title) {
   if (!o_.stack_dumps) return "";

@@ -82,6 +82,10 @@ class StackDumps {
   // Before the survivors of `root`'s failure are stopped: where each one was (taken now,
   // unless `root` announced its failure and they were taken then).
   void at_failure(const std::vector<WorkerResult>& workers, const WorkerResult& root, const std::string& attempt_dir);
+  // A rank's file timer expired (TORCHELASTIC_ENABLE_FILE_TIMER): every rank's stack, that
+  // one's too, before it is signalled; the summary shows them (at_failure keeps them).
+  void at_expiry(const std::vector<WorkerResult>& workers, const WorkerResult& expired,
+                 const std::string& attempt_dir);
   // A worker failed on another node: where this node's ranks were, before they are
   // stopped (for the line that says the job failed elsewhere).
   void at_remote_failure(const std::vector<WorkerResult>& workers, const std::string& attempt_dir);

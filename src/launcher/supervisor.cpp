@@ -18,6 +18,7 @@
 #include "ddp/error.hpp"
 #include "launcher/attempt.hpp"
 #include "launcher/event_loop.hpp"
+#include "launcher/file_timer.hpp"
 #include "launcher/guardian.hpp"
 #include "launcher/job_record.hpp"
 #include "launcher/log.hpp"
@@ -184,9 +185,9 @@ class NodeOutput {
 class AttemptSupervisor {
  public:
   AttemptSupervisor(Job& job, EventLoop& loop, NodeOutput& output, AttemptWorkers& workers, StackDumps& stacks,
-                    NodeSignals& signals, const void* notify_tag)
+                    NodeSignals& signals, FileTimers& timers, const void* notify_tag)
       : job_(job), rdzv_(job.rdzv), loop_(loop), output_(output), workers_(workers), stacks_(stacks),
-        signals_(signals), notify_tag_(notify_tag) {}
+        signals_(signals), timers_(timers), notify_tag_(notify_tag) {}
   ~AttemptSupervisor() {
     if (stdin_fd_ >= 0) close(stdin_fd_);
   }
@@ -207,6 +208,7 @@ class AttemptSupervisor {
     root_.reset();
     remote_end_.reset();
     stacks_.attempt_started();
+    timers_.clear();
     auto open_stream = [this](int idx, bool is_stderr, const std::string& dir) {
       return output_.open_stream(workers_.all()[static_cast<size_t>(idx)], idx, is_stderr, dir);
     };
@@ -232,8 +234,10 @@ class AttemptSupervisor {
       }
       loop_.wait(timeout_ms(next), EventLoop::kMaxEvents, [this](void* tag) {
         if (tag == notify_tag_) on_remote();
+        else if (tag == &timers_) timers_.on_readable();
         else output_.streams().on_readable(*static_cast<WorkerStreams::Stream*>(tag));
       });
+      expire_timers();
       workers_.escalate_if_due();
       if (!workers_.stopping() && workers_.live() > 0) check_hang();
     }
@@ -275,7 +279,7 @@ class AttemptSupervisor {
   // line's idle flush (those due are flushed now).
   Clock::time_point next_due() {
     auto next = Clock::now() + std::chrono::seconds(3600);
-    for (auto& d : {workers_.kill_deadline(), drain_deadline_, stacks_.next_hang_check()})
+    for (auto& d : {workers_.kill_deadline(), drain_deadline_, stacks_.next_hang_check(), timers_.next_expiry()})
       if (d) next = std::min(next, *d);
     return output_.streams().flush_idle(next);
   }
@@ -366,6 +370,42 @@ class AttemptSupervisor {
     rdzv_.prejoin(end);
   }
 
+  // TORCHELASTIC_ENABLE_FILE_TIMER: an expired timer's signal goes to its process when that
+  // is a worker of this attempt or in one's process group (never to a stranger).
+  void expire_timers() {
+    for (const auto& t : timers_.take_expired()) {
+      WorkerResult* w = worker_of(t.pid);
+      const double late = std::max(0.0, wall_seconds() - t.expires_at);
+      if (!w) {
+        spdlog::warn("TORCHELASTIC_TIMER_FILE: timer '{}' of pid {} expired, but pid {} is none of this node's "
+                     "workers (nor in their process groups): left alone",
+                     t.scope, t.pid, t.pid);
+      } else if (t.signal <= 0 || t.signal >= NSIG) {
+        spdlog::warn("rank {}: its timer '{}' expired {:.1f} s ago; it asked for no signal, so it runs on", w->rank,
+                     t.scope, late);
+      } else {
+        spdlog::error("rank {}: its timer '{}' expired {:.1f} s ago: {} to pid {} (TORCHELASTIC_ENABLE_FILE_TIMER)",
+                      w->rank, t.scope, late, signal_name(t.signal), t.pid);
+        w->killed_for = fmt::format("its timer '{}' expired: {} to pid {} (TORCHELASTIC_ENABLE_FILE_TIMER)", t.scope,
+                                    signal_name(t.signal), t.pid);
+        stacks_.at_expiry(workers_.all(), *w, job_.attempt_dir());  // bounded
+        ::kill(t.pid, t.signal);
+      }
+    }
+  }
+
+  // The running worker that is pid, or leads pid's process group.
+  WorkerResult* worker_of(pid_t pid) {
+    const pid_t group = ::getpgid(pid);
+    for (auto& w : workers_.all())
+      if (w.state == WorkerResult::State::kRunning && (w.pid == pid || w.pid == group)) return &w;
+    return nullptr;
+  }
+
+  static double wall_seconds() {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  }
+
   // --hang-timeout: progress is judged over the whole job (a node whose ranks print
   // nothing while rank 0's log moves is not hung), through the rendezvous's count.
   void check_hang() {
@@ -395,6 +435,7 @@ class AttemptSupervisor {
   AttemptWorkers& workers_;
   StackDumps& stacks_;
   NodeSignals& signals_;
+  FileTimers& timers_;      // its fd's epoll tag is its address
   const void* notify_tag_;  // the epoll tag of the rendezvous's notify fd
   int stdin_fd_ = -1;
   std::optional<Clock::time_point> drain_deadline_;
@@ -410,6 +451,7 @@ class AttemptSupervisor {
 // the rendezvous allows another; then the report (JobRecord).
 struct Supervisor::Impl {
   Job job;
+  FileTimers timers;  // TORCHELASTIC_ENABLE_FILE_TIMER (inert without it)
   const Options& o;
   Rendezvous& rdzv;
   Guardian& guardian;
@@ -429,11 +471,12 @@ struct Supervisor::Impl {
   std::string stop_reason;  // why no further round followed a failure
 
   Impl(const Options& opt, std::map<std::string, std::string> env, Guardian& g, Rendezvous& r, std::string host)
-      : job(r, std::move(env)), o(opt), rdzv(r), guardian(g), signals(opt, workers, r, job.plan),
+      : job(r, std::move(env)), timers(job.base_env), o(opt), rdzv(r), guardian(g), signals(opt, workers, r, job.plan),
         output(opt, job.plan), warm(opt, g), workers(opt, g, &warm), stacks(opt, host),
-        attempts(job, loop, output, workers, stacks, signals, &notify_tag), record(opt, r) {
+        attempts(job, loop, output, workers, stacks, signals, timers, &notify_tag), record(opt, r) {
     job.plan.run_id = o.rdzv_id;
     job.plan.hostname = std::move(host);
+    if (timers.enabled()) job.base_env["TORCHELASTIC_TIMER_FILE"] = timers.path();  // every worker's
   }
 
   ~Impl() {
@@ -450,6 +493,7 @@ struct Supervisor::Impl {
     loop.open(supervised_set(o));
     loop.serve({[this] { attempts.on_signals(); }, [this] { output.streams().resume_paused(); }});
     output.start(loop);
+    if (timers.enabled()) loop.add(timers.fd(), &timers);
     attempts.setup_stdin();
 
     RunFolders f = make_run_folders(o.log_dir, job.plan.run_id);

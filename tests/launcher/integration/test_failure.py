@@ -1,7 +1,9 @@
 """Issue 2: exec failures, failure propagation with the worker's exit code, death by
 signal, --shutdown-timeout, restarts."""
+import json
 import os
 import re
+import subprocess
 import sys
 import time
 import unittest
@@ -159,6 +161,57 @@ class RestartTest(DdprunTestCase):
         res = self.run_ddprun(["--nproc-per-node", "2", worker("restart.py"), self.tmp, "1", "6"])
         self.assertEqual(res.rc, 6, res)
         self.assertEqual(self.attempts(0), ["0 0"])
+
+
+class FileTimerTest(DdprunTestCase):
+    """TORCHELASTIC_ENABLE_FILE_TIMER=1: torch's own FileTimerClient arms watchdog timers through
+    the FIFO that ddprun names in TORCHELASTIC_TIMER_FILE (workers/file_timer.py)."""
+
+    def timer_env(self):
+        self.fifo = self.path("timer.fifo")
+        return clean_env(TORCHELASTIC_ENABLE_FILE_TIMER="1", TORCHELASTIC_TIMER_FILE=self.fifo)
+
+    def test_an_expired_timer_kills_its_rank_and_the_summary_names_it_and_where_each_rank_was(self):
+        t0 = time.monotonic()
+        res = self.run_ddprun(["--nproc-per-node", "2", worker("file_timer.py"), self.tmp, "hang", "1"],
+                              env=self.timer_env())
+        self.assertEqual(res.rc, 137, res)
+        self.assertLess(time.monotonic() - t0, PROMPT, "the 1 s timer, not the 300 s sleep, ended the job")
+        self.assertRegex(res.stderr, r"rank 1: its timer 'train_step' expired [0-9.]+ s ago: SIGKILL to pid \d+ "
+                                     r"\(TORCHELASTIC_ENABLE_FILE_TIMER\)")
+        summary = self.summary_block(res.stderr)
+        self.assertIn("its timer 'train_step' expired: SIGKILL", summary)
+        self.assertIn("Where each rank was when rank 1's timer expired", summary)
+        self.assertRegex(summary, r"rank 1: <module> \(file_timer.py:\d+\)")
+        self.assertFalse(os.path.exists(self.fifo), "ddprun removes its FIFO")
+        self.assertFalse(pid_alive(self.read_pid(self.path("pid_0"))))
+
+    def test_a_released_timer_never_fires(self):
+        res = self.run_ddprun(["--nproc-per-node", "2", worker("file_timer.py"), self.tmp, "ok"],
+                              env=self.timer_env())
+        self.assertEqual(res.rc, 0, res)
+        self.assertNotIn("expired", res.stderr)
+
+    def test_the_clients_signal_is_the_one_sent(self):
+        res = self.run_ddprun(["--nproc-per-node", "2", worker("file_timer.py"), self.tmp, "term", "0"],
+                              env=self.timer_env())
+        self.assertEqual(res.rc, 7, res)
+        self.assertTrue(os.path.exists(self.path("term_0")), res)
+        self.assertIn("rank 0: its timer 'train_step' expired", res.stderr)
+        self.assertIn("SIGTERM to pid", res.stderr)
+
+    def test_a_timer_naming_a_process_that_is_no_worker_is_left_alone(self):
+        stranger = subprocess.Popen(["sleep", "60"])
+        self.addCleanup(stranger.wait)
+        self.addCleanup(stranger.kill)
+        request = json.dumps({"version": 1, "pid": stranger.pid, "scope_id": "x", "expiration_time": 1.0,
+                              "signal": 9})
+        res = self.run_ddprun(["--no-python", "sh", "-c", 'printf "%s\\n" "$0" > "$TORCHELASTIC_TIMER_FILE"; sleep 1',
+                               request], env=self.timer_env())
+        self.assertEqual(res.rc, 0, res)
+        self.assertIn(f"timer 'x' of pid {stranger.pid} expired, but pid {stranger.pid} is none of this node's "
+                      "workers", res.stderr)
+        self.assertIsNone(stranger.poll(), "a process ddprun did not start was signalled")
 
 
 if __name__ == "__main__":
