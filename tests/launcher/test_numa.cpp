@@ -107,6 +107,13 @@ TEST_F(NumaTest, SocketIsEveryNodeOfTheGpusSocket) {
   EXPECT_EQ(cpus(NumaMode::kSocket, 5), "8-15,24-31");
 }
 
+TEST_F(NumaTest, SocketPassesOverNodesWithoutCpus) {
+  // A memory-only node (HBM, CXL): listed as possible, no CPU of its own.
+  dir_->write("devices/system/node/possible", "0-4\n");
+  dir_->write("devices/system/node/node4/cpulist", "\n");
+  EXPECT_EQ(cpus(NumaMode::kSocket, 0), "0-7,16-23");
+}
+
 TEST_F(NumaTest, ExclusiveSplitsTheNodesPhysicalCoresAmongItsGpus) {
   EXPECT_EQ(cpus(NumaMode::kExclusive, 0), "0-1,16-17");
   EXPECT_EQ(cpus(NumaMode::kExclusive, 1), "2-3,18-19");
