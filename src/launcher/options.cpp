@@ -411,9 +411,12 @@ void check_worker_command(const Options& o, const Flags& g) {
     throw UsageError("--no-python and --module cannot be used together: a module needs python");
   if (o.module && o.run_path) throw UsageError("--run-path and --module cannot be used together");
   if (o.no_python && o.run_path) throw UsageError("--run-path and --no-python cannot be used together");
-  if (!o.logs_specs.empty())
-    throw UsageError(fmt::format("{}: log spec plug-ins are not supported yet; use --log-dir, --tee, --redirects",
-                                 g.source("logs-specs")));
+  // "default" names torchrun's DefaultLogsSpecs: the layout ddprun writes anyway.
+  if (!o.logs_specs.empty() && o.logs_specs != "default")
+    throw UsageError(fmt::format("{}: '{}' would be a Python plug-in (entry point group torchrun.logs_specs), "
+                                 "which ddprun cannot load; only 'default' (torchrun's own layout) is supported: use "
+                                 "--log-dir, --tee, --redirects",
+                                 g.source("logs-specs"), o.logs_specs));
 }
 
 // --numa-binding: each local rank's CPUs, found once (the machine does not change).

@@ -650,6 +650,12 @@ TEST_F(LauncherOptions, EventLogHandlerIsAcceptedAndConsoleSaysThereIsNoLog) {
       << msg;
 }
 
+TEST_F(LauncherOptions, LogsSpecsDefaultIsTorchrunsOwnLayout) {
+  EXPECT_EQ(parse_with_script({"--logs-specs", "default"}).logs_specs, "default");
+  std::string msg = usage_error({"--logs-specs", "mine", script_});
+  EXPECT_NE(msg.find("--logs-specs: 'mine' would be a Python plug-in"), std::string::npos) << msg;
+}
+
 TEST_F(LauncherOptions, ArgsAfterBadScriptNotParsed) {
   // A flag-looking argument after the script belongs to the script, even a bad one.
   Options o = parse_with_script({}, {}, {"--redirects", "5", "--nnodes", "3:1"});
