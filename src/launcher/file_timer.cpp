@@ -64,6 +64,7 @@ void FileTimers::close_all() {
 }
 
 void FileTimers::on_readable() {
+  if (read_fd_ < 0) return;
   char buf[8192];
   for (;;) {
     ssize_t n = ::read(read_fd_, buf, sizeof buf);

@@ -208,6 +208,7 @@ class AttemptSupervisor {
     root_.reset();
     remote_end_.reset();
     stacks_.attempt_started();
+    timers_.on_readable();  // what the last attempt's workers wrote as they ended: dropped
     timers_.clear();
     auto open_stream = [this](int idx, bool is_stderr, const std::string& dir) {
       return output_.open_stream(workers_.all()[static_cast<size_t>(idx)], idx, is_stderr, dir);
@@ -223,6 +224,18 @@ class AttemptSupervisor {
 
   // Runs one attempt to its end: every worker exited and every stream drained.
   void supervise() {
+    // The timer FIFO is watched only while workers run: unread between attempts, it would
+    // wake every wait there at once.
+    struct Watch {
+      EventLoop& loop;
+      FileTimers& t;
+      Watch(EventLoop& l, FileTimers& timers) : loop(l), t(timers) {
+        if (t.enabled()) loop.add(t.fd(), &t);
+      }
+      ~Watch() {
+        if (t.enabled()) loop.remove(t.fd());
+      }
+    } watch(loop_, timers_);
     while (!over()) {
       const Clock::time_point next = next_due();
       // Output that trickles in small writes (python -u writes every line on its own) is
@@ -493,7 +506,6 @@ struct Supervisor::Impl {
     loop.open(supervised_set(o));
     loop.serve({[this] { attempts.on_signals(); }, [this] { output.streams().resume_paused(); }});
     output.start(loop);
-    if (timers.enabled()) loop.add(timers.fd(), &timers);
     attempts.setup_stdin();
 
     RunFolders f = make_run_folders(o.log_dir, job.plan.run_id);

@@ -163,6 +163,13 @@ class RestartTest(DdprunTestCase):
         self.assertEqual(self.attempts(0), ["0 0"])
 
 
+def cpu_seconds(pid):
+    """User + system CPU time of every thread of pid so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class FileTimerTest(DdprunTestCase):
     """TORCHELASTIC_ENABLE_FILE_TIMER=1: torch's own FileTimerClient arms watchdog timers through
     the FIFO that ddprun names in TORCHELASTIC_TIMER_FILE (workers/file_timer.py)."""
@@ -199,6 +206,24 @@ class FileTimerTest(DdprunTestCase):
         self.assertTrue(os.path.exists(self.path("term_0")), res)
         self.assertIn("rank 0: its timer 'train_step' expired", res.stderr)
         self.assertIn("SIGTERM to pid", res.stderr)
+
+    def test_a_request_while_no_worker_runs_leaves_ddprun_idle(self):
+        """A request that comes while ddprun waits for the other node (no worker runs) stays
+        unread until the attempt starts: it must not wake ddprun's every wait."""
+        p = self.start(["--nnodes", "2", "--node-rank", "0", "--no-python", "true"], env=self.timer_env())
+        deadline = time.monotonic() + scaled(10)
+        while not os.path.exists(self.fifo) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        fd = os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, b'{"version": 1, "pid": 1, "scope_id": "x", "expiration_time": 1e12, "signal": 9}\n')
+        os.close(fd)
+        time.sleep(0.2)
+        before = cpu_seconds(p.pid)
+        time.sleep(2)
+        used = cpu_seconds(p.pid) - before
+        p.terminate()
+        self.assertEqual(p.wait(timeout=scaled(30)), 128 + 15)
+        self.assertLess(used, 0.5, "ddprun spun while it waited for node 1")
 
     def test_a_timer_naming_a_process_that_is_no_worker_is_left_alone(self):
         stranger = subprocess.Popen(["sleep", "60"])
