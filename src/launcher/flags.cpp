@@ -83,7 +83,10 @@ const FlagSpec kFlags[] = {
      "import these Python modules once per node (e.g. torch,numpy) in a warm process and fork every worker from "
      "it, restarts too (docs/preload.md)",
      nullptr, "", "MODULES"},
-    {"numa-binding", 0, K::kValue, "", "Worker command", "bind each worker to the CPUs near the GPU of its local rank: node, socket, exclusive or core-complex (torchrun's modes)", nullptr, "", "MODE"},
+    {"numa-binding", 0, K::kValue, "", "Worker command",
+     "bind each worker to the CPUs near the GPU of its local rank: node, socket, exclusive or core-complex "
+     "(torchrun's modes)",
+     nullptr, "node socket exclusive core-complex", "MODE"},
     {"log-dir", 0, K::kValue, "", "Output", "base folder for per-rank log files", nullptr, "", "DIR"},
     {"redirects", 'r', K::kValue, "0", "Output",
      "send output to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or a map 0:1,1:2", nullptr, "0 1 2 3",

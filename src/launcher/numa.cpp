@@ -61,6 +61,10 @@ std::optional<NumaMode> numa_mode(std::string_view name) {
   return std::nullopt;
 }
 
+std::string bad_numa_mode(const std::string& source, const std::string& name) {
+  return fmt::format("{}: expected node, socket, exclusive or core-complex, got '{}'", source, name);
+}
+
 std::set<int> parse_cpu_list(std::string_view text) {
   std::set<int> out;
   const std::string whole(text);
@@ -246,7 +250,7 @@ std::vector<std::string> visible_gpu_addresses(const std::map<std::string, std::
 std::vector<std::set<int>> numa_binding_plan(const std::string& name, const std::string& source, int nproc,
                                              const std::map<std::string, std::string>& env) {
   auto mode = numa_mode(name);
-  if (!mode) throw ddp::UsageError(fmt::format("{}: expected node, socket, exclusive or core-complex", source));
+  if (!mode) throw ddp::UsageError(bad_numa_mode(source, name));
   std::string root = "/sys";
   const std::vector<std::string> gpus = visible_gpu_addresses(env, root);
   if (gpus.empty())

@@ -21,6 +21,8 @@ enum class NumaMode {
 
 // nullopt when the name is none of node, socket, exclusive, core-complex.
 std::optional<NumaMode> numa_mode(std::string_view name);
+// "--numa-binding: expected node, socket, exclusive or core-complex, got 'x'" (source: the flag as given).
+std::string bad_numa_mode(const std::string& source, const std::string& name);
 
 // "0-3,8,10-11" <-> {0,1,2,3,8,10,11}. parse_cpu_list throws ddp::Error when malformed.
 std::set<int> parse_cpu_list(std::string_view text);

@@ -346,9 +346,7 @@ void read_worker_command(Options& o, const Flags& g) {
   if (g.has("role")) o.role = g.value("role");
   if (g.has("numa-binding")) {
     o.numa_binding = g.value("numa-binding");
-    if (!numa_mode(o.numa_binding))
-      throw UsageError(fmt::format("{}: expected node, socket, exclusive or core-complex, got '{}'",
-                                   g.source("numa-binding"), o.numa_binding));
+    if (!numa_mode(o.numa_binding)) throw UsageError(bad_numa_mode(g.source("numa-binding"), o.numa_binding));
   }
   if (g.has("preload")) {
     for_each_item(g.value("preload"), [&](const std::string& m) { o.preload.push_back(m); });
