@@ -125,7 +125,10 @@ std::vector<FileTimers::Timer> FileTimers::take_expired() {
     it = timers_.erase(it);
   }
   std::vector<Timer> out;
-  for (auto& [pid, t] : first) out.push_back(std::move(t));
+  for (auto& [pid, t] : first) {
+    t.late = std::max(0.0, now - t.expires_at);
+    out.push_back(std::move(t));
+  }
   return out;
 }
 

@@ -26,6 +26,7 @@ class FileTimers {
     std::string scope;
     double expires_at = 0;  // seconds since the epoch (the client's time.time())
     int signal = 0;         // <= 0: expiry is only reported
+    double late = 0;        // seconds past expires_at when take_expired() found it
   };
 
   // Inert unless env has TORCHELASTIC_ENABLE_FILE_TIMER=1. The FIFO: TORCHELASTIC_TIMER_FILE,

@@ -96,11 +96,12 @@ std::string cpu_list_text(const std::set<int>& cpus) {
 
 // ------------------------------------------------------------------ sysfs
 
-std::string Sysfs::read(const std::string& rel) const {
+const std::string& Sysfs::read(const std::string& rel) const {
+  if (auto it = files_.find(rel); it != files_.end()) return it->second;
   const std::string path = root_ + "/" + rel;
   auto text = read_file(path, 1 << 16);
   if (!text) throw ddp::Error(fmt::format("cannot read {}: {}", path, ddp::errno_text(errno)));
-  return *text;
+  return files_.emplace(rel, std::move(*text)).first->second;
 }
 
 int Sysfs::numa_node_of_pci(const std::string& pci) const {
@@ -124,6 +125,7 @@ std::set<int> Sysfs::core_siblings(int cpu) const {
 }
 
 std::set<int> Sysfs::last_level_cache_of(int cpu) const {
+  if (auto it = llc_.find(cpu); it != llc_.end()) return it->second;
   namespace fs = std::filesystem;
   const std::string rel = fmt::format("devices/system/cpu/cpu{}/cache", cpu);
   int best = -1;
@@ -133,7 +135,7 @@ std::set<int> Sysfs::last_level_cache_of(int cpu) const {
     const std::string name = e.path().filename().string();
     if (!name.starts_with("index")) continue;
     const std::string dir = rel + "/" + name;
-    std::string type = read(dir + "/type");
+    const std::string& type = read(dir + "/type");
     if (!type.starts_with("Unified") && !type.starts_with("Data")) continue;  // not an instruction cache
     int level = to_int(read(dir + "/level"), root_ + "/" + dir + "/level");
     if (level <= best) continue;
@@ -141,7 +143,7 @@ std::set<int> Sysfs::last_level_cache_of(int cpu) const {
     out = parse_cpu_list(read(dir + "/shared_cpu_list"));
   }
   if (best < 0) throw ddp::Error(fmt::format("{}/{} lists no data cache", root_, rel));
-  return out;
+  return llc_[cpu] = out;
 }
 
 // ------------------------------------------------------------------ the modes

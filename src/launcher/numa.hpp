@@ -40,8 +40,11 @@ class Sysfs {
   std::set<int> last_level_cache_of(int cpu) const;  // the CPUs sharing cpu's largest data cache
 
  private:
-  std::string read(const std::string& rel) const;  // throws ddp::Error naming the file
+  // Each file once (every local rank's plan asks the same ones); throws ddp::Error naming it.
+  const std::string& read(const std::string& rel) const;
   std::string root_;
+  mutable std::map<std::string, std::string> files_;
+  mutable std::map<int, std::set<int>> llc_;  // last_level_cache_of, by CPU
 };
 
 // The CPUs the worker that uses gpus[gpu] is bound to: gpus are the PCI addresses of the

@@ -388,17 +388,16 @@ class AttemptSupervisor {
   void expire_timers() {
     for (const auto& t : timers_.take_expired()) {
       WorkerResult* w = worker_of(t.pid);
-      const double late = std::max(0.0, wall_seconds() - t.expires_at);
       if (!w) {
         spdlog::warn("TORCHELASTIC_TIMER_FILE: timer '{}' of pid {} expired, but pid {} is none of this node's "
                      "workers (nor in their process groups): left alone",
                      t.scope, t.pid, t.pid);
       } else if (t.signal <= 0 || t.signal >= NSIG) {
         spdlog::warn("rank {}: its timer '{}' expired {:.1f} s ago; it asked for no signal, so it runs on", w->rank,
-                     t.scope, late);
+                     t.scope, t.late);
       } else {
         spdlog::error("rank {}: its timer '{}' expired {:.1f} s ago: {} to pid {} (TORCHELASTIC_ENABLE_FILE_TIMER)",
-                      w->rank, t.scope, late, signal_name(t.signal), t.pid);
+                      w->rank, t.scope, t.late, signal_name(t.signal), t.pid);
         w->killed_for = fmt::format("its timer '{}' expired: {} to pid {} (TORCHELASTIC_ENABLE_FILE_TIMER)", t.scope,
                                     signal_name(t.signal), t.pid);
         stacks_.at_expiry(workers_.all(), *w, job_.attempt_dir());  // bounded
@@ -413,10 +412,6 @@ class AttemptSupervisor {
     for (auto& w : workers_.all())
       if (w.state == WorkerResult::State::kRunning && (w.pid == pid || w.pid == group)) return &w;
     return nullptr;
-  }
-
-  static double wall_seconds() {
-    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   }
 
   // --hang-timeout: progress is judged over the whole job (a node whose ranks print
