@@ -54,6 +54,7 @@ DynamicRendezvous::~DynamicRendezvous() {
 
 RoundPlan DynamicRendezvous::next_round() {
   const auto deadline = Clock::now() + c_.join_timeout;
+  std::vector<NodeDesc> remaining;  // the last round's members that form the next one with this node
   if (round_ >= 0) {
     // Leaving: how the round ended is its first event that counts, the same for all.
     worker_store_.reset();
@@ -61,13 +62,24 @@ RoundPlan DynamicRendezvous::next_round() {
     events_.read();
     auto end = reader_for(round_, members_).end();
     main_->append("requests", leave_request(c_.me.id, round_, end ? end->counted() : true));
+    remaining = remaining_members();
   }
   const size_t events_mark = events_.count();  // every line of the round to come lies after it
   NodeDesc me = c_.me;
   auto store = listen_for_workers();
   if (store) me.master_port = store->port();
   main_->append("requests", join_request(me, c_.job));
-  State s = joiner_.join(me, deadline);
+  State s;
+  try {
+    s = joiner_.join(me, deadline, std::move(remaining));
+  } catch (const TooFewNodes& e) {
+    try {
+      close_rendezvous(e.what());  // the job is over: a node that comes later is told why at once
+    } catch (const std::exception& c) {
+      spdlog::debug("rendezvous: closing: {}", c.what());
+    }
+    throw;
+  }
   round_ = s.round;
   events_.keep_from(round_);
   members_ = std::make_shared<const std::vector<NodeDesc>>(s.participants);

@@ -34,6 +34,12 @@ inline std::string nnodes_flag(const JobSettings& j) {
                                     : fmt::format("--nnodes {}:{}", j.min_nodes, j.max_nodes);
 }
 
+// "only 1 node remains, fewer than the 2 the job needs (--nnodes 2:3)"
+inline std::string too_few_text(size_t available, const JobSettings& j) {
+  return fmt::format("only {} node{} remain{}, fewer than the {} the job needs ({})", available,
+                     available == 1 ? "" : "s", available == 1 ? "s" : "", j.min_nodes, nnodes_flag(j));
+}
+
 inline std::string describe_nodes(const std::vector<NodeDesc>& nodes) {
   std::string out;
   for (auto& n : nodes) {

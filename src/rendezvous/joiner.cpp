@@ -29,8 +29,11 @@ void backoff(int attempt) {
 Joiner::Joiner(const DynamicConfig& c, Backend& main, NodeEvents& events, const std::atomic<bool>& cancel)
     : c_(c), backend_name_(main.describe()), main_(main), events_(events), cancel_(cancel) {}
 
-State Joiner::join(const NodeDesc& me, Clock::time_point deadline) {
+State Joiner::join(const NodeDesc& me, Clock::time_point deadline, std::vector<NodeDesc> remaining) {
   me_ = me;
+  remaining_ = std::move(remaining);
+  lost_at_start_ = events_.lost();
+  lost_checked_ = lost_at_start_.size();
   Seen seen;
   int conflicts = 0;
   while (!step(seen, deadline, conflicts)) {
@@ -198,6 +201,7 @@ std::optional<Absorbed> Joiner::apply_pending(State& t, const std::vector<std::s
 // member of a complete round. Every write also applies the requests other nodes appended.
 bool Joiner::step(Seen& seen, Clock::time_point deadline, int& conflicts) {
   if (cancel_) throw ddp::Error("rendezvous: joining the next round was cancelled (this node is stopping)");
+  if (events_.lost().count(c_.me.id)) declared_lost();
   const State& s = read_state(seen);
   // This step decides on `s` itself until something changes it, then on a copy: a waiting
   // node steps at each wake-up, and a state of a thousand members is 150 kB of them.
@@ -210,15 +214,18 @@ bool Joiner::step(Seen& seen, Clock::time_point deadline, int& conflicts) {
   // A member of a complete round that no member has left yet takes it as it formed, lost
   // members and all: its watcher ends it at once, and the restart rules apply as to any
   // loss (its remnant would be a smaller world; skipping it, a wait for nodes that are
-  // gone). The others, joining the next round, remove them.
+  // gone). The others, joining the next round, remove them. Lost nodes on the wait and
+  // redundancy lists go all the same: the round's end (this node's own leave, pending,
+  // may end it in this step) must not open the next round with them.
   const auto& lost = events_.lost();
   const bool formed = s.complete && s.ending_round != s.round && s.has_participant(c_.me.id);
-  bool changed = !formed && lists_lost(s, lost) && remove_lost(edit(), lost), wake = changed;
+  bool changed = lists_lost(s, lost, !formed) && remove_lost(edit(), lost, !formed), wake = changed;
   // This node writes the pending requests in only while one of its own is among them: then
   // a thousand joiners need a few writes, and a node that is in waits instead of writing
   // the others' requests again and again.
   const auto pending = pending_requests(cur(), seen, deadline);
   if (!pending) return false;
+  check_enough_left(cur(), *pending);
   const bool mine = std::any_of(pending->begin(), pending->end(), [&](const std::string& l) {
     return l.find(c_.me.id) != std::string::npos;
   });
@@ -293,6 +300,51 @@ bool Joiner::write(Seen& seen, const State& s, const State& t, JoinAction a, boo
       main_.append("events", round_event(t.round, "join", n.id, n.describe()));
   if (a == JoinAction::kRemoveMe) failed(JoinAction::kErrorTimeout, s);  // as it was, with this node
   return !mine && a == JoinAction::kWait;
+}
+
+// This node's lease ended (it was frozen, or cut off, for the keep-alive window): the others
+// go on without it, and remove it from every list. It stops (before, it wrote itself back in
+// at every step, removed again by its own next step: a loop of writes until join_timeout,
+// during which a round could complete with it).
+void Joiner::declared_lost() {
+  std::string why;
+  for (auto& l : events_.lines())
+    if (l.starts_with("lost ")) {
+      Event e = parse_event(l);
+      if (e.node == c_.me.id) why = e.text;
+    }
+  throw ddp::Error(fmt::format("rendezvous: this node was declared lost by {} while it joined the next round of job "
+                               "'{}'{}: the other nodes go on without it",
+                               backend_name_, c_.run_id, why.empty() ? "" : " (" + why + ")"));
+}
+
+// After a round ended, the members that remain form the next one (restart_refused counted
+// them). A loss among them, or among the nodes that came since (listed, or with a join
+// request pending), that leaves fewer than MIN stops the job at once, as the same loss in
+// the running round would have, instead of a wait until join_timeout for nodes that are
+// gone. Judged when a lost line comes; only a loss makes the count smaller. (A node itself
+// declared lost stopped before this: it must not close the job the others re-form.)
+void Joiner::check_enough_left(const State& s, const std::vector<std::string>& pending) {
+  const auto& lost = events_.lost();
+  if (remaining_.empty() || lost.size() == lost_checked_) return;
+  lost_checked_ = lost.size();
+  std::set<std::string> live;
+  std::vector<NodeDesc> gone, gone_before;  // lost since the join began; before it
+  auto count = [&](const NodeDesc& n) {
+    auto& to = lost_at_start_.count(n.id) ? gone_before : gone;
+    if (!lost.count(n.id)) live.insert(n.id);
+    else if (!State::contains(to, n.id)) to.push_back(n);
+  };
+  for (auto& n : remaining_) count(n);
+  for (auto* list : {&s.participants, &s.wait_list, &s.redundancy_list})
+    for (auto& n : *list) count(n);
+  for (auto& r : pending)
+    if (auto n = joining_node(r)) count(*n);
+  if (live.size() >= static_cast<size_t>(c_.job.min_nodes)) return;
+  if (gone.empty()) gone = std::move(gone_before);
+  throw TooFewNodes(fmt::format("rendezvous: {} {} {} lost while the next round of job '{}' formed; {}",
+                                gone.size() == 1 ? "node" : "nodes", describe_nodes(gone),
+                                gone.size() == 1 ? "was" : "were", c_.run_id, too_few_text(live.size(), c_.job)));
 }
 
 // Waiting: for the state to change, the last call to run out, or the deadline.

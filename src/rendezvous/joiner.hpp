@@ -6,9 +6,11 @@
 
 #include <atomic>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "ddp/error.hpp"
 #include "rendezvous/machine.hpp"
 #include "rendezvous/node_events.hpp"
 #include "rendezvous/state.hpp"
@@ -21,6 +23,13 @@ namespace ddprun::rdzv::detail {
 
 State decode(const Snapshot& s, const std::string& backend_name);
 
+// join()'s error when nodes were lost while the next round formed and fewer than MIN
+// remain to form it: the job stops, as the same loss in a running round would stop it.
+class TooFewNodes : public ddp::Error {
+ public:
+  using ddp::Error::Error;
+};
+
 class Joiner {
  public:
   // All are the caller's: its backend, its view of the events, and its cancel flag (the
@@ -30,7 +39,10 @@ class Joiner {
   // The state of the complete round this node is a member of; throws when it cannot be
   // (join timeout, the job closed, a mismatch of settings). me: this node as its join
   // request names it (with the worker store it listens on), as it writes itself in.
-  State join(const NodeDesc& me, Clock::time_point deadline);
+  // remaining: after a round ended, its members that form the next (this node among them);
+  // join throws TooFewNodes when losses leave fewer than MIN of them and of the nodes that
+  // joined since. Empty: this node's first round, which waits for nodes to come.
+  State join(const NodeDesc& me, Clock::time_point deadline, std::vector<NodeDesc> remaining = {});
 
  private:
   // What this node last read of the state: the snapshot, decoded once; `recheck`: it has
@@ -56,7 +68,9 @@ class Joiner {
   void announce_waiting(const State& t);
   void leave_ended(const State& t);
   [[noreturn]] void failed(JoinAction a, const State& s);
+  [[noreturn]] void declared_lost();
   void wait(Seen& seen, const State& t, Clock::time_point now, Clock::time_point deadline);
+  void check_enough_left(const State& s, const std::vector<std::string>& pending);
 
   const DynamicConfig& c_;
   NodeDesc me_;  // join()'s
@@ -69,6 +83,9 @@ class Joiner {
   int said_waiting_ = 0;  // 1: said this node waits on the wait list, 2: on the redundancy list
   int64_t announced_round_ = -1;  // the running round this node asked to restart with it
   bool cheap_probe_ = true;  // the backend tells whether the state changed without a load
+  std::vector<NodeDesc> remaining_;      // join()'s
+  std::set<std::string> lost_at_start_;  // the nodes seen lost when the join began
+  size_t lost_checked_ = 0;              // the lost nodes seen at the last check_enough_left
 };
 
 }  // namespace ddprun::rdzv::detail

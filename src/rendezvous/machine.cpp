@@ -163,18 +163,18 @@ auto lost_in(const std::set<std::string>& lost) {
 }
 }  // namespace
 
-bool lists_lost(const State& s, const std::set<std::string>& lost) {
+bool lists_lost(const State& s, const std::set<std::string>& lost, bool participants) {
   if (lost.empty()) return false;
   auto gone = lost_in(lost);
-  return std::ranges::any_of(s.participants, gone) || std::ranges::any_of(s.wait_list, gone) ||
+  return (participants && std::ranges::any_of(s.participants, gone)) || std::ranges::any_of(s.wait_list, gone) ||
          std::ranges::any_of(s.redundancy_list, gone);
 }
 
-bool remove_lost(State& s, const std::set<std::string>& lost) {
+bool remove_lost(State& s, const std::set<std::string>& lost, bool participants) {
   if (lost.empty()) return false;
   auto gone = lost_in(lost);
   size_t w = std::erase_if(s.wait_list, gone), r = std::erase_if(s.redundancy_list, gone);
-  size_t p = std::erase_if(s.participants, gone);
+  size_t p = participants ? std::erase_if(s.participants, gone) : 0;
   if (w + r + p == 0) return false;
   ++s.seq;
   if (p > 0) {
@@ -209,18 +209,24 @@ bool listed(const State& s, const std::string& id) {
   return s.has_participant(id) || State::contains(s.wait_list, id) || State::contains(s.redundancy_list, id);
 }
 
-void absorb_join(State& s, const std::string& text, const std::set<std::string>& lost, Absorbed& out) {
-  NodeDesc n;
-  JobSettings job;
+// A join request's node and settings (false: malformed; not ours to judge: the node sees
+// its request ignored and joins by itself).
+bool decode_join(const std::string& text, NodeDesc& n, JobSettings& job) {
   std::vector<std::string> rest;
-  // Not ours to judge when malformed: the node sees its request ignored and joins by itself.
-  if (!decode_node(text, n, rest) || rest.size() < 3) return;
+  if (!decode_node(text, n, rest) || rest.size() < 3) return false;
   try {
     job = JobSettings{std::stoi(rest[0]), std::stoi(rest[1]), std::stoi(rest[2])};
     if (rest.size() > 3) n.rank = std::stoi(rest[3]);
   } catch (const std::exception&) {
-    return;
+    return false;
   }
+  return true;
+}
+
+void absorb_join(State& s, const std::string& text, const std::set<std::string>& lost, Absorbed& out) {
+  NodeDesc n;
+  JobSettings job;
+  if (!decode_join(text, n, job)) return;
   if (s.closed || lost.count(n.id) || listed(s, n.id) || (s.job && !(*s.job == job))) return;
   JoinContext c{n, job, false, false};
   JoinAction a = decide_join(s, c);
@@ -257,6 +263,13 @@ Absorbed absorb(State& s, const std::vector<std::string>& requests, const std::s
     out.changed = true;
   }
   return out;
+}
+
+std::optional<NodeDesc> joining_node(const std::string& request) {
+  NodeDesc n;
+  JobSettings job;
+  if (!request.starts_with("join ") || !decode_join(request.substr(5), n, job)) return std::nullopt;
+  return n;
 }
 
 bool names_any(const State& s, const std::vector<std::string>& pending, const std::set<std::string>& ids) {

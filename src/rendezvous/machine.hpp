@@ -6,6 +6,7 @@
 // The loop that runs them (read, decide, apply, compare-and-set, wait) is in dynamic.cpp.
 #pragma once
 
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -51,12 +52,13 @@ bool apply_join(State& s, JoinAction a, const JoinContext& c);
 // last node to leave opens the next round. Returns true when something changed.
 bool leave_round(State& s, const std::string& id, int64_t round, bool counted);
 
-// Drops lost nodes (their lease ended) from every list. A complete round left empty opens
-// the next (counted: it ended by losing nodes). Returns true when something changed.
-bool remove_lost(State& s, const std::set<std::string>& lost);
+// Drops lost nodes (their lease ended) from every list (participants = false: not from the
+// round's participants). A complete round left empty opens the next (counted: it ended by
+// losing nodes). Returns true when something changed.
+bool remove_lost(State& s, const std::set<std::string>& lost, bool participants = true);
 // Whether remove_lost would change `s`, without touching it (a caller need not copy a state
 // it would only read).
-bool lists_lost(const State& s, const std::set<std::string>& lost);
+bool lists_lost(const State& s, const std::set<std::string>& lost, bool participants = true);
 
 // The job is over; nobody joins any more. reason "" means it succeeded.
 void close_state(State& s, const std::string& reason);
@@ -76,6 +78,9 @@ struct Absorbed {
 // node where decide_join would (unless it is lost, already listed, or its settings differ:
 // it then finds out itself); a leave is leave_round.
 Absorbed absorb(State& s, const std::vector<std::string>& requests, const std::set<std::string>& lost);
+
+// The node a join request names (nullopt: not a join request, or malformed).
+std::optional<NodeDesc> joining_node(const std::string& request);
 
 // Whether the state's lists or a request in `pending` (not applied yet) name one of `ids`.
 // A round's rank 0 keeps the events that say a node was lost while this is so for it: the

@@ -59,6 +59,24 @@ NodeDesc raw_node(const std::string& name) {
   return n;
 }
 
+// A node the test plays by hand: its lease, whose end writes its lost line (as its
+// ddprun's keeper registers it).
+void open_node_lease(Backend& b, const NodeDesc& n) {
+  b.open_lease(kGuard);
+  b.on_lease_end("events", lost_event(n.id));
+}
+
+// ... and its own write of the state, applying the pending requests (its join among them).
+void write_requests_in(Backend& b) {
+  for (bool written = false; !written;) {
+    Snapshot snap = b.load();
+    State s = decode_state(*snap.state, "test");
+    absorb(s, b.read("requests", static_cast<size_t>(s.requests_seen)), {});
+    written = b.compare_and_set(encode_state(s), snap.token).ok;
+  }
+  b.append("events", "state");
+}
+
 std::vector<RoundPlan> all_next_round(const std::vector<DynamicRendezvous*>& nodes) {
   std::vector<std::future<RoundPlan>> f;
   for (auto* n : nodes) f.push_back(std::async(std::launch::async, [n] { return n->next_round(); }));
@@ -278,6 +296,123 @@ TEST(DynamicRendezvous, TooFewNodesLeftStopsTheJobNamingTheLostNode) {
   std::string refused = a->restart_refused(*e);
   EXPECT_NE(refused.find("only 1 node remains"), std::string::npos) << refused;
   EXPECT_NE(refused.find("b ("), std::string::npos) << refused;
+}
+
+// Until `pred` holds (a hang guard: false after kGuard).
+template <class P>
+bool eventually(P pred) {
+  for (auto t0 = std::chrono::steady_clock::now(); std::chrono::steady_clock::now() - t0 < kGuard;) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(2ms);
+  }
+  return false;
+}
+
+// Whether the state lists the node (in round `round`, if given).
+bool listed_in_state(Cluster& c, const std::string& id, int64_t round = -1) {
+  auto st = c.world->state();
+  if (!st) return false;
+  State s = decode_state(*st, "test");
+  return (round < 0 || s.round == round) &&
+         (s.has_participant(id) || State::contains(s.wait_list, id) || State::contains(s.redundancy_list, id));
+}
+
+// b is lost; a and c (2 of --nnodes 2:3) form the next round; c is lost too within its
+// last call. a stops at once, naming c, instead of waiting out join_timeout for nodes that
+// are gone, and closes the job: a node that comes later is told why.
+TEST(DynamicRendezvous, ASecondLossWhileTheNextRoundFormsStopsTheJobAtOnce) {
+  Cluster c;
+  c.job = {2, 3, 3};
+  c.last_call = ddp::test::scaled(1500ms);  // c is lost well within it
+  c.join_timeout = 10s;
+  auto a = c.node("a"), b = c.node("b");
+  c.join_timeout = ddp::test::scaled(3s);  // c's join, which its death leaves to end by it
+  auto x = c.node("c");
+  all_next_round({a.get(), b.get(), x.get()});
+  c.world->kill("b");
+  auto e = end_within(*a);
+  ASSERT_TRUE(e);
+  ASSERT_EQ(a->restart_refused(*e), "");  // a and c remain
+  ASSERT_TRUE(end_within(*x));
+  auto next = std::async(std::launch::async, [&] { return a->next_round(); });
+  auto next_c = std::async(std::launch::async, [&] {
+    try {
+      x->next_round();
+    } catch (const std::exception&) {
+    }
+  });
+  ASSERT_TRUE(eventually([&] { return listed_in_state(c, "a_1_0", 1) && listed_in_state(c, "c_1_0", 1); }));
+  const auto t0 = std::chrono::steady_clock::now();
+  c.world->kill("c");
+  ASSERT_EQ(next.wait_for(kGuard), std::future_status::ready);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);  // a's join_timeout: 10 s
+  try {
+    next.get();
+    FAIL() << "a formed a round alone";
+  } catch (const std::exception& err) {
+    std::string m = err.what();
+    EXPECT_NE(m.find("node c (c_1_0"), std::string::npos) << m;
+    EXPECT_NE(m.find("was lost while the next round of job 'job' formed; only 1 node remains, fewer than the 2 the "
+                     "job needs (--nnodes 2:3)"),
+              std::string::npos)
+        << m;
+  }
+  try {
+    c.node("d")->next_round();
+    FAIL() << "joined a closed rendezvous";
+  } catch (const std::exception& err) {
+    EXPECT_NE(std::string(err.what()).find("was lost while the next round"), std::string::npos) << err.what();
+  }
+}
+
+// A node whose lease ends while it joins (its ddprun frozen, or cut off, for the keep-alive
+// window) is gone for the others: it stops at once (before, it wrote itself back into the
+// round at every step, and its next step removed it again, until join_timeout).
+TEST(DynamicRendezvous, ANodeDeclaredLostWhileItJoinsStops) {
+  Cluster c;
+  c.job = {2, 3, 1};
+  c.join_timeout = 10s;
+  auto a = c.node("a");
+  auto next = std::async(std::launch::async, [&] { return a->next_round(); });
+  ASSERT_TRUE(eventually([&] { return listed_in_state(c, "a_1_0"); }));  // a waits for a second node
+  const auto t0 = std::chrono::steady_clock::now();
+  c.world->kill("a");
+  ASSERT_EQ(next.wait_for(kGuard), std::future_status::ready);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);  // join_timeout: 10 s
+  try {
+    next.get();
+    FAIL() << "a joined a round after its lease ended";
+  } catch (const std::exception& err) {
+    std::string m = err.what();
+    EXPECT_NE(m.find("rendezvous: this node was declared lost by"), std::string::npos) << m;
+    EXPECT_NE(m.find("while it joined the next round of job 'job' (connection closed): the other nodes go on "
+                     "without it"),
+              std::string::npos)
+        << m;
+  }
+}
+
+// c is lost before it rejoins, but a node came meanwhile: with it MIN nodes remain, and the
+// round forms.
+TEST(DynamicRendezvous, ANodeThatCameSinceCountsWhenAnotherIsLostWhileTheNextRoundForms) {
+  Cluster c;
+  c.job = {2, 3, 3};
+  c.join_timeout = 10s;
+  auto a = c.node("a"), b = c.node("b"), x = c.node("c");
+  all_next_round({a.get(), b.get(), x.get()});
+  c.world->kill("b");
+  auto e = end_within(*a);
+  ASSERT_TRUE(e);
+  ASSERT_EQ(a->restart_refused(*e), "");
+  auto d = c.node("d");
+  auto next = std::async(std::launch::async, [&] { return all_next_round({a.get(), d.get()}); });
+  // Both wait for c to leave round 0.
+  ASSERT_TRUE(eventually([&] { return listed_in_state(c, "a_1_0", 0) && listed_in_state(c, "d_1_0", 0); }));
+  c.world->kill("c");
+  ASSERT_EQ(next.wait_for(kGuard), std::future_status::ready);
+  auto plans = next.get();
+  EXPECT_EQ(plans[0].round, 1);
+  EXPECT_EQ(plans[0].group_world_size, 2);
 }
 
 TEST(DynamicRendezvous, ASilentNodeIsLostAfterTheKeepAliveWindowAndKnowsIt) {
@@ -532,6 +667,46 @@ TEST(DynamicRendezvous, AWaitingNodeLostBeforeAPlaceOpensIsNotCountedOn) {
   EXPECT_EQ(p.group_world_size, 1);
 }
 
+// A node that waited for a place (the redundancy list) dies there. The members then leave
+// their round, and the node whose write applies every member's leave (its own among them)
+// opens the next round: without the dead node. Before, a member whose own leave was still
+// pending took the round for one that had formed, skipped removing lost nodes, and opened
+// the next round with the dead one (then full: the member itself waited for a place until
+// join_timeout).
+TEST(DynamicRendezvous, ANodeLostOnTheRedundancyListIsNotInTheNextRound) {
+  Cluster c;
+  c.job = {1, 2, 100};
+  c.last_call = 20ms;
+  c.join_timeout = 5s;
+  // a is written by hand, so that its leave is pending when b writes.
+  auto a = c.world->backend("a");
+  NodeDesc ma = raw_node("a");
+  ma.master_port = 1;  // node rank 0 names the workers' store (none listens: nobody connects)
+  open_node_lease(*a, ma);
+  a->append("requests", join_request(ma, c.job));
+  auto b = c.node("b");
+  ASSERT_EQ(b->next_round().group_world_size, 2);  // b applied a's request: round 0 is full
+  auto n = c.world->backend("n");
+  NodeDesc mn = raw_node("n");
+  open_node_lease(*n, mn);
+  n->append("requests", join_request(mn, c.job));
+  write_requests_in(*n);
+  ASSERT_TRUE(State::contains(decode_state(*c.world->state(), "test").redundancy_list, mn.id));
+  c.world->kill("n");
+  b->end_round(K::kFailed, "rank 2 exited with 1");
+  auto e = end_within(*b);
+  ASSERT_TRUE(e);
+  ASSERT_EQ(b->restart_refused(*e), "");
+  a->append("requests", leave_request(ma.id, 0, true));
+  a->append("requests", join_request(ma, c.job));
+  RoundPlan p = b->next_round();
+  EXPECT_EQ(p.round, 1);
+  EXPECT_EQ(p.group_world_size, 2);
+  State s = decode_state(*c.world->state(), "test");
+  EXPECT_TRUE(s.has_participant(ma.id));
+  EXPECT_FALSE(s.has_participant(mn.id));
+}
+
 // A node written into the forming round dies before the round completes. Every node removes
 // it before it finishes (so the state a round's rank 0 trims with names no node it read
 // lost: why trim_logs's guard never fires), the round runs without it, uncounted, and once
@@ -554,16 +729,9 @@ TEST(DynamicRendezvous, ANodeLostWhileTheRoundFormsIsNotInIt) {
   // its own write of the state; then it dies.
   auto x = c.world->backend("x");
   NodeDesc me = raw_node("x");
-  x->open_lease(kGuard);
-  x->on_lease_end("events", lost_event(me.id));
+  open_node_lease(*x, me);
   x->append("requests", join_request(me, c.job));
-  for (bool written = false; !written;) {
-    Snapshot snap = x->load();
-    State s = decode_state(*snap.state, "test");
-    absorb(s, x->read("requests", static_cast<size_t>(s.requests_seen)), {});
-    written = x->compare_and_set(encode_state(s), snap.token).ok;
-  }
-  x->append("events", "state");
+  write_requests_in(*x);
   ASSERT_TRUE(listed(me.id));
   c.world->kill("x");
   ASSERT_EQ(formed.wait_for(kGuard), std::future_status::ready);
