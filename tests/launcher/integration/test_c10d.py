@@ -390,6 +390,35 @@ class ScenarioTest(C10dTestCase):
         self.check_round(rounds[1], 4, ["127.0.0.2", "127.0.0.3"], restarts=1)
         self.assertNotIn("closed", a.stderr() + b.stderr())
 
+    def test_s5_waiting_node_frozen_past_the_window_stops_when_it_runs_again(self):
+        # A and B fill --nnodes 1:2; C waits for a place. C's ddprun is stopped (SIGSTOP) for
+        # twice the keep-alive window: its lease ends, and for the others it is gone. When it
+        # runs again it reads its own lost line and stops at once (before: it wrote itself
+        # back onto the list at every step and off again at the next, a loop of writes until
+        # its join_timeout). The running job is not touched.
+        args = ["--sleep", "12"]
+        kw = dict(nnodes="1:2")
+        a = self.start_node("A", "127.0.0.2", args, **kw)
+        b = self.start_node("B", "127.0.0.3", args, **kw)
+        r0 = self.wait_workers(4, world=4)
+        c = self.start_node("C", "127.0.0.4", args, **kw)
+        self.wait_for(lambda: "this node waits for a place" in c.stderr(), hang(10), "C to wait for a place")
+        c.proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(2 * 1.5)  # the window: keep_alive_interval 0.5 x keep_alive_max_attempt 3
+        finally:
+            c.proc.send_signal(signal.SIGCONT)
+        t_cont = time.time()
+        self.wait_nodes([c], 30)
+        self.assertNotEqual(c.rc, 0)
+        self.assertLess(c.exited_at - t_cont, scaled(3), self.describe())  # its join_timeout: 20 s
+        self.assertRegex(c.stderr(), r"ddprun: error: rendezvous: this node was declared lost by .* while it joined "
+                                     r"the next round of job 'job' \(no keep-alive for .*\): the other nodes go on "
+                                     r"without it\n", self.describe())
+        self.wait_nodes([a, b], 30)
+        self.assertEqual((a.rc, b.rc), (0, 0), self.describe())
+        self.assertEqual([[r["pid"] for r in rs] for rs in self.rounds()], [[r["pid"] for r in r0]])
+
     def test_s5_waiting_node_exits_0_when_the_job_succeeds_without_it(self):
         # As torchrun 2.x (RendezvousGracefulExitError): a spare node that waited for a place
         # while the job succeeded has nothing to do and exits 0, saying so.
