@@ -35,6 +35,7 @@ DynamicRendezvous::DynamicRendezvous(DynamicConfig c, std::unique_ptr<Backend> m
   keeper_ = std::make_unique<LeaseKeeper>(
       std::move(lease), LeaseKeeper::Settings{c_.me.id, backend_name_, c_.keep_alive_interval, c_.keep_alive_max_attempt},
       signal_);
+  joiner_.set_lease_check([k = keeper_.get()] { k->check_alive(); });
   try {
     events_.read();
     watcher_ = std::make_unique<RoundWatcher>(

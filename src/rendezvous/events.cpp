@@ -115,7 +115,8 @@ std::optional<RoundEnd> RoundReader::judge(const Event& e) const {
     return RoundEnd{K::kFailed, e.node, fmt::format("node {}: {}", who(e.node), e.text)};
   if (e.kind == "leave" && member(e.node) && !exited_.count(e.node))
     return RoundEnd{K::kLeft, e.node, fmt::format("node {} left: {}", who(e.node), e.text)};
-  if (e.kind == "join" && !member(e.node)) return RoundEnd{K::kScaleUp, e.node, e.text};
+  // (Not a node whose lease ended: frozen past the window, it may ask when it runs again.)
+  if (e.kind == "join" && !member(e.node) && !lost_.count(e.node)) return RoundEnd{K::kScaleUp, e.node, e.text};
   return std::nullopt;
 }
 

@@ -201,7 +201,7 @@ std::optional<Absorbed> Joiner::apply_pending(State& t, const std::vector<std::s
 // member of a complete round. Every write also applies the requests other nodes appended.
 bool Joiner::step(Seen& seen, Clock::time_point deadline, int& conflicts) {
   if (cancel_) throw ddp::Error("rendezvous: joining the next round was cancelled (this node is stopping)");
-  if (events_.lost().count(c_.me.id)) declared_lost();
+  check_not_lost();
   const State& s = read_state(seen);
   // This step decides on `s` itself until something changes it, then on a copy: a waiting
   // node steps at each wake-up, and a state of a thousand members is 150 kB of them.
@@ -305,14 +305,26 @@ bool Joiner::write(Seen& seen, const State& s, const State& t, JoinAction a, boo
 // This node's lease ended (it was frozen, or cut off, for the keep-alive window): the others
 // go on without it, and remove it from every list. It stops (before, it wrote itself back in
 // at every step, removed again by its own next step: a loop of writes until join_timeout,
-// during which a round could complete with it).
-void Joiner::declared_lost() {
-  std::string why;
-  for (auto& l : events_.lines())
-    if (l.starts_with("lost ")) {
-      Event e = parse_event(l);
-      if (e.node == c_.me.id) why = e.text;
-    }
+// during which a round could complete with it). Its own lost line says so, or, when a
+// round's rank 0 dropped that line before this node read it (it names no list any more),
+// the lease itself.
+void Joiner::check_not_lost() {
+  if (events_.lost().count(c_.me.id)) {
+    for (auto& l : events_.lines())
+      if (l.starts_with("lost ")) {
+        Event e = parse_event(l);
+        if (e.node == c_.me.id) declared_lost(e.text);
+      }
+    declared_lost("");
+  }
+  try {
+    if (lease_check_) lease_check_();
+  } catch (const LeaseEnded& e) {
+    declared_lost(e.what());
+  }
+}
+
+void Joiner::declared_lost(const std::string& why) {
   throw ddp::Error(fmt::format("rendezvous: this node was declared lost by {} while it joined the next round of job "
                                "'{}'{}: the other nodes go on without it",
                                backend_name_, c_.run_id, why.empty() ? "" : " (" + why + ")"));

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -43,6 +44,8 @@ class Joiner {
   // join throws TooFewNodes when losses leave fewer than MIN of them and of the nodes that
   // joined since. Empty: this node's first round, which waits for nodes to come.
   State join(const NodeDesc& me, Clock::time_point deadline, std::vector<NodeDesc> remaining = {});
+  // Called at every step: throws LeaseEnded when this node's lease ended (LeaseKeeper::check_alive).
+  void set_lease_check(std::function<void()> check) { lease_check_ = std::move(check); }
 
  private:
   // What this node last read of the state: the snapshot, decoded once; `recheck`: it has
@@ -68,7 +71,8 @@ class Joiner {
   void announce_waiting(const State& t);
   void leave_ended(const State& t);
   [[noreturn]] void failed(JoinAction a, const State& s);
-  [[noreturn]] void declared_lost();
+  void check_not_lost();
+  [[noreturn]] void declared_lost(const std::string& why);
   void wait(Seen& seen, const State& t, Clock::time_point now, Clock::time_point deadline);
   void check_enough_left(const State& s, const std::vector<std::string>& pending);
 
@@ -83,6 +87,7 @@ class Joiner {
   int said_waiting_ = 0;  // 1: said this node waits on the wait list, 2: on the redundancy list
   int64_t announced_round_ = -1;  // the running round this node asked to restart with it
   bool cheap_probe_ = true;  // the backend tells whether the state changed without a load
+  std::function<void()> lease_check_;
   std::vector<NodeDesc> remaining_;      // join()'s
   std::set<std::string> lost_at_start_;  // the nodes seen lost when the join began
   size_t lost_checked_ = 0;              // the lost nodes seen at the last check_enough_left

@@ -9,7 +9,7 @@
 namespace ddprun::rdzv::detail {
 
 LeaseKeeper::LeaseKeeper(std::unique_ptr<Backend> lease, Settings s, RoundSignal& signal)
-    : lease_(std::move(lease)), s_(std::move(s)), signal_(signal) {
+    : lease_(std::move(lease)), s_(std::move(s)), signal_(signal), renewed_at_(Clock::now().time_since_epoch().count()) {
   lease_->open_lease(ttl());
   lease_->on_lease_end("events", lost_event(s_.me));
   thread_ = std::thread([this] { loop(); });
@@ -32,6 +32,23 @@ void LeaseKeeper::register_exit(int64_t round) {
   exit_registered_ = round;
 }
 
+void LeaseKeeper::check_alive() {
+  auto recent = [&] { return Clock::now() - Clock::time_point(Clock::duration(renewed_at_.load())) < ttl() / 2; };
+  if (ended_) throw LeaseEnded("its lease ended: no renewal got through for the keep-alive window");
+  if (recent() || failing_) return;  // failing_: the backend does not answer; the thread judges
+  std::lock_guard lk(mu_);
+  if (recent()) return;  // the thread renewed it meanwhile
+  const auto sent = Clock::now();
+  try {
+    lease_->keep_alive(ttl());
+    renewed_at_ = sent.time_since_epoch().count();
+  } catch (const LeaseEnded&) {
+    throw;
+  } catch (const std::exception& e) {
+    spdlog::debug("rendezvous: renewing the lease: {}", e.what());
+  }
+}
+
 void LeaseKeeper::release() {
   std::lock_guard lk(mu_);
   spdlog::debug("rendezvous: releasing");
@@ -52,17 +69,22 @@ void LeaseKeeper::loop() {
     std::string why;
     try {
       std::lock_guard lk(mu_);
+      const auto sent = Clock::now();
       lease_->keep_alive(std::max({left, stalled, milliseconds(100)}));
       last_ok = Clock::now();
+      renewed_at_ = sent.time_since_epoch().count();
+      failing_ = false;
     } catch (const LeaseEnded& e) {
       ended = true;
       why = e.what();
     } catch (const std::exception& e) {
       ended = Clock::now() - last_ok >= ttl();
       why = e.what();
+      failing_ = true;
     }
     if (signal_.stopped()) return;
     if (ended) {
+      ended_ = true;
       signal_.notify_end(-1, RoundEnd{RoundEnd::Kind::kPartitioned, s_.me,
                                       fmt::format("this node lost contact with {} for the keep-alive window ({} = "
                                                   "keep_alive_interval {} x keep_alive_max_attempt {}): {}; the "

@@ -5,6 +5,7 @@
 // window, is reported to the RoundSignal as this node cut off.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -37,6 +38,12 @@ class LeaseKeeper {
   void register_exit(int64_t round);
   // Leaves in good order: the lease ends without its lines written.
   void release();
+  // Throws LeaseEnded when this node's lease has ended (it was frozen or cut off for the
+  // window: for the others it is gone). A renewal sent within the last half window says it
+  // stands (the backend ends a lease only after a whole window without one); else this
+  // renews it now (not while the thread's renewals get no answer: a call here would wait as
+  // long). Another error leaves the judgement to the keeper's thread.
+  void check_alive();
 
  private:
   void loop();
@@ -47,6 +54,9 @@ class LeaseKeeper {
   Settings s_;
   RoundSignal& signal_;
   int64_t exit_registered_ = -1;  // the round whose exit log holds this node's lease line
+  std::atomic<std::chrono::steady_clock::rep> renewed_at_;  // when the last renewal that got through was sent
+  std::atomic<bool> ended_{false};      // the thread found the lease ended
+  std::atomic<bool> failing_{false};    // the thread's last renewal got no answer
   std::thread thread_;
 };
 

@@ -171,6 +171,19 @@ TEST(RendezvousEvents, TheFirstEventThatCountsDecides) {
   EXPECT_FALSE(s->counted());
 }
 
+// A node whose lease ended, frozen past the window, may ask to join when it runs again: it
+// is gone for the others, and its asking restarts nobody's round (before: every round it
+// asked, in a loop, while it did not know it was lost).
+TEST(RendezvousEvents, ALostNodeAskingToJoinEndsNoRound) {
+  RoundReader r;
+  r.feed({"lost 9 no keep-alive for 1.5 s"});
+  r.start(4, {node("1"), node("2")});
+  EXPECT_FALSE(r.feed({"4 join 9 host9"}).has_value());
+  auto s = r.feed({"4 join 8 host8"});
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->node, "8");
+}
+
 TEST(RendezvousEvents, LostLinesCountForMembersThatHadNotFinished) {
   using K = RoundEnd::Kind;
   // A lease line from a node that is not a member is not an end.

@@ -419,6 +419,39 @@ class ScenarioTest(C10dTestCase):
         self.assertEqual((a.rc, b.rc), (0, 0), self.describe())
         self.assertEqual([[r["pid"] for r in rs] for rs in self.rounds()], [[r["pid"] for r in r0]])
 
+    def test_s3_node_frozen_while_reforming_stops_when_it_runs_again_and_restarts_nobody(self):
+        # C is killed; A (the store's host) and B re-form, and B is frozen in that join for
+        # longer than the window. A goes on alone (--nnodes 1:3), and as rank 0 of its new
+        # round drops the events nobody needs, B's lost line among them (no list names B any
+        # more). When B runs again it cannot read that it was lost; its lease tells it, and it
+        # stops. Before, it wrote itself onto the wait list: A's round restarted to take it in,
+        # left it out (lost), and restarted again, in a loop.
+        args = ["--sleep", "14"]
+        kw = dict(nnodes="1:3", extra=["--max-restarts", "5"])
+        a = self.start_node("A", "127.0.0.2", args, conf=CONF + ",is_host=1", **kw)
+        b = self.start_node("B", "127.0.0.3", args, conf=CONF + ",is_host=0", **kw)
+        c = self.start_node("C", "127.0.0.4", args, conf=CONF + ",is_host=0", **kw)
+        self.wait_workers(6, world=6)
+        c.proc.send_signal(signal.SIGKILL)
+        self.wait_for(lambda: "forming the next round" in b.stderr(), hang(5), "B to re-form")
+        b.proc.send_signal(signal.SIGSTOP)
+        try:
+            # A: the last call (1 s), B lost (the window: 1.5 s), a round of its own (1 s).
+            self.wait_for(lambda: re.search(r"node rank 0 of 1 \(", a.stderr()), hang(15), "A's round of its own")
+            time.sleep(0.5)
+        finally:
+            b.proc.send_signal(signal.SIGCONT)
+        t_cont = time.time()
+        self.wait_nodes([b], 30)
+        self.assertNotEqual(b.rc, 0)
+        self.assertLess(b.exited_at - t_cont, scaled(3), self.describe())
+        self.assertRegex(b.stderr(), r"ddprun: error: rendezvous: this node was declared lost by the c10d store at "
+                                     r"\S+ while it joined the next round of job 'job'", self.describe())
+        self.wait_nodes([a], 30)
+        self.assertEqual(a.rc, 0, self.describe())
+        self.assertNotIn("a node is waiting to join", a.stderr(), self.describe())
+        self.assertEqual(self.rounds()[-1][0]["env"]["WORLD_SIZE"], "2", self.describe())
+
     def test_s5_waiting_node_exits_0_when_the_job_succeeds_without_it(self):
         # As torchrun 2.x (RendezvousGracefulExitError): a spare node that waited for a place
         # while the job succeeded has nothing to do and exits 0, saying so.
