@@ -43,6 +43,7 @@ void LeaseKeeper::check_alive() {
     lease_->keep_alive(ttl());
     renewed_at_ = sent.time_since_epoch().count();
   } catch (const LeaseEnded&) {
+    ended_ = true;
     throw;
   } catch (const std::exception& e) {
     spdlog::debug("rendezvous: renewing the lease: {}", e.what());
