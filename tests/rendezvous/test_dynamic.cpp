@@ -392,6 +392,41 @@ TEST(DynamicRendezvous, ANodeDeclaredLostWhileItJoinsStops) {
   }
 }
 
+// Static (--node-rank, --nnodes 2): a worker fails, and node rank 1 dies before it rejoins.
+// Node rank 0 stops at once, naming it (before: it waited out join_timeout, then said that
+// node rank 1 never joined).
+TEST(DynamicRendezvous, AStaticNodeLostWhileTheNextRoundFormsStopsTheJobAtOnce) {
+  Cluster c;
+  c.job = {2, 2, 3};
+  c.join_timeout = 10s;
+  c.worker_store = DynamicConfig::Endpoint{"head", 29500};
+  auto a = c.node("a", 1, 0), b = c.node("b", 1, 1);
+  all_next_round({a.get(), b.get()});
+  a->end_round(K::kFailed, "rank 0 exited with 1");
+  auto e = end_within(*a);
+  ASSERT_TRUE(e);
+  ASSERT_EQ(a->restart_refused(*e), "");
+  auto next = std::async(std::launch::async, [&] { return a->next_round(); });
+  ASSERT_TRUE(eventually([&] {  // a left round 0 and waits for the next
+    auto st = c.world->state();
+    return st && State::contains(decode_state(*st, "test").wait_list, "a_1_0");
+  }));
+  const auto t0 = std::chrono::steady_clock::now();
+  c.world->kill("b");
+  ASSERT_EQ(next.wait_for(kGuard), std::future_status::ready);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);  // join_timeout: 10 s
+  try {
+    next.get();
+    FAIL() << "a formed a round alone";
+  } catch (const std::exception& err) {
+    std::string m = err.what();
+    EXPECT_NE(m.find("node b (node rank 1, b_1_0) was lost while the next round of job 'job' formed; only 1 node "
+                     "remains, fewer than the 2 the job needs (--nnodes 2)"),
+              std::string::npos)
+        << m;
+  }
+}
+
 // c is lost before it rejoins, but a node came meanwhile: with it MIN nodes remain, and the
 // round forms.
 TEST(DynamicRendezvous, ANodeThatCameSinceCountsWhenAnotherIsLostWhileTheNextRoundForms) {

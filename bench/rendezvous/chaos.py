@@ -1,0 +1,193 @@
+#!/usr/bin/python3
+"""Faults at random against an elastic c10d job, and how long the job takes to be whole again.
+
+  /usr/bin/python3 bench/rendezvous/chaos.py [--seeds 1-6] [--steps 20]
+
+Per seed: a ddp-store-server of its own on loopback and four nodes (`--nnodes 1:4`, one
+worker each, `--max-restarts 1000`, a 1.5 s keep-alive window). Then, one at a time, a step
+picked at random (seeded):
+  kill       SIGKILL a node's ddprun
+  term       SIGTERM a node's ddprun (it leaves)
+  worker     SIGKILL one worker (a counted restart)
+  freeze     SIGSTOP a node's ddprun for 3 s (twice the window), then SIGCONT
+  reform     SIGKILL one node, and SIGSTOP another 0.05-0.6 s later, while it re-forms, for 3 s
+  add        start a new node (while fewer than four run)
+After each step the live nodes must be whole again within 15 s: every live worker in one
+round, as many as there are live nodes, with that WORLD_SIZE, and no worker of an older
+round alive (a frozen node's stale workers stopped). Prints each step, then the time each
+kind of step took to be whole (from the step's end), and exits 1 at the first step that
+did not converge (its run folder, /tmp/ddprun-chaos/seed<N>, keeps every node's output).
+"""
+import argparse
+import glob
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+DDPRUN = os.path.join(ROOT, "build", "bin", "ddprun")
+STORE = os.path.join(ROOT, "build", "bin", "ddp-store-server")
+WORKER = os.path.join(ROOT, "tests", "launcher", "integration", "workers", "rdzv_env.py")
+CONF = "last_call_timeout=0.5,join_timeout=30,keep_alive_interval=0.5,keep_alive_max_attempt=3"
+FREEZE = 3.0  # twice the window
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
+class Job:
+    def __init__(self, seed):
+        self.rng = random.Random(seed)
+        self.tmp = f"/tmp/ddprun-chaos/seed{seed}"
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        os.makedirs(f"{self.tmp}/rec")
+        self.store = subprocess.Popen([STORE, "--host", "127.0.0.1", "--port", "0"], stdout=subprocess.PIPE,
+                                      stderr=open(f"{self.tmp}/store.err", "w"), start_new_session=True)
+        self.port = int(self.store.stdout.readline().decode().split("=")[1])
+        self.nodes = {}
+
+    def start(self):
+        i = len(self.nodes)
+        name = f"n{i}"
+        argv = [DDPRUN, "--log-level", "info", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                f"127.0.0.1:{self.port}", "--rdzv-id", "chaos", "--nnodes", "1:4", "--nproc-per-node", "1",
+                "--max-restarts", "1000", "--local-addr", f"127.0.0.{10 + i}", "--rdzv-conf", CONF, WORKER,
+                f"{self.tmp}/rec", "--sleep", "1000"]
+        self.nodes[name] = subprocess.Popen(argv, stdout=open(f"{self.tmp}/{name}.out", "w"),
+                                            stderr=open(f"{self.tmp}/{name}.err", "w"), stdin=subprocess.DEVNULL,
+                                            start_new_session=True)
+        return name
+
+    def live(self):
+        return {n: p for n, p in self.nodes.items() if p.poll() is None}
+
+    def workers(self):
+        """The live workers, by round (MASTER_PORT: fresh every round)."""
+        out = {}
+        for f in glob.glob(f"{self.tmp}/rec/start_*.json"):
+            try:
+                with open(f) as fh:
+                    r = json.load(fh)
+            except ValueError:
+                continue  # being written
+            if alive(r["pid"]):
+                out.setdefault(r["env"]["MASTER_PORT"], []).append(r)
+        return out
+
+    def whole(self, limit):
+        """None once the live nodes run one round with all their workers; else why not."""
+        t0 = time.time()
+        why = ""
+        while time.time() - t0 < limit:
+            nodes, w = self.live(), self.workers()
+            if len(w) == 1:
+                rs = next(iter(w.values()))
+                worlds = {r["env"]["WORLD_SIZE"] for r in rs}
+                if len(rs) == len(nodes) and worlds == {str(len(nodes))}:
+                    return None
+                why = f"one round: {len(rs)} workers of world {worlds}, {len(nodes)} nodes alive"
+            elif not w and not nodes:
+                return None
+            else:
+                why = f"{len(w)} rounds have live workers ({', '.join(str(len(v)) for v in w.values())}), " \
+                      f"{len(nodes)} nodes alive"
+            time.sleep(0.05)
+        return why
+
+    def step(self):
+        nodes = self.live()
+        kinds = ["kill", "term", "worker", "freeze", "reform"] + (["add"] if len(nodes) < 4 else [])
+        kind = self.rng.choice(kinds)
+        if kind == "add" or len(nodes) < 2 or (kind == "reform" and len(nodes) < 3):
+            return "add", self.start()
+        victim = self.rng.choice(sorted(nodes))
+        p = nodes[victim]
+        if kind in ("kill", "term"):
+            p.send_signal(signal.SIGKILL if kind == "kill" else signal.SIGTERM)
+            p.wait()
+            return kind, victim
+        if kind == "worker":
+            r = self.rng.choice(sorted((r for rs in self.workers().values() for r in rs), key=lambda r: r["pid"]))
+            os.kill(r["pid"], signal.SIGKILL)
+            for _ in range(200):  # until it is gone (a zombie): measured from then
+                if not alive(r["pid"]):
+                    break
+                time.sleep(0.01)
+            return kind, f"rank {r['env']['RANK']}"
+        if kind == "reform":
+            other = self.rng.choice([n for n in sorted(nodes) if n != victim])
+            nodes[other].send_signal(signal.SIGKILL)
+            nodes[other].wait()
+            time.sleep(self.rng.uniform(0.05, 0.6))
+        p.send_signal(signal.SIGSTOP)
+        time.sleep(FREEZE)
+        p.send_signal(signal.SIGCONT)
+        return kind, victim
+
+    def stop(self):
+        for p in self.nodes.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+        for rs in self.workers().values():  # orphans of SIGKILLed nodes, if any: ours
+            for r in rs:
+                try:
+                    os.kill(r["pid"], signal.SIGKILL)
+                except OSError:
+                    pass
+        self.store.kill()
+        self.store.wait()
+
+
+def seeds(text):
+    lo, _, hi = text.partition("-")
+    return range(int(lo), int(hi or lo) + 1)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", default="1-6")
+    ap.add_argument("--steps", type=int, default=20)
+    args = ap.parse_args()
+    took = {}
+    for seed in seeds(args.seeds):
+        job = Job(seed)
+        try:
+            for _ in range(4):
+                job.start()
+            why = job.whole(30)
+            if why:
+                print(f"seed {seed}: the job never formed: {why}")
+                return 1
+            for i in range(args.steps):
+                kind, whom = job.step()
+                t0 = time.time()
+                why = job.whole(15)
+                dt = time.time() - t0
+                print(f"seed {seed} step {i}: {kind} {whom}: " + (f"whole after {dt:.2f} s" if why is None else
+                                                                  f"NOT WHOLE after 15 s: {why} ({job.tmp})"),
+                      flush=True)
+                if why:
+                    return 1
+                took.setdefault(kind, []).append(dt)
+        finally:
+            job.stop()
+    print("\n| step | count | median to whole | max |\n|---|---|---|---|")
+    for kind, ts in sorted(took.items()):
+        print(f"| {kind} | {len(ts)} | {statistics.median(ts):.2f} s | {max(ts):.2f} s |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
