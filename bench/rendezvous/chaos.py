@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Faults at random against an elastic c10d job, and how long the job takes to be whole again.
 
-  /usr/bin/python3 bench/rendezvous/chaos.py [--seeds 1-6] [--steps 20]
+  /usr/bin/python3 bench/rendezvous/chaos.py [--seeds 1-6] [--steps 20] [--ddprun OTHER/build/bin/ddprun]
 
 Per seed: a ddp-store-server of its own on loopback and four nodes (`--nnodes 1:4`, one
 worker each, `--max-restarts 1000`, a 1.5 s keep-alive window). Then, one at a time, a step
@@ -47,8 +47,9 @@ def alive(pid):
 
 
 class Job:
-    def __init__(self, seed):
+    def __init__(self, seed, ddprun):
         self.rng = random.Random(seed)
+        self.ddprun = ddprun
         self.tmp = f"/tmp/ddprun-chaos/seed{seed}"
         shutil.rmtree(self.tmp, ignore_errors=True)
         os.makedirs(f"{self.tmp}/rec")
@@ -60,7 +61,7 @@ class Job:
     def start(self):
         i = len(self.nodes)
         name = f"n{i}"
-        argv = [DDPRUN, "--log-level", "info", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+        argv = [self.ddprun, "--log-level", "info", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                 f"127.0.0.1:{self.port}", "--rdzv-id", "chaos", "--nnodes", "1:4", "--nproc-per-node", "1",
                 "--max-restarts", "1000", "--local-addr", f"127.0.0.{10 + i}", "--rdzv-conf", CONF, WORKER,
                 f"{self.tmp}/rec", "--sleep", "1000"]
@@ -159,10 +160,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default="1-6")
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--ddprun", default=DDPRUN, help="another build's ddprun (the store server stays this build's)")
     args = ap.parse_args()
     took = {}
     for seed in seeds(args.seeds):
-        job = Job(seed)
+        job = Job(seed, args.ddprun)
         try:
             for _ in range(4):
                 job.start()
