@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """Faults at random against an elastic c10d job, and how long the job takes to be whole again.
 
-  /usr/bin/python3 bench/rendezvous/chaos.py [--seeds 1-6] [--steps 20] [--ddprun OTHER/build/bin/ddprun]
+  /usr/bin/python3 bench/rendezvous/chaos.py [--seeds 1-6] [--steps 20] [--ddprun OTHER/build/bin/ddprun] [--etcd]
 
-Per seed: a ddp-store-server of its own on loopback and four nodes (`--nnodes 1:4`, one
+Per seed: a ddp-store-server of its own on loopback (--etcd: one etcd member, started once,
+and the etcd backend) and four nodes (`--nnodes 1:4`, one
 worker each, `--max-restarts 1000`, a 1.5 s keep-alive window). Then, one at a time, a step
 picked at random (seeded):
   kill       SIGKILL a node's ddprun
@@ -47,22 +48,26 @@ def alive(pid):
 
 
 class Job:
-    def __init__(self, seed, ddprun):
+    def __init__(self, seed, ddprun, etcd):
         self.rng = random.Random(seed)
         self.ddprun = ddprun
         self.tmp = f"/tmp/ddprun-chaos/seed{seed}"
         shutil.rmtree(self.tmp, ignore_errors=True)
         os.makedirs(f"{self.tmp}/rec")
+        self.store = None
+        self.rdzv = ["--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoints(), "--rdzv-id", f"chaos{seed}"] \
+            if etcd else ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.serve()}", "--rdzv-id", "chaos"]
+        self.nodes = {}
+
+    def serve(self):
         self.store = subprocess.Popen([STORE, "--host", "127.0.0.1", "--port", "0"], stdout=subprocess.PIPE,
                                       stderr=open(f"{self.tmp}/store.err", "w"), start_new_session=True)
-        self.port = int(self.store.stdout.readline().decode().split("=")[1])
-        self.nodes = {}
+        return int(self.store.stdout.readline().decode().split("=")[1])
 
     def start(self):
         i = len(self.nodes)
         name = f"n{i}"
-        argv = [self.ddprun, "--log-level", "info", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                f"127.0.0.1:{self.port}", "--rdzv-id", "chaos", "--nnodes", "1:4", "--nproc-per-node", "1",
+        argv = [self.ddprun, "--log-level", "info", *self.rdzv, "--nnodes", "1:4", "--nproc-per-node", "1",
                 "--max-restarts", "1000", "--local-addr", f"127.0.0.{10 + i}", "--rdzv-conf", CONF, WORKER,
                 f"{self.tmp}/rec", "--sleep", "1000"]
         self.nodes[name] = subprocess.Popen(argv, stdout=open(f"{self.tmp}/{name}.out", "w"),
@@ -147,8 +152,9 @@ class Job:
                     os.kill(r["pid"], signal.SIGKILL)
                 except OSError:
                     pass
-        self.store.kill()
-        self.store.wait()
+        if self.store:
+            self.store.kill()
+            self.store.wait()
 
 
 def seeds(text):
@@ -161,10 +167,24 @@ def main():
     ap.add_argument("--seeds", default="1-6")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--ddprun", default=DDPRUN, help="another build's ddprun (the store server stays this build's)")
+    ap.add_argument("--etcd", action="store_true", help="the etcd backend, on one etcd member (etcd-server)")
     args = ap.parse_args()
+    etcd = None
+    if args.etcd:
+        sys.path[:0] = [os.path.join(ROOT, "tests", d) for d in ("testlib", "common")]
+        import etcd_cluster
+        etcd = etcd_cluster.EtcdCluster(1)
+    try:
+        return run(args, etcd)
+    finally:
+        if etcd:
+            etcd.stop()
+
+
+def run(args, etcd):
     took = {}
     for seed in seeds(args.seeds):
-        job = Job(seed, args.ddprun)
+        job = Job(seed, args.ddprun, etcd)
         try:
             for _ in range(4):
                 job.start()
