@@ -77,6 +77,32 @@ void write_requests_in(Backend& b) {
   b.append("events", "state");
 }
 
+// What next_round throws (a test failure when it joins a round instead).
+std::string join_error(DynamicRendezvous& n) {
+  try {
+    n.next_round();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "joined a round";
+  return "";
+}
+
+// next_round in another thread; once `ready` holds, `kill`. What it threw, within 2 s of the
+// kill (a test failure when it took longer, e.g. a join_timeout, or joined a round).
+template <class Ready, class Kill>
+std::string join_error_after(DynamicRendezvous& n, Ready ready, Kill kill) {
+  auto next = std::async(std::launch::async, [&] { return join_error(n); });
+  for (auto t0 = std::chrono::steady_clock::now(); !ready() && std::chrono::steady_clock::now() - t0 < kGuard;)
+    std::this_thread::sleep_for(2ms);
+  EXPECT_TRUE(ready());
+  const auto t0 = std::chrono::steady_clock::now();
+  kill();
+  if (next.wait_for(kGuard) != std::future_status::ready) ADD_FAILURE() << "next_round still runs";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  return next.get();
+}
+
 std::vector<RoundPlan> all_next_round(const std::vector<DynamicRendezvous*>& nodes) {
   std::vector<std::future<RoundPlan>> f;
   for (auto* n : nodes) f.push_back(std::async(std::launch::async, [n] { return n->next_round(); }));
@@ -334,35 +360,17 @@ TEST(DynamicRendezvous, ASecondLossWhileTheNextRoundFormsStopsTheJobAtOnce) {
   ASSERT_TRUE(e);
   ASSERT_EQ(a->restart_refused(*e), "");  // a and c remain
   ASSERT_TRUE(end_within(*x));
-  auto next = std::async(std::launch::async, [&] { return a->next_round(); });
-  auto next_c = std::async(std::launch::async, [&] {
-    try {
-      x->next_round();
-    } catch (const std::exception&) {
-    }
-  });
-  ASSERT_TRUE(eventually([&] { return listed_in_state(c, "a_1_0", 1) && listed_in_state(c, "c_1_0", 1); }));
-  const auto t0 = std::chrono::steady_clock::now();
-  c.world->kill("c");
-  ASSERT_EQ(next.wait_for(kGuard), std::future_status::ready);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);  // a's join_timeout: 10 s
-  try {
-    next.get();
-    FAIL() << "a formed a round alone";
-  } catch (const std::exception& err) {
-    std::string m = err.what();
-    EXPECT_NE(m.find("node c (c_1_0"), std::string::npos) << m;
-    EXPECT_NE(m.find("was lost while the next round of job 'job' formed; only 1 node remains, fewer than the 2 the "
-                     "job needs (--nnodes 2:3)"),
-              std::string::npos)
-        << m;
-  }
-  try {
-    c.node("d")->next_round();
-    FAIL() << "joined a closed rendezvous";
-  } catch (const std::exception& err) {
-    EXPECT_NE(std::string(err.what()).find("was lost while the next round"), std::string::npos) << err.what();
-  }
+  auto next_c = std::async(std::launch::async, [&] { join_error(*x); });
+  const std::string m = join_error_after(  // a's join_timeout: 10 s
+      *a, [&] { return listed_in_state(c, "a_1_0", 1) && listed_in_state(c, "c_1_0", 1); },
+      [&] { c.world->kill("c"); });
+  EXPECT_NE(m.find("node c (c_1_0"), std::string::npos) << m;
+  EXPECT_NE(m.find("was lost while the next round of job 'job' formed; only 1 node remains, fewer than the 2 the job "
+                   "needs (--nnodes 2:3)"),
+            std::string::npos)
+      << m;
+  const std::string closed = join_error(*c.node("d"));
+  EXPECT_NE(closed.find("was lost while the next round"), std::string::npos) << closed;
 }
 
 // A node whose lease ends while it joins (its ddprun frozen, or cut off, for the keep-alive
@@ -373,23 +381,13 @@ TEST(DynamicRendezvous, ANodeDeclaredLostWhileItJoinsStops) {
   c.job = {2, 3, 1};
   c.join_timeout = 10s;
   auto a = c.node("a");
-  auto next = std::async(std::launch::async, [&] { return a->next_round(); });
-  ASSERT_TRUE(eventually([&] { return listed_in_state(c, "a_1_0"); }));  // a waits for a second node
-  const auto t0 = std::chrono::steady_clock::now();
-  c.world->kill("a");
-  ASSERT_EQ(next.wait_for(kGuard), std::future_status::ready);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);  // join_timeout: 10 s
-  try {
-    next.get();
-    FAIL() << "a joined a round after its lease ended";
-  } catch (const std::exception& err) {
-    std::string m = err.what();
-    EXPECT_NE(m.find("rendezvous: this node was declared lost by"), std::string::npos) << m;
-    EXPECT_NE(m.find("while it joined the next round of job 'job' (connection closed): the other nodes go on "
-                     "without it"),
-              std::string::npos)
-        << m;
-  }
+  const std::string m = join_error_after(  // join_timeout: 10 s
+      *a, [&] { return listed_in_state(c, "a_1_0"); },  // a waits for a second node
+      [&] { c.world->kill("a"); });
+  EXPECT_NE(m.find("rendezvous: this node was declared lost by"), std::string::npos) << m;
+  EXPECT_NE(m.find("while it joined the next round of job 'job' (connection closed): the other nodes go on without it"),
+            std::string::npos)
+      << m;
 }
 
 // Static (--node-rank, --nnodes 2): a worker fails, and node rank 1 dies before it rejoins.
@@ -406,25 +404,17 @@ TEST(DynamicRendezvous, AStaticNodeLostWhileTheNextRoundFormsStopsTheJobAtOnce) 
   auto e = end_within(*a);
   ASSERT_TRUE(e);
   ASSERT_EQ(a->restart_refused(*e), "");
-  auto next = std::async(std::launch::async, [&] { return a->next_round(); });
-  ASSERT_TRUE(eventually([&] {  // a left round 0 and waits for the next
-    auto st = c.world->state();
-    return st && State::contains(decode_state(*st, "test").wait_list, "a_1_0");
-  }));
-  const auto t0 = std::chrono::steady_clock::now();
-  c.world->kill("b");
-  ASSERT_EQ(next.wait_for(kGuard), std::future_status::ready);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);  // join_timeout: 10 s
-  try {
-    next.get();
-    FAIL() << "a formed a round alone";
-  } catch (const std::exception& err) {
-    std::string m = err.what();
-    EXPECT_NE(m.find("node b (node rank 1, b_1_0) was lost while the next round of job 'job' formed; only 1 node "
-                     "remains, fewer than the 2 the job needs (--nnodes 2)"),
-              std::string::npos)
-        << m;
-  }
+  const std::string m = join_error_after(  // join_timeout: 10 s
+      *a,
+      [&] {  // a left round 0 and waits for the next
+        auto st = c.world->state();
+        return st && State::contains(decode_state(*st, "test").wait_list, "a_1_0");
+      },
+      [&] { c.world->kill("b"); });
+  EXPECT_NE(m.find("node b (node rank 1, b_1_0) was lost while the next round of job 'job' formed; only 1 node "
+                   "remains, fewer than the 2 the job needs (--nnodes 2)"),
+            std::string::npos)
+      << m;
 }
 
 // c is lost before it rejoins, but a node came meanwhile: with it MIN nodes remain, and the
@@ -483,13 +473,8 @@ TEST(DynamicRendezvous, EveryNodeArrivingEndsTheRoundDoneAndTheJobCloses) {
   EXPECT_EQ(b->wait_end().kind, K::kDone);
   a->finish(FinishKind::kSucceeded, "");
   b->finish(FinishKind::kSucceeded, "");
-  auto late = c.node("late");
-  try {
-    late->next_round();
-    FAIL() << "joined a closed rendezvous";
-  } catch (const ddp::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("is closed"), std::string::npos) << e.what();
-  }
+  const std::string closed = join_error(*c.node("late"));
+  EXPECT_NE(closed.find("is closed"), std::string::npos) << closed;
 }
 
 TEST(DynamicRendezvous, ANodeArrivingWhenTheJobIsFullTimesOutAloneAndLeavesItRunning) {
