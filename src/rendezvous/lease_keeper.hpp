@@ -55,7 +55,7 @@ class LeaseKeeper {
   RoundSignal& signal_;
   int64_t exit_registered_ = -1;  // the round whose exit log holds this node's lease line
   std::atomic<std::chrono::steady_clock::rep> renewed_at_;  // when the last renewal that got through was sent
-  std::atomic<bool> ended_{false};      // the thread found the lease ended
+  std::atomic<bool> ended_{false};      // the lease was found ended (by the thread or check_alive)
   std::atomic<bool> failing_{false};    // the thread's last renewal got no answer
   std::thread thread_;
 };
