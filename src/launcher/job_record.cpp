@@ -58,7 +58,7 @@ void JobRecord::report(const Ending& e, const std::string& run_id) {
 void JobRecord::leave(const Ending& e) {
   using F = FinishKind;
   if (abandoned_anything()) return;  // a join still runs inside the rendezvous: leave it be
-  if (e.signals.got()) return rdzv_.finish(F::kNodeStopped, "", e.signals.leave_by());
+  if (e.signals.got()) return rdzv_.finish(F::kNodeStopped, e.signals.end_note(), e.signals.leave_by());
   if (!e.root && !e.remote && !e.stacks.hang()) return rdzv_.finish(F::kSucceeded, "", std::nullopt);
   rdzv_.finish(e.remote && e.remote->node_only() ? F::kNodeStopped : F::kJobFailed, e.stop_reason, std::nullopt);
 }

@@ -44,6 +44,9 @@ class NodeSignals {
   void end_round();
 
   int got() const { return got_; }  // the signal that stops this node (0: none)
+  // Why this node stops, as the other nodes read it ("ddprun on HOST received SIGTERM"; ""
+  // when its workers were stopping already).
+  const std::string& end_note() const { return end_note_; }
   // When the SIGKILL escalation of the stop would end, at least a second after now.
   Clock::time_point leave_by() const;
 

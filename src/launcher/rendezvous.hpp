@@ -85,9 +85,10 @@ class Rendezvous {
     std::chrono::steady_clock::time_point read_at;  // when the rendezvous said so
   };
   virtual std::optional<JobProgress> job_progress() { return std::nullopt; }
-  // The job is over for this node. Never throws. With a deadline, returns by then: a note
-  // to the others that has not gone out is given up (they notice this node's absence
-  // within their keep-alive window).
+  // The job is over for this node. Never throws. reason: why the job failed (kJobFailed),
+  // or why this node stops (kNodeStopped: the store's host closes the job with it). With a
+  // deadline, returns by then: a note to the others that has not gone out is given up
+  // (they notice this node's absence within their keep-alive window).
   virtual void finish(FinishKind kind, const std::string& reason, std::optional<Deadline> deadline) = 0;
 };
 

@@ -518,7 +518,7 @@ JobPlan NodeRendezvous::next_round() {
   } catch (...) {
     // The store lives in this process: the nodes still joining keep it until they have
     // learnt how their own join ends (or close_timeout), instead of losing it with this one.
-    if (server_) d_->finish(rdzv::FinishKind::kNodeStopped, "");
+    if (server_) d_->finish(rdzv::FinishKind::kJoinFailed, "");
     throw;
   }
   JobPlan p;

@@ -79,7 +79,10 @@ struct RoundPlan {
 enum class FinishKind {
   kSucceeded,    // every node's workers succeeded: close the rendezvous
   kJobFailed,    // no restart may follow: close the rendezvous with the reason
-  kNodeStopped,  // only this node stops (a signal, lost contact): the job goes on without it
+  kNodeStopped,  // only this node stops (a signal, lost contact): the job goes on without it,
+                 // unless this node hosts the store: then it closes the rendezvous with the reason
+  kJoinFailed,   // this node's join failed (join timeout, too few nodes): nothing is closed, the
+                 // others learn how their own joins end
 };
 
 class DynamicRendezvous {

@@ -176,12 +176,17 @@ void DynamicRendezvous::finish(FinishKind kind, const std::string& reason) {
   try {
     if (kind == FinishKind::kSucceeded && wrote_done_) close_rendezvous("");
     if (kind == FinishKind::kJobFailed) close_rendezvous(reason.empty() ? "the job failed" : reason);
+    // The store goes with this process: the others cannot go on, and would otherwise wait
+    // in their next join (this node keeps its lease while it waits for them to leave).
+    if (kind == FinishKind::kNodeStopped && c_.hosts_store)
+      close_rendezvous(fmt::format("node {}, which hosts the store, stopped{}: the job cannot go on without its store",
+                                   c_.me.describe(), reason.empty() ? "" : " (" + reason + ")"));
     spdlog::debug("rendezvous: closed");
     // "left" before the lease goes: the last lease to go may take the run's keys with it
     // (etcd), and nothing may be written after that.
     main_->append("left", c_.me.id);
     spdlog::debug("rendezvous: left");
-    if (kind != FinishKind::kNodeStopped) keeper_->release();  // in good order: no "lost" line to read
+    if (kind == FinishKind::kSucceeded || kind == FinishKind::kJobFailed) keeper_->release();  // in good order: no "lost" line to read
     if (c_.hosts_store) {
       State s = decode(main_->load(), backend_name_);
       std::vector<NodeDesc> nodes = *members_;

@@ -115,6 +115,9 @@ void Joiner::failed(JoinAction a, const State& s) {
     throw NotNeeded(fmt::format("rendezvous: the job '{}' succeeded while this node waited for a place in it: "
                                 "nothing for this node to do",
                                 c_.run_id));
+  if (a == JoinAction::kErrorClosed && !remaining_.empty())  // a member re-forming: the job ended meanwhile
+    throw ddp::Error(fmt::format("rendezvous: the job '{}' ended while this node joined its next round: {}", c_.run_id,
+                                 s.closed_reason.empty() ? "it succeeded" : s.closed_reason));
   if (a == JoinAction::kErrorClosed)
     throw ddp::Error(fmt::format(
         "rendezvous '{}' at {} is closed ({}): nobody joins a finished job; give a new job its own --rdzv-id",

@@ -27,6 +27,7 @@ struct Cluster {
   milliseconds join_timeout = kGuard, last_call = 100ms;
 
   std::optional<DynamicConfig::Endpoint> worker_store;  // static: the workers' store is fixed
+  std::string store_host;                               // the node that hosts the store (in tests: nobody)
 
   // rank >= 0: a fixed node rank (static, --node-rank).
   std::unique_ptr<DynamicRendezvous> node(const std::string& name, int nproc = 2, int rank = -1) {
@@ -40,6 +41,7 @@ struct Cluster {
     c.me.host = name;
     c.me.master_addr = "127.0.0.1";
     c.me.nproc = nproc;
+    c.hosts_store = name == store_host;
     c.join_timeout = join_timeout;
     c.last_call_timeout = last_call;
     c.close_timeout = 2s;
@@ -475,6 +477,35 @@ TEST(DynamicRendezvous, EveryNodeArrivingEndsTheRoundDoneAndTheJobCloses) {
   b->finish(FinishKind::kSucceeded, "");
   const std::string closed = join_error(*c.node("late"));
   EXPECT_NE(closed.find("is closed"), std::string::npos) << closed;
+}
+
+// Two nodes would be enough for the next round, but the store goes with its host: the host
+// closes the job as it stops, and waits only until the others have read it and left.
+TEST(DynamicRendezvous, TheStoreHostStoppingEndsTheJobForTheOthers) {
+  Cluster c;
+  c.job = {1, 3, 3};
+  c.store_host = "a";
+  c.join_timeout = 3s;  // what the others waited for before
+  auto a = c.node("a"), b = c.node("b"), d = c.node("d");
+  all_next_round({a.get(), b.get(), d.get()});
+  a->end_round(K::kLeft, "ddprun on a received SIGTERM");
+  auto bye = std::async(std::launch::async, [&] { a->finish(FinishKind::kNodeStopped, "ddprun on a received SIGTERM"); });
+  for (auto* n : {b.get(), d.get()}) {
+    auto end = end_within(*n);
+    ASSERT_TRUE(end);
+    EXPECT_EQ(end->kind, K::kLeft);
+    const std::string why = n->restart_refused(*end) + " / " + join_error(*n);
+    EXPECT_NE(why.find("node a (a_1_0), which hosts the store, stopped (ddprun on a received SIGTERM): the job "
+                       "cannot go on without its store"),
+              std::string::npos)
+        << why;
+    EXPECT_EQ(why.find("nobody joins"), std::string::npos) << why;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  b->finish(FinishKind::kNodeStopped, "");
+  d->finish(FinishKind::kNodeStopped, "");
+  EXPECT_EQ(bye.wait_for(1s), std::future_status::ready);  // not close_timeout (2 s)
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
 }
 
 TEST(DynamicRendezvous, ANodeArrivingWhenTheJobIsFullTimesOutAloneAndLeavesItRunning) {

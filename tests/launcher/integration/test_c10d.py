@@ -305,6 +305,35 @@ class ScenarioTest(C10dTestCase):
         b_workers = [r["pid"] for r in r0 if r["env"]["GROUP_RANK"] == "1"]
         self.wait_for(lambda: not any(pid_alive(p) for p in b_workers), hang(5), "B's workers to stop")
 
+    def test_s4_sigterm_to_store_host_ends_the_job_at_once(self):
+        # Two nodes remain, enough for --nnodes 1:3, but the store goes with its host: the
+        # host closes the job (why: its signal), the others stop at once naming it, and the
+        # host exits 143 as soon as they have left. Before, the others joined the next round
+        # on a store about to go, and the host waited for them to leave until its SIGKILL
+        # deadline (30 s), when they failed with "store closed the connection".
+        args = ["--sleep", "30"]
+        kw = dict(extra=["--max-restarts", "3"])
+        a = self.start_node("A", "127.0.0.2", args, conf=CONF + ",is_host=1", **kw)
+        b = self.start_node("B", "127.0.0.3", args, conf=CONF + ",is_host=0", **kw)
+        c = self.start_node("C", "127.0.0.4", args, conf=CONF + ",is_host=0", **kw)
+        r0 = self.wait_workers(6, world=6)
+        t_term = time.time()
+        a.proc.send_signal(signal.SIGTERM)
+        self.wait_nodes([a, b, c], 40)
+        self.assertEqual(a.rc, 128 + signal.SIGTERM, self.describe())
+        for n in (a, b, c):
+            self.assertLess(n.exited_at - t_term, 3, f"{n.name}{self.describe()}")
+        for n in (b, c):
+            self.assertEqual(n.rc, 1, self.describe())
+            self.assertRegex(n.stderr(), r"node \S+ \(127\.0\.0\.2, [^)]*\), which hosts the store, stopped \(ddprun "
+                             r"on \S+ received SIGTERM\): the job cannot go on without its store", self.describe())
+            self.assertNotIn("closed the connection", n.stderr(), self.describe())
+            self.assertNotIn("nobody joins a finished job", n.stderr(), self.describe())
+        self.assertNotIn("could not be told", a.stderr(), self.describe())
+        self.assertEqual(len(self.rounds()), 1, self.describe())
+        for r in r0:
+            self.assertFalse(pid_alive(r["pid"]))
+
     def test_s4_separate_store_server_survivors_reform(self):
         # The endpoint is a ddp-store-server of its own: losing A (rank 0, which hosts the
         # round's worker store) re-forms B and C with B as rank 0; then the job is closed
