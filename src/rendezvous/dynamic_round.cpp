@@ -186,7 +186,8 @@ void DynamicRendezvous::finish(FinishKind kind, const std::string& reason) {
     // (etcd), and nothing may be written after that.
     main_->append("left", c_.me.id);
     spdlog::debug("rendezvous: left");
-    if (kind == FinishKind::kSucceeded || kind == FinishKind::kJobFailed) keeper_->release();  // in good order: no "lost" line to read
+    // In good order: no "lost" line to read. A node that stops alone keeps it to the end.
+    if (kind == FinishKind::kSucceeded || kind == FinishKind::kJobFailed) keeper_->release();
     if (c_.hosts_store) {
       State s = decode(main_->load(), backend_name_);
       std::vector<NodeDesc> nodes = *members_;

@@ -489,7 +489,8 @@ TEST(DynamicRendezvous, TheStoreHostStoppingEndsTheJobForTheOthers) {
   auto a = c.node("a"), b = c.node("b"), d = c.node("d");
   all_next_round({a.get(), b.get(), d.get()});
   a->end_round(K::kLeft, "ddprun on a received SIGTERM");
-  auto bye = std::async(std::launch::async, [&] { a->finish(FinishKind::kNodeStopped, "ddprun on a received SIGTERM"); });
+  auto bye = std::async(std::launch::async,
+                        [&] { a->finish(FinishKind::kNodeStopped, "ddprun on a received SIGTERM"); });
   for (auto* n : {b.get(), d.get()}) {
     auto end = end_within(*n);
     ASSERT_TRUE(end);
