@@ -118,7 +118,10 @@ std::vector<NodeDesc> DynamicRendezvous::remaining_members() const {
 
 void DynamicRendezvous::cancel() {
   cancel_ = true;
-  main_->interrupt();  // a wait in progress returns now; this node is stopping
+  // A wait in progress returns now; this node is stopping. Not the store's host's: its join
+  // ends within a second all the same, and its connection stays up to close the job and to
+  // wait for the others to leave (finish), so that they read why instead of a lost store.
+  if (!c_.hosts_store) main_->interrupt();
 }
 
 // One node closes (a thousand loading the state to find it closed would be the job's
@@ -169,7 +172,9 @@ void DynamicRendezvous::wait_for_everyone_to_leave(const std::vector<NodeDesc>& 
 
 void DynamicRendezvous::finish(FinishKind kind, const std::string& reason) {
   worker_store_.reset();
-  if (cancel_) return;  // stopping in a hurry: the lease's end tells the others
+  // Stopping in a hurry: the lease's end tells the others. The store's host says goodbye
+  // all the same (cancel), once: not for the cancelled join's own failure (kJoinFailed).
+  if (cancel_ && (!c_.hosts_store || kind == FinishKind::kJoinFailed)) return;
   // Cut off from the backend (partitioned, or it is gone): every call would wait out
   // read_timeout. The lease's end tells the others.
   if (signal_.cut_off()) return;

@@ -32,6 +32,7 @@ Joiner::Joiner(const DynamicConfig& c, Backend& main, NodeEvents& events, const 
 State Joiner::join(const NodeDesc& me, Clock::time_point deadline, std::vector<NodeDesc> remaining) {
   me_ = me;
   remaining_ = std::move(remaining);
+  seen_open_ = false;
   lost_at_start_ = events_.lost();
   lost_checked_ = lost_at_start_.size();
   Seen seen;
@@ -115,8 +116,9 @@ void Joiner::failed(JoinAction a, const State& s) {
     throw NotNeeded(fmt::format("rendezvous: the job '{}' succeeded while this node waited for a place in it: "
                                 "nothing for this node to do",
                                 c_.run_id));
-  if (a == JoinAction::kErrorClosed && !remaining_.empty())  // a member re-forming: the job ended meanwhile
-    throw ddp::Error(fmt::format("rendezvous: the job '{}' ended while this node joined its next round: {}", c_.run_id,
+  if (a == JoinAction::kErrorClosed && (seen_open_ || !remaining_.empty()))  // it ended meanwhile
+    throw ddp::Error(fmt::format("rendezvous: the job '{}' ended while this node joined {}: {}", c_.run_id,
+                                 remaining_.empty() ? "it" : "its next round",
                                  s.closed_reason.empty() ? "it succeeded" : s.closed_reason));
   if (a == JoinAction::kErrorClosed)
     throw ddp::Error(fmt::format(
@@ -206,6 +208,7 @@ bool Joiner::step(Seen& seen, Clock::time_point deadline, int& conflicts) {
   if (cancel_) throw ddp::Error("rendezvous: joining the next round was cancelled (this node is stopping)");
   check_not_lost();
   const State& s = read_state(seen);
+  seen_open_ |= !s.closed;
   // This step decides on `s` itself until something changes it, then on a copy: a waiting
   // node steps at each wake-up, and a state of a thousand members is 150 kB of them.
   std::optional<State> copy;

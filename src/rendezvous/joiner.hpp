@@ -85,6 +85,7 @@ class Joiner {
   int64_t lc_round_ = -1;  // the round whose last call this node times
   Clock::time_point lc_deadline_{};
   int said_waiting_ = 0;  // 1: said this node waits on the wait list, 2: on the redundancy list
+  bool seen_open_ = false;  // this join read the state before the job was closed
   int64_t announced_round_ = -1;  // the running round this node asked to restart with it
   bool cheap_probe_ = true;  // the backend tells whether the state changed without a load
   std::function<void()> lease_check_;

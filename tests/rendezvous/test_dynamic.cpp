@@ -509,6 +509,32 @@ TEST(DynamicRendezvous, TheStoreHostStoppingEndsTheJobForTheOthers) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
 }
 
+// The same while the first round forms: the host's join is cancelled (it stops on a
+// signal), and its connection stays up to close the job and see the others leave.
+TEST(DynamicRendezvous, TheStoreHostStoppingWhileNodesJoinTellsThemWhy) {
+  Cluster c;
+  c.job = {3, 3, 0};
+  c.store_host = "a";
+  c.join_timeout = 5s;
+  auto a = c.node("a"), b = c.node("b");
+  auto a_join = std::async(std::launch::async, [&] { return join_error(*a); });
+  auto b_join = std::async(std::launch::async, [&] { return join_error(*b); });
+  std::this_thread::sleep_for(100ms);  // both wait for a third node
+  a->cancel();
+  ASSERT_EQ(a_join.wait_for(2s), std::future_status::ready);
+  EXPECT_NE(a_join.get().find("cancelled"), std::string::npos);
+  auto bye = std::async(std::launch::async,
+                        [&] { a->finish(FinishKind::kNodeStopped, "ddprun on a received SIGTERM"); });
+  ASSERT_EQ(b_join.wait_for(2s), std::future_status::ready);
+  const std::string why = b_join.get();
+  EXPECT_NE(why.find("the job 'job' ended while this node joined it: node a (a_1_0), which hosts the store, stopped "
+                     "(ddprun on a received SIGTERM)"),
+            std::string::npos)
+      << why;
+  b->finish(FinishKind::kNodeStopped, "");
+  EXPECT_EQ(bye.wait_for(1s), std::future_status::ready);
+}
+
 TEST(DynamicRendezvous, ANodeArrivingWhenTheJobIsFullTimesOutAloneAndLeavesItRunning) {
   Cluster c;
   c.job = {1, 2, 0};

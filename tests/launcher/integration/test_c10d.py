@@ -334,6 +334,25 @@ class ScenarioTest(C10dTestCase):
         for r in r0:
             self.assertFalse(pid_alive(r["pid"]))
 
+    def test_s4_sigterm_to_store_host_while_others_wait_tells_them_why(self):
+        # The first round waits for a third node; the host's join is cancelled by its
+        # SIGTERM, and it still closes the job and waits for B to read why. Before, B read
+        # only that the store had closed the connection.
+        a = self.start_node("A", "127.0.0.2", nnodes="3", conf=CONF + ",is_host=1")
+        b = self.start_node("B", "127.0.0.3", nnodes="3", conf=CONF + ",is_host=0")
+        self.wait_for(lambda: "waiting" in b.stderr() or "joining" in b.stderr(), hang(10), "B to join")
+        time.sleep(0.5)
+        t_term = time.time()
+        a.proc.send_signal(signal.SIGTERM)
+        self.wait_nodes([a, b], 20)
+        self.assertEqual((a.rc, b.rc), (128 + signal.SIGTERM, 1), self.describe())
+        for n in (a, b):
+            self.assertLess(n.exited_at - t_term, 3, f"{n.name}{self.describe()}")
+        self.assertRegex(b.stderr(), r"the job 'job' ended while this node joined it: node \S+ \(127\.0\.0\.2, "
+                         r"[^)]*\), which hosts the store, stopped \(ddprun on \S+ received SIGTERM\)", self.describe())
+        self.assertNotIn("closed the connection", b.stderr(), self.describe())
+        self.assertEqual(self.records(), [], "no worker may start without a round")
+
     def test_s4_separate_store_server_survivors_reform(self):
         # The endpoint is a ddp-store-server of its own: losing A (rank 0, which hosts the
         # round's worker store) re-forms B and C with B as rank 0; then the job is closed
