@@ -205,9 +205,9 @@ void NodeRendezvous::finish(FinishKind kind, const std::string& reason, std::opt
   auto goodbye = [d = d_.get(), ahead = std::make_shared<decltype(ahead_)>(std::move(ahead_)), refused = ahead_refused_,
                   note = note_, kind, reason] {
     if (ahead->valid()) {
-      // A join in progress is cancelled (and the goodbye below is skipped, but for the
-      // store's host: the lease's end tells the others); a prejoin that was refused is not
-      // joining: the goodbye runs, so the store's host still waits for the others to leave.
+      // A join in progress is cancelled, and the goodbye below is skipped (the lease's end
+      // tells the others), except by the store's host: it still closes the job and waits
+      // for the others to leave. A prejoin that was refused is not joining: the goodbye runs.
       if (!refused) d->cancel();
       try {
         ahead->get();
