@@ -107,7 +107,7 @@ class DynamicRendezvous {
   void arrive_exit();
   RoundEnd wait_end();  // blocks until the running round ends (however it does)
   std::string restart_refused(const RoundEnd& end);
-  void finish(FinishKind kind, const std::string& reason);
+  void finish(FinishKind kind, std::string reason);
   // Makes a next_round() in progress in another thread stop (it throws) within a second.
   void cancel();
   // Asks every other node of the running round to show its ranks' stacks (`what` names the

@@ -170,7 +170,7 @@ void DynamicRendezvous::wait_for_everyone_to_leave(const std::vector<NodeDesc>& 
   }
 }
 
-void DynamicRendezvous::finish(FinishKind kind, const std::string& reason) {
+void DynamicRendezvous::finish(FinishKind kind, std::string reason) {
   worker_store_.reset();
   // Stopping in a hurry: the lease's end tells the others. The store's host says goodbye
   // all the same (cancel), once: not for the cancelled join's own failure (kJoinFailed).
@@ -178,21 +178,23 @@ void DynamicRendezvous::finish(FinishKind kind, const std::string& reason) {
   // Cut off from the backend (partitioned, or it is gone): every call would wait out
   // read_timeout. The lease's end tells the others.
   if (signal_.cut_off()) return;
+  // The store goes with this process: the others cannot go on without it (they would wait
+  // in their next join while this node waits for them to leave), so the job fails here.
+  if (kind == FinishKind::kNodeStopped && c_.hosts_store) {
+    kind = FinishKind::kJobFailed;
+    reason = fmt::format("node {}, which hosts the store, stopped{}: the job cannot go on without its store",
+                         c_.me.describe(), reason.empty() ? "" : " (" + reason + ")");
+  }
   try {
     if (kind == FinishKind::kSucceeded && wrote_done_) close_rendezvous("");
     if (kind == FinishKind::kJobFailed) close_rendezvous(reason.empty() ? "the job failed" : reason);
-    // The store goes with this process: the others cannot go on, and would otherwise wait
-    // in their next join (this node keeps its lease while it waits for them to leave).
-    if (kind == FinishKind::kNodeStopped && c_.hosts_store)
-      close_rendezvous(fmt::format("node {}, which hosts the store, stopped{}: the job cannot go on without its store",
-                                   c_.me.describe(), reason.empty() ? "" : " (" + reason + ")"));
     spdlog::debug("rendezvous: closed");
     // "left" before the lease goes: the last lease to go may take the run's keys with it
     // (etcd), and nothing may be written after that.
     main_->append("left", c_.me.id);
     spdlog::debug("rendezvous: left");
-    // In good order: no "lost" line to read. A node that stops alone keeps it to the end.
-    if (kind == FinishKind::kSucceeded || kind == FinishKind::kJobFailed) keeper_->release();
+    if (kind != FinishKind::kNodeStopped && kind != FinishKind::kJoinFailed)
+      keeper_->release();  // in good order: no "lost" line to read
     if (c_.hosts_store) {
       State s = decode(main_->load(), backend_name_);
       std::vector<NodeDesc> nodes = *members_;
