@@ -365,9 +365,17 @@ void Joiner::check_enough_left(const State& s, const std::vector<std::string>& p
                                 gone.size() == 1 ? "was" : "were", c_.run_id, too_few_text(live.size(), c_.job)));
 }
 
-// Waiting: for the state to change, the last call to run out, or the deadline.
+// Waiting: for the state to change, the last call to run out, or the deadline. What
+// changes the state or the nodes appends an event that ends the wait (a write's "state", a
+// lease's "lost"); the slice is for what appends none: a writer gone between its write and
+// its line, or this node's own lease ending while it cannot reach the store. One keep-alive
+// interval, as often as the lease is renewed (at least a second): a thousand nodes that each
+// woke every second to ask whether the state changed were a third of the store's requests
+// while a round of them formed. The store's host waits a second at most: cancel() leaves
+// its connection up, so only the end of a slice ends its cancelled join.
 void Joiner::wait(Seen& seen, const State& t, Clock::time_point now, Clock::time_point deadline) {
-  auto limit = std::min(deadline, now + 1s);
+  const Clock::duration slice = c_.hosts_store ? 1s : std::max<Clock::duration>(1s, c_.keep_alive_interval);
+  auto limit = std::min(deadline, now + slice);
   if (lc_round_ == t.round && t.last_call && !t.complete) limit = std::min(limit, lc_deadline_);
   const size_t events_before = events_.count();
   events_.wait(limit);

@@ -51,7 +51,7 @@ class MemoryBackend : public Backend {
     std::unique_lock lk(w_->mu_);
     w_->check(name_);
     w_->cv_.wait_for(lk, timeout, [&] { return w_->down_ || interrupted_ || end(log) > from; });
-    w_->check(name_);
+    w_->check_up(name_);
     if (interrupted_) throw ddp::NetworkError(fmt::format("{}: interrupted", describe()));
     return tail(log, from);
   }
@@ -187,7 +187,17 @@ std::unique_ptr<Backend> MemoryWorld::backend(const std::string& name) {
 }
 
 void MemoryWorld::check(const std::string& who) {
+  ++calls_[who];
+  check_up(who);
+}
+
+void MemoryWorld::check_up(const std::string& who) {
   if (down_) throw ddp::NetworkError(fmt::format("the memory backend ({}) is down", who));
+}
+
+size_t MemoryWorld::calls(const std::string& name) {
+  std::lock_guard lk(mu_);
+  return calls_[name];
 }
 
 void MemoryWorld::end_lease(Lease& l, const std::string& why) {

@@ -39,6 +39,8 @@ class MemoryWorld : public std::enable_shared_from_this<MemoryWorld> {
   std::vector<std::string> log(const std::string& name);
   size_t trimmed(const std::string& name);
   std::optional<std::string> state();
+  // How many calls backends named `name` made (every thread's), a wait counting once.
+  size_t calls(const std::string& name);
 
  private:
   friend class MemoryBackend;
@@ -50,7 +52,8 @@ class MemoryWorld : public std::enable_shared_from_this<MemoryWorld> {
     bool ended = false;
   };
   void end_lease(Lease& l, const std::string& why);  // mu_ held
-  void check(const std::string& who);                // mu_ held: throws when down
+  void check(const std::string& who);                // mu_ held: counts a call; throws when down
+  void check_up(const std::string& who);             // mu_ held: throws when down
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -65,6 +68,7 @@ class MemoryWorld : public std::enable_shared_from_this<MemoryWorld> {
   std::chrono::steady_clock::time_point now_{};
   bool down_ = false;
   std::set<std::string> cut_;
+  std::map<std::string, size_t> calls_;
 };
 
 }  // namespace ddprun::rdzv

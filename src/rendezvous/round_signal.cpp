@@ -114,7 +114,7 @@ void RoundSignal::add_dumps(const std::vector<std::string>& asked) {
 
 std::optional<RoundSignal::Watch> RoundSignal::await(int64_t r) {
   std::unique_lock lk(mu_);
-  if (!stop_ && quiet(r)) cv_.wait_for(lk, std::chrono::seconds(1), [&] { return stop_ || !quiet(r); });
+  cv_.wait(lk, [&] { return stop_ || !quiet(r); });
   if (stop_) return std::nullopt;
   return Watch{round_, members_};
 }

@@ -44,8 +44,8 @@ class RoundSignal {
   // only the first; round -1 is this node cut off (it ends every round).
   void notify_end(int64_t round, const RoundEnd& end);
   void add_dumps(const std::vector<std::string>& asked);
-  // Waits while round `r` needs no reading (no round watched, or its end is known), at most
-  // 1 s; then what is watched now. nullopt: stopping.
+  // Waits while round `r` needs no reading (no round watched, or its end is known); then
+  // what is watched now. nullopt: stopping.
   struct Watch {
     int64_t round = -1;
     Members members;

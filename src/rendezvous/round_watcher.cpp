@@ -31,9 +31,10 @@ void RoundWatcher::note_dumps(int64_t r, const std::vector<std::string>& lines) 
 
 // Reads the events as they come; the first that ends the watched round wakes the caller.
 // No round to watch (this node is joining one), or the watched one's end is known: then no
-// wait on the events, which would wake a thousand idle watchers at every line. A new round
-// to watch wakes this thread (RoundSignal::await); a read once a second still finds a
-// store that is gone.
+// read at all until a round is watched (RoundSignal::await). A wait on the events would wake
+// a thousand idle watchers at every line, and a read once a second was a thousand requests
+// a second while a big round formed. What came meanwhile is read when the next round is
+// watched (its lost lines too); a store that is gone is the joiner's to find.
 void RoundWatcher::loop() {
   RoundReader reader;
   EventsTail seen;
@@ -57,24 +58,23 @@ void RoundWatcher::loop() {
     }
     try {
       if (started) {
-        // Events of round r that came before it was watched may already end it (a round of
-        // `true` workers can be over by now), or ask for a dump (read while no round was).
+        // Events read while the round before was watched: lost lines (a member lost before
+        // round r began still ends it), and lines of round r itself.
         reader.feed(seen.lines());
         note_dumps(r, seen.lines());
         judge();
       }
+      if (signal_.idle(r)) continue;
       size_t skip = 0;
-      auto more = next_events(*events_, seen, !signal_.idle(r), 1s, skip);
+      auto more = next_events(*events_, seen, /*wait=*/true, 1s, skip);
       if (skip) {
         seen.skip_to(skip);  // behind a trim: on from the first line held
         continue;
       }
       seen.add(more);
-      reader.feed(more);  // before a round is watched: remembers lost lines
-      if (r >= 0) {
-        note_dumps(r, more);
-        judge();
-      }
+      reader.feed(more);
+      note_dumps(r, more);
+      judge();
     } catch (const std::exception& e) {
       if (signal_.stopped()) return;
       signal_.notify_end(-1, RoundEnd{RoundEnd::Kind::kStoreLost, "",

@@ -24,7 +24,7 @@ constexpr auto kGuard = 20s;
 struct Cluster {
   std::shared_ptr<MemoryWorld> world = std::make_shared<MemoryWorld>();
   JobSettings job{1, 3, 1};
-  milliseconds join_timeout = kGuard, last_call = 100ms;
+  milliseconds join_timeout = kGuard, last_call = 100ms, keep_alive = 20ms;
 
   std::optional<DynamicConfig::Endpoint> worker_store;  // static: the workers' store is fixed
   std::string store_host;                               // the node that hosts the store (in tests: nobody)
@@ -45,7 +45,7 @@ struct Cluster {
     c.join_timeout = join_timeout;
     c.last_call_timeout = last_call;
     c.close_timeout = 2s;
-    c.keep_alive_interval = 20ms;
+    c.keep_alive_interval = keep_alive;
     c.keep_alive_max_attempt = 3;
     return std::make_unique<DynamicRendezvous>(c, world->backend(name), world->backend(name), world->backend(name));
   }
@@ -343,6 +343,29 @@ bool listed_in_state(Cluster& c, const std::string& id, int64_t round = -1) {
   State s = decode_state(*st, "test");
   return (round < 0 || s.round == round) &&
          (s.has_participant(id) || State::contains(s.wait_list, id) || State::contains(s.redundancy_list, id));
+}
+
+// A node that waits for others asks the backend nothing while nothing changes: its watcher
+// reads nothing while it has no round, and its wait runs out once a keep-alive interval,
+// not every second (a thousand waiting nodes each made a request or more a second). What
+// changes wakes it all the same: the next node completes the round at once.
+TEST(DynamicRendezvous, AWaitingNodeAsksNothingWhileNothingChanges) {
+  Cluster c;
+  c.job = {2, 2, 0};
+  c.keep_alive = 4s;  // the lease ends on the world's clock only: never here
+  auto a = c.node("a");
+  auto a_plan = std::async(std::launch::async, [&] { return a->next_round(); });
+  ASSERT_TRUE(eventually([&] { return listed_in_state(c, "a_1_0"); }));
+  std::this_thread::sleep_for(300ms);
+  const size_t before = c.world->calls("a");
+  std::this_thread::sleep_for(2500ms);
+  EXPECT_LE(c.world->calls("a") - before, 1u);  // a keep-alive, at most
+  auto b = c.node("b");
+  const auto t0 = std::chrono::steady_clock::now();
+  b->next_round();
+  ASSERT_EQ(a_plan.wait_for(500ms), std::future_status::ready);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 500ms);
+  EXPECT_EQ(a_plan.get().group_world_size, 2);
 }
 
 // b is lost; a and c (2 of --nnodes 2:3) form the next round; c is lost too within its
