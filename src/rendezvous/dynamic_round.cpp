@@ -149,9 +149,13 @@ void DynamicRendezvous::close_rendezvous(const std::string& reason) {
 }
 
 // The node hosting the store keeps it up until every node it knows of has left (or is
-// gone), so that nobody loses the store while reading how the job ended.
+// gone), so that nobody loses the store while reading how the job ended. It gives up on
+// the rest close_timeout after the last node left, not after its own end: a thousand nodes
+// whose joins timed out together take longer than that to write themselves out of the
+// state one by one, and each must still read why its join failed.
 void DynamicRendezvous::wait_for_everyone_to_leave(const std::vector<NodeDesc>& nodes) {
-  const auto deadline = Clock::now() + c_.close_timeout;
+  auto deadline = Clock::now() + c_.close_timeout;
+  size_t was_missing = nodes.size();
   std::vector<std::string> left;
   for (;;) {
     events_.read();
@@ -160,9 +164,12 @@ void DynamicRendezvous::wait_for_everyone_to_leave(const std::vector<NodeDesc>& 
     for (auto& n : nodes)
       if (!ids.count(n.id) && !events_.lost().count(n.id)) ++missing;
     if (missing == 0) return;
+    if (missing < was_missing) deadline = Clock::now() + c_.close_timeout;
+    was_missing = missing;
     if (Clock::now() >= deadline) {
-      spdlog::warn("rendezvous: {} node(s) did not leave within close_timeout {}; stopping the store", missing,
-                   seconds_text(c_.close_timeout));
+      spdlog::warn("rendezvous: {} node(s) did not leave within close_timeout {} of the last that did; stopping the "
+                   "store",
+                   missing, seconds_text(c_.close_timeout));
       return;
     }
     auto more = main_->wait("left", left.size(), std::min<milliseconds>(250ms, until(deadline)));

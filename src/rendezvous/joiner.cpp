@@ -33,6 +33,7 @@ State Joiner::join(const NodeDesc& me, Clock::time_point deadline, std::vector<N
   me_ = me;
   remaining_ = std::move(remaining);
   seen_open_ = false;
+  timed_out_in_.reset();
   lost_at_start_ = events_.lost();
   lost_checked_ = lost_at_start_.size();
   Seen seen;
@@ -110,7 +111,18 @@ void Joiner::leave_ended(const State& t) {
   main_.append("requests", leave_request(c_.me.id, t.round, t.ending_counted));
 }
 
-void Joiner::failed(JoinAction a, const State& s) {
+// This node's join timed out while it is listed: it asks to be taken off (a request, then
+// it steps as any node whose request is pending), so that nodes timing out together leave
+// the state in a few writes, as they joined it. One by one, each lost compare-and-set sent
+// and got back the whole state: 1024 nodes took minutes to write themselves out of theirs.
+// Its error names the nodes as they were when it timed out, itself too.
+void Joiner::withdraw(const State& t) {
+  timed_out_in_ = t;
+  main_.append("requests", withdraw_request(c_.me.id));
+}
+
+void Joiner::failed(JoinAction a, const State& now) {
+  const State& s = a == JoinAction::kErrorTimeout && timed_out_in_ ? *timed_out_in_ : now;
   const auto& j = c_.job;
   if (a == JoinAction::kErrorClosed && said_waiting_ && s.closed_reason.empty())
     throw NotNeeded(fmt::format("rendezvous: the job '{}' succeeded while this node waited for a place in it: "
@@ -252,6 +264,11 @@ bool Joiner::step(Seen& seen, Clock::time_point deadline, int& conflicts) {
   JoinAction a = mine ? JoinAction::kWait : decide_join(v, ctx);
   if (a == JoinAction::kFinish && v.ending_round == v.round) {
     leave_ended(v);
+    seen.reset();
+    return false;
+  }
+  if (a == JoinAction::kRemoveMe && !timed_out_in_) {
+    withdraw(v);
     seen.reset();
     return false;
   }

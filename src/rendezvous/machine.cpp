@@ -203,6 +203,8 @@ std::string leave_request(const std::string& id, int64_t round, bool counted) {
   return fmt::format("leave {} {} {}", id, round, counted ? 1 : 0);
 }
 
+std::string withdraw_request(const std::string& id) { return fmt::format("withdraw {}", id); }
+
 namespace {
 
 bool listed(const State& s, const std::string& id) {
@@ -237,6 +239,14 @@ void absorb_join(State& s, const std::string& text, const std::set<std::string>&
   out.changed = true;
 }
 
+void absorb_withdraw(State& s, const std::string& id, Absorbed& out) {
+  if (!listed(s, id) || (s.complete && s.has_participant(id))) return;
+  NodeDesc n;
+  n.id = id;
+  apply_join(s, JoinAction::kRemoveMe, JoinContext{n, s.job.value_or(JobSettings{})});
+  out.changed = true;
+}
+
 }  // namespace
 
 Absorbed absorb(State& s, const std::vector<std::string>& requests, const std::set<std::string>& lost) {
@@ -255,6 +265,8 @@ Absorbed absorb(State& s, const std::vector<std::string>& requests, const std::s
         out.changed = true;
         out.wake |= s.round != before;
       }
+    } else if (line.starts_with("withdraw ")) {
+      absorb_withdraw(s, line.substr(9), out);
     }
   }
   if (!requests.empty()) {

@@ -69,6 +69,10 @@ void close_state(State& s, const std::string& reason);
 // collide (each loser of a compare-and-set finds itself already in).
 std::string join_request(const NodeDesc& n, const JobSettings& job);
 std::string leave_request(const std::string& id, int64_t round, bool counted);
+// A node whose join timed out (kRemoveMe): off every list, unless a complete round has it
+// as a member (then it takes part after all). Nodes that time out together leave the
+// state in a few writes, as they joined it.
+std::string withdraw_request(const std::string& id);
 
 struct Absorbed {
   bool changed = false;  // the state must be written
@@ -76,7 +80,7 @@ struct Absorbed {
 };
 // Applies `requests` (the log's lines from s.requests_seen on) in order: a join puts the
 // node where decide_join would (unless it is lost, already listed, or its settings differ:
-// it then finds out itself); a leave is leave_round.
+// it then finds out itself); a leave is leave_round; a withdrawal is kRemoveMe.
 Absorbed absorb(State& s, const std::vector<std::string>& requests, const std::set<std::string>& lost);
 
 // The node a join request names (nullopt: not a join request, or malformed).

@@ -5,11 +5,14 @@
 #include <future>
 #include <thread>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "ddp/error.hpp"
 #include "rendezvous/dynamic.hpp"
 #include "rendezvous/memory_backend.hpp"
+#include "rendezvous/store_backend.hpp"
+#include "store/server.hpp"
 #include "test_timeouts.hpp"
 
 namespace {
@@ -368,6 +371,55 @@ TEST(DynamicRendezvous, AWaitingNodeAsksNothingWhileNothingChanges) {
   EXPECT_EQ(a_plan.get().group_world_size, 2);
 }
 
+// Nodes whose joins time out together leave the state in a few writes: each asks to be
+// taken off, and one write applies every such request (docs/design.md). One write each, as
+// before, was minutes for a thousand nodes: each write, won or lost, is the whole state.
+// On a real store (its compare-and-sets collide, as they do for a thousand nodes); each
+// node's error still names the nodes as they were when it timed out, itself too.
+TEST(DynamicRendezvous, NodesTimingOutTogetherLeaveTheStateInAFewWrites) {
+  constexpr int kNodes = 32;
+  ddp::detail::StoreServerOptions so;
+  so.host = "127.0.0.1";
+  ddp::detail::StoreServer server(so);
+  server.start();
+  auto backend = [&](bool lazy = false) {
+    StoreBackendOptions o;
+    o.host = "127.0.0.1";
+    o.port = server.port();
+    o.run_id = "job";
+    o.timeout = o.connect_timeout = kGuard;
+    o.lazy = lazy;
+    return std::make_unique<StoreBackend>(o);
+  };
+  auto version = [&] {  // how many times the state was written ("\n@<n>" at its end)
+    const std::string& raw = backend()->load().token.value;
+    return std::stoll(raw.substr(raw.rfind("\n@") + 2));
+  };
+  std::vector<std::unique_ptr<DynamicRendezvous>> nodes;
+  for (int i = 0; i < kNodes; ++i) {
+    DynamicConfig c;
+    c.run_id = "job";
+    c.job = {kNodes + 1, kNodes + 1, 0};
+    c.me.id = c.me.addr = c.me.host = fmt::format("n{}", i);
+    c.me.master_addr = "127.0.0.1";
+    c.join_timeout = 1s;
+    nodes.push_back(std::make_unique<DynamicRendezvous>(c, backend(), backend(true), backend(true)));
+  }
+  std::vector<std::future<std::string>> errors;
+  for (auto& n : nodes) errors.push_back(std::async(std::launch::async, [&n] { return join_error(*n); }));
+  const int64_t joined = [&] {
+    eventually([&] { return decode_state(*backend()->load().state, "test").participants.size() == kNodes; });
+    return version();
+  }();
+  for (int i = 0; i < kNodes; ++i) {
+    const std::string e = errors[static_cast<size_t>(i)].get();
+    EXPECT_NE(e.find("no round of job 'job' formed"), std::string::npos) << e;
+    EXPECT_NE(e.find(fmt::format("n{} (n{})", i, i)), std::string::npos) << e;
+  }
+  EXPECT_TRUE(decode_state(*backend()->load().state, "test").participants.empty());
+  EXPECT_LT(version() - joined, kNodes * 3 / 4);  // one write each before (32); 5 to 19 now
+}
+
 // b is lost; a and c (2 of --nnodes 2:3) form the next round; c is lost too within its
 // last call. a stops at once, naming c, instead of waiting out join_timeout for nodes that
 // are gone, and closes the job: a node that comes later is told why.
@@ -530,6 +582,28 @@ TEST(DynamicRendezvous, TheStoreHostStoppingEndsTheJobForTheOthers) {
   d->finish(FinishKind::kNodeStopped, "");
   EXPECT_EQ(bye.wait_for(1s), std::future_status::ready);  // not close_timeout (2 s)
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+}
+
+// The store's host waits for the others to leave close_timeout at a time: nodes that leave
+// one after another (a thousand whose joins timed out together, each writing itself out
+// of a big state) keep the store until the last has left, not close_timeout after the
+// host's own end. One that never leaves is given up close_timeout after the last that did.
+TEST(DynamicRendezvous, TheStoreHostServesAsLongAsNodesKeepLeaving) {
+  Cluster c;
+  c.job = {1, 4, 0};
+  c.store_host = "a";  // close_timeout: 2 s
+  auto a = c.node("a"), b = c.node("b"), d = c.node("d"), e = c.node("e");
+  all_next_round({a.get(), b.get(), d.get(), e.get()});
+  a->end_round(K::kFailed, "a worker failed");
+  auto bye = std::async(std::launch::async, [&] { a->finish(FinishKind::kJobFailed, "a worker failed"); });
+  for (auto* n : {b.get(), d.get()}) {
+    std::this_thread::sleep_for(1200ms);
+    ASSERT_EQ(bye.wait_for(0ms), std::future_status::timeout) << "the store stopped while nodes were leaving";
+    n->finish(FinishKind::kNodeStopped, "");
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(bye.wait_for(4s), std::future_status::ready);  // e never leaves
+  EXPECT_GT(std::chrono::steady_clock::now() - t0, 1500ms);
 }
 
 // The same while the first round forms: the host's join is cancelled (it stops on a

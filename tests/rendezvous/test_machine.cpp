@@ -182,6 +182,28 @@ TEST_F(Machine, RequestsAppliedByWhoeverWritesNext) {
   EXPECT_EQ(s.participants.size(), 3u);
 }
 
+// A node whose join timed out asks to be taken off; whoever writes next applies it: off a
+// forming round (its last call stops below MIN) and off the wait and redundancy lists. A
+// member of a complete round stays: it takes part after all.
+TEST_F(Machine, AWithdrawalTakesATimedOutNodeOffItsListUnlessItsRoundIsComplete) {
+  State s;
+  join(s, a);
+  join(s, b);
+  ASSERT_TRUE(s.last_call);  // MIN 2
+  Absorbed ab = absorb(s, {withdraw_request("b"), withdraw_request("nobody")}, {});
+  EXPECT_TRUE(ab.changed);
+  EXPECT_FALSE(ab.wake);
+  EXPECT_FALSE(s.has_participant("b"));
+  EXPECT_TRUE(s.has_participant("a"));
+  EXPECT_FALSE(s.last_call);
+  State r = running({a, b, c});
+  apply_join(r, A::kAddToRedundancyList, ctx(d));
+  absorb(r, {withdraw_request("d"), withdraw_request("a")}, {});
+  EXPECT_FALSE(State::contains(r.redundancy_list, "d"));
+  EXPECT_TRUE(r.has_participant("a"));
+  EXPECT_EQ(decide_join(r, ctx(a, true)), A::kFinish);
+}
+
 TEST_F(Machine, TheFirstLeaverDecidesWhetherTheRestartCounts) {
   State s = running({a, b});
   leave_round(s, "a", 0, /*counted=*/true);
