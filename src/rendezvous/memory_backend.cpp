@@ -195,11 +195,6 @@ void MemoryWorld::check_up(const std::string& who) {
   if (down_) throw ddp::NetworkError(fmt::format("the memory backend ({}) is down", who));
 }
 
-uint64_t MemoryWorld::writes() {
-  std::lock_guard lk(mu_);
-  return version_;
-}
-
 size_t MemoryWorld::calls(const std::string& name) {
   std::lock_guard lk(mu_);
   return calls_[name];

@@ -41,8 +41,6 @@ class MemoryWorld : public std::enable_shared_from_this<MemoryWorld> {
   std::optional<std::string> state();
   // How many calls backends named `name` made (every thread's), a wait counting once.
   size_t calls(const std::string& name);
-  // How many times the state was written.
-  uint64_t writes();
 
  private:
   friend class MemoryBackend;
