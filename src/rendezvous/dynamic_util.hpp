@@ -40,13 +40,21 @@ inline std::string too_few_text(size_t available, const JobSettings& j) {
                      available == 1 ? "" : "s", available == 1 ? "s" : "", j.min_nodes, nnodes_flag(j));
 }
 
-inline std::string describe_nodes(const std::vector<NodeDesc>& nodes) {
+// The first `most` items, then how many more: an error about a thousand nodes stays a
+// line to read (it listed every node: 25 kB).
+template <class T, class Text>
+std::string list_some(const std::vector<T>& items, Text text, size_t most = 16) {
   std::string out;
-  for (auto& n : nodes) {
-    if (!out.empty()) out += ", ";
-    out += n.describe();
+  for (size_t i = 0; i < items.size() && i < most; ++i) {
+    if (i > 0) out += ", ";
+    out += text(items[i]);
   }
+  if (items.size() > most) out += fmt::format(" and {} more", items.size() - most);
   return out;
+}
+
+inline std::string describe_nodes(const std::vector<NodeDesc>& nodes) {
+  return list_some(nodes, [](const NodeDesc& n) { return n.describe(); });
 }
 
 // Test-only fault injection (the issue 19 tests kill a node between two of its writes):

@@ -34,6 +34,7 @@ State Joiner::join(const NodeDesc& me, Clock::time_point deadline, std::vector<N
   remaining_ = std::move(remaining);
   seen_open_ = false;
   timed_out_in_.reset();
+  met_.clear();
   lost_at_start_ = events_.lost();
   lost_checked_ = lost_at_start_.size();
   Seen seen;
@@ -115,7 +116,7 @@ void Joiner::leave_ended(const State& t) {
 // it steps as any node whose request is pending), so that nodes timing out together leave
 // the state in a few writes, as they joined it. One by one, each lost compare-and-set sent
 // and got back the whole state: 1024 nodes took minutes to write themselves out of theirs.
-// Its error names the nodes as they were when it timed out, itself too.
+// Its error counts every node it saw join (joined()), those that left before it too.
 void Joiner::withdraw(const State& t) {
   timed_out_in_ = t;
   main_.append("requests", withdraw_request(c_.me.id));
@@ -149,13 +150,16 @@ void Joiner::failed(JoinAction a, const State& now) {
                                       c_.me.rank, rank_holder(s, c_.me)->describe(), c_.me.describe()));
   const std::string timeout = fmt::format("join_timeout {} (--rdzv-conf join_timeout=SECONDS)",
                                           seconds_text(c_.join_timeout));
+  const std::vector<NodeDesc> came = joined(s);
   if (c_.me.rank >= 0 && !s.complete) {
     std::vector<int> missing;
     for (int r = 0; r < j.max_nodes; ++r)
-      if (std::none_of(s.participants.begin(), s.participants.end(), [&](const NodeDesc& n) { return n.rank == r; }))
+      if (std::none_of(came.begin(), came.end(), [&](const NodeDesc& n) { return n.rank == r; }))
         missing.push_back(r);
     throw ddp::TimeoutError(fmt::format("rendezvous: node rank{} {} never joined job '{}' within {}",
-                                        missing.size() == 1 ? "" : "s", fmt::join(missing, ", "), c_.run_id, timeout));
+                                        missing.size() == 1 ? "" : "s",
+                                        list_some(missing, [](int r) { return std::to_string(r); }), c_.run_id,
+                                        timeout));
   }
   if (s.complete && static_cast<int>(s.participants.size()) >= j.max_nodes)
     throw ddp::TimeoutError(fmt::format(
@@ -168,8 +172,19 @@ void Joiner::failed(JoinAction a, const State& now) {
         c_.run_id, timeout, describe_nodes(s.participants)));
   throw ddp::TimeoutError(fmt::format(
       "rendezvous: no round of job '{}' formed at {} within {}: {} of the {} node{} needed (--nnodes {}:{}) joined{}{}",
-      c_.run_id, backend_name_, timeout, s.participants.size(), j.min_nodes, j.min_nodes == 1 ? "" : "s",
-      j.min_nodes, j.max_nodes, s.participants.empty() ? "" : ": ", describe_nodes(s.participants)));
+      c_.run_id, backend_name_, timeout, came.size(), j.min_nodes, j.min_nodes == 1 ? "" : "s", j.min_nodes,
+      j.max_nodes, came.empty() ? "" : ": ", describe_nodes(came)));
+}
+
+// Who joined the round that did not form, as far as this node saw: every participant of
+// every state it read, those whose joins timed out before its own included (they left the
+// state, but they came: naming them as missing sent users after the wrong nodes).
+std::vector<NodeDesc> Joiner::joined(const State& s) const {
+  std::vector<NodeDesc> out;
+  for (auto& [id, n] : met_) out.push_back(n);
+  for (auto& n : s.participants)
+    if (!met_.count(n.id)) out.push_back(n);
+  return out;
 }
 
 // The state as this node reads it at each step. After a wait it is loaded again only if it
@@ -182,7 +197,11 @@ const State& Joiner::read_state(Seen& seen) {
     seen.snap = main_.load();
     seen.state.reset();
   }
-  if (!seen.state) seen.state = decode(*seen.snap, backend_name_);
+  if (!seen.state) {
+    seen.state = decode(*seen.snap, backend_name_);
+    if (!seen.state->complete)
+      for (auto& n : seen.state->participants) met_.try_emplace(n.id, n);
+  }
   return *seen.state;
 }
 

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -72,6 +73,7 @@ class Joiner {
   void leave_ended(const State& t);
   void withdraw(const State& t);
   [[noreturn]] void failed(JoinAction a, const State& now);
+  std::vector<NodeDesc> joined(const State& s) const;
   void check_not_lost();
   [[noreturn]] void declared_lost(const std::string& why);
   void wait(Seen& seen, const State& t, Clock::time_point now, Clock::time_point deadline);
@@ -88,6 +90,7 @@ class Joiner {
   int said_waiting_ = 0;  // 1: said this node waits on the wait list, 2: on the redundancy list
   bool seen_open_ = false;  // this join read the state before the job was closed
   std::optional<State> timed_out_in_;  // the state when this join timed out listed: asked off
+  std::map<std::string, NodeDesc> met_;  // participants of the forming rounds this join read
   int64_t announced_round_ = -1;  // the running round this node asked to restart with it
   bool cheap_probe_ = true;  // the backend tells whether the state changed without a load
   std::function<void()> lease_check_;
