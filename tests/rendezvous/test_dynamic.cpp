@@ -743,11 +743,11 @@ TEST(DynamicRendezvous, FixedRanksThatNeverJoinAreNamed) {
 TEST(DynamicRendezvous, ARankWhoseJoinTimedOutFirstIsNotNamedAsMissing) {
   Cluster c;
   c.job = {3, 3, 0};
-  c.join_timeout = 400ms;
+  c.join_timeout = 1s;
   c.worker_store = DynamicConfig::Endpoint{"head", 29500};
   auto a = c.node("a", 1, 0), b = c.node("b", 1, 1);
   auto a_error = std::async(std::launch::async, [&] { return join_error(*a); });
-  std::this_thread::sleep_for(200ms);
+  std::this_thread::sleep_for(300ms);  // b reads a listed long before a times out
   const std::string b_error = join_error(*b);
   EXPECT_NE(b_error.find("node rank 2 never joined"), std::string::npos) << b_error;
   EXPECT_NE(a_error.get().find("node rank 2 never joined"), std::string::npos);
