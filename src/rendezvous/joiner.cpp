@@ -178,10 +178,12 @@ void Joiner::failed(JoinAction a, const State& now) {
 
 // Who joined the round that did not form, as far as this node saw: every participant of
 // every state it read, those whose joins timed out before its own included (they left the
-// state, but they came: naming them as missing sent users after the wrong nodes).
+// state, but they came: naming them as missing sent users after the wrong nodes). Not a
+// node lost meanwhile: it is gone, and named as missing.
 std::vector<NodeDesc> Joiner::joined(const State& s) const {
   std::vector<NodeDesc> out;
-  for (auto& [id, n] : met_) out.push_back(n);
+  for (auto& [id, n] : met_)
+    if (!events_.lost().count(id)) out.push_back(n);
   for (auto& n : s.participants)
     if (!met_.count(n.id)) out.push_back(n);
   return out;

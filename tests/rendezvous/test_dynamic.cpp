@@ -753,6 +753,22 @@ TEST(DynamicRendezvous, ARankWhoseJoinTimedOutFirstIsNotNamedAsMissing) {
   EXPECT_NE(a_error.get().find("node rank 2 never joined"), std::string::npos);
 }
 
+// A node that joined and was lost before the round formed is named as missing: it is gone.
+TEST(DynamicRendezvous, ARankLostBeforeTheRoundFormsIsNamedAsMissing) {
+  Cluster c;
+  c.job = {3, 3, 0};
+  c.join_timeout = 1s;
+  c.worker_store = DynamicConfig::Endpoint{"head", 29500};
+  auto a = c.node("a", 1, 0), b = c.node("b", 1, 1);
+  auto a_error = std::async(std::launch::async, [&] { return join_error(*a); });
+  auto b_join = std::async(std::launch::async, [&] { return join_error(*b); });
+  ASSERT_TRUE(eventually([&] { return listed_in_state(c, "b_1_0"); }));
+  c.world->kill("b");
+  const std::string m = a_error.get();
+  EXPECT_NE(m.find("node ranks 1, 2 never joined"), std::string::npos) << m;
+  b_join.get();
+}
+
 // 20 nodes of the 21 needed time out: an error names 16 nodes at most and counts the rest
 // (it named all: a thousand nodes made a 25 kB line).
 TEST(DynamicRendezvous, AJoinTimeoutNamesSixteenNodesAndCountsTheRest) {
