@@ -740,11 +740,17 @@ TEST(DynamicRendezvous, FixedRanksThatNeverJoinAreNamed) {
 
 // A node whose join timed out earlier (it started earlier) left the state, but it came:
 // the later node names only the rank that never joined, not it too. Before, it named both.
-TEST(DynamicRendezvous, ARankWhoseJoinTimedOutFirstIsNotNamedAsMissing) {
+// A static job of three whose rank 2 never comes; ranks 0 and 1 are nodes a and b.
+Cluster static_three() {
   Cluster c;
   c.job = {3, 3, 0};
   c.join_timeout = 1s;
   c.worker_store = DynamicConfig::Endpoint{"head", 29500};
+  return c;
+}
+
+TEST(DynamicRendezvous, ARankWhoseJoinTimedOutFirstIsNotNamedAsMissing) {
+  Cluster c = static_three();
   auto a = c.node("a", 1, 0), b = c.node("b", 1, 1);
   auto a_error = std::async(std::launch::async, [&] { return join_error(*a); });
   std::this_thread::sleep_for(300ms);  // b reads a listed long before a times out
@@ -755,10 +761,7 @@ TEST(DynamicRendezvous, ARankWhoseJoinTimedOutFirstIsNotNamedAsMissing) {
 
 // A node that joined and was lost before the round formed is named as missing: it is gone.
 TEST(DynamicRendezvous, ARankLostBeforeTheRoundFormsIsNamedAsMissing) {
-  Cluster c;
-  c.job = {3, 3, 0};
-  c.join_timeout = 1s;
-  c.worker_store = DynamicConfig::Endpoint{"head", 29500};
+  Cluster c = static_three();
   auto a = c.node("a", 1, 0), b = c.node("b", 1, 1);
   auto a_error = std::async(std::launch::async, [&] { return join_error(*a); });
   auto b_join = std::async(std::launch::async, [&] { return join_error(*b); });
