@@ -56,6 +56,9 @@ DynamicRendezvous::~DynamicRendezvous() {
 RoundPlan DynamicRendezvous::next_round() {
   const auto deadline = Clock::now() + c_.join_timeout;
   std::vector<NodeDesc> remaining;  // the last round's members that form the next one with this node
+  // restart_refused counted the members not lost as of the events read so far; one lost
+  // since is the join's to judge, as a loss during the join.
+  auto counted_lost = events_.lost();
   if (round_ >= 0) {
     // Leaving: how the round ended is its first event that counts, the same for all.
     worker_store_.reset();
@@ -63,7 +66,7 @@ RoundPlan DynamicRendezvous::next_round() {
     events_.read();
     auto end = reader_for(round_, members_).end();
     main_->append("requests", leave_request(c_.me.id, round_, end ? end->counted() : true));
-    remaining = remaining_members();
+    remaining = remaining_members(counted_lost);
   }
   const size_t events_mark = events_.count();  // every line of the round to come lies after it
   NodeDesc me = c_.me;
@@ -72,7 +75,7 @@ RoundPlan DynamicRendezvous::next_round() {
   main_->append("requests", join_request(me, c_.job));
   State s;
   try {
-    s = joiner_.join(me, deadline, std::move(remaining));
+    s = joiner_.join(me, deadline, std::move(remaining), std::move(counted_lost));
   } catch (const TooFewNodes& e) {
     try {
       close_rendezvous(e.what());  // the job is over: a node that comes later is told why at once

@@ -133,7 +133,7 @@ class DynamicRendezvous {
   void use_worker_store(RoundPlan& p, const NodeDesc& rank0, std::unique_ptr<ddp::detail::StoreServer> mine);
   void trim_logs(const State& s, size_t events_mark);
   RoundReader reader_for(int64_t round, const Members& members);
-  std::vector<NodeDesc> remaining_members() const;
+  std::vector<NodeDesc> remaining_members(std::set<std::string> lost) const;
   template <class F>
   auto post(F f);  // f(backend) on end_round's backend, which works while next_round runs
   void close_rendezvous(const std::string& reason);

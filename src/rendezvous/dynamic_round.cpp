@@ -94,16 +94,15 @@ std::string DynamicRendezvous::restart_refused(const RoundEnd& end) {
     return fmt::format("{}; no restart left ({} of --max-restarts {} used)", end.text, s.restarts, c_.job.max_restarts);
   // Who can take part in the next round: this round's members that are not gone or
   // stopping, and whoever waits.
-  const size_t available = s.wait_list.size() + s.redundancy_list.size() + remaining_members().size();
+  const size_t available = s.wait_list.size() + s.redundancy_list.size() + remaining_members(events_.lost()).size();
   if (available < static_cast<size_t>(c_.job.min_nodes))
     return fmt::format("{}; {}", end.text, too_few_text(available, c_.job));
   return "";
 }
 
 // The members of this node's round that take part in the next, as far as the events read
-// so far tell: not lost, and not stopping (a signal: "leave").
-std::vector<NodeDesc> DynamicRendezvous::remaining_members() const {
-  std::set<std::string> out = events_.lost();
+// so far tell: not stopping (a signal: "leave"), and not among `lost`.
+std::vector<NodeDesc> DynamicRendezvous::remaining_members(std::set<std::string> out) const {
   for (auto& l : events_.lines()) {
     Event e = parse_event(l);
     if (e.round == round_ && e.kind == "leave") out.insert(e.node);

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <random>
 
 #include <fmt/format.h>
@@ -29,14 +30,15 @@ void backoff(int attempt) {
 Joiner::Joiner(const DynamicConfig& c, Backend& main, NodeEvents& events, const std::atomic<bool>& cancel)
     : c_(c), backend_name_(main.describe()), main_(main), events_(events), cancel_(cancel) {}
 
-State Joiner::join(const NodeDesc& me, Clock::time_point deadline, std::vector<NodeDesc> remaining) {
+State Joiner::join(const NodeDesc& me, Clock::time_point deadline, std::vector<NodeDesc> remaining,
+                   std::optional<std::set<std::string>> counted_lost) {
   me_ = me;
   remaining_ = std::move(remaining);
   seen_open_ = false;
   timed_out_in_.reset();
   met_.clear();
-  lost_at_start_ = events_.lost();
-  lost_checked_ = lost_at_start_.size();
+  lost_at_start_ = counted_lost ? std::move(*counted_lost) : events_.lost();
+  lost_checked_ = SIZE_MAX;  // the first step checks: a loss read since restart_refused counts too
   Seen seen;
   int conflicts = 0;
   while (!step(seen, deadline, conflicts)) {
@@ -181,11 +183,12 @@ void Joiner::failed(JoinAction a, const State& now) {
 // state, but they came: naming them as missing sent users after the wrong nodes). Not a
 // node lost meanwhile: it is gone, and named as missing.
 std::vector<NodeDesc> Joiner::joined(const State& s) const {
+  const auto& lost = events_.lost();
   std::vector<NodeDesc> out;
   for (auto& [id, n] : met_)
-    if (!events_.lost().count(id)) out.push_back(n);
+    if (!lost.count(id)) out.push_back(n);
   for (auto& n : s.participants)
-    if (!met_.count(n.id)) out.push_back(n);
+    if (!met_.count(n.id) && !lost.count(n.id)) out.push_back(n);
   return out;
 }
 
@@ -378,7 +381,8 @@ void Joiner::declared_lost(const std::string& why) {
 // them). A loss among them, or among the nodes that came since (listed, or with a join
 // request pending), that leaves fewer than MIN stops the job at once, as the same loss in
 // the running round would have, instead of a wait until join_timeout for nodes that are
-// gone. Judged when a lost line comes; only a loss makes the count smaller. (A node itself
+// gone. Judged at the join's first step (a loss read after restart_refused counted the
+// members) and whenever a lost line comes; only a loss makes the count smaller. (A node itself
 // declared lost stopped before this: it must not close the job the others re-form.)
 void Joiner::check_enough_left(const State& s, const std::vector<std::string>& pending) {
   const auto& lost = events_.lost();

@@ -44,7 +44,10 @@ class Joiner {
   // remaining: after a round ended, its members that form the next (this node among them);
   // join throws TooFewNodes when losses leave fewer than MIN of them and of the nodes that
   // joined since. Empty: this node's first round, which waits for nodes to come.
-  State join(const NodeDesc& me, Clock::time_point deadline, std::vector<NodeDesc> remaining = {});
+  // counted_lost: the nodes known lost when `remaining` was counted (restart_refused); a
+  // loss since is named as one while the next round formed. Absent: those lost now.
+  State join(const NodeDesc& me, Clock::time_point deadline, std::vector<NodeDesc> remaining = {},
+             std::optional<std::set<std::string>> counted_lost = std::nullopt);
   // Called at every step: throws LeaseEnded when this node's lease ended (LeaseKeeper::check_alive).
   void set_lease_check(std::function<void()> check) { lease_check_ = std::move(check); }
 
@@ -95,8 +98,8 @@ class Joiner {
   bool cheap_probe_ = true;  // the backend tells whether the state changed without a load
   std::function<void()> lease_check_;
   std::vector<NodeDesc> remaining_;      // join()'s
-  std::set<std::string> lost_at_start_;  // the nodes seen lost when the join began
-  size_t lost_checked_ = 0;              // the lost nodes seen at the last check_enough_left
+  std::set<std::string> lost_at_start_;  // the nodes known lost when the join began (counted_lost)
+  size_t lost_checked_ = 0;              // the lost nodes seen at the last check_enough_left (none yet: SIZE_MAX)
 };
 
 }  // namespace ddprun::rdzv::detail

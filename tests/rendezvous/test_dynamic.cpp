@@ -450,6 +450,29 @@ TEST(DynamicRendezvous, ASecondLossWhileTheNextRoundFormsStopsTheJobAtOnce) {
   EXPECT_NE(closed.find("was lost while the next round"), std::string::npos) << closed;
 }
 
+// b is lost, and a's restart_refused counts a and c (MIN 2); c is lost before a's next_round
+// reads the events again (the two leases ended within one keep-alive interval: the store's
+// host cut off from both others). a stops at once, naming c, instead of waiting out
+// join_timeout (before: next_round read c's lost line before the join began, and the join
+// judged only the losses that came after).
+TEST(DynamicRendezvous, ASecondLossBeforeTheNextRoundBeginsStopsTheJobAtOnce) {
+  Cluster c;
+  c.job = {2, 3, 3};
+  c.join_timeout = 10s;
+  auto a = c.node("a"), b = c.node("b"), x = c.node("c");
+  all_next_round({a.get(), b.get(), x.get()});
+  c.world->kill("b");
+  auto e = end_within(*a);
+  ASSERT_TRUE(e);
+  ASSERT_EQ(a->restart_refused(*e), "");  // a and c remain
+  c.world->kill("c");
+  const std::string m = join_error_after(*a, [] { return true; }, [] {});  // within 2 s
+  EXPECT_NE(m.find("node c (c_1_0) was lost while the next round of job 'job' formed; only 1 node remains, fewer "
+                   "than the 2 the job needs (--nnodes 2:3)"),
+            std::string::npos)
+      << m;
+}
+
 // A node whose lease ends while it joins (its ddprun frozen, or cut off, for the keep-alive
 // window) is gone for the others: it stops at once (before, it wrote itself back into the
 // round at every step, and its next step removed it again, until join_timeout).
