@@ -74,6 +74,10 @@ class TcpStore : public Store {
   // Shuts the connection down: a call blocked in another thread returns at once with a
   // NetworkError, and every later call throws. Callable from any thread.
   void interrupt();
+  // Ends a wait_grows in progress in another thread, or the next one, as its timeout
+  // would (it returns false), and keeps the connection: a stopping caller's wait returns
+  // now, and its later calls work. Callable from any thread.
+  void wake();
 
   // ddprun's extensions (docs/store.md), served by ddprun's store only: PyTorch's servers
   // close the connection on them, which these report as a NetworkError saying so.

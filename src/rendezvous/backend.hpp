@@ -173,6 +173,11 @@ class Backend {
   // later call fail: for shutting a watcher thread down without waiting out its slice.
   // Callable from any thread. The default does nothing (the wait runs out its timeout).
   virtual void interrupt() {}
+  // Makes a wait() in progress on this object (in another thread), or the next one, return
+  // now as at its timeout; later calls work as before: a stopping node's wait ends without
+  // losing the connection it still needs. Callable from any thread. The default does
+  // nothing (the wait runs out its timeout).
+  virtual void wake() {}
 };
 
 }  // namespace ddprun::rdzv

@@ -117,10 +117,13 @@ std::vector<NodeDesc> DynamicRendezvous::remaining_members(std::set<std::string>
 
 void DynamicRendezvous::cancel() {
   cancel_ = true;
-  // A wait in progress returns now; this node is stopping. Not the store's host's: its join
-  // ends within a second all the same, and its connection stays up to close the job and to
-  // wait for the others to leave (finish), so that they read why instead of a lost store.
-  if (!c_.hosts_store) main_->interrupt();
+  // A wait in progress returns now; this node is stopping. The store's host keeps its
+  // connection (woken, not interrupted): it still closes the job and waits for the others
+  // to leave (finish), so that they read why instead of a lost store.
+  if (c_.hosts_store)
+    main_->wake();
+  else
+    main_->interrupt();
 }
 
 // One node closes (a thousand loading the state to find it closed would be the job's

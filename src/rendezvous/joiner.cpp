@@ -413,10 +413,10 @@ void Joiner::check_enough_left(const State& s, const std::vector<std::string>& p
 // its line, or this node's own lease ending while it cannot reach the store. One keep-alive
 // interval, as often as the lease is renewed (at least a second): a thousand nodes that each
 // woke every second to ask whether the state changed were a third of the store's requests
-// while a round of them formed. The store's host waits a second at most: cancel() leaves
-// its connection up, so only the end of a slice ends its cancelled join.
+// while a round of them formed. cancel() ends the wait at once (the store's host's too:
+// woken, its connection kept).
 void Joiner::wait(Seen& seen, const State& t, Clock::time_point now, Clock::time_point deadline) {
-  const Clock::duration slice = c_.hosts_store ? 1s : std::max<Clock::duration>(1s, c_.keep_alive_interval);
+  const Clock::duration slice = std::max<Clock::duration>(1s, c_.keep_alive_interval);
   auto limit = std::min(deadline, now + slice);
   if (lc_round_ == t.round && t.last_call && !t.complete) limit = std::min(limit, lc_deadline_);
   const size_t events_before = events_.count();

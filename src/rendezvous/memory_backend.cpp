@@ -50,8 +50,9 @@ class MemoryBackend : public Backend {
   std::vector<std::string> wait(const std::string& log, size_t from, milliseconds timeout) override {
     std::unique_lock lk(w_->mu_);
     w_->check(name_);
-    w_->cv_.wait_for(lk, timeout, [&] { return w_->down_ || interrupted_ || end(log) > from; });
+    w_->cv_.wait_for(lk, timeout, [&] { return w_->down_ || interrupted_ || woken_ || end(log) > from; });
     w_->check_up(name_);
+    woken_ = false;
     if (interrupted_) throw ddp::NetworkError(fmt::format("{}: interrupted", describe()));
     return tail(log, from);
   }
@@ -138,6 +139,12 @@ class MemoryBackend : public Backend {
     w_->cv_.notify_all();
   }
 
+  void wake() override {
+    std::lock_guard lk(w_->mu_);
+    woken_ = true;
+    w_->cv_.notify_all();
+  }
+
   void close() override {
     std::lock_guard lk(w_->mu_);
     if (lease_ == 0) return;
@@ -180,6 +187,7 @@ class MemoryBackend : public Backend {
   std::string name_;
   int lease_ = 0;
   bool interrupted_ = false;  // under w_->mu_
+  bool woken_ = false;        // under w_->mu_: the next wait returns at once
 };
 
 std::unique_ptr<Backend> MemoryWorld::backend(const std::string& name) {

@@ -282,4 +282,8 @@ void StoreBackend::interrupt() {
   if (store_) store_->interrupt();
 }
 
+void StoreBackend::wake() {
+  if (store_) store_->wake();
+}
+
 }  // namespace ddprun::rdzv

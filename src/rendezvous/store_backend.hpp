@@ -60,6 +60,7 @@ class StoreBackend : public Backend {
   void close() override;
   void release() override;
   void interrupt() override;
+  void wake() override;
 
  private:
   std::string name(const std::string& what) const;

@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -127,7 +128,8 @@ struct TcpStore::Impl {
         gen(o.generation == WireGeneration::kV1 ? proto::Generation::kV1 : proto::Generation::kV2),
         find_gen(o.generation == WireGeneration::kAuto),
         addr(o.host.find(':') != std::string::npos ? fmt::format("[{}]:{}", o.host, o.port)
-                                                   : fmt::format("{}:{}", o.host, o.port)) {}
+                                                   : fmt::format("{}:{}", o.host, o.port)),
+        wake_fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
 
   TcpStoreOptions opt;
   TcpStore::ConnectRetry retrying;  // told of each failed connection attempt (may be empty)
@@ -139,6 +141,8 @@ struct TcpStore::Impl {
   std::mutex mu;
   ConnFd fd;
   std::atomic<bool> interrupted{false};
+  Fd wake_fd;             // wake(): readable until a wakeable wait took it
+  bool wakeable = false;  // the reply awaited now is a wakeable wait's (under mu)
 
   // ---- connection -------------------------------------------------------------------
 
@@ -425,13 +429,19 @@ struct TcpStore::Impl {
     throw NetworkError(fmt::format("store at {}: {} failed: {}", addr, what, errno_text(err)));
   }
 
+  // A wake() (another thread) ends a wakeable wait as its deadline would.
   void wait_fd(short events, Clock::time_point deadline, const std::string& what) {
-    pollfd p{fd.get(), events, 0};
+    pollfd p[2] = {{fd.get(), events, 0}, {wake_fd.get(), POLLIN, 0}};
+    const nfds_t n = wakeable && wake_fd ? 2 : 1;
     for (;;) {
       int ms = poll_ms(deadline);
       if (ms == 0) throw IoTimeout{};
-      int r = ::poll(&p, 1, ms);
-      if (r > 0) return;
+      int r = ::poll(p, n, ms);
+      if (r > 0 && p[0].revents) return;
+      if (r > 0) {
+        uint64_t count;
+        if (::read(wake_fd.get(), &count, sizeof count) == sizeof count) throw IoTimeout{};
+      }
       if (r < 0 && errno != EINTR) lost(what, errno);
     }
   }
@@ -546,12 +556,19 @@ struct TcpStore::Impl {
   }
 
   // A WAIT-like request (WAIT, WAIT_GROWS): true when it completed, false at the timeout
-  // (then cancelled with CANCEL_WAIT in generation 2).
-  bool do_wait_request(const proto::Request& r, milliseconds timeout) {
+  // (then cancelled with CANCEL_WAIT in generation 2), or at a wake() when `wake`.
+  bool do_wait_request(const proto::Request& r, milliseconds timeout, bool wake = false) {
     auto deadline = send_request(r, timeout);
     const std::string what = describe(r);
     try {
-      auto v = recv_value<uint8_t>(deadline, what);
+      auto v = [&] {
+        wakeable = wake;
+        struct Reset {
+          bool& b;
+          ~Reset() { b = false; }
+        } reset{wakeable};
+        return recv_value<uint8_t>(deadline, what);
+      }();
       if (v != proto::kWaitStopWaiting) {
         fd.reset();
         throw StoreError(fmt::format("store at {}: unexpected reply {} to {}", addr, v, what));
@@ -810,6 +827,12 @@ void TcpStore::interrupt() {
   impl_->fd.shutdown();
 }
 
+void TcpStore::wake() {
+  if (!impl_->wake_fd) return;
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(impl_->wake_fd.get(), &one, sizeof one);  // fails only on overflow
+}
+
 void TcpStore::lease(std::chrono::milliseconds ttl) {
   require_v2(options_, "lease");
   std::lock_guard lk(impl_->mu);
@@ -886,7 +909,7 @@ bool TcpStore::wait_grows(const std::string& key, int64_t size, std::chrono::mil
   std::lock_guard lk(impl_->mu);
   auto r = proto::request(proto::Op::kWaitGrows, {key});
   r.i64 = size;
-  return extension_call(*impl_, "WAIT_GROWS", [&] { return impl_->do_wait_request(r, timeout); });
+  return extension_call(*impl_, "WAIT_GROWS", [&] { return impl_->do_wait_request(r, timeout, /*wake=*/true); });
 }
 
 }  // namespace ddp

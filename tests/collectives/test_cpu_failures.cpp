@@ -189,9 +189,11 @@ void killed_peer(int n, int victim, ddp::Transport transport, size_t slice = 0, 
     EXPECT_TRUE(contains(res, "rank " + std::to_string(victim))) << "rank " << r << ": " << res;
     EXPECT_TRUE(contains(res, "all_reduce")) << "rank " << r << ": " << res;
     // The rank the victim sent to fails on that piece (unless a broken send came first).
-    if (mid_element && r == (victim + 1) % n)
-      if (auto own = res.substr(0, res.find("; rank")); contains(own, "peer rank " + std::to_string(victim)))
+    if (mid_element && r == (victim + 1) % n) {
+      if (auto own = res.substr(0, res.find("; rank")); contains(own, "peer rank " + std::to_string(victim))) {
         EXPECT_TRUE(contains(own, "in the middle of an element: 2 byte(s) of it came")) << res;
+      }
+    }
   }
   fs::remove_all(dir);
 }

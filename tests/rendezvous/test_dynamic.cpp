@@ -630,7 +630,8 @@ TEST(DynamicRendezvous, TheStoreHostServesAsLongAsNodesKeepLeaving) {
 }
 
 // The same while the first round forms: the host's join is cancelled (it stops on a
-// signal), and its connection stays up to close the job and see the others leave.
+// signal) at once, and its connection stays up to close the job and see the others leave.
+// (Before, the cancelled join ran out its wait: up to a second.)
 TEST(DynamicRendezvous, TheStoreHostStoppingWhileNodesJoinTellsThemWhy) {
   Cluster c;
   c.job = {3, 3, 0};
@@ -639,9 +640,11 @@ TEST(DynamicRendezvous, TheStoreHostStoppingWhileNodesJoinTellsThemWhy) {
   auto a = c.node("a"), b = c.node("b");
   auto a_join = std::async(std::launch::async, [&] { return join_error(*a); });
   auto b_join = std::async(std::launch::async, [&] { return join_error(*b); });
-  std::this_thread::sleep_for(100ms);  // both wait for a third node
+  std::this_thread::sleep_for(200ms);  // both wait for a third node
+  const auto t0 = std::chrono::steady_clock::now();
   a->cancel();
   ASSERT_EQ(a_join.wait_for(2s), std::future_status::ready);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 400ms);
   EXPECT_NE(a_join.get().find("cancelled"), std::string::npos);
   auto bye = std::async(std::launch::async,
                         [&] { a->finish(FinishKind::kNodeStopped, "ddprun on a received SIGTERM"); });

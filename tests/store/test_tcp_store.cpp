@@ -424,6 +424,36 @@ TEST(StoreGen2, ExtrasAppendMultiListPing) {
   EXPECT_THROW(s.multi_set({"a"}, {}), ddp::StoreError);
 }
 
+// wake(): a wait_grows in progress in another thread, or the next one, ends as at its
+// timeout, and the connection stays in order (a stopping rendezvous node's join ends at
+// once, and the node still closes the job on the same connection).
+TEST(StoreGen2, WakeEndsAWaitGrowsAndKeepsTheConnection) {
+  using namespace std::chrono_literals;
+  using Clock = std::chrono::steady_clock;
+  auto server = start_server();
+  ddp::TcpStore s(client_options(server->port(), WireGeneration::kV2));
+  auto t0 = Clock::now();
+  auto waiting = std::async(std::launch::async, [&] { return s.wait_grows("log", 0, 10s); });
+  std::this_thread::sleep_for(100ms);
+  s.wake();
+  ASSERT_EQ(waiting.wait_for(5s), std::future_status::ready);
+  EXPECT_FALSE(waiting.get());
+  EXPECT_LT(Clock::now() - t0, 2s);
+  s.wake();  // before the wait: it returns at once; the one after waits out its timeout
+  t0 = Clock::now();
+  EXPECT_FALSE(s.wait_grows("log", 0, 10s));
+  EXPECT_LT(Clock::now() - t0, 2s);
+  t0 = Clock::now();
+  EXPECT_FALSE(s.wait_grows("log", 0, 300ms));
+  EXPECT_GE(Clock::now() - t0, 300ms);
+  s.append("log", "x\n");  // replies in step: no stray answer to a cancelled wait
+  EXPECT_TRUE(s.wait_grows("log", 0, 10s));
+  EXPECT_EQ(s.get("log"), "x\n");
+  s.wake();  // other calls pass over it
+  EXPECT_EQ(s.get("log"), "x\n");
+  EXPECT_EQ(server->num_connections(), 1u);
+}
+
 // ddprun's GET_FROM: an appended log read from where the reader is, never waiting.
 TEST(StoreGen2, GetFromReadsTheValueFromAnOffset) {
   auto server = start_server();
