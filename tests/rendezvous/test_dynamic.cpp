@@ -450,6 +450,23 @@ TEST(DynamicRendezvous, ASecondLossWhileTheNextRoundFormsStopsTheJobAtOnce) {
   EXPECT_NE(closed.find("was lost while the next round"), std::string::npos) << closed;
 }
 
+// a, b and c (--nnodes 2:3, join_timeout 10 s) in round 0; b is lost, and a may restart (a
+// and c remain).
+struct ThreeNodes {
+  std::unique_ptr<DynamicRendezvous> a, b, c;
+};
+ThreeNodes three_with_b_lost(Cluster& c) {
+  c.job = {2, 3, 3};
+  c.join_timeout = 10s;
+  ThreeNodes n{c.node("a"), c.node("b"), c.node("c")};
+  all_next_round({n.a.get(), n.b.get(), n.c.get()});
+  c.world->kill("b");
+  auto e = end_within(*n.a);
+  EXPECT_TRUE(e);
+  EXPECT_EQ(e ? n.a->restart_refused(*e) : "", "");
+  return n;
+}
+
 // b is lost, and a's restart_refused counts a and c (MIN 2); c is lost before a's next_round
 // reads the events again (the two leases ended within one keep-alive interval: the store's
 // host cut off from both others). a stops at once, naming c, instead of waiting out
@@ -457,16 +474,9 @@ TEST(DynamicRendezvous, ASecondLossWhileTheNextRoundFormsStopsTheJobAtOnce) {
 // judged only the losses that came after).
 TEST(DynamicRendezvous, ASecondLossBeforeTheNextRoundBeginsStopsTheJobAtOnce) {
   Cluster c;
-  c.job = {2, 3, 3};
-  c.join_timeout = 10s;
-  auto a = c.node("a"), b = c.node("b"), x = c.node("c");
-  all_next_round({a.get(), b.get(), x.get()});
-  c.world->kill("b");
-  auto e = end_within(*a);
-  ASSERT_TRUE(e);
-  ASSERT_EQ(a->restart_refused(*e), "");  // a and c remain
+  auto n = three_with_b_lost(c);
   c.world->kill("c");
-  const std::string m = join_error_after(*a, [] { return true; }, [] {});  // within 2 s
+  const std::string m = join_error_after(*n.a, [] { return true; }, [] {});  // within 2 s
   EXPECT_NE(m.find("node c (c_1_0) was lost while the next round of job 'job' formed; only 1 node remains, fewer "
                    "than the 2 the job needs (--nnodes 2:3)"),
             std::string::npos)
@@ -521,16 +531,9 @@ TEST(DynamicRendezvous, AStaticNodeLostWhileTheNextRoundFormsStopsTheJobAtOnce) 
 // round forms.
 TEST(DynamicRendezvous, ANodeThatCameSinceCountsWhenAnotherIsLostWhileTheNextRoundForms) {
   Cluster c;
-  c.job = {2, 3, 3};
-  c.join_timeout = 10s;
-  auto a = c.node("a"), b = c.node("b"), x = c.node("c");
-  all_next_round({a.get(), b.get(), x.get()});
-  c.world->kill("b");
-  auto e = end_within(*a);
-  ASSERT_TRUE(e);
-  ASSERT_EQ(a->restart_refused(*e), "");
+  auto n = three_with_b_lost(c);
   auto d = c.node("d");
-  auto next = std::async(std::launch::async, [&] { return all_next_round({a.get(), d.get()}); });
+  auto next = std::async(std::launch::async, [&] { return all_next_round({n.a.get(), d.get()}); });
   // Both wait for c to leave round 0.
   ASSERT_TRUE(eventually([&] { return listed_in_state(c, "a_1_0", 0) && listed_in_state(c, "d_1_0", 0); }));
   c.world->kill("c");
