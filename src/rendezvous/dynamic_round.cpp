@@ -174,7 +174,9 @@ void DynamicRendezvous::wait_for_everyone_to_leave(const std::vector<NodeDesc>& 
                    missing, seconds_text(c_.close_timeout));
       return;
     }
-    auto more = main_->wait("left", left.size(), std::min<milliseconds>(250ms, until(deadline)));
+    // A "left" line ends the wait at once; a node lost instead (killed, or gone after its
+    // join failed: it writes no "left") is seen in the events at the next slice.
+    auto more = main_->wait("left", left.size(), std::min<milliseconds>(50ms, until(deadline)));
     left.insert(left.end(), more.begin(), more.end());
   }
 }

@@ -632,6 +632,24 @@ TEST(DynamicRendezvous, TheStoreHostServesAsLongAsNodesKeepLeaving) {
   EXPECT_GT(std::chrono::steady_clock::now() - t0, 1500ms);
 }
 
+// A node lost instead of leaving (killed; or gone after its join failed, which writes no
+// "left" line) is seen within one 50 ms slice of the host's wait (before: 250 ms).
+TEST(DynamicRendezvous, TheStoreHostSeesANodeLostInsteadOfLeavingAtOnce) {
+  Cluster c;
+  c.job = {1, 2, 0};
+  c.store_host = "a";
+  auto a = c.node("a"), b = c.node("b");
+  all_next_round({a.get(), b.get()});
+  a->end_round(K::kFailed, "a worker failed");
+  auto bye = std::async(std::launch::async, [&] { a->finish(FinishKind::kJobFailed, "a worker failed"); });
+  std::this_thread::sleep_for(30ms);  // a waits for b to leave
+  ASSERT_EQ(bye.wait_for(0ms), std::future_status::timeout);
+  const auto t0 = std::chrono::steady_clock::now();
+  c.world->kill("b");
+  ASSERT_EQ(bye.wait_for(2s), std::future_status::ready);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 150ms);
+}
+
 // The same while the first round forms: the host's join is cancelled (it stops on a
 // signal) at once, and its connection stays up to close the job and see the others leave.
 // (Before, the cancelled join ran out its wait: up to a second.)
