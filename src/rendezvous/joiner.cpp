@@ -31,13 +31,13 @@ Joiner::Joiner(const DynamicConfig& c, Backend& main, NodeEvents& events, const 
     : c_(c), backend_name_(main.describe()), main_(main), events_(events), cancel_(cancel) {}
 
 State Joiner::join(const NodeDesc& me, Clock::time_point deadline, std::vector<NodeDesc> remaining,
-                   std::optional<std::set<std::string>> counted_lost) {
+                   std::set<std::string> counted_lost) {
   me_ = me;
   remaining_ = std::move(remaining);
   seen_open_ = false;
   timed_out_in_.reset();
   met_.clear();
-  lost_at_start_ = counted_lost ? std::move(*counted_lost) : events_.lost();
+  lost_at_start_ = std::move(counted_lost);
   lost_checked_ = SIZE_MAX;  // the first step checks: a loss read since restart_refused counts too
   Seen seen;
   int conflicts = 0;

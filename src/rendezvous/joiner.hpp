@@ -45,9 +45,9 @@ class Joiner {
   // join throws TooFewNodes when losses leave fewer than MIN of them and of the nodes that
   // joined since. Empty: this node's first round, which waits for nodes to come.
   // counted_lost: the nodes known lost when `remaining` was counted (restart_refused); a
-  // loss since is named as one while the next round formed. Absent: those lost now.
-  State join(const NodeDesc& me, Clock::time_point deadline, std::vector<NodeDesc> remaining = {},
-             std::optional<std::set<std::string>> counted_lost = std::nullopt);
+  // loss since is named as one while the next round formed.
+  State join(const NodeDesc& me, Clock::time_point deadline, std::vector<NodeDesc> remaining,
+             std::set<std::string> counted_lost);
   // Called at every step: throws LeaseEnded when this node's lease ended (LeaseKeeper::check_alive).
   void set_lease_check(std::function<void()> check) { lease_check_ = std::move(check); }
 
