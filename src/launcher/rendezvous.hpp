@@ -35,6 +35,7 @@ class StoreServer;
 
 namespace ddprun {
 
+using rdzv::DumpAnswers;
 using rdzv::FinishKind;
 using rdzv::RoundEnd;
 using Deadline = std::chrono::steady_clock::time_point;
@@ -75,6 +76,20 @@ class Rendezvous {
   virtual void ask_dump(const std::string& what) { (void)what; }
   // The dumps other nodes asked for (each its `what`), once notify_fd was readable.
   virtual std::vector<std::string> dump_requests() { return {}; }
+  // This node's answer to the dump `what` another node asked for (posted: never blocks).
+  virtual void answer_dump(const std::string& what, const std::string& answer) {
+    (void)what;
+    (void)answer;
+  }
+  // Gathers the answers of the other `nodes` nodes to the dump `what` this node asked for,
+  // in the background, until all came or `deadline`; notify_fd then wakes the caller
+  // (dump_answers). Never blocks.
+  virtual void gather_dump(const std::string& what, size_t nodes, Deadline deadline) {
+    (void)what;
+    (void)nodes;
+    (void)deadline;
+  }
+  virtual std::vector<DumpAnswers> dump_answers() { return {}; }
   // --hang-timeout across nodes: adds delta (1: this node's ranks made progress, 0: just
   // look) to the round's job-wide progress count, in the background (never blocks; a call
   // while the last one is still out is dropped). job_progress() is the count as last

@@ -122,6 +122,19 @@ class NodeRendezvous : public Rendezvous {
     });
   }
   std::vector<std::string> dump_requests() override { return d_->take_dump_requests(); }
+  void answer_dump(const std::string& what, const std::string& answer) override {
+    post_note([d = d_.get(), what, answer] {
+      try {
+        d->answer_dump(what, answer);
+      } catch (const std::exception& e) {
+        spdlog::warn("rendezvous: cannot send this node's stacks to the node that asked ({}): {}", what, e.what());
+      }
+    });
+  }
+  void gather_dump(const std::string& what, size_t nodes, Deadline deadline) override {
+    d_->gather_dump(what, nodes, deadline);
+  }
+  std::vector<DumpAnswers> dump_answers() override { return d_->take_dump_answers(); }
   void note_progress(int64_t delta) override {
     if (progress_->busy.exchange(true)) return;  // the last one is still out: the next check asks again
     post_note([d = d_.get(), delta, p = progress_] {

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <optional>
 #include <map>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -319,11 +320,11 @@ std::vector<StackTarget> StackDumps::targets(const std::vector<WorkerResult>& wo
   return out;
 }
 
-std::vector<std::string> StackDumps::prefixes(const std::vector<RankStack>& stacks) const {
+std::vector<std::string> StackDumps::prefixes(const std::vector<RankStack>& stacks, const std::string& host) const {
   std::vector<std::string> out;
   for (const auto& s : stacks)
     out.push_back(expand_prefix(o_.log_line_prefix_template.value_or("[rank${rank}]:"), s.rank, s.local_rank,
-                                o_.role, hostname_));
+                                o_.role, host));
   return out;
 }
 
@@ -335,8 +336,11 @@ std::string StackDumps::save(const std::string& attempt_dir, const std::string& 
 }
 
 std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, const std::string& attempt_dir,
-                                  const std::string& why) {
+                                  const std::string& what, const std::string& trigger) {
+  const std::string why = trigger.empty() ? what : fmt::format("{} ({})", trigger, what);
   auto ts = targets(workers, nullptr);
+  Taken& kept = kept_.emplace_back(Taken{what, ++dumps_, {}});
+  if (kept_.size() > 8) kept_.pop_front();  // (kept is the last: still valid)
   if (ts.empty()) {
     spdlog::warn("{}: every rank's stack was asked for, but no worker is running", why);
     return "";
@@ -346,13 +350,87 @@ std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, cons
   const double took = std::chrono::duration<double>(Clock::now() - t0).count();
   std::string body = full_dump(stacks, prefixes(stacks));
   std::string where = where_lines(stacks);
-  std::string file = save(attempt_dir, fmt::format("stacks_{}.txt", ++dumps_), body + "where:\n" + where);
+  std::string file = save(attempt_dir, fmt::format("stacks_{}.txt", kept.number), body + "where:\n" + where);
   auto answered = std::count_if(stacks.begin(), stacks.end(),
                                 [](auto& s) { return s.kind == RankStack::Kind::kStack; });
   spdlog::warn("{}: the stacks of {} rank{} on {} ({} answered in {:.2f} s{}); the job runs on", why,
                stacks.size(), stacks.size() == 1 ? "" : "s", hostname_, answered, took,
                o_.log_dir.empty() || file.empty() ? "" : ", saved in " + file);
+  kept.stacks = std::move(stacks);
   return body + "[ddprun] where each rank is (main thread, innermost frame first):\n" + where + collectives(workers);
+}
+
+std::optional<StackDumps::Taken> StackDumps::take_kept(const std::string& what) {
+  auto it = std::find_if(kept_.begin(), kept_.end(), [&](const Taken& t) { return t.what == what; });
+  if (it == kept_.end()) return std::nullopt;
+  Taken t = std::move(*it);
+  kept_.erase(it);
+  return t;
+}
+
+NodeStacks StackDumps::mine(const JobPlan& plan, std::vector<RankStack> stacks) const {
+  return NodeStacks{plan.group_rank, hostname_, plan.rank_base, o_.nproc_per_node, std::move(stacks)};
+}
+
+std::string StackDumps::answer(const std::string& what, const JobPlan& plan) {
+  auto kept = take_kept(what);
+  // The node that asked reads every answer at once: 16 MiB in all, at most 512 KiB a node
+  // (under etcd's request limit); each rank's signature is whole whatever is cut.
+  const size_t budget = std::clamp<size_t>((size_t{16} << 20) / std::max(1, plan.group_world_size), size_t{16} << 10,
+                                           size_t{512} << 10);
+  return encode_node_stacks(mine(plan, kept ? std::move(kept->stacks) : std::vector<RankStack>{}), budget);
+}
+
+std::string StackDumps::job_wide(const rdzv::DumpAnswers& got, const JobPlan& plan, const std::string& attempt_dir) {
+  auto kept = take_kept(got.what);
+  if (!kept) return "";
+  std::vector<NodeStacks> nodes{mine(plan, std::move(kept->stacks))};
+  for (const auto& a : got.answers)
+    if (auto n = decode_node_stacks(a)) nodes.push_back(std::move(*n));
+  std::sort(nodes.begin(), nodes.end(), [](auto& a, auto& b) { return a.node < b.node; });
+  std::vector<RankStack> all;
+  std::map<int, std::string> node_of;  // rank -> "node 1 (hostb)"
+  std::string body;
+  for (const auto& n : nodes) {
+    body += full_dump(n.ranks, prefixes(n.ranks, n.host));
+    for (const auto& r : n.ranks) node_of[r.rank] = fmt::format("node {} ({})", n.node, n.host);
+    all.insert(all.end(), n.ranks.begin(), n.ranks.end());
+  }
+  for (const auto& n : nodes)  // ranks that had exited, or not started
+    for (int r = n.first_rank; r < n.first_rank + n.nranks; ++r)
+      if (!node_of.contains(r)) {
+        RankStack s;
+        s.rank = r;
+        s.given = "not running on its node";
+        all.push_back(std::move(s));
+        node_of[r] = fmt::format("node {} ({})", n.node, n.host);
+      }
+  std::vector<int> silent_nodes;
+  for (int n = 0; n < plan.group_world_size; ++n)
+    if (std::none_of(nodes.begin(), nodes.end(), [&](auto& a) { return a.node == n; })) silent_nodes.push_back(n);
+  for (int r = 0; r < plan.world_size; ++r)
+    if (!node_of.contains(r)) {
+      RankStack s;
+      s.rank = r;
+      s.given = "no answer from its node";
+      all.push_back(std::move(s));
+    }
+  const std::string where = where_lines(all);
+  std::string file = save(attempt_dir, fmt::format("stacks_{}_all_nodes.txt", kept->number), body + "where:\n" + where);
+  const double took = std::chrono::duration<double>(got.took).count();
+  std::string answered =
+      silent_nodes.empty()
+          ? fmt::format("every node answered ({} nodes, {} ranks, in {:.2f} s)", nodes.size(), all.size(), took)
+          : fmt::format("{} of {} other node{} answered within {:.2f} s; no answer from node{} {}", nodes.size() - 1,
+                        got.asked, got.asked == 1 ? "" : "s", took, silent_nodes.size() == 1 ? "" : "s",
+                        rank_ranges(silent_nodes));
+  spdlog::warn("{}: {}{}", got.what, answered, o_.log_dir.empty() || file.empty() ? "" : "; every node's saved in " + file);
+  std::set<std::string> odd_nodes;  // where the ranks that stand out are
+  for (int r : outliers(all))
+    if (node_of.contains(r)) odd_nodes.insert(node_of[r]);
+  const std::string odd = odd_nodes.empty() ? "" : fmt::format(": on {}", fmt::join(odd_nodes, ", "));
+  return fmt::format("[ddprun] where each rank of the job is (main thread, innermost frame first):\n{}  {}{}\n", where,
+                     standing_out(all), odd);
 }
 
 void StackDumps::at_failure(const std::vector<WorkerResult>& workers, const WorkerResult& root,
@@ -454,12 +532,7 @@ std::string StackDumps::on_hang(const std::vector<WorkerResult>& workers, const 
                                                 [this] { return stop_pending(); });
   std::string body = full_dump(stacks, prefixes(stacks));
   std::string file = stacks.empty() ? "" : save(attempt_dir, "stacks_at_hang.txt", body);
-  auto odd = outliers(stacks);
-  std::string named = !odd.empty() ? fmt::format("{} {} not where the others are", odd.size() > 1 ? "ranks" : "rank",
-                                                 rank_ranges(odd))
-                      : group_by_signature(stacks).size() == 1 ? "every rank is at the same place"
-                                                               : "no rank stands out (no majority)";
-  if (stacks.empty()) named = "stacks are off (--no-stack-dumps)";
+  std::string named = stacks.empty() ? "stacks are off (--no-stack-dumps)" : standing_out(stacks);
   const std::string rule(60, '='), thin(60, '-');
   const std::string every = file.empty() ? "" : "every thread of every rank: " + file + "\n";
   hang_report_ = fmt::format("{}\n{} HUNG: {}\n{}\n{}\n{}{}{}{}\n", rule, o_.script, *hang_, thin, named,

@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
@@ -22,6 +23,8 @@
 #include "launcher/options.hpp"
 #include "launcher/report.hpp"
 #include "launcher/stacks.hpp"
+#include "launcher/worker.hpp"
+#include "rendezvous/events.hpp"
 
 namespace ddprun {
 
@@ -76,9 +79,18 @@ class StackDumps {
   bool on_failure_notice(int sig, pid_t sender, const std::vector<WorkerResult>& workers,
                          const std::string& attempt_dir, bool stopping);
   // Every running worker's stack, for ddprun's stderr; also written under attempt_dir.
-  // `why`: what asked ("SIGQUIT", "dump 2 asked on node 1 (hostb)").
+  // `what` names the dump on every node ("dump 2 asked on node 1 (hostb)"), `trigger` what
+  // asked for it here ("SIGQUIT"; "" when another node asked). The stacks are kept for
+  // answer() (asked elsewhere) or job_wide() (asked here).
   std::string on_demand(const std::vector<WorkerResult>& workers, const std::string& attempt_dir,
-                        const std::string& why);
+                        const std::string& what, const std::string& trigger = "");
+  // This node's answer to the dump `what` that another node asked for: its ranks' stacks as
+  // on_demand took them (encode_node_stacks).
+  std::string answer(const std::string& what, const JobPlan& plan);
+  // The other nodes' answers to the dump this node asked for (got.what): where every rank of
+  // the job is, for ddprun's stderr; every node's dumps are written under attempt_dir. A
+  // node that did not answer by the deadline is named, and so are its ranks.
+  std::string job_wide(const rdzv::DumpAnswers& got, const JobPlan& plan, const std::string& attempt_dir);
   // Before the survivors of `root`'s failure are stopped: where each one was (taken now,
   // unless `root` announced its failure and they were taken then).
   void at_failure(const std::vector<WorkerResult>& workers, const WorkerResult& root, const std::string& attempt_dir);
@@ -115,7 +127,18 @@ class StackDumps {
 
  private:
   std::vector<StackTarget> targets(const std::vector<WorkerResult>& workers, const WorkerResult* skip) const;
-  std::vector<std::string> prefixes(const std::vector<RankStack>& stacks) const;
+  std::vector<std::string> prefixes(const std::vector<RankStack>& stacks, const std::string& host) const;
+  std::vector<std::string> prefixes(const std::vector<RankStack>& stacks) const { return prefixes(stacks, hostname_); }
+  // A dump's stacks on this node, kept until they are sent (answer) or shown with the
+  // others' (job_wide): the last few only.
+  struct Taken {
+    std::string what;
+    int number = 0;  // stacks_<number>.txt
+    std::vector<RankStack> stacks;
+  };
+  std::optional<Taken> take_kept(const std::string& what);
+  // This node's part of a dump: its ranks, those that were running with their stacks.
+  NodeStacks mine(const JobPlan& plan, std::vector<RankStack> stacks) const;
   std::string save(const std::string& attempt_dir, const std::string& name, const std::string& text);
   // The libddp collective table of the workers that keep a progress record ("" if none).
   std::string collectives(const std::vector<WorkerResult>& workers) const;
@@ -140,6 +163,7 @@ class StackDumps {
   std::optional<std::string> hang_;
   std::string hang_report_;
   int dumps_ = 0;
+  std::deque<Taken> kept_;
 };
 
 }  // namespace ddprun

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 namespace ddprun {
 
@@ -114,6 +115,7 @@ std::string innermost(const ThreadStack& t, size_t depth) {
 }
 
 std::string RankStack::signature(size_t depth) const {
+  if (!given.empty()) return given;
   switch (kind) {
     case Kind::kNoAnswer: return "no answer";
     case Kind::kNoBootstrap: return "no Python stack (no ddprun bootstrap in this worker, or not yet)";
@@ -171,6 +173,75 @@ std::vector<int> outliers(const std::vector<RankStack>& stacks) {
   for (size_t i = 1; i < groups.size(); ++i) out.insert(out.end(), groups[i].second.begin(), groups[i].second.end());
   std::sort(out.begin(), out.end());
   return out;
+}
+
+std::string standing_out(const std::vector<RankStack>& stacks) {
+  auto odd = outliers(stacks);
+  if (!odd.empty())
+    return fmt::format("{} {} not where the others are", odd.size() > 1 ? "ranks" : "rank", rank_ranges(odd));
+  return group_by_signature(stacks).size() == 1 ? "every rank is at the same place"
+                                                : "no rank stands out (no majority)";
+}
+
+namespace {
+
+// The first lines of `text` that fit in `most` bytes, and a line that says what was cut.
+std::string cut_to(const std::string& text, size_t most, const std::string& host) {
+  if (text.size() <= most) return text;
+  size_t end = text.rfind('\n', most);
+  end = end == std::string::npos ? 0 : end + 1;
+  return text.substr(0, end) +
+         fmt::format("(cut here: {} bytes more; the whole dump is in the stacks file on {})\n", text.size() - end, host);
+}
+
+}  // namespace
+
+std::string encode_node_stacks(const NodeStacks& n, size_t budget) {
+  const size_t share = std::max<size_t>(4096, budget / std::max<size_t>(1, n.ranks.size()));
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& r : n.ranks)
+    ranks.push_back({{"rank", r.rank},
+                     {"local_rank", r.local_rank},
+                     {"pid", r.pid},
+                     {"kind", static_cast<int>(r.kind)},
+                     {"signature", r.signature()},
+                     {"text", cut_to(r.text, share, n.host)},
+                     {"native", cut_to(r.native, share, n.host)}});
+  nlohmann::json j{{"node", n.node},
+                   {"host", n.host},
+                   {"first_rank", n.first_rank},
+                   {"nranks", n.nranks},
+                   {"ranks", std::move(ranks)}};
+  // Stack text is not always UTF-8 (a file name's bytes): replaced, never an exception.
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::optional<NodeStacks> decode_node_stacks(const std::string& line) {
+  auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return std::nullopt;
+  try {
+    NodeStacks n;
+    n.node = j.at("node").get<int>();
+    n.host = j.at("host").get<std::string>();
+    n.first_rank = j.at("first_rank").get<int>();
+    n.nranks = j.at("nranks").get<int>();
+    for (const auto& r : j.at("ranks")) {
+      RankStack s;
+      s.rank = r.at("rank").get<int>();
+      s.local_rank = r.at("local_rank").get<int>();
+      s.pid = r.at("pid").get<pid_t>();
+      const int kind = r.at("kind").get<int>();
+      if (kind < 0 || kind > static_cast<int>(RankStack::Kind::kExited)) return std::nullopt;
+      s.kind = static_cast<RankStack::Kind>(kind);
+      s.given = r.at("signature").get<std::string>();
+      s.text = r.at("text").get<std::string>();
+      s.native = r.at("native").get<std::string>();
+      n.ranks.push_back(std::move(s));
+    }
+    return n;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
 }
 
 std::string full_dump(const std::vector<RankStack>& stacks, const std::vector<std::string>& prefixes) {

@@ -10,6 +10,7 @@
 
 #include <csignal>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,9 +57,10 @@ struct RankStack {
   enum class Kind { kStack, kIncomplete, kNoAnswer, kNoBootstrap, kExited } kind = Kind::kNoAnswer;
   std::string text;    // faulthandler's dump (kStack, kIncomplete)
   std::string native;  // the kernel's view of its threads, when there is no dump
+  std::string given;   // its signature as the node that took it said (an answer from another node)
 
   // What grouping and majorities compare: the main thread's innermost frames, or why
-  // there is none ("no answer", "no Python bootstrap", "exited").
+  // there is none ("no answer", "no Python bootstrap", "exited"); `given` when set.
   std::string signature(size_t depth = 4) const;
 };
 
@@ -74,6 +76,24 @@ std::string where_lines(const std::vector<RankStack>& stacks, const std::string&
 // The ranks whose signature differs from the biggest group's, when one group holds more
 // than half of the ranks; every rank's group otherwise is a tie and nothing is singled out.
 std::vector<int> outliers(const std::vector<RankStack>& stacks);
+
+// "rank 2 not where the others are", "every rank is at the same place", or "no rank stands
+// out (no majority)".
+std::string standing_out(const std::vector<RankStack>& stacks);
+
+// A node's answer to a stack dump another node asked for (docs/stacks.md, "Several nodes"):
+// its ranks' stacks, as its take_stacks returned them.
+struct NodeStacks {
+  int node = 0;  // its node rank in the round
+  std::string host;
+  int first_rank = 0, nranks = 0;  // the global ranks it runs: [first_rank, first_rank + nranks)
+  std::vector<RankStack> ranks;    // those that were running
+};
+// One line of JSON (no newline) with each rank's signature; a rank's dump longer than its
+// share of `budget` bytes is cut (at a line, with a note that says so).
+std::string encode_node_stacks(const NodeStacks& n, size_t budget = size_t{1} << 20);
+// nullopt: not such a line.
+std::optional<NodeStacks> decode_node_stacks(const std::string& line);
 
 // The libddp collective a rank is in, or last finished (collectives/progress_record.hpp),
 // as read from its record.

@@ -346,19 +346,36 @@ class AttemptSupervisor {
   }
 
   // Every local rank's stack on this node's stderr; asked here (`trigger`: the signal), the
-  // other nodes are asked too, and every node's output names the same dump.
+  // other nodes are asked too, every node's output names the same dump, and once the others
+  // answered (on_remote) this node shows where every rank of the job is.
   void dump_stacks(const std::string& trigger) {
     const std::string what = fmt::format("dump {} asked on node {} ({})", ++dumps_asked_, job_.plan.group_rank,
                                          job_.plan.hostname);
-    if (job_.plan.group_world_size > 1) rdzv_.ask_dump(what);
-    output_.err().push_line(
-        stacks_.on_demand(workers_.all(), job_.attempt_dir(), fmt::format("{} ({})", trigger, what)));
+    if (job_.plan.group_world_size > 1) {
+      rdzv_.ask_dump(what);
+      rdzv_.gather_dump(what, static_cast<size_t>(job_.plan.group_world_size - 1), Clock::now() + kGatherDeadline);
+    }
+    output_.err().push_line(stacks_.on_demand(workers_.all(), job_.attempt_dir(), what, trigger));
+  }
+  // How long the node that asked for a dump waits for the others' answers: their own dump's
+  // deadline, and a second for the ask and the answers to travel.
+  static constexpr auto kGatherDeadline = StackDumps::kOnDemand + std::chrono::seconds(1);
+
+  // The stack dumps other nodes asked for (this node answers with its own ranks'), and the
+  // answers to this node's.
+  void on_remote_dumps() {
+    for (const auto& what : rdzv_.dump_requests()) {
+      if (workers_.stopping()) continue;
+      output_.err().push_line(stacks_.on_demand(workers_.all(), job_.attempt_dir(), what));
+      rdzv_.answer_dump(what, stacks_.answer(what, job_.plan));
+    }
+    for (const auto& got : rdzv_.dump_answers())
+      output_.err().push_line(stacks_.job_wide(got, job_.plan, job_.attempt_dir()));
   }
 
   void on_remote() {
     auto end = rdzv_.round_end();
-    for (const auto& what : rdzv_.dump_requests())
-      if (!workers_.stopping()) output_.err().push_line(stacks_.on_demand(workers_.all(), job_.attempt_dir(), what));
+    on_remote_dumps();
     if (!end || workers_.stopping() || remote_end_) return;
     if (signals_.stopped_elsewhere(*end)) return;
     remote_end_ = end;

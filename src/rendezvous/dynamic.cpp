@@ -17,6 +17,7 @@
 //   (each round's rank 0 drops the lines of both that nobody needs any more: trim_logs)
 //   exit/<R>    who passed round R's exit barrier, and lease lines (see arrive_exit)
 //   left        who left the finished job (the store's host waits for everyone)
+//   dumps/<R>   the answers to round R's stack dumps (dump_gather.hpp)
 // Counters: exit/<R>/n, the members that passed round R's exit barrier; progress/<R>, the
 // job-wide progress count (--hang-timeout).
 
@@ -30,7 +31,8 @@ DynamicRendezvous::DynamicRendezvous(DynamicConfig c, std::unique_ptr<Backend> m
       backend_name_(main->describe()),
       main_(std::move(main)),
       events_(*main_),
-      joiner_(c_, *main_, events_, cancel_) {
+      joiner_(c_, *main_, events_, cancel_),
+      gatherer_(std::make_unique<DumpGatherer>(signal_)) {
   // The lease: when this node dies or falls silent, "lost <id>" is written into the events.
   keeper_ = std::make_unique<LeaseKeeper>(
       std::move(lease), LeaseKeeper::Settings{c_.me.id, backend_name_, c_.keep_alive_interval, c_.keep_alive_max_attempt},
@@ -48,6 +50,7 @@ DynamicRendezvous::DynamicRendezvous(DynamicConfig c, std::unique_ptr<Backend> m
 
 DynamicRendezvous::~DynamicRendezvous() {
   signal_.stop();
+  gatherer_.reset();
   watcher_.reset();
   keeper_.reset();  // (and the lease closed)
   worker_store_.reset();
@@ -126,6 +129,7 @@ void forget_round(Backend& b, int64_t r) {
     b.drop_log(exit_log(r));
     b.drop_counter(exit_log(r) + "/n");
     b.drop_counter(fmt::format("progress/{}", r));
+    b.drop_log(dumps_log(r));
   } catch (const std::exception& e) {
     spdlog::debug("rendezvous: removing round {}'s exit log: {}", r, e.what());
   }

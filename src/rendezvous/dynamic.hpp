@@ -15,8 +15,9 @@
 //
 // Threads: the caller's (all of the above), a keeper (renews this node's lease every
 // keep_alive_interval: LeaseKeeper) and a watcher (reads the running round's log:
-// RoundWatcher). Each uses its own Backend object; they report to the caller through a
-// RoundSignal. Joining a round is a Joiner's.
+// RoundWatcher), and for a stack dump this node asked of the others, one that gathers their
+// answers until its deadline (DumpGatherer). Each uses its own Backend object; they report
+// to the caller through a RoundSignal. Joining a round is a Joiner's.
 #pragma once
 
 #include <atomic>
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "rendezvous/backend.hpp"
+#include "rendezvous/dump_gather.hpp"
 #include "rendezvous/events.hpp"
 #include "rendezvous/joiner.hpp"
 #include "rendezvous/lease_keeper.hpp"
@@ -87,6 +89,7 @@ enum class FinishKind {
 
 class DynamicRendezvous {
  public:
+  using Clock = std::chrono::steady_clock;
   // main: the caller's backend; events: the watcher's; lease: the keeper's (it opens the
   // lease). All three serve the same run.
   DynamicRendezvous(DynamicConfig c, std::unique_ptr<Backend> main, std::unique_ptr<Backend> events,
@@ -116,6 +119,14 @@ class DynamicRendezvous {
   // The dumps other nodes asked for since the last call (each `what`); notify_fd wakes
   // the caller when one comes.
   std::vector<std::string> take_dump_requests();
+  // This node's answer to the dump `what` another node asked for (the text is the caller's;
+  // no newline). Blocks on the backend like end_round.
+  void answer_dump(const std::string& what, const std::string& answer);
+  // Gathers the answers of the other `nodes` nodes to the dump `what` that this node asked
+  // for, on a thread of its own, until every one came or `deadline`; then notify_fd wakes
+  // the caller (take_dump_answers). Never blocks.
+  void gather_dump(const std::string& what, size_t nodes, Clock::time_point deadline);
+  std::vector<DumpAnswers> take_dump_answers() { return signal_.take_answers(); }
   // Adds delta to the running round's job-wide progress count (--hang-timeout: a node whose
   // own ranks are silent still sees the others' progress) and returns it. Blocks on the
   // backend like end_round; -1 between rounds.
@@ -125,7 +136,6 @@ class DynamicRendezvous {
   std::string backend_name() const { return backend_name_; }
 
  private:
-  using Clock = std::chrono::steady_clock;
   using Members = detail::Members;
 
   RoundPlan plan_of(const State& s) const;
@@ -148,6 +158,7 @@ class DynamicRendezvous {
   detail::Joiner joiner_;
   std::unique_ptr<detail::LeaseKeeper> keeper_;
   std::unique_ptr<detail::RoundWatcher> watcher_;
+  std::unique_ptr<detail::DumpGatherer> gatherer_;
   std::unique_ptr<Backend> post_;  // end_round's: callable while next_round runs elsewhere
   std::mutex post_mu_;
 

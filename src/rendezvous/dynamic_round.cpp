@@ -40,6 +40,18 @@ int64_t DynamicRendezvous::add_progress(int64_t delta) {
   return post([&](Backend& b) { return b.add(fmt::format("progress/{}", r), delta); });
 }
 
+void DynamicRendezvous::answer_dump(const std::string& what, const std::string& answer) {
+  const int64_t r = signal_.watched();
+  if (r < 0) return;
+  post([&](Backend& b) { b.append(dumps_log(r), dump_answer_line(what, answer)); });
+}
+
+void DynamicRendezvous::gather_dump(const std::string& what, size_t nodes, Clock::time_point deadline) {
+  const int64_t r = signal_.watched();
+  if (r < 0 || nodes == 0) return;
+  gatherer_->start(main_->clone(), r, what, nodes, deadline);
+}
+
 std::vector<std::string> DynamicRendezvous::take_dump_requests() { return signal_.take_dumps(); }
 
 std::optional<RoundEnd> DynamicRendezvous::round_end() { return signal_.take(); }

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -48,6 +49,15 @@ struct RoundEnd {
   // This node alone is cut off (the others may go on): it stops, and says why once at the end.
   bool node_only() const { return kind == Kind::kPartitioned || kind == Kind::kStoreLost; }
   std::string describe() const;
+};
+
+// The other nodes' answers to a stack dump this node asked for (gather_dump): each node's
+// answer as it wrote it (answer_dump), those that came by the deadline.
+struct DumpAnswers {
+  std::string what;                  // the dump, as ask_dump named it
+  std::vector<std::string> answers;  // one per node that answered
+  size_t asked = 0;                  // how many nodes were asked
+  std::chrono::milliseconds took{0};  // from the ask to the last answer (or the deadline)
 };
 
 struct Event {

@@ -52,7 +52,7 @@ void RoundSignal::rearm() {
   bool pending = false;
   {
     std::lock_guard lk(mu_);
-    pending = problem_ || end_ || !dumps_.empty();
+    pending = problem_ || end_ || !dumps_.empty() || !answers_.empty();
   }
   if (pending) wake();
 }
@@ -73,6 +73,11 @@ bool RoundSignal::cut_off() const {
 std::vector<std::string> RoundSignal::take_dumps() {
   std::lock_guard lk(mu_);
   return std::exchange(dumps_, {});
+}
+
+std::vector<DumpAnswers> RoundSignal::take_answers() {
+  std::lock_guard lk(mu_);
+  return std::exchange(answers_, {});
 }
 
 void RoundSignal::stop() {
@@ -108,6 +113,14 @@ void RoundSignal::add_dumps(const std::vector<std::string>& asked) {
   {
     std::lock_guard lk(mu_);
     dumps_.insert(dumps_.end(), asked.begin(), asked.end());
+  }
+  wake();
+}
+
+void RoundSignal::add_answers(DumpAnswers got) {
+  {
+    std::lock_guard lk(mu_);
+    answers_.push_back(std::move(got));
   }
   wake();
 }

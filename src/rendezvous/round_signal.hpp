@@ -1,6 +1,6 @@
 // What the dynamic rendezvous's three threads share (dynamic.hpp): the round the caller is
-// in, how that round ended or why this node is cut off, and the stack dumps other nodes
-// asked for. The watcher and the keeper report here; fd() wakes the caller.
+// in, how that round ended or why this node is cut off, the stack dumps other nodes
+// asked for, and the answers to this node's. The watcher and the keeper report here; fd() wakes the caller.
 #pragma once
 
 #include <chrono>
@@ -25,7 +25,7 @@ class RoundSignal {
   RoundSignal(const RoundSignal&) = delete;
   RoundSignal& operator=(const RoundSignal&) = delete;
 
-  int fd() const { return efd_; }  // readable when an end, a cut-off or a dump request came
+  int fd() const { return efd_; }  // readable when an end, a cut-off, a dump request or answers came
 
   // The caller's side.
   void watch(int64_t round, Members members);  // round -1: between rounds (joining)
@@ -38,12 +38,14 @@ class RoundSignal {
   RoundEnd wait();                 // blocks until there is one (or stop())
   bool cut_off() const;
   std::vector<std::string> take_dumps();
+  std::vector<DumpAnswers> take_answers();
   void stop();
 
   // The watcher's and keeper's side. A round's end counts only for the watched round, and
   // only the first; round -1 is this node cut off (it ends every round).
   void notify_end(int64_t round, const RoundEnd& end);
   void add_dumps(const std::vector<std::string>& asked);
+  void add_answers(DumpAnswers got);  // a gather's (dump_gather.hpp)
   // Waits while round `r` needs no reading (no round watched, or its end is known); then
   // what is watched now. nullopt: stopping.
   struct Watch {
@@ -69,6 +71,7 @@ class RoundSignal {
   std::optional<RoundEnd> end_;      // the watched round's end, once seen
   std::optional<RoundEnd> problem_;  // partitioned / store lost: ends every round
   std::vector<std::string> dumps_;   // dumps other nodes asked for, not yet taken
+  std::vector<DumpAnswers> answers_;  // answers to this node's dumps, not yet taken
   bool stop_ = false;
   int efd_ = -1;
 };

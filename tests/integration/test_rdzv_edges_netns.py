@@ -102,8 +102,8 @@ class RdzvEdgesNetns(NetnsHosts):
 
     def test_c10d_a_dump_asked_on_one_host_shows_the_other_hosts_ranks(self):
         """Issue 21: SIGQUIT to host b's ddprun; host a shows its own ranks' Python stacks
-        under the same dump's name, through the rendezvous; the job runs on (no worker is
-        signalled but for the dump)."""
+        under the same dump's name, through the rendezvous, and sends them back: host b shows
+        where all four ranks are; the job runs on (no worker is signalled but for the dump)."""
         self.make_topology(2)
         names = ["hosta", "hostb"]
         nodes = [self.start_node(i, ["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
@@ -125,6 +125,12 @@ class RdzvEdgesNetns(NetnsHosts):
             self.assertRegex(err0, rf"\[rank{r}\]:  File \".*edge_worker.py\", line \d+ in ", self.describe())
         self.assertRegex(nodes[1].stderr(), r"SIGQUIT \(" + name + r"\): the stacks of 2 ranks on hostb",
                          self.describe())
+        # Host b, which asked, shows where every rank of the job is, host a's answer in.
+        while time.monotonic() < deadline and "of the job is" not in nodes[1].stderr():
+            time.sleep(0.05)
+        self.assertLess(time.monotonic() - asked, lib.scaled(3), "host a answers at once")
+        self.assertRegex(nodes[1].stderr(), name + r": every node answered \(2 nodes, 4 ranks, in \d+\.\d\d s\)\n"
+                         r"\[ddprun\] where each rank of the job is .*\n  ranks 0-3: ", self.describe())
         for r in range(4):
             self.assertFalse(os.path.exists(os.path.join(self.tmp, f"term_{r}")), f"rank {r} was stopped")
         self.assertEqual([n.proc.poll() for n in nodes], [None, None], "the job runs on" + self.describe())

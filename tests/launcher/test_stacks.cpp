@@ -5,12 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include "launcher/stack_dump.hpp"
 #include "launcher/stacks.hpp"
 
 namespace {
 
 using ddprun::RankStack;
 using Kind = RankStack::Kind;
+using namespace std::chrono_literals;
 
 // What faulthandler.dump_traceback(all_threads=True) writes for a job stuck in all_reduce:
 // a helper thread first, the main thread last.
@@ -135,6 +137,101 @@ TEST(LauncherStacks, FullDumpPrefixesEveryLine) {
   EXPECT_NE(out.find("[rank1]:no answer (pid 1001): 1 thread: 1x S futex_wait_queue\n"), std::string::npos) << out;
   EXPECT_NE(out.find("[rank2]:(the dump was still being written at the deadline)\n"), std::string::npos) << out;
   for (size_t at = 0; at < out.size(); at = out.find('\n', at) + 1) EXPECT_EQ(out[at], '[') << out.substr(at);
+}
+
+TEST(LauncherStacks, StandingOutNamesTheOddRanksOrWhyNone) {
+  std::vector<RankStack> s{stack(0, Kind::kStack, kAllReduce), stack(1, Kind::kStack, kAllReduce),
+                           stack(2, Kind::kStack, kSleeping)};
+  EXPECT_EQ(ddprun::standing_out(s), "rank 2 not where the others are");
+  s.pop_back();
+  EXPECT_EQ(ddprun::standing_out(s), "every rank is at the same place");
+  s.push_back(stack(2, Kind::kStack, kSleeping));
+  s.push_back(stack(3, Kind::kNoAnswer));
+  EXPECT_EQ(ddprun::standing_out(s), "no rank stands out (no majority)");
+}
+
+// A node's answer to a dump asked on another node: one line, every field back as it was,
+// each rank's signature as the answering node saw it.
+TEST(NodeStacks, AnAnswerIsOneLineThatReadsBackWhole) {
+  RankStack quiet = stack(3, Kind::kNoAnswer);
+  quiet.native = "1 thread: 1x S futex_wait_queue";
+  ddprun::NodeStacks n{1, "hostb", 2, 3, {stack(2, Kind::kStack, kAllReduce), quiet}};
+  n.ranks[1].local_rank = 1;
+  const std::string line = ddprun::encode_node_stacks(n);
+  EXPECT_EQ(line.find('\n'), std::string::npos);
+  auto back = ddprun::decode_node_stacks(line);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->node, 1);
+  EXPECT_EQ(back->host, "hostb");
+  EXPECT_EQ(back->first_rank, 2);
+  EXPECT_EQ(back->nranks, 3);
+  ASSERT_EQ(back->ranks.size(), 2u);
+  EXPECT_EQ(back->ranks[0].rank, 2);
+  EXPECT_EQ(back->ranks[0].pid, 1002);
+  EXPECT_EQ(back->ranks[0].kind, Kind::kStack);
+  EXPECT_EQ(back->ranks[0].text, kAllReduce);
+  EXPECT_EQ(back->ranks[0].signature(), n.ranks[0].signature());
+  EXPECT_EQ(back->ranks[1].local_rank, 1);
+  EXPECT_EQ(back->ranks[1].kind, Kind::kNoAnswer);
+  EXPECT_EQ(back->ranks[1].native, quiet.native);
+  EXPECT_EQ(back->ranks[1].signature(), "no answer");
+}
+
+// A dump too long for its share is cut at a line, with a note; its signature (the main
+// thread, written last) is still the whole dump's. Bytes that are not UTF-8 do not throw.
+TEST(NodeStacks, ALongDumpIsCutButItsSignatureIsWhole) {
+  std::string text = "Thread 0x00007f6455bc4701 (most recent call first):\n  File \"/job/\xff\xfe.py\", line 1 in odd\n\n";
+  for (int i = 0; i < 400; ++i)
+    text += "Thread 0x00007f6455bc4700 (most recent call first):\n  File \"/x/helper.py\", line 1 in spin\n\n";
+  text += kAllReduce;
+  ddprun::NodeStacks n{0, "hosta", 0, 1, {stack(0, Kind::kStack, text)}};
+  const std::string line = ddprun::encode_node_stacks(n, 8192);
+  EXPECT_LT(line.size(), 8192u + 1024u);
+  auto back = ddprun::decode_node_stacks(line);
+  ASSERT_TRUE(back);
+  const std::string& cut = back->ranks[0].text;
+  EXPECT_NE(cut.find("(cut here: "), std::string::npos) << cut.substr(cut.size() - 200);
+  EXPECT_NE(cut.find("bytes more; the whole dump is in the stacks file on hosta)\n"), std::string::npos);
+  EXPECT_EQ(back->ranks[0].signature(), n.ranks[0].signature());
+  EXPECT_NE(cut.find("/job/\xef\xbf\xbd\xef\xbf\xbd.py"), std::string::npos) << cut.substr(0, 200);  // U+FFFD twice
+}
+
+TEST(NodeStacks, WhatIsNotAnAnswerIsNone) {
+  for (const char* bad : {"", "{", "[]", "{\"node\": 1}",
+                          "{\"node\": 0, \"host\": \"a\", \"first_rank\": 0, \"nranks\": 1, \"ranks\": [{\"rank\": 0}]}",
+                          "{\"node\":0,\"host\":\"a\",\"first_rank\":0,\"nranks\":1,\"ranks\":[{\"rank\":0,\"local_rank\":0,\"pid\":1,"
+                          "\"kind\":9,\"signature\":\"\",\"text\":\"\",\"native\":\"\"}]}"})
+    EXPECT_FALSE(ddprun::decode_node_stacks(bad)) << bad;
+}
+
+// The node that asked, with the answers of some nodes: its own ranks had exited, node 1's
+// answered (rank 3 elsewhere), node 2 did not answer. Every rank of the job is accounted for.
+TEST(NodeStacks, TheJobWideViewAccountsForEveryRank) {
+  ddprun::Options o;
+  o.nproc_per_node = 2;
+  o.stack_dumps = false;  // (no bootstrap needed: no worker is signalled here)
+  ddprun::StackDumps dumps(o, "hosta");
+  const std::string what = "dump 1 asked on node 0 (hosta)";
+  EXPECT_EQ(dumps.on_demand({}, "/nonexistent", what, "SIGQUIT"), "");  // no worker running here
+  ddprun::JobPlan plan;
+  plan.group_rank = 0;
+  plan.group_world_size = 3;
+  plan.rank_base = 0;
+  plan.world_size = 6;
+  ddprun::NodeStacks b{1, "hostb", 2, 2, {stack(2, Kind::kStack, kAllReduce), stack(3, Kind::kStack, kSleeping)}};
+  const std::string out =
+      dumps.job_wide(ddprun::rdzv::DumpAnswers{what, {ddprun::encode_node_stacks(b), "not an answer"}, 2, 3000ms},
+                     plan, "/nonexistent");
+  EXPECT_EQ(out,
+            "[ddprun] where each rank of the job is (main thread, innermost frame first):\n"
+            "  ranks 0-1: not running on its node\n"
+            "  ranks 4-5: no answer from its node\n"
+            "  rank 2: all_reduce (distributed_c10d.py:1536) <- step (train.py:20) <- main (train.py:40) <- "
+            "<module> (train.py:44)\n"
+            "  rank 3: stall (train.py:12) <- step (train.py:19)\n"
+            "  no rank stands out (no majority)\n");
+  // Its stacks were shown: a second view of the same dump is empty.
+  EXPECT_EQ(dumps.job_wide(ddprun::rdzv::DumpAnswers{what, {}, 2, 0ms}, plan, "/nonexistent"), "");
 }
 
 }  // namespace

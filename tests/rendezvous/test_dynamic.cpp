@@ -2,6 +2,8 @@
 // notice failures, departures, silence and newcomers, and finish. Leases run on the
 // backend's fake clock; the rendezvous's own timers (last call, join timeout) are real and
 // short.
+#include <poll.h>
+
 #include <algorithm>
 #include <future>
 #include <thread>
@@ -858,6 +860,72 @@ TEST(DynamicRendezvous, ADumpAskedOnOneNodeReachesTheOthers) {
   EXPECT_TRUE(a->take_dump_requests().empty());
   EXPECT_FALSE(b->round_end().has_value());
   EXPECT_FALSE(a->round_end().has_value());
+}
+
+// The answers to a dump `asker` gathers, once its notify_fd says they came (or kGuard).
+std::vector<DumpAnswers> answers_within(DynamicRendezvous& asker) {
+  std::vector<DumpAnswers> got;
+  const auto deadline = std::chrono::steady_clock::now() + kGuard;
+  while (got.empty() && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{asker.notify_fd(), POLLIN, 0};
+    ::poll(&p, 1, 50);
+    asker.round_end();
+    got = asker.take_dump_answers();
+  }
+  return got;
+}
+
+// The node that asked for a dump gathers the others' answers (to its dump only) and hears
+// through notify_fd once all came, well before its deadline; the answers log is dropped
+// with its round.
+TEST(DynamicRendezvous, TheNodeThatAskedGathersEveryOtherNodesAnswer) {
+  Cluster c;
+  c.job = {3, 3, 1};
+  auto a = c.node("a"), b = c.node("b"), x = c.node("x");
+  all_next_round({a.get(), b.get(), x.get()});
+  const auto t0 = std::chrono::steady_clock::now();
+  a->ask_dump("dump 1 asked on node 0 (a)");
+  a->gather_dump("dump 1 asked on node 0 (a)", 2, t0 + kGuard);
+  b->answer_dump("dump 9 asked on node 1 (b)", "not this one");
+  b->answer_dump("dump 1 asked on node 0 (a)", "{\"from\": \"b\"}");
+  EXPECT_TRUE(a->take_dump_answers().empty());  // one of two so far
+  x->answer_dump("dump 1 asked on node 0 (a)", "{\"from\": \"x\"}");
+  auto got = answers_within(*a);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].what, "dump 1 asked on node 0 (a)");
+  EXPECT_EQ(got[0].answers, (std::vector<std::string>{"{\"from\": \"b\"}", "{\"from\": \"x\"}"}));
+  EXPECT_EQ(got[0].asked, 2u);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, kGuard / 2);
+  EXPECT_FALSE(a->round_end().has_value());  // a dump ends no round
+  EXPECT_EQ(c.world->log("dumps/0").size(), 3u);
+  a->end_round(K::kFailed, "rank 0 exited with 1");
+  for (auto* n : {a.get(), b.get(), x.get()}) {
+    auto e = end_within(*n);
+    ASSERT_TRUE(e);
+    ASSERT_EQ(n->restart_refused(*e), "");
+  }
+  all_next_round({a.get(), b.get(), x.get()});
+  EXPECT_TRUE(c.world->log("dumps/0").empty());
+}
+
+// A node that does not answer: the gather ends at its deadline with what came, and says
+// how many were asked.
+TEST(DynamicRendezvous, AGatherEndsAtItsDeadlineWithTheAnswersThatCame) {
+  Cluster c;
+  c.job = {3, 3, 0};
+  auto a = c.node("a"), b = c.node("b"), x = c.node("x");
+  all_next_round({a.get(), b.get(), x.get()});
+  const auto t0 = std::chrono::steady_clock::now();
+  a->gather_dump("dump 1 asked on node 0 (a)", 2, t0 + 300ms);
+  b->answer_dump("dump 1 asked on node 0 (a)", "b's");
+  auto got = answers_within(*a);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].answers, std::vector<std::string>{"b's"});
+  EXPECT_EQ(got[0].asked, 2u);
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 1s);
+  EXPECT_GE(got[0].took, 290ms);
 }
 
 // Runs `rounds` rounds of the nodes, each ended by a worker failure on the first.

@@ -145,6 +145,15 @@ open(os.path.join(sys.argv[1], "ready_" + os.environ["RANK"]), "w").close()
 time.sleep(float(sys.argv[2]))
 """
 
+# Rank 1 (node 0 of two static nodes) is somewhere else than ranks 0, 2 and 3.
+STRAGGLER = """
+import os, sys, time
+def wait_for_peers(): time.sleep(float(sys.argv[2]))
+def load_batch(): time.sleep(float(sys.argv[2]))
+open(os.path.join(sys.argv[1], "ready_" + os.environ["RANK"]), "w").close()
+load_batch() if os.environ["RANK"] == "1" else wait_for_peers()
+"""
+
 FAIL_LATE = """
 import os, sys, time
 open(os.path.join(sys.argv[1], "ready_" + os.environ["RANK"]), "w").close()
@@ -235,6 +244,54 @@ class Stacks(StacksTest):
             self.assertRegex(node1, rf"\[rank{r}\]:  File .*blocker.py\", line \d+ in <module>")
         for p in nodes:
             self.assertEqual(self.finish(p, 60), 0, node0() + read_text(self.path("node1.stderr")))
+
+    @unittest.skipIf(RUNTIME.is_torch2, "no torch in it: the run on the host's torch covers it")
+    def test_the_node_that_asked_shows_where_every_rank_of_the_job_is(self):
+        """Two static nodes; rank 1 (node 0) stands elsewhere. SIGQUIT to node 1's ddprun:
+        within the dump's deadline node 1 shows where all four ranks are and names rank 1 on
+        node 0, and --log-dir holds every node's full dumps. Then node 0's ddprun is stopped
+        (SIGSTOP) and node 1 asks again: it says node 0 gave no answer, at its deadline (3 s),
+        and its ranks are shown as such. After SIGCONT the job finishes (exit 0 on both)."""
+        script = self.write("straggler.py", STRAGGLER)
+        logs = self.path("logs")
+        nodes = self.static_nodes(["--log-dir", logs, script, self.tmp, str(scaled(8))])
+        self.wait_markers([f"ready_{r}" for r in range(4)])
+        time.sleep(0.2)
+        node1 = lambda: read_text(self.path("node1.stderr"))  # noqa: E731
+        t0 = time.monotonic()
+        os.kill(nodes[1].pid, signal.SIGQUIT)
+        m = self.wait_for(lambda: re.search(r"dump 1 asked on node 1 \(\S+\): (every node answered .*)\n"
+                                            r"\[ddprun\] where each rank of the job is .*\n((?:  .*\n)+)", node1()),
+                          scaled(10), "node 1's view of the whole job")
+        self.assertLess(time.monotonic() - t0, scaled(2), "both nodes answer at once")
+        self.assertRegex(m.group(1), r"^every node answered \(2 nodes, 4 ranks, in \d+\.\d\d s\); every node's saved in "
+                                     + re.escape(logs))
+        self.assertRegex(m.group(2), r"^  ranks 0, 2-3: wait_for_peers \(straggler.py:3\) <- <module> \(straggler.py:6\)\n"
+                                     r"  rank 1: load_batch \(straggler.py:4\) <- <module> \(straggler.py:6\)\n"
+                                     r"  rank 1 not where the others are: on node 0 \(\S+\)\n$")
+        saved = glob.glob(os.path.join(logs, "*", "attempt_0", "stacks_1_all_nodes.txt"))
+        self.assertEqual(len(saved), 1, os.listdir(logs))
+        for r in range(4):
+            self.assertRegex(read_text(saved[0]), rf"\[rank{r}\]:  File .*straggler.py\", line 6 in <module>")
+        self.assertNotIn("of the job", read_text(self.path("node0.stderr")), "only the node that asked")
+
+        os.kill(nodes[0].pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            os.kill(nodes[1].pid, signal.SIGQUIT)
+            m = self.wait_for(lambda: re.search(r"dump 2 asked on node 1 \(\S+\): (0 of 1 other node answered .*)\n"
+                                                r"\[ddprun\] where each rank of the job is .*\n((?:  .*\n)+)", node1()),
+                              scaled(10), "node 1's second view")
+            took = time.monotonic() - t0
+        finally:
+            os.kill(nodes[0].pid, signal.SIGCONT)
+        self.assertGreater(took, 2.9)
+        self.assertLess(took, 3 + scaled(1.5), "the deadline is 3 s")
+        self.assertRegex(m.group(1), r"^0 of 1 other node answered within 3\.\d\d s; no answer from node 0")
+        self.assertIn("  ranks 0-1: no answer from its node\n", m.group(2))
+        self.assertIn("  ranks 2-3: wait_for_peers (straggler.py:3)", m.group(2))
+        for n, p in enumerate(nodes):
+            self.assertEqual(self.finish(p, 60), 0, read_text(self.path(f"node{n}.stderr")))
 
     def test_a_libddp_rank_that_skips_a_collective_is_named_in_the_table(self):
         """Four C++ workers on libddp; rank 1 skips all_reduce #3 and sleeps: the dump's table
