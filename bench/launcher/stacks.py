@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Time from a stack-dump trigger to the last rank's stack on ddprun's output (docs/stacks.md),
 for N Python ranks on one node (or, with --nodes 2, split over two static nodes on loopback,
-the dump asked on node 1 and timed until both nodes have shown theirs), and in the same run
+the dump asked on node 1 and timed until both nodes have shown theirs, and until node 1 shows
+where every rank of the job is, the other node's answer in), and in the same run
 the anchor: the same ranks answering the
 same signal (SIGURG) sent by this script directly, measured to the moment every rank's dump is
 in its file (faulthandler's own time, with no launcher in between).
@@ -105,13 +106,15 @@ def main():
             time.sleep(0.5)
             files = sorted(glob.glob(os.path.join(tmp, "logs*", "*", "attempt_0", "*", "stacks")))
             pids = [int(open(f).readline().split("pid=")[1]) for f in files]
-            via, raw = [], []
+            via, raw, whole = [], [], []
             for _ in range(a.runs):
                 with cond:
                     starts = [len(x) for x in seen]
                 t0 = time.perf_counter()
                 jobs[-1].send_signal(signal.SIGQUIT)  # the last node asks
                 via.append(max(wait_line(x, cond, st, "[ddprun] where each rank is") for x, st in zip(seen, starts)) - t0)
+                if a.nodes > 1:  # the node that asked, once every other node's answer is in
+                    whole.append(wait_line(seen[-1], cond, starts[-1], "[ddprun] where each rank of the job is") - t0)
                 time.sleep(0.2)
                 raw.append(direct(pids, files))
                 time.sleep(0.2)
@@ -124,6 +127,9 @@ def main():
     print(f"| {a.ranks} ranks, {where}, {a.runs} runs | median | max |")
     print("|---|---|---|")
     print(f"| SIGQUIT to ddprun -> every rank's stack on its node's stderr | {ms(statistics.median(via))} | {ms(max(via))} |")
+    if whole:
+        print(f"| SIGQUIT to ddprun -> the asking node shows where every rank of the job is | "
+              f"{ms(statistics.median(whole))} | {ms(max(whole))} |")
     print(f"| anchor: SIGURG to each rank -> every dump in its file | {ms(statistics.median(raw))} | {ms(max(raw))} |")
 
 

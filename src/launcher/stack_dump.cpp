@@ -339,7 +339,8 @@ std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, cons
                                   const std::string& what, const std::string& trigger) {
   const std::string why = trigger.empty() ? what : fmt::format("{} ({})", trigger, what);
   auto ts = targets(workers, nullptr);
-  Taken& kept = kept_.emplace_back(Taken{what, ++dumps_, {}});
+  const int number = ++dumps_;
+  Taken& kept = kept_.emplace_back(Taken{what, fmt::format("stacks_{}_all_nodes.txt", number), {}});
   if (kept_.size() > 8) kept_.pop_front();  // (kept is the last: still valid)
   if (ts.empty()) {
     spdlog::warn("{}: every rank's stack was asked for, but no worker is running", why);
@@ -350,12 +351,13 @@ std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, cons
   const double took = std::chrono::duration<double>(Clock::now() - t0).count();
   std::string body = full_dump(stacks, prefixes(stacks));
   std::string where = where_lines(stacks);
-  std::string file = save(attempt_dir, fmt::format("stacks_{}.txt", kept.number), body + "where:\n" + where);
+  std::string file = save(attempt_dir, fmt::format("stacks_{}.txt", number), body + "where:\n" + where);
   auto answered = std::count_if(stacks.begin(), stacks.end(),
                                 [](auto& s) { return s.kind == RankStack::Kind::kStack; });
-  spdlog::warn("{}: the stacks of {} rank{} on {} ({} answered in {:.2f} s{}); the job runs on", why,
-               stacks.size(), stacks.size() == 1 ? "" : "s", hostname_, answered, took,
-               o_.log_dir.empty() || file.empty() ? "" : ", saved in " + file);
+  spdlog::warn("{}: the stacks of {} rank{} on {} ({} answered in {:.2f} s{}){}", why, stacks.size(),
+               stacks.size() == 1 ? "" : "s", hostname_, answered, took,
+               o_.log_dir.empty() || file.empty() ? "" : ", saved in " + file,
+               what.starts_with(kHangDump) ? "" : "; the job runs on");
   kept.stacks = std::move(stacks);
   return body + "[ddprun] where each rank is (main thread, innermost frame first):\n" + where + collectives(workers);
 }
@@ -368,17 +370,20 @@ std::optional<StackDumps::Taken> StackDumps::take_kept(const std::string& what) 
   return t;
 }
 
+// The node that asked reads every answer at once: 16 MiB in all, at most 512 KiB a node
+// (under etcd's request limit); each rank's signature is whole whatever is cut.
+static size_t answer_budget(const JobPlan& plan) {
+  return std::clamp<size_t>((size_t{16} << 20) / std::max(1, plan.group_world_size), size_t{16} << 10,
+                            size_t{512} << 10);
+}
+
 NodeStacks StackDumps::mine(const JobPlan& plan, std::vector<RankStack> stacks) const {
   return NodeStacks{plan.group_rank, hostname_, plan.rank_base, o_.nproc_per_node, std::move(stacks)};
 }
 
 std::string StackDumps::answer(const std::string& what, const JobPlan& plan) {
   auto kept = take_kept(what);
-  // The node that asked reads every answer at once: 16 MiB in all, at most 512 KiB a node
-  // (under etcd's request limit); each rank's signature is whole whatever is cut.
-  const size_t budget = std::clamp<size_t>((size_t{16} << 20) / std::max(1, plan.group_world_size), size_t{16} << 10,
-                                           size_t{512} << 10);
-  return encode_node_stacks(mine(plan, kept ? std::move(kept->stacks) : std::vector<RankStack>{}), budget);
+  return encode_node_stacks(mine(plan, kept ? std::move(kept->stacks) : std::vector<RankStack>{}), answer_budget(plan));
 }
 
 std::string StackDumps::job_wide(const rdzv::DumpAnswers& got, const JobPlan& plan, const std::string& attempt_dir) {
@@ -416,7 +421,7 @@ std::string StackDumps::job_wide(const rdzv::DumpAnswers& got, const JobPlan& pl
       all.push_back(std::move(s));
     }
   const std::string where = where_lines(all);
-  std::string file = save(attempt_dir, fmt::format("stacks_{}_all_nodes.txt", kept->number), body + "where:\n" + where);
+  std::string file = save(attempt_dir, kept->job_file, body + "where:\n" + where);
   const double took = std::chrono::duration<double>(got.took).count();
   std::string answered =
       silent_nodes.empty()
@@ -429,6 +434,12 @@ std::string StackDumps::job_wide(const rdzv::DumpAnswers& got, const JobPlan& pl
   for (int r : outliers(all))
     if (node_of.contains(r)) odd_nodes.insert(node_of[r]);
   const std::string odd = odd_nodes.empty() ? "" : fmt::format(": on {}", fmt::join(odd_nodes, ", "));
+  if (got.what == hang_what_ && hang_) {  // the summary's block shows the whole job
+    hang_view_.named = standing_out(all) + odd;
+    hang_view_.where = where;
+    hang_view_.file = file;
+    compose_hang_report();
+  }
   return fmt::format("[ddprun] where each rank of the job is (main thread, innermost frame first):\n{}  {}{}\n", where,
                      standing_out(all), odd);
 }
@@ -462,6 +473,7 @@ std::string StackDumps::failure_stacks(const std::vector<WorkerResult>& workers,
   if (ts.empty()) return "";
   auto stacks = take_stacks(ts, Clock::now() + kAtFailure, [this] { return stop_pending(); });
   std::string file = save(attempt_dir, "stacks_at_failure.txt", full_dump(stacks, prefixes(stacks)));
+  at_end_ = stacks;
   return fmt::format("{} (main thread, innermost frame first{}):\n{}{}", title,
                      file.empty() ? "" : "; every thread: " + file, where_lines(stacks), collectives(workers));
 }
@@ -473,6 +485,8 @@ void StackDumps::attempt_started() {
   failing_ = -1;
   hang_.reset();
   hang_report_.clear();
+  hang_what_.clear();
+  at_end_.reset();
   progress_ = Clock::now();
   next_check_.reset();
   if (hang_timeout_.count() > 0)
@@ -525,7 +539,8 @@ bool StackDumps::hung_now(Clock::time_point last_output, const std::vector<Worke
   return true;
 }
 
-std::string StackDumps::on_hang(const std::vector<WorkerResult>& workers, const std::string& attempt_dir) {
+std::string StackDumps::on_hang(const std::vector<WorkerResult>& workers, const std::string& attempt_dir,
+                                const std::string& what) {
   hang_ = fmt::format("no rank made progress for {} s (--hang-timeout)", seconds(hang_timeout_));
   std::vector<RankStack> stacks;
   if (o_.stack_dumps) stacks = take_stacks(targets(workers, nullptr), Clock::now() + kAtHang,
@@ -533,14 +548,30 @@ std::string StackDumps::on_hang(const std::vector<WorkerResult>& workers, const 
   std::string body = full_dump(stacks, prefixes(stacks));
   std::string file = stacks.empty() ? "" : save(attempt_dir, "stacks_at_hang.txt", body);
   std::string named = stacks.empty() ? "stacks are off (--no-stack-dumps)" : standing_out(stacks);
-  const std::string rule(60, '='), thin(60, '-');
-  const std::string every = file.empty() ? "" : "every thread of every rank: " + file + "\n";
-  hang_report_ = fmt::format("{}\n{} HUNG: {}\n{}\n{}\n{}{}{}{}\n", rule, o_.script, *hang_, thin, named,
-                             where_lines(stacks), collectives(workers), every, rule);
+  hang_view_ = HangView{named, where_lines(stacks), collectives(workers), file};
+  compose_hang_report();
+  if (!what.empty() && o_.stack_dumps) {
+    hang_what_ = what;
+    kept_.push_back(Taken{what, "stacks_at_hang_all_nodes.txt", stacks});
+  }
+  at_end_ = stacks;
   spdlog::error("{}: {}; stopping the workers (a failed attempt: exit status {} unless --max-restarts restarts it)",
                 *hang_, named, kHangExitCode);
   return body + "[ddprun] where each rank is (main thread, innermost frame first):\n" + where_lines(stacks) +
          collectives(workers);
+}
+
+void StackDumps::compose_hang_report() {
+  const HangView& v = hang_view_;
+  const std::string rule(60, '='), thin(60, '-');
+  const std::string every = v.file.empty() ? "" : "every thread of every rank: " + v.file + "\n";
+  hang_report_ = fmt::format("{}\n{} HUNG: {}\n{}\n{}\n{}{}{}{}\n", rule, o_.script, *hang_, thin, v.named, v.where,
+                             v.collectives, every, rule);
+}
+
+std::optional<std::string> StackDumps::answer_while_stopping(const JobPlan& plan) const {
+  if (!at_end_) return std::nullopt;
+  return encode_node_stacks(mine(plan, *at_end_), answer_budget(plan));
 }
 
 }  // namespace ddprun

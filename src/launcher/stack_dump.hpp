@@ -18,6 +18,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "launcher/options.hpp"
@@ -56,6 +57,10 @@ std::string bootstrap_dir();
 // this machine (the only one, or PID). Returns the exit status; errors throw ddp::Error.
 int dump_stacks_command(pid_t pid);
 
+// How a dump that a hang asks of the other nodes begins ("hang on node 0 (hosta)"): the
+// job does not run on after it.
+inline constexpr std::string_view kHangDump = "hang on node ";
+
 class StackDumps {
  public:
   using Clock = std::chrono::steady_clock;
@@ -68,6 +73,7 @@ class StackDumps {
   // The worker's environment: the bootstrap first on PYTHONPATH and its stack file; with
   // --hang-timeout, DDPRUN_HEARTBEAT_FILE.
   void add_env(std::map<std::string, std::string>& env, const WorkerResult& w) const;
+  bool enabled() const { return o_.stack_dumps; }  // (--no-stack-dumps: false)
   // Whether signal `sig` to ddprun asks for a dump (SIGURG; SIGQUIT unless it stops).
   bool is_trigger(int sig) const;
   static std::vector<int> trigger_signals(const Options& o);
@@ -120,10 +126,17 @@ class StackDumps {
   bool hung_now(Clock::time_point last_output, const std::vector<WorkerResult>& workers, bool several_nodes,
                 std::optional<int64_t> job_progress, Clock::time_point job_read_at, bool& moved);
   // The workers hung: their stacks, the ranks that differ; returns the lines to show now.
-  std::string on_hang(const std::vector<WorkerResult>& workers, const std::string& attempt_dir);
+  // `what` (several nodes): the dump that asks the other nodes for theirs, so that the
+  // report shows every rank of the job once they answered (job_wide).
+  std::string on_hang(const std::vector<WorkerResult>& workers, const std::string& attempt_dir,
+                      const std::string& what = "");
   // Set once the attempt hung: the one-line reason, and the block for the end of the job.
   const std::optional<std::string>& hang() const { return hang_; }
   const std::string& hang_report() const { return hang_report_; }
+  const std::string& hang_dump() const { return hang_what_; }  // the dump the hang asked ("": none)
+  // While this node stops its workers: its answer to a dump asked elsewhere is the stacks it
+  // took when it began to stop (a hang, a failure elsewhere); nullopt when it took none.
+  std::optional<std::string> answer_while_stopping(const JobPlan& plan) const;
 
  private:
   std::vector<StackTarget> targets(const std::vector<WorkerResult>& workers, const WorkerResult* skip) const;
@@ -133,9 +146,14 @@ class StackDumps {
   // others' (job_wide): the last few only.
   struct Taken {
     std::string what;
-    int number = 0;  // stacks_<number>.txt
+    std::string job_file;  // where job_wide saves every node's
     std::vector<RankStack> stacks;
   };
+  // The hang's summary block: where each rank is (of this node, then of the job).
+  struct HangView {
+    std::string named, where, collectives, file;
+  };
+  void compose_hang_report();  // hang_report_ from hang_view_
   std::optional<Taken> take_kept(const std::string& what);
   // This node's part of a dump: its ranks, those that were running with their stacks.
   NodeStacks mine(const JobPlan& plan, std::vector<RankStack> stacks) const;
@@ -162,6 +180,9 @@ class StackDumps {
   std::map<pid_t, uint64_t> collectives_seen_;  // libddp collectives each worker had finished (--hang-timeout)
   std::optional<std::string> hang_;
   std::string hang_report_;
+  std::string hang_what_;  // the dump a hang asked of the other nodes
+  HangView hang_view_;
+  std::optional<std::vector<RankStack>> at_end_;  // taken as this node began to stop (answer_while_stopping)
   int dumps_ = 0;
   std::deque<Taken> kept_;
 };

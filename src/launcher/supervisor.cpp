@@ -245,16 +245,27 @@ class AttemptSupervisor {
         timespec pause{0, kTricklePauseNs};
         nanosleep(&pause, nullptr);
       }
-      loop_.wait(timeout_ms(next), EventLoop::kMaxEvents, [this](void* tag) {
-        if (tag == notify_tag_) on_remote();
-        else if (tag == &timers_) timers_.on_readable();
-        else output_.streams().on_readable(*static_cast<WorkerStreams::Stream*>(tag));
-      });
+      loop_.wait(timeout_ms(next), EventLoop::kMaxEvents, [this](void* tag) { on_ready(tag); });
       expire_timers();
       workers_.escalate_if_due();
       if (!workers_.stopping() && workers_.live() > 0) check_hang();
     }
+    await_hang_answers();
     keep_tails();
+  }
+
+  void on_ready(void* tag) {
+    if (tag == notify_tag_) on_remote();
+    else if (tag == &timers_) timers_.on_readable();
+    else output_.streams().on_readable(*static_cast<WorkerStreams::Stream*>(tag));
+  }
+
+  // A hang asked the other nodes for their ranks' stacks: the summary waits for their
+  // answers, until the gather's deadline at most (a signal ends the wait).
+  void await_hang_answers() {
+    while (hang_answers_by_ && Clock::now() < *hang_answers_by_ && !signals_.got())
+      loop_.wait(timeout_ms(*hang_answers_by_), EventLoop::kMaxEvents, [this](void* tag) { on_ready(tag); });
+    hang_answers_by_.reset();
   }
 
   // The loop's signals handler: SIGCHLD reaps, a stack-dump trigger dumps; the others stop
@@ -363,14 +374,21 @@ class AttemptSupervisor {
 
   // The stack dumps other nodes asked for (this node answers with its own ranks'), and the
   // answers to this node's.
+  // answers to this node's. A node that is stopping its workers answers with the stacks it
+  // took as it began to (several nodes that hung at once answer each other).
   void on_remote_dumps() {
     for (const auto& what : rdzv_.dump_requests()) {
-      if (workers_.stopping()) continue;
+      if (workers_.stopping()) {
+        if (auto a = stacks_.answer_while_stopping(job_.plan)) rdzv_.answer_dump(what, *a);
+        continue;
+      }
       output_.err().push_line(stacks_.on_demand(workers_.all(), job_.attempt_dir(), what));
       rdzv_.answer_dump(what, stacks_.answer(what, job_.plan));
     }
-    for (const auto& got : rdzv_.dump_answers())
+    for (const auto& got : rdzv_.dump_answers()) {
+      if (got.what == stacks_.hang_dump()) hang_answers_by_.reset();
       output_.err().push_line(stacks_.job_wide(got, job_.plan, job_.attempt_dir()));
+    }
   }
 
   void on_remote() {
@@ -446,8 +464,17 @@ class AttemptSupervisor {
   }
 
   // --hang-timeout passed with no progress: stacks shown, the attempt fails (exit 124).
+  // With several nodes the others are asked for their ranks' stacks first (they take them
+  // while this node takes its own), and the summary shows every rank of the job.
   void on_hang() {
-    output_.err().push_line(stacks_.on_hang(workers_.all(), job_.attempt_dir()));
+    std::string what;
+    if (job_.plan.group_world_size > 1 && stacks_.enabled()) {
+      what = fmt::format("{}{} ({})", kHangDump, job_.plan.group_rank, job_.plan.hostname);
+      rdzv_.ask_dump(what);
+      hang_answers_by_ = Clock::now() + kGatherDeadline;
+      rdzv_.gather_dump(what, static_cast<size_t>(job_.plan.group_world_size - 1), *hang_answers_by_);
+    }
+    output_.err().push_line(stacks_.on_hang(workers_.all(), job_.attempt_dir(), what));
     workers_.begin_stop(SIGTERM);
     rdzv_.end_round(RoundEnd::Kind::kFailed, *stacks_.hang());
     look_ahead(RoundEnd{RoundEnd::Kind::kFailed, "", *stacks_.hang()});
@@ -468,6 +495,7 @@ class AttemptSupervisor {
   std::optional<RoundEnd> remote_end_;  // the round ended elsewhere (or the rendezvous ended it)
   bool looked_ahead_ = false;           // this round's prejoin() was asked for
   int dumps_asked_ = 0;  // dumps asked on this node (they name the dump on every node)
+  std::optional<Clock::time_point> hang_answers_by_;  // until when the hang's summary waits for the others' answers
 };
 
 }  // namespace

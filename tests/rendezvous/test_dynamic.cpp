@@ -875,14 +875,25 @@ std::vector<DumpAnswers> answers_within(DynamicRendezvous& asker) {
   return got;
 }
 
+// Nodes a, b and x in round 0 of a job of exactly three nodes (one restart allowed).
+struct ThreeInARound {
+  Cluster c;
+  std::unique_ptr<DynamicRendezvous> a, b, x;
+  ThreeInARound() {
+    c.job = {3, 3, 1};
+    a = c.node("a");
+    b = c.node("b");
+    x = c.node("x");
+    all_next_round({a.get(), b.get(), x.get()});
+  }
+};
+
 // The node that asked for a dump gathers the others' answers (to its dump only) and hears
 // through notify_fd once all came, well before its deadline; the answers log is dropped
 // with its round.
 TEST(DynamicRendezvous, TheNodeThatAskedGathersEveryOtherNodesAnswer) {
-  Cluster c;
-  c.job = {3, 3, 1};
-  auto a = c.node("a"), b = c.node("b"), x = c.node("x");
-  all_next_round({a.get(), b.get(), x.get()});
+  ThreeInARound t;
+  auto &a = t.a, &b = t.b, &x = t.x;
   const auto t0 = std::chrono::steady_clock::now();
   a->ask_dump("dump 1 asked on node 0 (a)");
   a->gather_dump("dump 1 asked on node 0 (a)", 2, t0 + kGuard);
@@ -897,7 +908,7 @@ TEST(DynamicRendezvous, TheNodeThatAskedGathersEveryOtherNodesAnswer) {
   EXPECT_EQ(got[0].asked, 2u);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, kGuard / 2);
   EXPECT_FALSE(a->round_end().has_value());  // a dump ends no round
-  EXPECT_EQ(c.world->log("dumps/0").size(), 3u);
+  EXPECT_EQ(t.c.world->log("dumps/0").size(), 3u);
   a->end_round(K::kFailed, "rank 0 exited with 1");
   for (auto* n : {a.get(), b.get(), x.get()}) {
     auto e = end_within(*n);
@@ -905,16 +916,14 @@ TEST(DynamicRendezvous, TheNodeThatAskedGathersEveryOtherNodesAnswer) {
     ASSERT_EQ(n->restart_refused(*e), "");
   }
   all_next_round({a.get(), b.get(), x.get()});
-  EXPECT_TRUE(c.world->log("dumps/0").empty());
+  EXPECT_TRUE(t.c.world->log("dumps/0").empty());
 }
 
 // A node that does not answer: the gather ends at its deadline with what came, and says
 // how many were asked.
 TEST(DynamicRendezvous, AGatherEndsAtItsDeadlineWithTheAnswersThatCame) {
-  Cluster c;
-  c.job = {3, 3, 0};
-  auto a = c.node("a"), b = c.node("b"), x = c.node("x");
-  all_next_round({a.get(), b.get(), x.get()});
+  ThreeInARound t;
+  auto &a = t.a, &b = t.b;
   const auto t0 = std::chrono::steady_clock::now();
   a->gather_dump("dump 1 asked on node 0 (a)", 2, t0 + 300ms);
   b->answer_dump("dump 1 asked on node 0 (a)", "b's");

@@ -348,6 +348,28 @@ class Stacks(StacksTest):
         for n, p in enumerate(nodes):
             self.assertEqual(self.finish(p, 60), 0, read_text(self.path(f"node{n}.stderr")))
 
+    @unittest.skipIf(RUNTIME.is_torch2, "no torch in it: the run on the host's torch covers it")
+    def test_a_hang_across_nodes_names_the_odd_rank_of_the_whole_job(self):
+        """Two static nodes, --hang-timeout 2, nobody prints; rank 1 (node 0) stands elsewhere.
+        Node 0 alone sees nothing odd, node 1 sees rank 1 not at all. The node that declares
+        the hang asks the other for its ranks' stacks, and its summary shows every rank of
+        the job and names rank 1 on node 0; the job stops within a few seconds."""
+        script = self.write("straggler.py", STRAGGLER)
+        t0 = time.monotonic()
+        nodes = self.static_nodes(["--hang-timeout", "2", script, self.tmp, "600"])
+        codes = [self.finish(p, 60) for p in nodes]
+        took = time.monotonic() - t0
+        errs = [read_text(self.path(f"node{n}.stderr")) for n in range(2)]
+        self.assertLess(took, scaled(15), errs)
+        self.assertIn(124, codes, errs)
+        summaries = [e[e.index(" HUNG: "):] for e in errs if " HUNG: " in e]
+        self.assertTrue(summaries, errs)
+        for block in summaries:
+            self.assertRegex(block, r"rank 1 not where the others are: on node 0 \(\S+\)\n"
+                                    r"  ranks 0, 2-3: wait_for_peers \(straggler.py:3\) <- <module> \(straggler.py:6\)\n"
+                                    r"  rank 1: load_batch \(straggler.py:4\)", errs)
+            self.assertRegex(block, r"every thread of every rank: .*stacks_at_hang_all_nodes.txt")
+
     def test_a_dump_after_megabytes_of_earlier_ones_is_read_whole(self):
         """A rank's stack file holds every dump it ever wrote: with 5 MiB of earlier ones, the
         new dump (read from where the file ended) is shown all the same."""
