@@ -196,6 +196,8 @@ std::string cut_to(const std::string& text, size_t most, const std::string& host
 
 }  // namespace
 
+constexpr int kMaxNodeRanks = 1 << 16;
+
 std::string encode_node_stacks(const NodeStacks& n, size_t budget) {
   const size_t share = std::max<size_t>(4096, budget / std::max<size_t>(1, n.ranks.size()));
   nlohmann::json ranks = nlohmann::json::array();
@@ -225,6 +227,9 @@ std::optional<NodeStacks> decode_node_stacks(const std::string& line) {
     n.host = j.at("host").get<std::string>();
     n.first_rank = j.at("first_rank").get<int>();
     n.nranks = j.at("nranks").get<int>();
+    // A node runs at most a few thousand ranks: a range beyond is no answer (the view
+    // walks every rank of it).
+    if (n.first_rank < 0 || n.nranks < 0 || n.nranks > kMaxNodeRanks || n.first_rank > (1 << 30)) return std::nullopt;
     for (const auto& r : j.at("ranks")) {
       RankStack s;
       s.rank = r.at("rank").get<int>();

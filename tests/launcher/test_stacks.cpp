@@ -200,8 +200,11 @@ TEST(NodeStacks, WhatIsNotAnAnswerIsNone) {
   for (const char* bad : {"", "{", "[]", "{\"node\": 1}",
                           "{\"node\": 0, \"host\": \"a\", \"first_rank\": 0, \"nranks\": 1, \"ranks\": [{\"rank\": 0}]}",
                           "{\"node\":0,\"host\":\"a\",\"first_rank\":0,\"nranks\":1,\"ranks\":[{\"rank\":0,\"local_rank\":0,\"pid\":1,"
-                          "\"kind\":9,\"signature\":\"\",\"text\":\"\",\"native\":\"\"}]}"})
+                          "\"kind\":9,\"signature\":\"\",\"text\":\"\",\"native\":\"\"}]}",
+                          "{\"node\":0,\"host\":\"a\",\"first_rank\":0,\"nranks\":2147483647,\"ranks\":[]}",
+                          "{\"node\":0,\"host\":\"a\",\"first_rank\":-4,\"nranks\":1,\"ranks\":[]}"})
     EXPECT_FALSE(ddprun::decode_node_stacks(bad)) << bad;
+  EXPECT_TRUE(ddprun::decode_node_stacks("{\"node\":0,\"host\":\"a\",\"first_rank\":8,\"nranks\":8,\"ranks\":[]}"));
 }
 
 // The node that asked, with the answers of some nodes: its own ranks had exited, node 1's
