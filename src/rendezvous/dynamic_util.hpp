@@ -9,6 +9,7 @@
 #include <cstring>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -62,6 +63,13 @@ inline std::string describe_nodes(const std::vector<NodeDesc>& nodes) {
 inline void fault_point(const char* point) {
   static const char* fault = std::getenv("DDPRUN_TEST_FAULT");
   if (fault && std::strcmp(fault, point) == 0) ::raise(SIGKILL);
+}
+
+// Test-only: DDPRUN_TEST_PAUSE=<point> makes the thread that passes that point sleep 300 ms
+// there, holding a race's window open (read at every pass: the points are rare).
+inline void test_pause(const char* point) {
+  const char* pause = std::getenv("DDPRUN_TEST_PAUSE");
+  if (pause && std::strcmp(pause, point) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
 }
 
 // The events after those `tail` has read: waiting up to `timeout` for one (wait), or not

@@ -47,6 +47,7 @@ void RoundWatcher::loop() {
   for (;;) {
     auto watch = signal_.await(r);
     if (!watch) return;
+    if (watch->round < 0) test_pause("watcher-between-rounds");
     bool started = false;
     if (watch->round != r) {
       r = watch->round;
@@ -56,6 +57,11 @@ void RoundWatcher::loop() {
         started = true;
       }
     }
+    // Between rounds nothing is judged. (The caller may start the next round right after
+    // await() said "between rounds": reading on here, the last round's reader, with its
+    // end, would have reported that end as this node cut off, ending the new round at
+    // once for this node alone.) The next await() returns the new round.
+    if (r < 0) continue;
     try {
       if (started) {
         // Events read while the round before was watched: lost lines (a member lost before
