@@ -937,31 +937,6 @@ TEST(DynamicRendezvous, AGatherEndsAtItsDeadlineWithTheAnswersThatCame) {
   EXPECT_GE(got[0].took, 290ms);
 }
 
-// The watcher hears "between rounds" as its node leaves a round, and the node has joined the
-// next one before the watcher acts on it (its thread held there: DDPRUN_TEST_PAUSE). The
-// last round's end must not end the new one: it did (a c10d job of 1000 rounds, round 76:
-// the old round's reader, read on, reported its end as this node cut off).
-TEST(DynamicRendezvous, ANewRoundJoinedWhileTheWatcherLagsIsNotEndedByTheLastOnesEnd) {
-  ::setenv("DDPRUN_TEST_PAUSE", "watcher-between-rounds", 1);
-  Cluster c;
-  c.job = {2, 2, 1};
-  auto a = c.node("a"), b = c.node("b");
-  all_next_round({a.get(), b.get()});
-  a->end_round(K::kFailed, "rank 0 exited with 1");
-  for (auto* n : {a.get(), b.get()}) {
-    auto e = end_within(*n);
-    ASSERT_TRUE(e);
-    ASSERT_EQ(n->restart_refused(*e), "");
-  }
-  all_next_round({a.get(), b.get()});  // within the watchers' 300 ms pause
-  std::this_thread::sleep_for(1500ms);  // the pause, and a wait slice after it
-  ::unsetenv("DDPRUN_TEST_PAUSE");
-  for (auto* n : {a.get(), b.get()}) {
-    auto end = n->round_end();
-    EXPECT_FALSE(end.has_value()) << end->describe();
-  }
-}
-
 // Runs `rounds` rounds of the nodes, each ended by a worker failure on the first.
 void fail_rounds(const std::vector<DynamicRendezvous*>& nodes, int rounds) {
   for (int r = 0; r < rounds; ++r) {
@@ -972,6 +947,25 @@ void fail_rounds(const std::vector<DynamicRendezvous*>& nodes, int rounds) {
       ASSERT_TRUE(e);
       ASSERT_EQ(n->restart_refused(*e), "");
     }
+  }
+}
+
+// The watcher hears "between rounds" as its node leaves a round, and the node has joined the
+// next one before the watcher acts on it (its thread held there: DDPRUN_TEST_PAUSE). The
+// last round's end must not end the new one: it did (a c10d job of 1000 rounds, round 76:
+// the old round's reader, read on, reported its end as this node cut off).
+TEST(DynamicRendezvous, ANewRoundJoinedWhileTheWatcherLagsIsNotEndedByTheLastOnesEnd) {
+  ::setenv("DDPRUN_TEST_PAUSE", "watcher-between-rounds", 1);
+  Cluster c;
+  c.job = {2, 2, 1};
+  auto a = c.node("a"), b = c.node("b");
+  fail_rounds({a.get(), b.get()}, 1);
+  all_next_round({a.get(), b.get()});  // within the watchers' 300 ms pause
+  std::this_thread::sleep_for(1500ms);  // the pause, and a wait slice after it
+  ::unsetenv("DDPRUN_TEST_PAUSE");
+  for (auto* n : {a.get(), b.get()}) {
+    auto end = n->round_end();
+    EXPECT_FALSE(end.has_value()) << end->describe();
   }
 }
 
