@@ -86,7 +86,8 @@ class NodeRendezvous : public Rendezvous {
   }
   std::string restart_refused(const RoundEnd& end) override {
     if (!refusal_.valid()) {
-      wait_notes();  // the rendezvous's calls share one backend object with the notes
+      // The rendezvous's calls share one backend object with the notes.
+      if (auto cut = notes_out_or_cut_off(d_.get(), note_.get())) return *cut;
       return d_->restart_refused(end);
     }
     std::string why = refusal_.get();
@@ -99,10 +100,9 @@ class NodeRendezvous : public Rendezvous {
     auto refusal = std::make_shared<std::promise<std::string>>();
     refusal_ = refusal->get_future();
     ahead_ = std::async(std::launch::async, [this, before = note_, end, refusal]() -> std::optional<rdzv::RoundPlan> {
-      if (before) before->wait();
-      std::string why;
+      std::string why = notes_out_or_cut_off(d_.get(), before.get()).value_or("");
       try {
-        why = d_->restart_refused(end);
+        if (why.empty()) why = d_->restart_refused(end);
       } catch (const std::exception& e) {
         why = fmt::format("{}; and the rendezvous cannot be read: {}", end.describe(), e.what());
       }
@@ -191,6 +191,17 @@ class NodeRendezvous : public Rendezvous {
     if (note_) note_->wait();
   }
 
+  // Waits until the notes posted so far have gone out; unless this node is cut off from the
+  // backend meanwhile (its lease's keeper heard nothing for the keep-alive window: the store
+  // or its host frozen, a partition), when a note may wait out its own timeout (a new
+  // connection's is join_timeout) and no round can follow here anyway: then how it was cut off.
+  static std::optional<std::string> notes_out_or_cut_off(rdzv::DynamicRendezvous* d, const BackgroundTask* last) {
+    if (!last) return std::nullopt;
+    while (!last->wait_until(BackgroundTask::Clock::now() + milliseconds(50)))
+      if (auto cut = d->cut_off()) return cut->text;
+    return std::nullopt;
+  }
+
   // Runs `note` on a thread of its own once the note posted before it has gone out.
   void post_note(std::function<void()> note) {
     note_ = std::make_shared<BackgroundTask>([before = note_, note = std::move(note)] {
@@ -199,6 +210,7 @@ class NodeRendezvous : public Rendezvous {
     });
   }
 
+  void abandon();
   void stop_ahead() {
     if (!ahead_.valid()) return;
     d_->cancel();
@@ -227,7 +239,9 @@ void NodeRendezvous::finish(FinishKind kind, const std::string& reason, std::opt
       } catch (const std::exception&) {
       }
     }
-    if (note) note->wait();
+    // Cut off from the backend, a note still out may wait out its own timeout: the lease's
+    // end tells the others.
+    if (notes_out_or_cut_off(d, note.get())) return;
     d->finish(kind, reason);
   };
   if (!deadline) {
@@ -235,15 +249,22 @@ void NodeRendezvous::finish(FinishKind kind, const std::string& reason, std::opt
   } else {
     BackgroundTask bye(goodbye);
     if (!bye.wait_until(*deadline)) {
-      spdlog::warn("{}", unsent_note());
-      d_->cancel();
       bye.abandon();
-      (void)d_.release();
-      if (server_) server_->stop();
-      return;
+      return abandon();
     }
   }
+  if (note_ && !note_->wait_until(BackgroundTask::Clock::now())) return abandon();  // cut off, a note still out
   d_.reset();
+  if (server_) server_->stop();
+}
+
+// What still runs inside the rendezvous (a note, the goodbye) is left to itself, with the
+// rendezvous object: the process is about to end (background.hpp).
+void NodeRendezvous::abandon() {
+  spdlog::warn("{}", unsent_note());
+  d_->cancel();
+  if (note_) note_->abandon();
+  (void)d_.release();
   if (server_) server_->stop();
 }
 

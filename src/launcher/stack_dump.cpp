@@ -297,16 +297,17 @@ void StackDumps::add_env(std::map<std::string, std::string>& env, const WorkerRe
   env["DDPRUN_PID"] = std::to_string(getpid());
 }
 
-bool StackDumps::on_failure_notice(int sig, pid_t sender, const std::vector<WorkerResult>& workers,
-                                   const std::string& attempt_dir, bool stopping) {
+bool StackDumps::failure_notice(int sig, pid_t sender, const std::vector<WorkerResult>& workers, bool stopping,
+                                const WorkerResult*& failing) const {
+  failing = nullptr;
   if (sig != kWorkerSignal || sender <= 0) return false;
   for (const auto& w : workers)
     if (sender == w.pid || (w.state == WorkerResult::State::kRunning && in_tree(sender, w.pid))) {
-      // The first failure's stacks are taken (those after it follow from it); while the
-      // job stops, workers raising KeyboardInterrupt are no failure.
-      if (failing_ >= 0 || stopping || w.state != WorkerResult::State::kRunning) return true;
-      spdlog::info("rank {} is failing (an uncaught exception): taking the other ranks' stacks", w.rank);
-      at_failure(workers, w, attempt_dir);
+      // The first failure's stacks are taken (those after it follow from it).
+      if (failing_ < 0 && !stopping && w.state == WorkerResult::State::kRunning) {
+        spdlog::info("rank {} is failing (an uncaught exception): taking the other ranks' stacks", w.rank);
+        failing = &w;
+      }
       return true;
     }
   return false;
@@ -386,70 +387,101 @@ std::string StackDumps::answer(const std::string& what, const JobPlan& plan) {
   return encode_node_stacks(mine(plan, kept ? std::move(kept->stacks) : std::vector<RankStack>{}), answer_budget(plan));
 }
 
+namespace {
+
+// Every rank of the job, from the nodes' answers (this node's among them): those that were
+// running with their stacks, the others with why there is none.
+struct JobView {
+  std::vector<RankStack> all;
+  std::map<int, std::string> node_of;  // rank -> "node 1 (hostb)", for the ranks of nodes that answered
+  std::vector<int> silent_nodes;
+  std::string body;  // every answer's full dumps
+  size_t ranks_seen = 0;  // the ranks whose nodes answered (the first of `all`)
+};
+
+std::string node_text(int node, const std::string& host) { return fmt::format("node {} ({})", node, host); }
+
+// `root` (-1: none): a rank that failed on this node, left out of the view but not missing.
+JobView job_view(std::vector<NodeStacks> nodes, const JobPlan& plan, int root, const std::string& host,
+                 const std::function<std::vector<std::string>(const NodeStacks&)>& prefixes) {
+  std::sort(nodes.begin(), nodes.end(), [](auto& a, auto& b) { return a.node < b.node; });
+  JobView v;
+  for (const auto& n : nodes) {
+    v.body += full_dump(n.ranks, prefixes(n));
+    for (const auto& r : n.ranks) v.node_of[r.rank] = node_text(n.node, n.host);
+    v.all.insert(v.all.end(), n.ranks.begin(), n.ranks.end());
+  }
+  if (root >= 0) v.node_of[root] = node_text(plan.group_rank, host);
+  auto add = [&v](int rank, const char* why) {
+    RankStack s;
+    s.rank = rank;
+    s.given = why;
+    v.all.push_back(std::move(s));
+  };
+  for (const auto& n : nodes)  // ranks that had exited, or not started
+    for (int r = n.first_rank; r < n.first_rank + n.nranks; ++r)
+      if (v.node_of.try_emplace(r, node_text(n.node, n.host)).second) add(r, "not running on its node");
+  v.ranks_seen = v.all.size();
+  for (int n = 0; n < plan.group_world_size; ++n)
+    if (std::none_of(nodes.begin(), nodes.end(), [&](auto& a) { return a.node == n; })) v.silent_nodes.push_back(n);
+  for (int r = 0; r < plan.world_size; ++r)
+    if (!v.node_of.contains(r)) add(r, "no answer from its node");
+  return v;
+}
+
+}  // namespace
+
 std::string StackDumps::job_wide(const rdzv::DumpAnswers& got, const JobPlan& plan, const std::string& attempt_dir) {
   auto kept = take_kept(got.what);
   if (!kept) return "";
   std::vector<NodeStacks> nodes{mine(plan, std::move(kept->stacks))};
   for (const auto& a : got.answers)
     if (auto n = decode_node_stacks(a)) nodes.push_back(std::move(*n));
-  std::sort(nodes.begin(), nodes.end(), [](auto& a, auto& b) { return a.node < b.node; });
-  std::vector<RankStack> all;
-  std::map<int, std::string> node_of;  // rank -> "node 1 (hostb)"
-  std::string body;
-  for (const auto& n : nodes) {
-    body += full_dump(n.ranks, prefixes(n.ranks, n.host));
-    for (const auto& r : n.ranks) node_of[r.rank] = fmt::format("node {} ({})", n.node, n.host);
-    all.insert(all.end(), n.ranks.begin(), n.ranks.end());
-  }
-  for (const auto& n : nodes)  // ranks that had exited, or not started
-    for (int r = n.first_rank; r < n.first_rank + n.nranks; ++r)
-      if (!node_of.contains(r)) {
-        RankStack s;
-        s.rank = r;
-        s.given = "not running on its node";
-        all.push_back(std::move(s));
-        node_of[r] = fmt::format("node {} ({})", n.node, n.host);
-      }
-  std::vector<int> silent_nodes;
-  for (int n = 0; n < plan.group_world_size; ++n)
-    if (std::none_of(nodes.begin(), nodes.end(), [&](auto& a) { return a.node == n; })) silent_nodes.push_back(n);
-  for (int r = 0; r < plan.world_size; ++r)
-    if (!node_of.contains(r)) {
-      RankStack s;
-      s.rank = r;
-      s.given = "no answer from its node";
-      all.push_back(std::move(s));
-    }
-  const std::string where = where_lines(all);
-  std::string file = save(attempt_dir, kept->job_file, body + "where:\n" + where);
+  const JobView v = job_view(std::move(nodes), plan, kept->root, hostname_,
+                             [this](const NodeStacks& n) { return prefixes(n.ranks, n.host); });
+  const std::string where = where_lines(v.all);
+  std::string file = save(attempt_dir, kept->job_file, v.body + "where:\n" + where);
   const double took = std::chrono::duration<double>(got.took).count();
+  const size_t answered_nodes = static_cast<size_t>(plan.group_world_size) - v.silent_nodes.size();
   std::string answered =
-      silent_nodes.empty()
-          ? fmt::format("every node answered ({} nodes, {} ranks, in {:.2f} s)", nodes.size(), all.size(), took)
-          : fmt::format("{} of {} other node{} answered within {:.2f} s; no answer from node{} {}", nodes.size() - 1,
-                        got.asked, got.asked == 1 ? "" : "s", took, silent_nodes.size() == 1 ? "" : "s",
-                        rank_ranges(silent_nodes));
-  spdlog::warn("{}: {}{}", got.what, answered, o_.log_dir.empty() || file.empty() ? "" : "; every node's saved in " + file);
+      v.silent_nodes.empty()
+          ? fmt::format("every node answered ({} nodes, {} ranks, in {:.2f} s)", answered_nodes, plan.world_size, took)
+          : fmt::format("{} of {} other node{} answered within {:.2f} s; no answer from node{} {}", answered_nodes - 1,
+                        got.asked, got.asked == 1 ? "" : "s", took, v.silent_nodes.size() == 1 ? "" : "s",
+                        rank_ranges(v.silent_nodes));
+  // (A failure's summary shows the view: said at info, as each failed attempt's may be.)
+  spdlog::log(got.what == failure_what_ ? spdlog::level::info : spdlog::level::warn, "{}: {}{}", got.what, answered,
+              o_.log_dir.empty() || file.empty() ? "" : "; every node's saved in " + file);
+  // Which ranks stand out is judged among those whose nodes answered.
+  const std::vector<RankStack> seen(v.all.begin(), v.all.begin() + static_cast<std::ptrdiff_t>(v.ranks_seen));
   std::set<std::string> odd_nodes;  // where the ranks that stand out are
-  for (int r : outliers(all))
-    if (node_of.contains(r)) odd_nodes.insert(node_of[r]);
+  for (int r : outliers(seen)) odd_nodes.insert(v.node_of.at(r));
   const std::string odd = odd_nodes.empty() ? "" : fmt::format(": on {}", fmt::join(odd_nodes, ", "));
   if (got.what == hang_what_ && hang_) {  // the summary's block shows the whole job
-    hang_view_.named = standing_out(all) + odd;
+    hang_view_.named = standing_out(seen) + odd;
     hang_view_.where = where;
     hang_view_.file = file;
     compose_hang_report();
   }
+  if (got.what == failure_what_) {  // the summary's note shows the whole job (and nothing more now)
+    failure_note_ = fmt::format("Where the other ranks of the job were (main thread, innermost frame first{}):\n{}{}{}",
+                                file.empty() ? "" : "; every thread of every node: " + file, where,
+                                odd.empty() ? "" : "  " + standing_out(seen) + odd + "\n", failure_table_);
+    return "";
+  }
   return fmt::format("[ddprun] where each rank of the job is (main thread, innermost frame first):\n{}  {}{}\n", where,
-                     standing_out(all), odd);
+                     standing_out(seen), odd);
 }
 
 void StackDumps::at_failure(const std::vector<WorkerResult>& workers, const WorkerResult& root,
-                            const std::string& attempt_dir) {
+                            const std::string& attempt_dir, const std::string& what) {
   if (failing_ > 0) return;  // taken when a rank announced its failure (the root cause)
   failing_ = root.pid;
   failure_note_ = failure_stacks(workers, &root, attempt_dir, "Where the other ranks were");
   if (!failure_note_.empty()) spdlog::info("rank {} failed; {}", root.rank, failure_note_);
+  if (what.empty() || !o_.stack_dumps) return;
+  failure_what_ = what;
+  kept_.push_back(Taken{what, "stacks_at_failure_all_nodes.txt", at_end_.value_or(std::vector<RankStack>{}), root.rank});
 }
 
 void StackDumps::at_remote_failure(const std::vector<WorkerResult>& workers, const std::string& attempt_dir) {
@@ -474,8 +506,9 @@ std::string StackDumps::failure_stacks(const std::vector<WorkerResult>& workers,
   auto stacks = take_stacks(ts, Clock::now() + kAtFailure, [this] { return stop_pending(); });
   std::string file = save(attempt_dir, "stacks_at_failure.txt", full_dump(stacks, prefixes(stacks)));
   at_end_ = stacks;
+  failure_table_ = collectives(workers);
   return fmt::format("{} (main thread, innermost frame first{}):\n{}{}", title,
-                     file.empty() ? "" : "; every thread: " + file, where_lines(stacks), collectives(workers));
+                     file.empty() ? "" : "; every thread: " + file, where_lines(stacks), failure_table_);
 }
 
 void StackDumps::attempt_started() {
@@ -486,6 +519,8 @@ void StackDumps::attempt_started() {
   hang_.reset();
   hang_report_.clear();
   hang_what_.clear();
+  failure_what_.clear();
+  failure_table_.clear();
   at_end_.reset();
   progress_ = Clock::now();
   next_check_.reset();
@@ -569,9 +604,19 @@ void StackDumps::compose_hang_report() {
                              v.collectives, every, rule);
 }
 
-std::optional<std::string> StackDumps::answer_while_stopping(const JobPlan& plan) const {
-  if (!at_end_) return std::nullopt;
-  return encode_node_stacks(mine(plan, *at_end_), answer_budget(plan));
+std::string StackDumps::answer_while_stopping(const JobPlan& plan) const {
+  return encode_node_stacks(mine(plan, at_end_.value_or(std::vector<RankStack>{})), answer_budget(plan));
+}
+
+std::string StackDumps::answer_finished(const JobPlan& plan) const {
+  std::vector<RankStack> ranks(static_cast<size_t>(std::max(0, o_.nproc_per_node)));
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    ranks[i].local_rank = static_cast<int>(i);
+    ranks[i].rank = plan.rank_base + ranks[i].local_rank;
+    ranks[i].kind = RankStack::Kind::kExited;
+    ranks[i].given = "finished (exit code 0), its node waits for the others";
+  }
+  return encode_node_stacks(mine(plan, std::move(ranks)), answer_budget(plan));
 }
 
 }  // namespace ddprun

@@ -60,6 +60,9 @@ int dump_stacks_command(pid_t pid);
 // How a dump that a hang asks of the other nodes begins ("hang on node 0 (hosta)"): the
 // job does not run on after it.
 inline constexpr std::string_view kHangDump = "hang on node ";
+// How a dump that a failure asks of the other nodes begins ("failure on node 1 (hostb)"):
+// each answers with where its ranks were as it stops them for that failure.
+inline constexpr std::string_view kFailureDump = "failure on node ";
 
 class StackDumps {
  public:
@@ -78,12 +81,12 @@ class StackDumps {
   bool is_trigger(int sig) const;
   static std::vector<int> trigger_signals(const Options& o);
 
-  // A trigger from `sender` that is a worker's bootstrap saying it is about to fail (an
-  // uncaught exception): the others' stacks are kept for the summary (ignored while the job
-  // stops, when workers raise KeyboardInterrupt). False: not a failure notice, a dump was
-  // asked for (on_demand).
-  bool on_failure_notice(int sig, pid_t sender, const std::vector<WorkerResult>& workers,
-                         const std::string& attempt_dir, bool stopping);
+  // Whether a trigger from `sender` is a worker's bootstrap saying it is about to fail (an
+  // uncaught exception); false: a dump was asked for (on_demand). `failing` is that worker
+  // when its failure is news: the attempt's first, while the job is not stopping (workers
+  // that raise KeyboardInterrupt as it stops are no failure); nullptr otherwise.
+  bool failure_notice(int sig, pid_t sender, const std::vector<WorkerResult>& workers, bool stopping,
+                      const WorkerResult*& failing) const;
   // Every running worker's stack, for ddprun's stderr; also written under attempt_dir.
   // `what` names the dump on every node ("dump 2 asked on node 1 (hostb)"), `trigger` what
   // asked for it here ("SIGQUIT"; "" when another node asked). The stacks are kept for
@@ -98,8 +101,13 @@ class StackDumps {
   // node that did not answer by the deadline is named, and so are its ranks.
   std::string job_wide(const rdzv::DumpAnswers& got, const JobPlan& plan, const std::string& attempt_dir);
   // Before the survivors of `root`'s failure are stopped: where each one was (taken now,
-  // unless `root` announced its failure and they were taken then).
-  void at_failure(const std::vector<WorkerResult>& workers, const WorkerResult& root, const std::string& attempt_dir);
+  // unless `root` announced its failure and they were taken then). `what` (several nodes):
+  // the dump that asked the other nodes for theirs; once they answered (job_wide) the
+  // summary's note shows every other rank of the job.
+  void at_failure(const std::vector<WorkerResult>& workers, const WorkerResult& root, const std::string& attempt_dir,
+                  const std::string& what = "");
+  // Whether this attempt saw a failure (here or on another node) whose stacks were taken.
+  bool failure_seen() const { return failing_ >= 0; }
   // A rank's file timer expired (TORCHELASTIC_ENABLE_FILE_TIMER): every rank's stack, that
   // one's too, before it is signalled; the summary shows them (at_failure keeps them).
   void at_expiry(const std::vector<WorkerResult>& workers, const WorkerResult& expired,
@@ -133,10 +141,11 @@ class StackDumps {
   // Set once the attempt hung: the one-line reason, and the block for the end of the job.
   const std::optional<std::string>& hang() const { return hang_; }
   const std::string& hang_report() const { return hang_report_; }
-  const std::string& hang_dump() const { return hang_what_; }  // the dump the hang asked ("": none)
   // While this node stops its workers: its answer to a dump asked elsewhere is the stacks it
-  // took when it began to stop (a hang, a failure elsewhere); nullopt when it took none.
-  std::optional<std::string> answer_while_stopping(const JobPlan& plan) const;
+  // took when it began to stop (a hang, a failure); none when it took none.
+  std::string answer_while_stopping(const JobPlan& plan) const;
+  // Its answer once its workers all finished (exit 0) while it waits for the other nodes.
+  std::string answer_finished(const JobPlan& plan) const;
 
  private:
   std::vector<StackTarget> targets(const std::vector<WorkerResult>& workers, const WorkerResult* skip) const;
@@ -148,6 +157,7 @@ class StackDumps {
     std::string what;
     std::string job_file;  // where job_wide saves every node's
     std::vector<RankStack> stacks;
+    int root = -1;  // the rank whose failure asked (not among the others shown)
   };
   // The hang's summary block: where each rank is (of this node, then of the job).
   struct HangView {
@@ -181,6 +191,8 @@ class StackDumps {
   std::optional<std::string> hang_;
   std::string hang_report_;
   std::string hang_what_;  // the dump a hang asked of the other nodes
+  std::string failure_what_;  // the dump this node's failure asked of the other nodes
+  std::string failure_table_;  // the libddp collectives when the failure's stacks were taken
   HangView hang_view_;
   std::optional<std::vector<RankStack>> at_end_;  // taken as this node began to stop (answer_while_stopping)
   int dumps_ = 0;

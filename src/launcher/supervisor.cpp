@@ -85,6 +85,7 @@ struct Job {
   std::map<std::string, std::string> base_env;
   JobPlan plan;
   int attempt = 0;
+  int max_restarts = 0;   // --max-restarts
   std::string log_root;  // <log_dir>/<run_id>_<suffix>
 };
 
@@ -250,7 +251,7 @@ class AttemptSupervisor {
       workers_.escalate_if_due();
       if (!workers_.stopping() && workers_.live() > 0) check_hang();
     }
-    await_hang_answers();
+    await_answers();
     keep_tails();
   }
 
@@ -260,12 +261,12 @@ class AttemptSupervisor {
     else output_.streams().on_readable(*static_cast<WorkerStreams::Stream*>(tag));
   }
 
-  // A hang asked the other nodes for their ranks' stacks: the summary waits for their
-  // answers, until the gather's deadline at most (a signal ends the wait).
-  void await_hang_answers() {
-    while (hang_answers_by_ && Clock::now() < *hang_answers_by_ && !signals_.got())
-      loop_.wait(timeout_ms(*hang_answers_by_), EventLoop::kMaxEvents, [this](void* tag) { on_ready(tag); });
-    hang_answers_by_.reset();
+  // A hang or a failure asked the other nodes for their ranks' stacks: the summary waits
+  // for their answers, until the gather's deadline at most (a signal ends the wait).
+  void await_answers() {
+    while (answers_by_ && Clock::now() < *answers_by_ && !signals_.got())
+      loop_.wait(timeout_ms(*answers_by_), EventLoop::kMaxEvents, [this](void* tag) { on_ready(tag); });
+    answers_by_.reset();
   }
 
   // The loop's signals handler: SIGCHLD reaps, a stack-dump trigger dumps; the others stop
@@ -322,8 +323,7 @@ class AttemptSupervisor {
   void fail(WorkerResult& w) {
     if (root_) return;
     root_ = w;
-    if (w.state != WorkerResult::State::kExecFailed)
-      stacks_.at_failure(workers_.all(), w, job_.attempt_dir());  // bounded
+    if (w.state != WorkerResult::State::kExecFailed) take_failure_stacks(w);  // bounded
     const std::string what = fmt::format("rank {} on {} exited with {}", w.rank, w.host,
                                          w.signal ? signal_name(w.signal) : std::to_string(w.exit_code));
     workers_.begin_stop(SIGTERM);
@@ -352,8 +352,35 @@ class AttemptSupervisor {
 
   // A stack-dump trigger from `sender`: a worker about to fail, or a dump asked for.
   void on_trigger(int sig, pid_t sender) {
-    if (!stacks_.on_failure_notice(sig, sender, workers_.all(), job_.attempt_dir(), workers_.stopping()))
+    const WorkerResult* failing = nullptr;
+    if (!stacks_.failure_notice(sig, sender, workers_.all(), workers_.stopping(), failing))
       dump_stacks(signal_name(sig));
+    else if (failing)
+      take_failure_stacks(*failing);
+  }
+
+  // Where the other ranks were at this node's first failure (bounded). With several nodes,
+  // unless another node's failure came first, the others are asked too (they take their
+  // ranks' stacks while this node takes its own), and the summary shows every rank of the
+  // job once they answered. Not while restarts are left: a restart shows no summary, and
+  // would wait for the answers for nothing.
+  void take_failure_stacks(const WorkerResult& root) {
+    std::string what;
+    if (!stacks_.failure_seen() && job_.plan.group_world_size > 1 && stacks_.enabled() &&
+        job_.plan.restart_count >= job_.max_restarts)
+      what = ask_others(kFailureDump, StackDumps::kAtFailure + std::chrono::seconds(1));
+    stacks_.at_failure(workers_.all(), root, job_.attempt_dir(), what);
+  }
+
+  // Asks the other nodes for their ranks' stacks, as the dump `prefix` + this node, for
+  // the summary: it waits for their answers until `within` from now.
+  std::string ask_others(std::string_view prefix, Clock::duration within) {
+    const std::string what = fmt::format("{}{} ({})", prefix, job_.plan.group_rank, job_.plan.hostname);
+    rdzv_.ask_dump(what);
+    answers_by_ = Clock::now() + within;
+    awaited_ = what;
+    rdzv_.gather_dump(what, static_cast<size_t>(job_.plan.group_world_size - 1), *answers_by_);
+    return what;
   }
 
   // Every local rank's stack on this node's stderr; asked here (`trigger`: the signal), the
@@ -373,20 +400,22 @@ class AttemptSupervisor {
   static constexpr auto kGatherDeadline = StackDumps::kOnDemand + std::chrono::seconds(1);
 
   // The stack dumps other nodes asked for (this node answers with its own ranks'), and the
-  // answers to this node's.
-  // answers to this node's. A node that is stopping its workers answers with the stacks it
-  // took as it began to (several nodes that hung at once answer each other).
+  // answers to this node's. A failure elsewhere asks first, then ends the round: this node
+  // takes its ranks' stacks for it then. A node that is stopping its workers answers with
+  // the stacks it took as it began to (several nodes that hung at once answer each other).
   void on_remote_dumps() {
     for (const auto& what : rdzv_.dump_requests()) {
-      if (workers_.stopping()) {
-        if (auto a = stacks_.answer_while_stopping(job_.plan)) rdzv_.answer_dump(what, *a);
+      const bool failure = what.starts_with(kFailureDump);
+      if (failure && !workers_.stopping()) stacks_.at_remote_failure(workers_.all(), job_.attempt_dir());  // bounded
+      if (failure || workers_.stopping()) {
+        rdzv_.answer_dump(what, stacks_.answer_while_stopping(job_.plan));
         continue;
       }
       output_.err().push_line(stacks_.on_demand(workers_.all(), job_.attempt_dir(), what));
       rdzv_.answer_dump(what, stacks_.answer(what, job_.plan));
     }
     for (const auto& got : rdzv_.dump_answers()) {
-      if (got.what == stacks_.hang_dump()) hang_answers_by_.reset();
+      if (got.what == awaited_) answers_by_.reset();
       output_.err().push_line(stacks_.job_wide(got, job_.plan, job_.attempt_dir()));
     }
   }
@@ -468,12 +497,7 @@ class AttemptSupervisor {
   // while this node takes its own), and the summary shows every rank of the job.
   void on_hang() {
     std::string what;
-    if (job_.plan.group_world_size > 1 && stacks_.enabled()) {
-      what = fmt::format("{}{} ({})", kHangDump, job_.plan.group_rank, job_.plan.hostname);
-      rdzv_.ask_dump(what);
-      hang_answers_by_ = Clock::now() + kGatherDeadline;
-      rdzv_.gather_dump(what, static_cast<size_t>(job_.plan.group_world_size - 1), *hang_answers_by_);
-    }
+    if (job_.plan.group_world_size > 1 && stacks_.enabled()) what = ask_others(kHangDump, kGatherDeadline);
     output_.err().push_line(stacks_.on_hang(workers_.all(), job_.attempt_dir(), what));
     workers_.begin_stop(SIGTERM);
     rdzv_.end_round(RoundEnd::Kind::kFailed, *stacks_.hang());
@@ -495,7 +519,8 @@ class AttemptSupervisor {
   std::optional<RoundEnd> remote_end_;  // the round ended elsewhere (or the rendezvous ended it)
   bool looked_ahead_ = false;           // this round's prejoin() was asked for
   int dumps_asked_ = 0;  // dumps asked on this node (they name the dump on every node)
-  std::optional<Clock::time_point> hang_answers_by_;  // until when the hang's summary waits for the others' answers
+  std::optional<Clock::time_point> answers_by_;  // until when the summary waits for the others' answers
+  std::string awaited_;                          // the dump whose answers it waits for
 };
 
 }  // namespace
@@ -529,6 +554,7 @@ struct Supervisor::Impl {
         attempts(job, loop, output, workers, stacks, signals, timers, &notify_tag), record(opt, r) {
     job.plan.run_id = o.rdzv_id;
     job.plan.hostname = std::move(host);
+    job.max_restarts = o.max_restarts;
     if (timers.enabled()) job.base_env["TORCHELASTIC_TIMER_FILE"] = timers.path();  // every worker's
   }
 
@@ -634,8 +660,11 @@ struct Supervisor::Impl {
     std::optional<Clock::time_point> say_at = Clock::now() + std::chrono::seconds(1);
     while (!signals.got()) {
       for (void* tag : loop.wait_between_attempts(say_at ? timeout_ms(*say_at) : -1))
-        if (tag == &notify_tag)
-          if (auto end = rdzv.round_end()) return end;
+        if (tag == &notify_tag) {
+          auto end = rdzv.round_end();  // (first: it clears the fd that dumps wake too)
+          answer_dumps_finished();
+          if (end) return end;
+        }
       if (say_at && Clock::now() >= *say_at) {
         spdlog::info("round {}: this node's workers all succeeded; waiting for the other nodes' workers (for as long "
                      "as those nodes are alive)",
@@ -644,6 +673,17 @@ struct Supervisor::Impl {
       }
     }
     return std::nullopt;
+  }
+
+  // While this node waits for the others after its workers all finished: a dump asked
+  // elsewhere is answered at once (its ranks finished), and the answers to one asked here
+  // before its workers finished are shown.
+  void answer_dumps_finished() {
+    for (const auto& what : rdzv.dump_requests()) {
+      spdlog::info("{}: this node's workers have all finished", what);
+      rdzv.answer_dump(what, stacks.answer_finished(job.plan));
+    }
+    for (const auto& got : rdzv.dump_answers()) output.err().push_line(stacks.job_wide(got, job.plan, job.attempt_dir()));
   }
 
   // Whether another round follows `end` (false: a signal came, or the rendezvous refused).

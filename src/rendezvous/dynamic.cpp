@@ -129,7 +129,10 @@ void forget_round(Backend& b, int64_t r) {
     b.drop_log(exit_log(r));
     b.drop_counter(exit_log(r) + "/n");
     b.drop_counter(fmt::format("progress/{}", r));
-    b.drop_log(dumps_log(r));
+    // The stacks answered in a round live a round longer: a node that failed or hung in
+    // round r waits for the others' answers while the next round forms (prejoin), and
+    // none after that can form before it has read them.
+    if (r > 0) b.drop_log(dumps_log(r - 1));
   } catch (const std::exception& e) {
     spdlog::debug("rendezvous: removing round {}'s exit log: {}", r, e.what());
   }

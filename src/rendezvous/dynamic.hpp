@@ -106,6 +106,9 @@ class DynamicRendezvous {
   // that round) may have let the caller drain the new round's end: notify_fd is readable
   // again when the round already ended, or this node was cut off.
   void start_round() { signal_.rearm(); }
+  // Set once this node is cut off from the backend (partitioned, the store lost), however
+  // it learnt it; any thread may ask (notify_fd is left alone).
+  std::optional<RoundEnd> cut_off() const { return signal_.cut_off(); }
   void end_round(RoundEnd::Kind kind, const std::string& text);
   void arrive_exit();
   RoundEnd wait_end();  // blocks until the running round ends (however it does)
@@ -120,7 +123,8 @@ class DynamicRendezvous {
   // the caller when one comes.
   std::vector<std::string> take_dump_requests();
   // This node's answer to the dump `what` another node asked for (the text is the caller's;
-  // no newline). Blocks on the backend like end_round.
+  // no newline), into the round it was asked in, also once this node has left it (the
+  // node that asked waits there). Blocks on the backend like end_round.
   void answer_dump(const std::string& what, const std::string& answer);
   // Gathers the answers of the other `nodes` nodes to the dump `what` that this node asked
   // for, on a thread of its own, until every one came or `deadline`; then notify_fd wakes

@@ -41,7 +41,8 @@ int64_t DynamicRendezvous::add_progress(int64_t delta) {
 }
 
 void DynamicRendezvous::answer_dump(const std::string& what, const std::string& answer) {
-  const int64_t r = signal_.watched();
+  int64_t r = signal_.dump_round(what);
+  if (r < 0) r = signal_.watched();  // (not seen asked: the running round's)
   if (r < 0) return;
   post([&](Backend& b) { b.append(dumps_log(r), dump_answer_line(what, answer)); });
 }

@@ -65,9 +65,9 @@ RoundEnd RoundSignal::wait() {
   return RoundEnd{RoundEnd::Kind::kClosed, "", "stopping"};
 }
 
-bool RoundSignal::cut_off() const {
+std::optional<RoundEnd> RoundSignal::cut_off() const {
   std::lock_guard lk(mu_);
-  return problem_.has_value();
+  return problem_;
 }
 
 std::vector<std::string> RoundSignal::take_dumps() {
@@ -78,6 +78,13 @@ std::vector<std::string> RoundSignal::take_dumps() {
 std::vector<DumpAnswers> RoundSignal::take_answers() {
   std::lock_guard lk(mu_);
   return std::exchange(answers_, {});
+}
+
+int64_t RoundSignal::dump_round(const std::string& what) const {
+  std::lock_guard lk(mu_);
+  for (auto it = asked_in_.rbegin(); it != asked_in_.rend(); ++it)
+    if (it->first == what) return it->second;
+  return -1;
 }
 
 void RoundSignal::stop() {
@@ -108,11 +115,13 @@ void RoundSignal::notify_end(int64_t round, const RoundEnd& end) {
   wake();
 }
 
-void RoundSignal::add_dumps(const std::vector<std::string>& asked) {
+void RoundSignal::add_dumps(int64_t round, const std::vector<std::string>& asked) {
   if (asked.empty()) return;
   {
     std::lock_guard lk(mu_);
     dumps_.insert(dumps_.end(), asked.begin(), asked.end());
+    for (const auto& what : asked) asked_in_.emplace_back(what, round);
+    while (asked_in_.size() > 16) asked_in_.pop_front();
   }
   wake();
 }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -36,15 +37,18 @@ class RoundSignal {
   // for the round before, drained it.
   void rearm();
   RoundEnd wait();                 // blocks until there is one (or stop())
-  bool cut_off() const;
+  std::optional<RoundEnd> cut_off() const;  // this node cut off (partitioned, the store lost): how
   std::vector<std::string> take_dumps();
+  // The round a dump was asked in (-1: not one of the last few asked): its answer goes
+  // there, even once this node has left that round (the asker waits in it).
+  int64_t dump_round(const std::string& what) const;
   std::vector<DumpAnswers> take_answers();
   void stop();
 
   // The watcher's and keeper's side. A round's end counts only for the watched round, and
   // only the first; round -1 is this node cut off (it ends every round).
   void notify_end(int64_t round, const RoundEnd& end);
-  void add_dumps(const std::vector<std::string>& asked);
+  void add_dumps(int64_t round, const std::vector<std::string>& asked);  // asked in `round`
   void add_answers(DumpAnswers got);  // a gather's (dump_gather.hpp)
   // Waits while round `r` needs no reading (no round watched, or its end is known); then
   // what is watched now. nullopt: stopping.
@@ -71,6 +75,7 @@ class RoundSignal {
   std::optional<RoundEnd> end_;      // the watched round's end, once seen
   std::optional<RoundEnd> problem_;  // partitioned / store lost: ends every round
   std::vector<std::string> dumps_;   // dumps other nodes asked for, not yet taken
+  std::deque<std::pair<std::string, int64_t>> asked_in_;  // the last few asked, and their rounds
   std::vector<DumpAnswers> answers_;  // answers to this node's dumps, not yet taken
   bool stop_ = false;
   int efd_ = -1;

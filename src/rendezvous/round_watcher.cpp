@@ -26,7 +26,7 @@ void RoundWatcher::note_dumps(int64_t r, const std::vector<std::string>& lines) 
     Event e = parse_event(l);
     if (e.kind == "dump" && e.round == r && e.node != names_.me) asked.push_back(e.text);
   }
-  signal_.add_dumps(asked);
+  signal_.add_dumps(r, asked);
 }
 
 // Reads the events as they come; the first that ends the watched round wakes the caller.

@@ -237,6 +237,85 @@ TEST(NodeStacks, TheJobWideViewAccountsForEveryRank) {
   EXPECT_EQ(dumps.job_wide(ddprun::rdzv::DumpAnswers{what, {}, 2, 0ms}, plan, "/nonexistent"), "");
 }
 
+ddprun::JobPlan plan_of(int node, int nodes, int per_node) {
+  ddprun::JobPlan plan;
+  plan.group_rank = node;
+  plan.group_world_size = nodes;
+  plan.rank_base = node * per_node;
+  plan.world_size = nodes * per_node;
+  return plan;
+}
+
+// A failure on node 1 (its only rank, 1) asked the other four nodes: the summary's note
+// shows every other rank of the job (rank 1 left out, not missing), names the node of the
+// rank that stands out, and shows the silent node's rank as such. Nothing is printed then.
+TEST(NodeStacks, AFailuresNoteShowsEveryOtherRankOfTheJob) {
+  ddprun::Options o;
+  o.nproc_per_node = 1;
+  ddprun::StackDumps dumps(o, "hostb");
+  const std::string what = "failure on node 1 (hostb)";
+  ddprun::WorkerResult root;
+  root.rank = 1;
+  root.pid = 1001;
+  EXPECT_FALSE(dumps.failure_seen());
+  dumps.at_failure({}, root, "/nonexistent", what);  // no other rank on this node
+  EXPECT_TRUE(dumps.failure_seen());
+  auto node = [](int n, const char* host, Kind kind, const char* text) {
+    return ddprun::encode_node_stacks(ddprun::NodeStacks{n, host, n, 1, {stack(n, kind, text)}});
+  };
+  const auto plan = plan_of(1, 5, 1);
+  EXPECT_EQ(dumps.job_wide(ddprun::rdzv::DumpAnswers{what,
+                                                     {node(0, "hosta", Kind::kStack, kAllReduce),
+                                                      node(2, "hostc", Kind::kStack, kAllReduce),
+                                                      node(3, "hostd", Kind::kStack, kSleeping)},
+                                                     4, 2000ms},
+                           plan, "/nonexistent"),
+            "");
+  EXPECT_EQ(dumps.failure_note(),
+            "Where the other ranks of the job were (main thread, innermost frame first):\n"
+            "  ranks 0, 2: all_reduce (distributed_c10d.py:1536) <- step (train.py:20) <- main (train.py:40) <- "
+            "<module> (train.py:44)\n"
+            "  rank 3: stall (train.py:12) <- step (train.py:19)\n"
+            "  rank 4: no answer from its node\n"
+            "  rank 3 not where the others are: on node 3 (hostd)\n");
+}
+
+// Ranks whose node did not answer never make the ranks that were seen stand out: nodes 1
+// and 2 are silent; before, their two ranks were the majority and rank 0 "stood out".
+TEST(NodeStacks, ASilentNodesRanksMakeNoOneStandOut) {
+  ddprun::Options o;
+  o.nproc_per_node = 1;
+  o.stack_dumps = false;
+  ddprun::StackDumps dumps(o, "hosta");
+  const std::string what = "dump 1 asked on node 0 (hosta)";
+  dumps.on_demand({}, "/nonexistent", what, "SIGQUIT");
+  const std::string out = dumps.job_wide(ddprun::rdzv::DumpAnswers{what, {}, 2, 3000ms}, plan_of(0, 3, 1),
+                                         "/nonexistent");
+  EXPECT_EQ(out,
+            "[ddprun] where each rank of the job is (main thread, innermost frame first):\n"
+            "  ranks 1-2: no answer from its node\n"
+            "  rank 0: not running on its node\n"
+            "  every rank is at the same place\n");
+}
+
+// A node whose ranks all finished answers at once that they did; one that stops answers
+// with what it took, nothing if it took none (an answer all the same: no one waits).
+TEST(NodeStacks, AFinishedOrStoppingNodeAnswersAtOnce) {
+  ddprun::Options o;
+  o.nproc_per_node = 2;
+  ddprun::StackDumps dumps(o, "hosta");
+  auto finished = ddprun::decode_node_stacks(dumps.answer_finished(plan_of(1, 2, 2)));
+  ASSERT_TRUE(finished);
+  EXPECT_EQ(finished->first_rank, 2);
+  ASSERT_EQ(finished->ranks.size(), 2u);
+  EXPECT_EQ(finished->ranks[1].rank, 3);
+  EXPECT_EQ(finished->ranks[1].signature(), "finished (exit code 0), its node waits for the others");
+  auto stopping = ddprun::decode_node_stacks(dumps.answer_while_stopping(plan_of(1, 2, 2)));
+  ASSERT_TRUE(stopping);
+  EXPECT_EQ(stopping->nranks, 2);
+  EXPECT_TRUE(stopping->ranks.empty());
+}
+
 }  // namespace
 
 namespace {

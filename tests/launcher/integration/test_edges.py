@@ -229,6 +229,36 @@ class EdgeTest(DdprunTestCase):
         for r in jobwatch.start_records(recs[1]):
             self.assertFalse(os.path.exists(os.path.join(recs[1], f"end_{r['pid']}")), "its workers were stopped")
 
+    def test_static_a_failure_while_the_store_host_is_frozen_ends_within_the_window(self):
+        """Node 0's ddprun (the store's host) frozen, then rank 3 (node 1) exits 3: node 1 can
+        neither tell the others nor hear from them. It stops within the keep-alive window
+        (1.5 s) and a few seconds, with its root cause's exit code, saying node 0 did not
+        answer. Before, its note to the others waited out join_timeout (300 s here) on a new
+        connection to the frozen store. Thawed, node 0 finds node 1 gone and stops too."""
+        go = self.path("go")
+        args = [worker("edge_worker.py"), self.tmp, "--sleep", "300", "--fail", f"3={go}"]
+        n0 = self.static_node(0, args, conf=f"join_timeout=300,{BEAT}")
+        n1 = self.static_node(1, args, conf=f"join_timeout=300,{BEAT}")
+        self.wait_for(lambda: all(self.stamp(f"start_{r}") for r in range(4)), scaled(30), "4 workers to start")
+        self.track_pid(n0.proc.pid)
+        os.kill(n0.proc.pid, signal.SIGSTOP)
+        try:
+            t0 = time.time()
+            open(go, "w").close()
+            self.assertEqual(jobwatch.wait_exited([n1], scaled(20)), [], self.describe())
+        finally:
+            thawed = time.time()
+            os.kill(n0.proc.pid, signal.SIGCONT)
+        self.assertEqual(n1.rc, 3, self.describe())
+        self.assertLess(n1.exited_at - t0, scaled(8), self.describe())
+        err1 = read_text(n1.err_path)
+        self.assertRegex(err1, r"failure on node 1 \(\S+\): 0 of 1 other node answered within 2\.\d\d s; no answer from "
+                               r"node 0", self.describe())
+        self.assertIn("the other nodes could not be told in time", err1, self.describe())
+        self.assertEqual(jobwatch.wait_exited([n0], scaled(15)), [], self.describe())
+        self.assertEqual(n0.rc, 1, self.describe())
+        self.assertLess(n0.exited_at - thawed, scaled(8), self.describe())
+
     def test_static_a_machine_paused_past_the_window_goes_on(self):
         self.check_machine_paused_past_the_window(lambda i, args: self.static_node(i, args))
 

@@ -165,6 +165,14 @@ if os.environ["RANK"] == "3":
 time.sleep(60)
 """
 
+HALF_DONE = """
+import os, sys, time
+if int(os.environ["RANK"]) < 2:
+    sys.exit(0)
+open(os.path.join(sys.argv[1], "ready_" + os.environ["RANK"]), "w").close()
+time.sleep(float(sys.argv[2]))
+"""
+
 RANK0_TALKS = """
 import os, sys, time
 end = time.monotonic() + float(sys.argv[1])
@@ -205,6 +213,18 @@ class Stacks(StacksTest):
                                      "--master-port", str(port), "--nproc-per-node", "2", *args], env=env,
                                     stderr=err))
         return nodes
+
+    def job_view_asked_on_node_1(self, nodes):
+        """SIGQUIT to node 1's ddprun, whose view of the whole job comes within 2 s, with every
+        node's answer: the match (1: what the answers were, 2: where each rank is)."""
+        t0 = time.monotonic()
+        os.kill(nodes[1].pid, signal.SIGQUIT)
+        m = self.wait_for(lambda: re.search(r"dump 1 asked on node 1 \(\S+\): (every node answered .*)\n"
+                                            r"\[ddprun\] where each rank of the job is .*\n((?:  .*\n)+)",
+                                            read_text(self.path("node1.stderr"))),
+                          scaled(10), "node 1's view of the whole job")
+        self.assertLess(time.monotonic() - t0, scaled(2), "every node answers at once")
+        return m
 
     def test_a_worker_that_blocks_every_signal_is_named_within_the_deadline(self):
         script = self.write("blocker.py", BLOCKER)
@@ -258,12 +278,7 @@ class Stacks(StacksTest):
         self.wait_markers([f"ready_{r}" for r in range(4)])
         time.sleep(0.2)
         node1 = lambda: read_text(self.path("node1.stderr"))  # noqa: E731
-        t0 = time.monotonic()
-        os.kill(nodes[1].pid, signal.SIGQUIT)
-        m = self.wait_for(lambda: re.search(r"dump 1 asked on node 1 \(\S+\): (every node answered .*)\n"
-                                            r"\[ddprun\] where each rank of the job is .*\n((?:  .*\n)+)", node1()),
-                          scaled(10), "node 1's view of the whole job")
-        self.assertLess(time.monotonic() - t0, scaled(2), "both nodes answer at once")
+        m = self.job_view_asked_on_node_1(nodes)
         self.assertRegex(m.group(1), r"^every node answered \(2 nodes, 4 ranks, in \d+\.\d\d s\); every node's saved in "
                                      + re.escape(logs))
         self.assertRegex(m.group(2), r"^  ranks 0, 2-3: wait_for_peers \(straggler.py:3\) <- <module> \(straggler.py:6\)\n"
@@ -326,18 +341,41 @@ class Stacks(StacksTest):
                         SKIP_COLLECTIVE, "-1", "20", "0", self.tmp, "0.2"])
         self.assertEqual(self.finish(p, 60), 0, self.stderr_text())
 
-    def test_a_failure_on_another_node_shows_where_this_nodes_ranks_were(self):
+    def test_a_failure_across_nodes_shows_where_every_rank_was(self):
         """Two static nodes; rank 3 (node 1) exits 3 while the others sleep: node 0 says the
-        job failed on node 1 and, under that line, where its own ranks were."""
+        job failed on node 1 and, under that line, where its own ranks were; node 1's summary
+        shows where every other rank of the job was (node 0 answered its ask at once)."""
         script = self.write("fail_late.py", FAIL_LATE)
         nodes = self.static_nodes([script, self.tmp])
         for p in nodes:
             self.finish(p, 60)
-        err0 = read_text(self.path("node0.stderr"))
+        err0, err1 = (read_text(self.path(f"node{n}.stderr")) for n in (0, 1))
         self.assertEqual(nodes[0].returncode, 1, err0)
         self.assertRegex(err0, r"the job failed on another node: node \S+ \(node rank 1, [^)]*\): rank 3 .* exited "
                                r"with 3\nWhere this node's ranks were \(main thread, innermost frame first; every "
                                r"thread: .*\):\n  ranks 0-1: <module> \(fail_late.py:\d+\)", err0)
+        self.assertEqual(nodes[1].returncode, 3, err1)
+        self.assertRegex(err1, r"Where the other ranks of the job were \(main thread, innermost frame first; every "
+                               r"thread of every node: .*stacks_at_failure_all_nodes.txt\):\n"
+                               r"  ranks 0-2: <module> \(fail_late.py:\d+\)\n={60}\n", err1)
+
+    @unittest.skipIf(RUNTIME.is_torch2, "no torch in it: the run on the host's torch covers it")
+    def test_a_node_whose_ranks_finished_answers_a_dump_at_once(self):
+        """Two static nodes; node 0's ranks finish at once, node 1's sleep. SIGQUIT to node 1's
+        ddprun: node 0, waiting for node 1, answers at once that its ranks finished (before,
+        it did not answer, and node 1 waited out the 3 s deadline to say so)."""
+        script = self.write("half_done.py", HALF_DONE)
+        nodes = self.static_nodes(["--log-level", "info", script, self.tmp, str(scaled(8))])
+        node0 = lambda: read_text(self.path("node0.stderr"))  # noqa: E731
+        self.wait_markers(["ready_2", "ready_3"])
+        self.wait_for(lambda: "waiting for the other nodes' workers" in node0(), scaled(10), "node 0 to wait")
+        m = self.job_view_asked_on_node_1(nodes)
+        self.assertRegex(m.group(1), r"^every node answered \(2 nodes, 4 ranks, in 0\.\d\d s\)")
+        self.assertIn("  ranks 0-1: finished (exit code 0), its node waits for the others\n", m.group(2))
+        self.assertRegex(m.group(2), r"  ranks 2-3: <module> \(half_done.py:6\)\n")
+        self.assertRegex(node0(), r"dump 1 asked on node 1 \(\S+\): this node's workers have all finished")
+        for n, p in enumerate(nodes):
+            self.assertEqual(self.finish(p, 60), 0, read_text(self.path(f"node{n}.stderr")))
 
     def test_hang_timeout_counts_progress_on_any_node(self):
         """Two static nodes, --hang-timeout 2: only rank 0 (node 0) prints, every 0.3 s for
