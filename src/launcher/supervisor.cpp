@@ -183,6 +183,16 @@ class NodeOutput {
 // loop until every one has exited and every stream drained. The first failure here is the
 // root cause; it, another node's end of the round, a hang or a stopping signal
 // (node_signals.hpp) stops the workers. Signals are read here between attempts too.
+// The answers to this node's dumps, each shown as the whole job's view; the dumps answered.
+std::vector<std::string> show_job_views(Job& job, StackDumps& stacks, NodeOutput& output) {
+  std::vector<std::string> shown;
+  for (const auto& got : job.rdzv.dump_answers()) {
+    output.err().push_line(stacks.job_wide(got, job.plan, job.attempt_dir()));
+    shown.push_back(got.what);
+  }
+  return shown;
+}
+
 class AttemptSupervisor {
  public:
   AttemptSupervisor(Job& job, EventLoop& loop, NodeOutput& output, AttemptWorkers& workers, StackDumps& stacks,
@@ -414,10 +424,8 @@ class AttemptSupervisor {
       output_.err().push_line(stacks_.on_demand(workers_.all(), job_.attempt_dir(), what));
       rdzv_.answer_dump(what, stacks_.answer(what, job_.plan));
     }
-    for (const auto& got : rdzv_.dump_answers()) {
-      if (got.what == awaited_) answers_by_.reset();
-      output_.err().push_line(stacks_.job_wide(got, job_.plan, job_.attempt_dir()));
-    }
+    for (const auto& what : show_job_views(job_, stacks_, output_))
+      if (what == awaited_) answers_by_.reset();
   }
 
   void on_remote() {
@@ -683,7 +691,7 @@ struct Supervisor::Impl {
       spdlog::info("{}: this node's workers have all finished", what);
       rdzv.answer_dump(what, stacks.answer_finished(job.plan));
     }
-    for (const auto& got : rdzv.dump_answers()) output.err().push_line(stacks.job_wide(got, job.plan, job.attempt_dir()));
+    show_job_views(job, stacks, output);
   }
 
   // Whether another round follows `end` (false: a signal came, or the rendezvous refused).

@@ -146,6 +146,11 @@ bool RoundSignal::idle(int64_t r) const {
   return quiet(r);
 }
 
+bool RoundSignal::ended(int64_t r) const {
+  std::lock_guard lk(mu_);
+  return round_ == r && end_.has_value();
+}
+
 bool RoundSignal::sleep(std::chrono::milliseconds d) {
   std::unique_lock lk(mu_);
   return cv_.wait_for(lk, d, [&] { return stop_; });

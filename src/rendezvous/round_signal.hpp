@@ -50,14 +50,16 @@ class RoundSignal {
   void notify_end(int64_t round, const RoundEnd& end);
   void add_dumps(int64_t round, const std::vector<std::string>& asked);  // asked in `round`
   void add_answers(DumpAnswers got);  // a gather's (dump_gather.hpp)
-  // Waits while round `r` needs no reading (no round watched, or its end is known); then
-  // what is watched now. nullopt: stopping.
+  // Waits while no round is watched (r -1, this node joining one); then what is watched
+  // now. nullopt: stopping. A round whose end is known is still read, for the dumps other
+  // nodes ask in it, until its node leaves it.
   struct Watch {
     int64_t round = -1;
     Members members;
   };
   std::optional<Watch> await(int64_t r);
   bool idle(int64_t r) const;
+  bool ended(int64_t r) const;  // round r is watched and its end known
   // Sleeps for d, or until stop(); true when stopping.
   bool sleep(std::chrono::milliseconds d);
   bool stopped() const;
@@ -65,7 +67,7 @@ class RoundSignal {
   void until_stopped();
 
  private:
-  bool quiet(int64_t r) const { return round_ == r && (r < 0 || end_.has_value()); }  // mu_ held
+  bool quiet(int64_t r) const { return round_ == r && r < 0; }  // mu_ held
   void wake();
 
   mutable std::mutex mu_;

@@ -30,17 +30,21 @@ void RoundWatcher::note_dumps(int64_t r, const std::vector<std::string>& lines) 
 }
 
 // Reads the events as they come; the first that ends the watched round wakes the caller.
-// No round to watch (this node is joining one), or the watched one's end is known: then no
-// read at all until a round is watched (RoundSignal::await). A wait on the events would wake
-// a thousand idle watchers at every line, and a read once a second was a thousand requests
-// a second while a big round formed. What came meanwhile is read when the next round is
-// watched (its lost lines too); a store that is gone is the joiner's to find.
+// No round to watch (this node is joining one): then no read at all until a round is
+// watched (RoundSignal::await). A wait on the events would wake a thousand idle watchers
+// at every line, and a read once a second was a thousand requests a second while a big
+// round formed. What came meanwhile is read when the next round is watched (its lost lines
+// too); a store that is gone is the joiner's to find. A round whose end is known is read
+// on until its node leaves it (stopping its workers, printing its summary): another node
+// may still ask for a dump in it, its own hang or failure declared just after this one's
+// end, and waits for this node's answer.
 void RoundWatcher::loop() {
   RoundReader reader;
   EventsTail seen;
   int64_t r = -1;
   // The round's end, if what was read so far says it ended: then the caller is woken.
   auto judge = [&] {
+    if (signal_.ended(r)) return;  // (the first end counts)
     if (reader.needs_exited()) reader.set_exited(exited_before_lost(*events_, r));
     if (auto end = reader.end()) signal_.notify_end(r, *end);
   };

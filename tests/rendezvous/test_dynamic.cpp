@@ -845,6 +845,18 @@ TEST(DynamicRendezvous, AJoinTimeoutNamesSixteenNodesAndCountsTheRest) {
   }
 }
 
+// The dumps other nodes asked `n` for, once its watcher hands them over (or kGuard).
+std::vector<std::string> dumps_within(DynamicRendezvous& n, milliseconds limit = kGuard) {
+  std::vector<std::string> got;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (got.empty() && std::chrono::steady_clock::now() < deadline) {
+    n.round_end();
+    got = n.take_dump_requests();
+    std::this_thread::sleep_for(5ms);
+  }
+  return got;
+}
+
 // A dump asked on one node reaches the others' callers (notify_fd), not its own, and
 // ends no round.
 TEST(DynamicRendezvous, ADumpAskedOnOneNodeReachesTheOthers) {
@@ -853,17 +865,29 @@ TEST(DynamicRendezvous, ADumpAskedOnOneNodeReachesTheOthers) {
   auto a = c.node("a"), b = c.node("b");
   all_next_round({a.get(), b.get()});
   a->ask_dump("dump 1 asked on node 0 (a)");
-  std::vector<std::string> got;
-  const auto deadline = std::chrono::steady_clock::now() + kGuard;
-  while (got.empty() && std::chrono::steady_clock::now() < deadline) {
-    b->round_end();
-    got = b->take_dump_requests();
-    std::this_thread::sleep_for(5ms);
-  }
+  auto got = dumps_within(*b);
   ASSERT_EQ(got, std::vector<std::string>{"dump 1 asked on node 0 (a)"});
   EXPECT_TRUE(a->take_dump_requests().empty());
   EXPECT_FALSE(b->round_end().has_value());
   EXPECT_FALSE(a->round_end().has_value());
+}
+
+// Two nodes hang at once: a declares first, asks, and ends the round; b's own check fires
+// after it answered a's ask, so its ask comes after the end in the events. a, still in the
+// round (stopping its workers, waiting for answers), must hand b's ask over: it did not
+// (its watcher stopped reading at the end), and b named a's ranks as not answering.
+TEST(DynamicRendezvous, ADumpAskedAfterTheRoundsEndReachesANodeStillInIt) {
+  Cluster c;
+  c.job = {2, 2, 0};
+  auto a = c.node("a"), b = c.node("b");
+  all_next_round({a.get(), b.get()});
+  a->ask_dump("hang on node 0 (a)");
+  ASSERT_EQ(dumps_within(*b), std::vector<std::string>{"hang on node 0 (a)"});
+  a->end_round(K::kFailed, "hang");
+  for (auto* n : {a.get(), b.get()}) ASSERT_TRUE(end_within(*n));
+  b->ask_dump("hang on node 1 (b)");
+  EXPECT_EQ(dumps_within(*a), std::vector<std::string>{"hang on node 1 (b)"});
+  EXPECT_EQ(a->round_end()->text, "node a (a_1_0): hang");  // the first end still counts
 }
 
 // The answers to a dump `asker` gathers, once its notify_fd says they came (or kGuard).
