@@ -348,6 +348,13 @@ std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, cons
     return "";
   }
   const auto t0 = Clock::now();
+  const bool remote = trigger.empty();
+  if (last_dump_ && (remote || last_dump_->remote) && t0 - last_dump_->at < kShared) {
+    spdlog::warn("{}: the stacks of this node's ranks shown {:.2f} s ago, for {}; the job runs on", why,
+                 std::chrono::duration<double>(t0 - last_dump_->at).count(), last_dump_->what);
+    kept.stacks = last_dump_->stacks;
+    return "";
+  }
   auto stacks = take_stacks(ts, t0 + kOnDemand, [this] { return stop_pending(); });
   const double took = std::chrono::duration<double>(Clock::now() - t0).count();
   std::string body = full_dump(stacks, prefixes(stacks));
@@ -359,6 +366,7 @@ std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, cons
                stacks.size() == 1 ? "" : "s", hostname_, answered, took,
                o_.log_dir.empty() || file.empty() ? "" : ", saved in " + file,
                what.starts_with(kHangDump) ? "" : "; the job runs on");
+  last_dump_ = LastDump{what, remote, Clock::now(), stacks};
   kept.stacks = std::move(stacks);
   return body + "[ddprun] where each rank is (main thread, innermost frame first):\n" + where + collectives(workers);
 }

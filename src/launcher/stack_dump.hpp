@@ -90,7 +90,11 @@ class StackDumps {
   // Every running worker's stack, for ddprun's stderr; also written under attempt_dir.
   // `what` names the dump on every node ("dump 2 asked on node 1 (hostb)"), `trigger` what
   // asked for it here ("SIGQUIT"; "" when another node asked). The stacks are kept for
-  // answer() (asked elsewhere) or job_wide() (asked here).
+  // answer() (asked elsewhere) or job_wide() (asked here). A dump asked elsewhere within
+  // kShared of one taken here, or the other way round (Slurm's `scancel -s URG` signals
+  // every node at once, and each asks the others), shares that dump's stacks: each rank's
+  // stack is shown once.
+  static constexpr std::chrono::milliseconds kShared{1000};
   std::string on_demand(const std::vector<WorkerResult>& workers, const std::string& attempt_dir,
                         const std::string& what, const std::string& trigger = "");
   // This node's answer to the dump `what` that another node asked for: its ranks' stacks as
@@ -195,6 +199,14 @@ class StackDumps {
   std::string failure_table_;  // the libddp collectives when the failure's stacks were taken
   HangView hang_view_;
   std::optional<std::vector<RankStack>> at_end_;  // taken as this node began to stop (answer_while_stopping)
+  // The last on-demand dump's stacks, for another dump within kShared.
+  struct LastDump {
+    std::string what;
+    bool remote = false;  // asked by another node
+    Clock::time_point at{};
+    std::vector<RankStack> stacks;
+  };
+  std::optional<LastDump> last_dump_;
   int dumps_ = 0;
   std::deque<Taken> kept_;
 };

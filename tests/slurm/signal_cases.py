@@ -185,8 +185,10 @@ srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
         job, d = self.start_signal_job(name, "notify")
         self.cluster.run("scancel", "-s", "URG", str(job))
         # Each node's own dump (Slurm signals the nodes one by one; a node may show the
-        # other's, relayed through the rendezvous, first).
-        own = re.compile(r"SIGURG \(dump 1 asked on node \d \(\S+\)\): the stacks of 2 ranks(?:.*\n)+?\[ddprun\] where")
+        # other's, relayed through the rendezvous, first, and its own then shares those
+        # stacks instead of showing them twice).
+        own = re.compile(r"SIGURG \(dump 1 asked on node \d \(\S+\)\): (?:the stacks of 2 ranks(?:.*\n)+?\[ddprun\] where"
+                         r"|the stacks of this node's ranks shown \d+\.\d+ s ago, for dump 1 asked on node \d)")
         deadline = time.monotonic() + lib.scaled(30)
         while not all(own.search(log) for log in self.ddprun_logs(d)):
             self.assertLess(time.monotonic(), deadline, self.diagnostics(name))
@@ -231,7 +233,8 @@ srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
             if d is None:
                 print(f"  {name}: Slurm signalled job {job} before its workers started: trying again", file=sys.stderr)
                 self.cluster.run("scancel", str(job))
-                self.cluster.wait(job, lib.scaled(60))
+                # (once, beside the other Slurm test file: still COMPLETING after 60 s)
+                self.cluster.wait(job, lib.scaled(150))
                 continue
             info = self.cluster.wait(job, lib.scaled(150), states=("TIMEOUT", "COMPLETED", "FAILED", "CANCELLED"))
             self.assertEqual(info["JobState"], "TIMEOUT", self.job_output(name))

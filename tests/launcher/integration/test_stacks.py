@@ -265,6 +265,27 @@ class Stacks(StacksTest):
         for p in nodes:
             self.assertEqual(self.finish(p, 60), 0, node0() + read_text(self.path("node1.stderr")))
 
+    def test_a_dump_asked_on_every_node_at_once_shows_each_ranks_stack_once(self):
+        """Two static nodes, each signalled at once (Slurm's `scancel -s URG` signals every
+        node's ddprun): each node shows its own ranks' stacks once, not once for its own
+        signal and again for the other's ask, and each shows the whole job's view."""
+        script = self.write("blocker.py", BLOCKER)
+        nodes = self.static_nodes([script, self.tmp, str(scaled(8))], env=dict(clean_env(), RANK_BLOCKS="no"))
+        self.wait_markers([f"ready_{r}" for r in range(4)])
+        time.sleep(0.2)
+        for p in nodes:
+            os.kill(p.pid, signal.SIGURG)
+        errs = lambda: [read_text(self.path(f"node{n}.stderr")) for n in (0, 1)]  # noqa: E731
+        view = r"dump 1 asked on node {} \(\S+\): every node answered .*\n\[ddprun\] where each rank of the job is"
+        self.wait_for(lambda: all(re.search(view.format(n), e) for n, e in enumerate(errs())), scaled(10),
+                      "each node's view of the whole job")
+        for n, err in enumerate(errs()):
+            self.assertEqual(err.count("[ddprun] where each rank is (main thread"), 1, err)
+            for r in (2 * n, 2 * n + 1):
+                self.assertEqual(len(re.findall(rf"\[rank{r}\]:  File .*blocker.py\", line \d+ in <module>", err)), 1, err)
+        for p in nodes:
+            self.assertEqual(self.finish(p, 60), 0, "".join(errs()))
+
     @unittest.skipIf(RUNTIME.is_torch2, "no torch in it: the run on the host's torch covers it")
     def test_the_node_that_asked_shows_where_every_rank_of_the_job_is(self):
         """Two static nodes; rank 1 (node 0) stands elsewhere. SIGQUIT to node 1's ddprun:
