@@ -50,9 +50,10 @@ class RoundSignal {
   void notify_end(int64_t round, const RoundEnd& end);
   void add_dumps(int64_t round, const std::vector<std::string>& asked);  // asked in `round`
   void add_answers(DumpAnswers got);  // a gather's (dump_gather.hpp)
-  // Waits while no round is watched (r -1, this node joining one); then what is watched
-  // now. nullopt: stopping. A round whose end is known is still read, for the dumps other
-  // nodes ask in it, until its node leaves it.
+  // Waits while round `r` needs no reading (none watched: this node joins one; or it ended
+  // with every worker finished, or the job closed); then what is watched now. nullopt:
+  // stopping. A round that ended otherwise is still read, for the dumps other nodes ask in
+  // it while they stop, until this node leaves it.
   struct Watch {
     int64_t round = -1;
     Members members;
@@ -67,7 +68,10 @@ class RoundSignal {
   void until_stopped();
 
  private:
-  bool quiet(int64_t r) const { return round_ == r && r < 0; }  // mu_ held
+  bool quiet(int64_t r) const {  // mu_ held
+    using K = RoundEnd::Kind;
+    return round_ == r && (r < 0 || (end_ && (end_->kind == K::kDone || end_->kind == K::kClosed)));
+  }
   void wake();
 
   mutable std::mutex mu_;

@@ -37,7 +37,8 @@ void RoundWatcher::note_dumps(int64_t r, const std::vector<std::string>& lines) 
 // too); a store that is gone is the joiner's to find. A round whose end is known is read
 // on until its node leaves it (stopping its workers, printing its summary): another node
 // may still ask for a dump in it, its own hang or failure declared just after this one's
-// end, and waits for this node's answer.
+// end, and waits for this node's answer. Not once every worker finished (done) or the job
+// closed: nobody asks then, and a thousand watchers would wake for the job's last lines.
 void RoundWatcher::loop() {
   RoundReader reader;
   EventsTail seen;

@@ -857,13 +857,23 @@ std::vector<std::string> dumps_within(DynamicRendezvous& n, milliseconds limit =
   return got;
 }
 
+// Nodes a and b in round 0 of a job of exactly two nodes.
+struct TwoInARound {
+  Cluster c;
+  std::unique_ptr<DynamicRendezvous> a, b;
+  TwoInARound() {
+    c.job = {2, 2, 0};
+    a = c.node("a");
+    b = c.node("b");
+    all_next_round({a.get(), b.get()});
+  }
+};
+
 // A dump asked on one node reaches the others' callers (notify_fd), not its own, and
 // ends no round.
 TEST(DynamicRendezvous, ADumpAskedOnOneNodeReachesTheOthers) {
-  Cluster c;
-  c.job = {2, 2, 0};
-  auto a = c.node("a"), b = c.node("b");
-  all_next_round({a.get(), b.get()});
+  TwoInARound t;
+  auto &a = t.a, &b = t.b;
   a->ask_dump("dump 1 asked on node 0 (a)");
   auto got = dumps_within(*b);
   ASSERT_EQ(got, std::vector<std::string>{"dump 1 asked on node 0 (a)"});
@@ -877,10 +887,8 @@ TEST(DynamicRendezvous, ADumpAskedOnOneNodeReachesTheOthers) {
 // round (stopping its workers, waiting for answers), must hand b's ask over: it did not
 // (its watcher stopped reading at the end), and b named a's ranks as not answering.
 TEST(DynamicRendezvous, ADumpAskedAfterTheRoundsEndReachesANodeStillInIt) {
-  Cluster c;
-  c.job = {2, 2, 0};
-  auto a = c.node("a"), b = c.node("b");
-  all_next_round({a.get(), b.get()});
+  TwoInARound t;
+  auto &a = t.a, &b = t.b;
   a->ask_dump("hang on node 0 (a)");
   ASSERT_EQ(dumps_within(*b), std::vector<std::string>{"hang on node 0 (a)"});
   a->end_round(K::kFailed, "hang");
