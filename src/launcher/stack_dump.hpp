@@ -137,6 +137,8 @@ class StackDumps {
   // the time it takes to arrive; a rendezvous that gives no count for 10 s more waits no longer.
   bool hung_now(Clock::time_point last_output, const std::vector<WorkerResult>& workers, bool several_nodes,
                 std::optional<int64_t> job_progress, Clock::time_point job_read_at, bool& moved);
+  // The next hang check (hung_now) at t, not before: another node declared the hang.
+  void check_hang_at(Clock::time_point t) { next_check_ = t; }
   // The workers hung: their stacks, the ranks that differ; returns the lines to show now.
   // `what` (several nodes): the dump that asks the other nodes for theirs, so that the
   // report shows every rank of the job once they answered (job_wide).

@@ -179,10 +179,6 @@ class NodeOutput {
   int filtered_[2] = {-1, -1};              // its filtered_stdout.log, filtered_stderr.log
 };
 
-// This node's workers, attempt after attempt: starts an attempt's workers and serves the
-// loop until every one has exited and every stream drained. The first failure here is the
-// root cause; it, another node's end of the round, a hang or a stopping signal
-// (node_signals.hpp) stops the workers. Signals are read here between attempts too.
 // The answers to this node's dumps, each shown as the whole job's view; the dumps answered.
 std::vector<std::string> show_job_views(Job& job, StackDumps& stacks, NodeOutput& output) {
   std::vector<std::string> shown;
@@ -193,6 +189,10 @@ std::vector<std::string> show_job_views(Job& job, StackDumps& stacks, NodeOutput
   return shown;
 }
 
+// This node's workers, attempt after attempt: starts an attempt's workers and serves the
+// loop until every one has exited and every stream drained. The first failure here is the
+// root cause; it, another node's end of the round, a hang or a stopping signal
+// (node_signals.hpp) stops the workers. Signals are read here between attempts too.
 class AttemptSupervisor {
  public:
   AttemptSupervisor(Job& job, EventLoop& loop, NodeOutput& output, AttemptWorkers& workers, StackDumps& stacks,
@@ -218,6 +218,7 @@ class AttemptSupervisor {
     drain_deadline_.reset();
     root_.reset();
     remote_end_.reset();
+    hang_elsewhere_.reset();
     stacks_.attempt_started();
     timers_.on_readable();  // what the last attempt's workers wrote as they ended: dropped
     timers_.clear();
@@ -416,6 +417,7 @@ class AttemptSupervisor {
   void on_remote_dumps() {
     for (const auto& what : rdzv_.dump_requests()) {
       const bool failure = what.starts_with(kFailureDump);
+      if (what.starts_with(kHangDump) && !workers_.stopping()) hang_elsewhere_ = Clock::now();
       if (failure && !workers_.stopping()) stacks_.at_remote_failure(workers_.all(), job_.attempt_dir());  // bounded
       if (failure || workers_.stopping()) {
         rdzv_.answer_dump(what, stacks_.answer_while_stopping(job_.plan));
@@ -497,7 +499,16 @@ class AttemptSupervisor {
                                        job ? std::optional<int64_t>(job->count) : std::nullopt,
                                        job ? job->read_at : Clock::time_point{}, moved);
     if (checked && several) rdzv_.note_progress(moved ? 1 : 0);
-    if (hung) on_hang();
+    if (!hung) return;
+    // Another node declared the hang already (its ask came): its end of the round stops
+    // this node too. Declaring here as well asked every node again (each node of a big job
+    // asking all the others) and, once the first node had left, waited out the gather's
+    // deadline for it. Unless that end does not come within the deadline (that node died).
+    if (hang_elsewhere_ && Clock::now() < *hang_elsewhere_ + kGatherDeadline) {
+      stacks_.check_hang_at(*hang_elsewhere_ + kGatherDeadline);
+      return;
+    }
+    on_hang();
   }
 
   // --hang-timeout passed with no progress: stacks shown, the attempt fails (exit 124).
@@ -525,6 +536,7 @@ class AttemptSupervisor {
   std::optional<Clock::time_point> drain_deadline_;
   std::optional<WorkerResult> root_;
   std::optional<RoundEnd> remote_end_;  // the round ended elsewhere (or the rendezvous ended it)
+  std::optional<Clock::time_point> hang_elsewhere_;  // when another node's hang asked this attempt's stacks
   bool looked_ahead_ = false;           // this round's prejoin() was asked for
   int dumps_asked_ = 0;  // dumps asked on this node (they name the dump on every node)
   std::optional<Clock::time_point> answers_by_;  // until when the summary waits for the others' answers
