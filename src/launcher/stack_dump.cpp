@@ -175,6 +175,25 @@ std::vector<RankStack> take_stacks(const std::vector<StackTarget>& targets, Cloc
   return out;
 }
 
+namespace {
+constexpr std::string_view kHangDump = "hang on node ", kFailureDump = "failure on node ";
+}
+
+std::string dump_name(DumpKind kind, int node, const std::string& host, int number) {
+  switch (kind) {
+    case DumpKind::kHang: return fmt::format("{}{} ({})", kHangDump, node, host);
+    case DumpKind::kFailure: return fmt::format("{}{} ({})", kFailureDump, node, host);
+    case DumpKind::kOnDemand: break;
+  }
+  return fmt::format("dump {} asked on node {} ({})", number, node, host);
+}
+
+DumpKind dump_kind(std::string_view what) {
+  if (what.starts_with(kHangDump)) return DumpKind::kHang;
+  if (what.starts_with(kFailureDump)) return DumpKind::kFailure;
+  return DumpKind::kOnDemand;
+}
+
 std::string bootstrap_dir() {
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
@@ -365,7 +384,7 @@ std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, cons
   spdlog::warn("{}: the stacks of {} rank{} on {} ({} answered in {:.2f} s{}){}", why, stacks.size(),
                stacks.size() == 1 ? "" : "s", hostname_, answered, took,
                o_.log_dir.empty() || file.empty() ? "" : ", saved in " + file,
-               what.starts_with(kHangDump) ? "" : "; the job runs on");
+               dump_kind(what) == DumpKind::kHang ? "" : "; the job runs on");
   last_dump_ = LastDump{what, remote, Clock::now(), stacks};
   kept.stacks = std::move(stacks);
   return body + "[ddprun] where each rank is (main thread, innermost frame first):\n" + where + collectives(workers);

@@ -57,12 +57,17 @@ std::string bootstrap_dir();
 // this machine (the only one, or PID). Returns the exit status; errors throw ddp::Error.
 int dump_stacks_command(pid_t pid);
 
-// How a dump that a hang asks of the other nodes begins ("hang on node 0 (hosta)"): the
-// job does not run on after it.
-inline constexpr std::string_view kHangDump = "hang on node ";
-// How a dump that a failure asks of the other nodes begins ("failure on node 1 (hostb)"):
-// each answers with where its ranks were as it stops them for that failure.
-inline constexpr std::string_view kFailureDump = "failure on node ";
+// What a dump asked of the other nodes is for; its name says so on every node.
+enum class DumpKind {
+  kOnDemand,  // "dump 2 asked on node 1 (hostb)": a signal or --dump-stacks; the job runs on
+  kHang,      // "hang on node 0 (hosta)": --hang-timeout ran out there; the job does not run on
+  kFailure,   // "failure on node 1 (hostb)": each node answers with where its ranks were as it
+              // stops them for that failure
+};
+// The name of the dump of `kind` asked on `node` (`number`: the node's count of on-demand dumps).
+std::string dump_name(DumpKind kind, int node, const std::string& host, int number = 0);
+// The kind of the dump named `what` (an on-demand one unless its name says otherwise).
+DumpKind dump_kind(std::string_view what);
 
 class StackDumps {
  public:

@@ -379,14 +379,14 @@ class AttemptSupervisor {
     std::string what;
     if (!stacks_.failure_seen() && job_.plan.group_world_size > 1 && stacks_.enabled() &&
         job_.plan.restart_count >= job_.max_restarts)
-      what = ask_others(kFailureDump, StackDumps::kAtFailure + std::chrono::seconds(1));
+      what = ask_others(DumpKind::kFailure, StackDumps::kAtFailure + std::chrono::seconds(1));
     stacks_.at_failure(workers_.all(), root, job_.attempt_dir(), what);
   }
 
-  // Asks the other nodes for their ranks' stacks, as the dump `prefix` + this node, for
-  // the summary: it waits for their answers until `within` from now.
-  std::string ask_others(std::string_view prefix, Clock::duration within) {
-    const std::string what = fmt::format("{}{} ({})", prefix, job_.plan.group_rank, job_.plan.hostname);
+  // Asks the other nodes for their ranks' stacks, for the summary (a dump of `kind`): it
+  // waits for their answers until `within` from now.
+  std::string ask_others(DumpKind kind, Clock::duration within) {
+    const std::string what = dump_name(kind, job_.plan.group_rank, job_.plan.hostname);
     rdzv_.ask_dump(what);
     answers_by_ = Clock::now() + within;
     awaited_ = what;
@@ -398,8 +398,7 @@ class AttemptSupervisor {
   // other nodes are asked too, every node's output names the same dump, and once the others
   // answered (on_remote) this node shows where every rank of the job is.
   void dump_stacks(const std::string& trigger) {
-    const std::string what = fmt::format("dump {} asked on node {} ({})", ++dumps_asked_, job_.plan.group_rank,
-                                         job_.plan.hostname);
+    const std::string what = dump_name(DumpKind::kOnDemand, job_.plan.group_rank, job_.plan.hostname, ++dumps_asked_);
     if (job_.plan.group_world_size > 1) {
       rdzv_.ask_dump(what);
       rdzv_.gather_dump(what, static_cast<size_t>(job_.plan.group_world_size - 1), Clock::now() + kGatherDeadline);
@@ -416,8 +415,9 @@ class AttemptSupervisor {
   // the stacks it took as it began to (several nodes that hung at once answer each other).
   void on_remote_dumps() {
     for (const auto& what : rdzv_.dump_requests()) {
-      const bool failure = what.starts_with(kFailureDump);
-      if (what.starts_with(kHangDump) && !workers_.stopping()) hang_elsewhere_ = Clock::now();
+      const DumpKind kind = dump_kind(what);
+      const bool failure = kind == DumpKind::kFailure;
+      if (kind == DumpKind::kHang && !workers_.stopping()) hang_elsewhere_ = Clock::now();
       if (failure && !workers_.stopping()) stacks_.at_remote_failure(workers_.all(), job_.attempt_dir());  // bounded
       if (failure || workers_.stopping()) {
         rdzv_.answer_dump(what, stacks_.answer_while_stopping(job_.plan));
@@ -516,7 +516,7 @@ class AttemptSupervisor {
   // while this node takes its own), and the summary shows every rank of the job.
   void on_hang() {
     std::string what;
-    if (job_.plan.group_world_size > 1 && stacks_.enabled()) what = ask_others(kHangDump, kGatherDeadline);
+    if (job_.plan.group_world_size > 1 && stacks_.enabled()) what = ask_others(DumpKind::kHang, kGatherDeadline);
     output_.err().push_line(stacks_.on_hang(workers_.all(), job_.attempt_dir(), what));
     workers_.begin_stop(SIGTERM);
     rdzv_.end_round(RoundEnd::Kind::kFailed, *stacks_.hang());

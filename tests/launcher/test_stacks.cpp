@@ -298,6 +298,17 @@ TEST(NodeStacks, ASilentNodesRanksMakeNoOneStandOut) {
             "  every rank is at the same place\n");
 }
 
+// A dump's name tells every node what it is for: its kind reads back from it.
+TEST(NodeStacks, ADumpsNameTellsItsKind) {
+  using ddprun::DumpKind;
+  EXPECT_EQ(ddprun::dump_name(DumpKind::kOnDemand, 1, "hostb", 2), "dump 2 asked on node 1 (hostb)");
+  EXPECT_EQ(ddprun::dump_name(DumpKind::kHang, 0, "hosta"), "hang on node 0 (hosta)");
+  EXPECT_EQ(ddprun::dump_name(DumpKind::kFailure, 3, "hostd"), "failure on node 3 (hostd)");
+  for (auto kind : {DumpKind::kOnDemand, DumpKind::kHang, DumpKind::kFailure})
+    EXPECT_EQ(ddprun::dump_kind(ddprun::dump_name(kind, 7, "h", 1)), kind);
+  EXPECT_EQ(ddprun::dump_kind("something else"), DumpKind::kOnDemand);
+}
+
 // A node whose ranks all finished answers at once that they did; one that stops answers
 // with what it took, nothing if it took none (an answer all the same: no one waits).
 TEST(NodeStacks, AFinishedOrStoppingNodeAnswersAtOnce) {
