@@ -37,8 +37,7 @@ void JobRecord::report(const Ending& e, const std::string& run_id) {
   end.signal = e.signals.got();
   if (e.root) {
     end.root = &*e.root;
-    for (auto& w : e.workers)
-      if (w.pid != e.root->pid && (w.failed() || w.state == WorkerResult::State::kStopped)) end.others.push_back(w);
+    end.others = other_failures(e.workers, *e.root);
   }
   end.where = e.stacks.failure_note();
   if (e.stacks.hang()) end.hang_report = &e.stacks.hang_report();

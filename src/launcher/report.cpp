@@ -3,6 +3,8 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <iterator>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -109,13 +111,19 @@ std::string traceback_of(const WorkerResult& w) {
   std::string out;
   if (w.signal) out = fmt::format("Signal {} ({}) received by PID {}", w.signal, signal_name(w.signal), w.pid);
   if (!w.killed_for.empty()) out += (out.empty() ? "" : ": ") + w.killed_for;
-  if (w.stopped_by_ddprun) out += (out.empty() ? "" : "; ") + std::string("stopped by ddprun during teardown");
   if (!w.stderr_tail.empty()) {
     if (!out.empty()) out += "\n";
     out += fmt::format("last {} lines of stderr:", w.stderr_tail.size());
     for (auto& l : w.stderr_tail) out += "\n  " + l;
   }
   if (out.empty()) out = "(no error file and no output on stderr)";
+  return out;
+}
+
+std::vector<WorkerResult> other_failures(const std::vector<WorkerResult>& workers, const WorkerResult& root) {
+  std::vector<WorkerResult> out;
+  std::copy_if(workers.begin(), workers.end(), std::back_inserter(out),
+               [&](const WorkerResult& w) { return w.pid != root.pid && w.failed(); });
   return out;
 }
 

@@ -43,6 +43,11 @@ std::string traceback_of(const WorkerResult& w);
 // tracebacks or stderr show, naming the cause and the fix; empty when none does.
 std::string failure_hints(const WorkerResult& root, const std::vector<WorkerResult>& others);
 
+// The summary's other failures (torchrun's "Failures:"): the workers of `workers` that
+// failed by themselves, root aside. Not those ddprun stopped because root failed (torchrun
+// shows <NO_OTHER_FAILURES> then; 63 stopped ranks would bury the one that failed).
+std::vector<WorkerResult> other_failures(const std::vector<WorkerResult>& workers, const WorkerResult& root);
+
 // torchrun's summary block; root first among failures (earliest end time), then `where`
 // (where the other ranks were when it failed, launcher/stack_dump.hpp), then the hints.
 std::string failure_summary(const std::string& script, const WorkerResult& root,

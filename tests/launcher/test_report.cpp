@@ -82,10 +82,8 @@ TEST(LauncherReport, SignalShownAsNegativeExitCode) {
 TEST(LauncherReport, OtherFailuresListed) {
   WorkerResult root = failed_worker(2, 1);
   WorkerResult other = failed_worker(3, 0, SIGSEGV);
-  WorkerResult stopped = failed_worker(0, 0, SIGTERM);
-  stopped.state = State::kStopped;
-  stopped.stopped_by_ddprun = true;
-  std::string s = ddprun::failure_summary("train.py", root, {other, stopped});
+  WorkerResult another = failed_worker(1, 4);
+  std::string s = ddprun::failure_summary("train.py", root, {other, another});
   EXPECT_EQ(s.find("<NO_OTHER_FAILURES>"), std::string::npos) << s;
   const size_t failures = s.find("Failures:\n"), root_at = s.find("Root Cause (first observed failure):");
   ASSERT_NE(failures, std::string::npos);
@@ -99,6 +97,24 @@ TEST(LauncherReport, OtherFailuresListed) {
   EXPECT_NE(s.find("rank      : 3 (local_rank: 3)"), std::string::npos);
   EXPECT_NE(s.find("Signal 11 (SIGSEGV) received by PID 11503"), std::string::npos) << s;
   EXPECT_NE(s.find("rank      : 2 (local_rank: 2)"), std::string::npos);
+}
+
+// As torchrun: the ranks ddprun stopped because the root failed are no failures of their
+// own (the summary says <NO_OTHER_FAILURES>); a rank that failed by itself meanwhile is one.
+TEST(LauncherReport, RanksStoppedForTheRootAreNoOtherFailures) {
+  WorkerResult root = failed_worker(2, 1);
+  WorkerResult stopped = failed_worker(0, 0, SIGTERM);
+  stopped.state = State::kStopped;
+  stopped.stopped_by_ddprun = true;
+  WorkerResult finished = failed_worker(1, 0);
+  finished.state = State::kSucceeded;
+  WorkerResult crashed = failed_worker(3, 0, SIGSEGV);
+  const auto others = ddprun::other_failures({stopped, root, finished, crashed}, root);
+  ASSERT_EQ(others.size(), 1u);
+  EXPECT_EQ(others[0].rank, 3);
+  EXPECT_NE(ddprun::failure_summary("train.py", root, ddprun::other_failures({stopped, root}, root))
+                .find("Failures:\n  <NO_OTHER_FAILURES>\n"),
+            std::string::npos);
 }
 
 TEST(LauncherReport, TracebackFromRecordErrorFile) {
