@@ -28,6 +28,7 @@ void NodeSignals::take(const signalfd_siginfo& si) {
     pass_on(sig);
     return;
   }
+  if (got_ && copy_of_first(si)) return;
   if (got_) {
     spdlog::warn("received {} again: killing the workers now", signal_name(sig));
     workers_.signal_live(SIGKILL, true);
@@ -40,6 +41,20 @@ void NodeSignals::take(const signalfd_siginfo& si) {
   workers_.begin_stop(sig);  // before anything that talks to the network
   end_note_ = fmt::format("ddprun on {} received {}", plan_.hostname, signal_name(sig));
   if (!joining_) end_round();  // (while joining there is no round to end: join_round cancels the join)
+}
+
+// `timeout` sends its signal to ddprun and then to its process group (ddprun again), and a
+// wrapper that forwards signals sends one more: copies of the first, microseconds to a few
+// milliseconds later, read as a second signal when the first was read in between. A
+// keypress at the terminal (sent by the kernel) is always a person's second Ctrl-C.
+bool NodeSignals::copy_of_first(const signalfd_siginfo& si) const {
+  const auto since = Clock::now() - at_;
+  if (si.ssi_code == SI_KERNEL || since >= kCopies) return false;
+  spdlog::info("received {} again from pid {}, {:.3f} s after the first: taken as a copy of it (as `timeout` sends "
+               "one to ddprun and one to its process group), not as a second signal that kills at once",
+               signal_name(static_cast<int>(si.ssi_signo)), si.ssi_pid,
+               std::chrono::duration<double>(since).count());
+  return true;
 }
 
 void NodeSignals::end_round() {

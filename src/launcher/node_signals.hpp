@@ -1,7 +1,7 @@
 // The signals to ddprun that stop this node or reach its workers (SIGCHLD and the stack
 // dumps' triggers are the supervisor's): one of --signals-to-handle stops the node, the
 // workers signalled before anything that talks to the network, and a second one kills them
-// at once; SIGUSR1/SIGUSR2 are passed on; inside a Slurm job, Slurm's own signals are taken
+// at once (not a copy of the first sent within kCopies, see copy_of_first); SIGUSR1/SIGUSR2 are passed on; inside a Slurm job, Slurm's own signals are taken
 // once (slurm_signals.hpp), also when another node announces them.
 #pragma once
 
@@ -22,6 +22,9 @@ class AttemptWorkers;
 class NodeSignals {
  public:
   using Clock = std::chrono::steady_clock;
+  // A stop signal that comes within this of the first, from a process (not the terminal),
+  // is a copy of it: it does not kill the workers at once.
+  static constexpr std::chrono::milliseconds kCopies{1000};
   // plan: the running round's (it names this node in the note to the others).
   NodeSignals(const Options& o, AttemptWorkers& workers, Rendezvous& rdzv, const JobPlan& plan)
       : o_(o), workers_(workers), rdzv_(rdzv), plan_(plan) {}
@@ -52,6 +55,7 @@ class NodeSignals {
 
  private:
   bool on_slurm_signal(SlurmSignals::Act act, int sig);
+  bool copy_of_first(const signalfd_siginfo& si) const;
   void pass_on(int sig);
 
   const Options& o_;

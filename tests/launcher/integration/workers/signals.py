@@ -2,6 +2,8 @@
 term:       on SIGTERM write DIR/term_<rank> and exit 0.
 usr1:       on SIGUSR1 write DIR/usr1_<rank>, keep running, exit 0 soon after (7 if none in 60 s).
 ignore-int: ignore SIGINT and SIGTERM, sleep 300 (term: also at most 300 s).
+linger:     on SIGTERM or SIGINT write DIR/term_<rank>, clean up for 1 s (a checkpoint), write
+            DIR/clean_<rank> and exit 0.
 Every rank writes DIR/ready_<rank> once its handlers are in place, and DIR/pid_<rank>.
 """
 import os
@@ -23,6 +25,14 @@ if mode == "term":
         mark("term")
         os._exit(0)
     signal.signal(signal.SIGTERM, on_term)
+elif mode == "linger":
+    def on_stop(signum, frame):
+        mark("term")
+        time.sleep(1.0)
+        mark("clean")
+        os._exit(0)
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
 elif mode == "usr1":
     signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
 elif mode == "ignore-int":
