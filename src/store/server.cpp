@@ -210,6 +210,7 @@ class StoreServer::Impl {
   uint64_t recount_behind(Conn& c);
   bool over_output_budget(Conn& c);
   void close(Conn& c, std::string_view why, std::string_view lease_why = {});
+  void close_broken(Conn& c, const std::string& why);
   std::string peer(const Conn& c) const;
   void refuse(Conn& c, proto::Op op, const Refused& e);
   void check_reply(const Conn& c, size_t bytes) const;
@@ -261,6 +262,7 @@ class StoreServer::Impl {
   bool stopped_ = false;
   bool shutting_down_ = false;  // io thread: connections closing because the server stops
   std::atomic<size_t> nconn_{0};
+  size_t broken_ = 0;  // clients disconnected for breaking the protocol (close_broken)
 
   std::unordered_map<uint64_t, ConnPtr> conns_;
   uint64_t next_id_ = 1;
@@ -469,6 +471,18 @@ void StoreServer::Impl::close(Conn& c, std::string_view why, std::string_view le
   nconn_.store(conns_.size(), std::memory_order_relaxed);
 }
 
+// A client that broke the protocol (a value over the 8 MiB limit, say) is disconnected. Said
+// at warning level: a torch client then fails with a bare "Broken pipe" and never
+// reconnects, and this line is all that tells why. The first few only: a port scanner or a
+// stray client must not flood the log.
+void StoreServer::Impl::close_broken(Conn& c, const std::string& why) {
+  constexpr size_t kSaid = 5;
+  if (broken_++ < kSaid)
+    spdlog::warn("store server: disconnected the client at {} for breaking the protocol: {}{}", peer(c), why,
+                 broken_ == kSaid ? " (further ones are logged at debug level)" : "");
+  close(c, fmt::format("protocol error: {}", why));
+}
+
 // The client's address, for log lines ("?" once the socket is closed).
 std::string StoreServer::Impl::peer(const Conn& c) const {
   error_code e;
@@ -540,7 +554,7 @@ void StoreServer::Impl::process(Conn& c) {
     c.rpos += used;
     if (st == proto::RequestParser::Status::kNeedMore) break;
     if (st == proto::RequestParser::Status::kError) {
-      close(c, fmt::format("protocol error: {}", c.parser.error()));
+      close_broken(c, c.parser.error());
       return;
     }
     proto::Request req = c.parser.take();
@@ -554,7 +568,7 @@ void StoreServer::Impl::process(Conn& c) {
     } catch (const Refused& e) {
       refuse(c, req.op, e);
     } catch (const Violation& e) {
-      close(c, fmt::format("protocol error: {}", e.what()));
+      close_broken(c, e.what());
     } catch (const std::exception& e) {
       close(c, fmt::format("{} failed: {}", proto::op_name(req.op), e.what()));
     }

@@ -7,10 +7,13 @@
 #include <functional>
 #include <future>
 #include <ostream>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include "ddp/error.hpp"
 #include "store/socket_util.hpp"
@@ -856,6 +859,43 @@ TEST(StoreGen2, AClosedExtensionCallTellsAForeignServerFromAStoppedOne) {
 
 // ---------------------------------------------------------------------------------------
 // Server lifecycle and the client's connection handling
+
+// A client that breaks the protocol (a torch client's store.set of 16 MiB: over the 8 MiB
+// limit of torch 2.x's libuv server, which ours keeps) is disconnected with a warning that
+// names it and the limit: the torch client itself only says "Broken pipe". The first five
+// only, so that a stray client cannot flood the log.
+TEST(StoreServer, AClientThatBreaksTheProtocolIsNamedInAWarning) {
+  std::ostringstream said;
+  const auto before = spdlog::default_logger();
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(said)));
+  {
+    auto server = start_server();
+    for (int i = 0; i < 7; ++i) {
+      RawConn c(server->port(), proto::Generation::kV1);
+      proto::Request r;
+      r.op = Op::kSet;
+      r.keys = {"k"};
+      r.values = {"x"};
+      std::string bytes = c.encode(r);
+      const uint64_t len = uint64_t{16} << 20;  // the value's length, without its bytes
+      bytes.resize(bytes.size() - 9);
+      bytes.append(reinterpret_cast<const char*>(&len), 8);
+      c.send(bytes);
+      EXPECT_TRUE(c.closed_by_peer());
+    }
+  }
+  spdlog::set_default_logger(before);
+  const std::string text = said.str();
+  EXPECT_NE(text.find("store server: disconnected the client at 127.0.0.1:"), std::string::npos) << text;
+  EXPECT_NE(text.find("for breaking the protocol: SET: value of 16777216 bytes exceeds the limit of 8388608"),
+            std::string::npos)
+      << text;
+  size_t lines = 0;
+  for (size_t at = 0; (at = text.find("for breaking the protocol", at)) != std::string::npos; ++at) ++lines;
+  EXPECT_EQ(lines, 5u) << text;
+  EXPECT_NE(text.find("(further ones are logged at debug level)"), std::string::npos) << text;
+}
 
 TEST(StoreServer, PortZeroPicksAFreePort) {
   auto a = start_server();
