@@ -39,6 +39,10 @@ State Joiner::join(const NodeDesc& me, Clock::time_point deadline, std::vector<N
   met_.clear();
   lost_at_start_ = std::move(counted_lost);
   lost_checked_ = SIZE_MAX;  // the first step checks: a loss read since restart_refused counts too
+  join_started_ = Clock::now();
+  // (A short join_timeout, as tests give, hears sooner.)
+  say_forming_every_ = std::clamp<Clock::duration>(c_.join_timeout / 4, 1s, 30s);
+  say_forming_at_ = join_started_ + say_forming_every_;
   Seen seen;
   int conflicts = 0;
   while (!step(seen, deadline, conflicts)) {
@@ -84,6 +88,37 @@ void Joiner::announce_waiting(const State& t) {
     return;
   announced_round_ = t.round;
   main_.append("events", round_event(t.round, "join", c_.me.id, c_.me.describe()));
+}
+
+// While no round forms, a line after 30 s (a quarter of a shorter join_timeout), then at doubling intervals (at most 5 min apart):
+// who joined, who is missing, how long this node waits yet. Before, a node whose peers
+// never came (not started, or refused on their own hosts for another --nnodes or a taken
+// --node-rank) said nothing until join_timeout, 600 s by default.
+void Joiner::say_forming(const State& t, Clock::time_point now, Clock::time_point deadline) {
+  if (t.complete || now < say_forming_at_ || now >= deadline) return;
+  say_forming_every_ = std::min<Clock::duration>(2 * say_forming_every_, 300s);
+  say_forming_at_ = now + say_forming_every_;
+  const auto& j = c_.job;
+  const std::vector<NodeDesc> came = joined(t);
+  const std::vector<int> ranks = c_.me.rank >= 0 ? missing_ranks(came) : std::vector<int>{};
+  const std::string missing =
+      ranks.empty() ? "" : fmt::format("; missing: node rank{} {}", ranks.size() == 1 ? "" : "s",
+                                       list_some(ranks, [](int r) { return std::to_string(r); }));
+  spdlog::warn("rendezvous: no round of job '{}' formed in {}: {} of the {} node{} needed (--nnodes {}:{}) joined ({})"
+               "{}; this node waits {} more (join_timeout); a node started with other --nnodes or --max-restarts{} "
+               "is refused, with an error on its own host",
+               c_.run_id, seconds_text(std::chrono::duration_cast<milliseconds>(now - join_started_)), came.size(),
+               j.min_nodes, j.min_nodes == 1 ? "" : "s", j.min_nodes, j.max_nodes, describe_nodes(came), missing,
+               seconds_text(std::chrono::duration_cast<milliseconds>(deadline - now)),
+               c_.me.rank >= 0 ? ", or a --node-rank already taken," : "");
+}
+
+// The node ranks (static membership) that none of `came` holds.
+std::vector<int> Joiner::missing_ranks(const std::vector<NodeDesc>& came) const {
+  std::vector<int> missing;
+  for (int r = 0; r < c_.job.max_nodes; ++r)
+    if (std::none_of(came.begin(), came.end(), [&](const NodeDesc& n) { return n.rank == r; })) missing.push_back(r);
+  return missing;
 }
 
 // One line when this node starts waiting for a running round (whoever wrote it in).
@@ -154,10 +189,7 @@ void Joiner::failed(JoinAction a, const State& now) {
                                           seconds_text(c_.join_timeout));
   const std::vector<NodeDesc> came = joined(s);
   if (c_.me.rank >= 0 && !s.complete) {
-    std::vector<int> missing;
-    for (int r = 0; r < j.max_nodes; ++r)
-      if (std::none_of(came.begin(), came.end(), [&](const NodeDesc& n) { return n.rank == r; }))
-        missing.push_back(r);
+    const std::vector<int> missing = missing_ranks(came);
     throw ddp::TimeoutError(fmt::format("rendezvous: node rank{} {} never joined job '{}' within {}",
                                         missing.size() == 1 ? "" : "s",
                                         list_some(missing, [](int r) { return std::to_string(r); }), c_.run_id,
@@ -285,6 +317,7 @@ bool Joiner::step(Seen& seen, Clock::time_point deadline, int& conflicts) {
   }
   JoinContext ctx{me_, c_.job, now >= deadline, lc_round_ == v.round && now >= lc_deadline_};
   say_waiting(v);
+  say_forming(v, now, deadline);
   JoinAction a = mine ? JoinAction::kWait : decide_join(v, ctx);
   if (a == JoinAction::kFinish && v.ending_round == v.round) {
     leave_ended(v);

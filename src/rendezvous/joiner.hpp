@@ -72,6 +72,8 @@ class Joiner {
   bool write(Seen& seen, const State& s, const State& t, JoinAction a, bool mine, bool wake, int& conflicts);
   bool defer_to_older(size_t ahead, Seen& seen, Clock::time_point deadline);
   void say_waiting(const State& t);
+  void say_forming(const State& t, Clock::time_point now, Clock::time_point deadline);
+  std::vector<int> missing_ranks(const std::vector<NodeDesc>& came) const;
   void announce_waiting(const State& t);
   void leave_ended(const State& t);
   void withdraw(const State& t);
@@ -91,6 +93,8 @@ class Joiner {
   int64_t lc_round_ = -1;  // the round whose last call this node times
   Clock::time_point lc_deadline_{};
   int said_waiting_ = 0;  // 1: said this node waits on the wait list, 2: on the redundancy list
+  Clock::time_point join_started_{}, say_forming_at_{};  // say_forming's
+  Clock::duration say_forming_every_{};
   bool seen_open_ = false;  // this join read the state before the job was closed
   std::optional<State> timed_out_in_;  // the state when this join timed out listed: asked off
   std::map<std::string, NodeDesc> met_;  // participants of the forming rounds this join read

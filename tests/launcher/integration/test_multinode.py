@@ -11,6 +11,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ddprun_testlib import DDPRUN, DdprunTestCase, clean_env, free_port, read_text, scaled, worker
 
 
+def accepts(port):
+    import socket
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 class MultiNodeTest(DdprunTestCase):
     def start_node(self, rank, port, args):
         out = open(self.path(f"node{rank}.stdout"), "wb")
@@ -110,6 +116,35 @@ class MultiNodeTest(DdprunTestCase):
                 self.assertIn("ddprun: error:", err.splitlines()[-1])
                 if name == "static, no answer":
                     self.assertIn("it accepted the connection but sent no reply to the handshake", err.splitlines()[-1])
+
+    def test_a_node_whose_peer_is_refused_says_who_is_missing_before_its_join_timeout(self):
+        """Node 1 is started with --nnodes 3: it is refused at once (exit 2, naming both
+        values). Node 0 waits for node rank 1 until join_timeout; before, it said nothing
+        until then (600 s by default). Now it says, well before, who joined and who is
+        missing, and why a node it waits for may have been refused."""
+        port = free_port()
+        common = ["--master-addr", "127.0.0.1", "--master-port", str(port), "--no-python", "true"]
+        limit = 10
+        n0 = subprocess.Popen([DDPRUN, "--nnodes", "2", "--node-rank", "0", "--rdzv-conf",
+                               f"join_timeout={limit},keep_alive_interval=1", *common],
+                              env=clean_env(TMPDIR=self.tmp), stderr=subprocess.PIPE, text=True)
+        self.track_pid(n0.pid)
+        self.wait_for(lambda: accepts(port), what="node 0's store")
+        n1 = subprocess.run([DDPRUN, "--nnodes", "3", "--node-rank", "1", *common], env=clean_env(TMPDIR=self.tmp),
+                            stderr=subprocess.PIPE, text=True, timeout=scaled(30))
+        self.assertEqual(n1.returncode, 2, n1.stderr)
+        self.assertIn("this node has --nnodes 3:3 --max-restarts 0, but the job 'none'", n1.stderr)
+        _, err = n0.communicate(timeout=limit + scaled(30))
+        self.assertEqual(n0.returncode, 1, err)
+        said = [l for l in err.splitlines() if "formed in" in l]  # (after 2.5 s, then 5 s later)
+        self.assertIn(len(said), (1, 2), err)
+        self.assertRegex(said[0], r"^\[ddprun [\d:]+ warning\] rendezvous: no round of job 'none' formed in [2-8](\.\d+)? "
+                                  r"s: 1 of the 2 nodes needed \(--nnodes 2:2\) joined \(\S+ \(node rank 0, [^)]*\)\); "
+                                  r"missing: node rank 1; this node waits \d(\.\d+)? s more \(join_timeout\); a node "
+                                  r"started with other --nnodes or --max-restarts, or a --node-rank already taken, is "
+                                  r"refused, with an error on its own host$")
+        self.assertRegex(err.splitlines()[-1], r"^ddprun: error: rendezvous: node rank 1 never joined job 'none' "
+                                               rf"within join_timeout {limit} s")
 
     def test_a_silent_store_and_a_short_join_timeout_are_told_apart(self):
         """A store that accepts the connection is given a few seconds to answer even when
