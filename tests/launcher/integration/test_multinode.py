@@ -174,7 +174,10 @@ class MultiNodeTest(DdprunTestCase):
         rc0 = n0.wait(timeout=scaled(90))
         exited = time.monotonic()
         self.assertEqual(rc1, 3, read_text(self.path("node1.stderr")))
-        self.assertNotEqual(rc0, 0, read_text(self.path("node0.stderr")))
+        # The other node: 1, and a line naming the node and the rank (the README says so).
+        err0 = read_text(self.path("node0.stderr"))
+        self.assertEqual(rc0, 1, err0)
+        self.assertRegex(err0, r"the job failed on another node: node \S+ \(node rank 1, [^)]*\): rank 3 ", err0)
         # From the failure (fail_one.py writes when, on the clock all processes share) to
         # both nodes' exit: about a second; the bound is far from that and from 300 s.
         with open(self.path("failed_at")) as f:
