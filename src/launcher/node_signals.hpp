@@ -1,8 +1,9 @@
 // The signals to ddprun that stop this node or reach its workers (SIGCHLD and the stack
 // dumps' triggers are the supervisor's): one of --signals-to-handle stops the node, the
 // workers signalled before anything that talks to the network, and a second one kills them
-// at once (not a copy of the first sent within kCopies, see copy_of_first); SIGUSR1/SIGUSR2 are passed on; inside a Slurm job, Slurm's own signals are taken
-// once (slurm_signals.hpp), also when another node announces them.
+// at once (not a copy of the first sent within kCopies, see copy_of_first); SIGUSR1/SIGUSR2
+// are passed on; inside a Slurm job, Slurm's own signals are taken once (slurm_signals.hpp),
+// also when another node announces them.
 #pragma once
 
 #include <sys/signalfd.h>

@@ -90,10 +90,11 @@ void Joiner::announce_waiting(const State& t) {
   main_.append("events", round_event(t.round, "join", c_.me.id, c_.me.describe()));
 }
 
-// While no round forms, a line after 30 s (a quarter of a shorter join_timeout), then at doubling intervals (at most 5 min apart):
-// who joined, who is missing, how long this node waits yet. Before, a node whose peers
-// never came (not started, or refused on their own hosts for another --nnodes or a taken
-// --node-rank) said nothing until join_timeout, 600 s by default.
+// While no round forms, a line after 30 s (a quarter of a shorter join_timeout), then at
+// doubling intervals (at most 5 min apart): who joined, who is missing, how long this node
+// waits yet. Before, a node whose peers never came (not started, or refused on their own
+// hosts for another --nnodes or a taken --node-rank) said nothing until join_timeout, 600 s
+// by default.
 void Joiner::say_forming(const State& t, Clock::time_point now, Clock::time_point deadline) {
   if (t.complete || now < say_forming_at_ || now >= deadline) return;
   say_forming_every_ = std::min<Clock::duration>(2 * say_forming_every_, 300s);
