@@ -44,13 +44,23 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) throw ddp::UsageError("train_linear: " + k + " needs a value");
       return argv[++i];
     };
-    if (k == "--steps") a.steps = std::stoi(value());
-    else if (k == "--lr") a.lr = std::stof(value());
-    else if (k == "--dim") a.dim = std::stoi(value());
-    else if (k == "--samples") a.samples = std::stoi(value());
-    else if (k == "--print-every") a.print_every = std::max(1, std::stoi(value()));
+    // A whole number (or, for --lr, any number) at least `least`, or a usage error naming it.
+    auto number = [&](int least) {
+      const std::string v = value();
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !(x >= least) || x > 1e9 || (k != "--lr" && x != static_cast<int>(x)))
+        throw ddp::UsageError("train_linear: " + k + " needs " + (k == "--lr" ? "a number" : "a whole number") +
+                              " of at least " + std::to_string(least) + ", not '" + v + "'");
+      return x;
+    };
+    if (k == "--steps") a.steps = static_cast<int>(number(0));
+    else if (k == "--lr") a.lr = static_cast<float>(number(0));
+    else if (k == "--dim") a.dim = static_cast<int>(number(1));
+    else if (k == "--samples") a.samples = static_cast<int>(number(1));
+    else if (k == "--print-every") a.print_every = static_cast<int>(number(1));
     else if (k == "--out") a.out = value();
-    else if (k == "--spawn") a.spawn = std::stoi(value());
+    else if (k == "--spawn") a.spawn = static_cast<int>(number(0));
     else if (k == "--backend") {
       std::string b = value();
       if (b == "cpu") a.backend = ddp::Backend::kCpu;

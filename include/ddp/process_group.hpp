@@ -46,7 +46,9 @@ struct ProcessGroupOptions {
   Backend backend = Backend::kCpu;
   // Bound on bootstrap and default bound on each collective (options.timeout == 0).
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
-  // Key namespace inside the store; give each group sharing a store its own name.
+  // Key namespace inside the store; give each group that lives beside another its own name.
+  // A group made again under a name used before (destroyed, then made anew) gets keys of its
+  // own by itself.
   std::string name = "pg";
   // This rank's index on its host (-1: unknown). NCCL uses it as the default device.
   int local_rank = -1;
@@ -163,7 +165,7 @@ class ProcessGroup {
   virtual void do_barrier(std::chrono::steady_clock::time_point deadline) = 0;
   // Called once when a collective throws: tell peers (best effort) and release resources
   // that would make them wait. Must not throw.
-  virtual void on_failure(const std::string& reason) noexcept {}
+  virtual void on_failure(const std::string& /*reason*/) noexcept {}
   // The timeout of the collective in progress (what its timeout message names).
   std::chrono::milliseconds op_timeout() const { return op_timeout_; }
 

@@ -111,7 +111,7 @@ class NcclGroup final : public GroupBase {
   explicit NcclGroup(const ProcessGroupOptions& o)
       : GroupBase(o.rank, o.world_size, Backend::kNccl, o.timeout),
         store_(o.world_size > 1 ? o.store : nullptr), abort_key_(o.name + "/nccl/abort") {
-    auto deadline = Clock::now() + o.timeout;
+    auto deadline = detail::deadline_after(o.timeout);
     try {
       int ndev = cuda_device_count();
       if (ndev == 0)

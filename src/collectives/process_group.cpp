@@ -74,8 +74,12 @@ void ProcessGroup::run(Op op, size_t bytes, std::chrono::milliseconds timeout, F
     throw CollectiveError(fmt::format("ddp {} on rank {}: the process group is unusable after an "
                                       "earlier failure: {}",
                                       name, rank_, failure_));
+  if (timeout.count() < 0)
+    throw UsageError(fmt::format("ddp {} on rank {}: a timeout of {} ms: give a positive one, or 0 for the "
+                                 "group's ({} ms)",
+                                 name, rank_, timeout.count(), timeout_.count()));
   op_timeout_ = timeout.count() > 0 ? timeout : timeout_;
-  auto deadline = std::chrono::steady_clock::now() + op_timeout_;
+  auto deadline = detail::deadline_after(op_timeout_);
   auto prefix = [&] { return fmt::format("ddp {} failed on rank {} of {}: ", name, rank_, size_); };
   // What ddprun shows as this rank's collective when it takes the workers' stacks.
   auto& progress = detail::Progress::get();
@@ -144,6 +148,14 @@ std::unique_ptr<ProcessGroup> init_process_group(ProcessGroupOptions o) {
     throw UsageError("ddp::init_process_group: a store is required when world_size > 1");
   if (o.timeout.count() <= 0)
     throw UsageError("ddp::init_process_group: timeout must be positive");
+  // A group made again under a name used before on this store (destroy and re-init, as
+  // torch allows) takes keys of its own: the store still holds the last one's (its shared
+  // memory segment's name, its ports), which it would read. Each rank counts its own groups
+  // of a name in the store itself (ranks may be threads of one process).
+  if (o.world_size > 1) {
+    const int64_t before = o.store->add(fmt::format("{}/made_by_rank_{}", o.name, o.rank), 1) - 1;
+    if (before > 0) o.name += fmt::format("#{}", before);
+  }
   if (o.backend == Backend::kNccl) return detail::make_nccl_group(o);
   return detail::make_cpu_group(o);
 }

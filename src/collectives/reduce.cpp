@@ -34,13 +34,14 @@ struct Prod {
     }
   }
 };
+// Min and max propagate NaN (as torch's), whichever rank holds it: `b != b` only for a NaN.
 template <class T>
 struct Min {
-  T operator()(T a, T b) const { return b < a ? b : a; }
+  T operator()(T a, T b) const { return (b < a || b != b) ? b : a; }
 };
 template <class T>
 struct Max {
-  T operator()(T a, T b) const { return a < b ? b : a; }
+  T operator()(T a, T b) const { return (a < b || b != b) ? b : a; }
 };
 
 template <class T, class F>

@@ -3,7 +3,11 @@
 // the flat small-message algorithm and the slice all-reduce (tiny stages so sizes span many
 // stages and slices are uneven or empty).
 #include <atomic>
+#include <cmath>
+#include <limits>
 #include <mutex>
+
+#include <fmt/format.h>
 
 #include "harness.hpp"
 
@@ -257,6 +261,78 @@ TEST(Collectives, ManyGroupsAndInterleavedAlgorithms) {
         if (x != 3) throw std::runtime_error("wrong max at iteration " + std::to_string(it));
       if (it % 10 == 0) pg.barrier();
     }
+  });
+  expect_no_errors(errors);
+}
+
+// Min and max propagate a NaN whichever rank holds it (before: held by rank 0 it stayed, by
+// rank 2 it vanished), for small (flat) and large messages, over shared memory and TCP.
+TEST(Collectives, MinAndMaxPropagateANaNFromAnyRank) {
+  for (auto transport : {ddp::Transport::kAuto, ddp::Transport::kTcp})
+    for (size_t count : {size_t{5}, size_t{100000}}) {
+      GroupConfig c;
+      c.n = 3;
+      c.transport = transport;
+      auto errors = run_ranks(c, [&](ddp::ProcessGroup& pg) {
+        for (int holder = 0; holder < 3; ++holder)
+          for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax}) {
+            std::vector<float> f(count, static_cast<float>(pg.rank()));
+            std::vector<double> d(count, pg.rank());
+            if (pg.rank() == holder) f[count / 2] = d[count / 2] = std::numeric_limits<double>::quiet_NaN();
+            pg.all_reduce(std::span<float>(f), {.op = op});
+            pg.all_reduce(std::span<double>(d), {.op = op});
+            if (!std::isnan(f[count / 2]) || !std::isnan(d[count / 2]))
+              throw std::runtime_error(fmt::format("{} of {} elements, NaN on rank {}: {} / {}",
+                                                   op == ReduceOp::kMin ? "min" : "max", count, holder,
+                                                   f[count / 2], d[count / 2]));
+            if (f[0] != (op == ReduceOp::kMin ? 0.0f : 2.0f)) throw std::runtime_error("a number is wrong");
+          }
+      });
+      expect_no_errors(errors);
+    }
+}
+
+// A group made again under the same name, after the last was destroyed (torch allows it):
+// before, it read the last one's keys (its shared memory segment's name, its ports) and
+// failed at once (shared memory) or waited out its timeout (TCP).
+TEST(Collectives, AGroupMadeAgainUnderTheSameNameWorks) {
+  for (auto transport : {ddp::Transport::kAuto, ddp::Transport::kTcp}) {
+    GroupConfig c;
+    c.n = 3;
+    c.transport = transport;
+    c.timeout = ddp::test::scaled(std::chrono::seconds(10));
+    auto store = std::make_shared<ddp::MemoryStore>();
+    for (int round = 0; round < 3; ++round) {
+      auto errors = run_ranks_with(
+          c.n, [&](int r, std::shared_ptr<ddp::Store> s) { return options_for(c, r, std::move(s)); },
+          [&](ddp::ProcessGroup& pg) {
+            std::vector<int64_t> v(1000, pg.rank() + round);
+            pg.all_reduce(std::span<int64_t>(v));
+            if (v[999] != 3 + 3 * round) throw std::runtime_error("wrong sum " + std::to_string(v[999]));
+          },
+          store);
+      expect_no_errors(errors);
+    }
+  }
+}
+
+// A timeout of milliseconds::max() means no deadline (before: now + max overflowed into the
+// past, and the group failed at once); a negative one is a usage error, not the default.
+TEST(Collectives, TheLongestTimeoutWaitsAndANegativeOneIsRefused) {
+  GroupConfig c;
+  c.n = 2;
+  c.timeout = std::chrono::milliseconds::max();
+  auto errors = run_ranks(c, [&](ddp::ProcessGroup& pg) {
+    std::vector<float> v(10, 1.0f);
+    pg.all_reduce(std::span<float>(v), {.timeout = std::chrono::milliseconds::max()});
+    if (v[0] != 2.0f) throw std::runtime_error("wrong sum");
+    try {
+      pg.all_reduce(std::span<float>(v), {.timeout = std::chrono::milliseconds(-5)});
+      throw std::runtime_error("a timeout of -5 ms was taken");
+    } catch (const ddp::UsageError& e) {
+      if (std::string(e.what()).find("a timeout of -5 ms") == std::string::npos) throw;
+    }
+    pg.barrier();  // still usable
   });
   expect_no_errors(errors);
 }

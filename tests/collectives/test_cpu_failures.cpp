@@ -188,6 +188,12 @@ void killed_peer(int n, int victim, ddp::Transport transport, size_t slice = 0, 
     EXPECT_TRUE(contains(res, "ddp::CollectiveError")) << "rank " << r << ": " << res;
     EXPECT_TRUE(contains(res, "rank " + std::to_string(victim))) << "rank " << r << ": " << res;
     EXPECT_TRUE(contains(res, "all_reduce")) << "rank " << r << ": " << res;
+    // Over TCP the rank the victim sent to (its connection accepted from the victim) names
+    // the victim's address, not "accepted connection".
+    if (const auto own = res.substr(0, res.find("; rank"));
+        transport == ddp::Transport::kTcp && r == (victim + 1) % n && contains(own, "closed the TCP connection")) {
+      EXPECT_TRUE(contains(own, "peer rank " + std::to_string(victim) + " (127.0.0.1:")) << res;
+    }
     // The rank the victim sent to fails on that piece (unless a broken send came first).
     if (mid_element && r == (victim + 1) % n) {
       if (auto own = res.substr(0, res.find("; rank")); contains(own, "peer rank " + std::to_string(victim))) {

@@ -104,7 +104,7 @@ class CpuGroup final : public GroupBase {
         name_(o.name), chunk_(std::max<size_t>(o.chunk_bytes, 64)), small_(o.small_message_bytes) {
     chunk_ = (chunk_ + 63) / 64 * 64;
     if (size() == 1) return;
-    auto deadline = Clock::now() + o.timeout;
+    auto deadline = detail::deadline_after(o.timeout);
     try {
       bootstrap(deadline);
       do_barrier(deadline);
@@ -371,7 +371,8 @@ class CpuGroup final : public GroupBase {
       abortable(deadline, fmt::format("waiting for rank {} to connect", left), [&](TimePoint until) {
         fd = tcp_accept_peer(listener.get(), tag_, left, until);
       });
-      from_left = std::make_shared<TcpLink>(left, std::move(fd), "accepted connection", 4 * chunk_);
+      std::string addr = peer_address(fd.get());
+      from_left = std::make_shared<TcpLink>(left, std::move(fd), std::move(addr), 4 * chunk_);
     }
     if (n == 2) {
       if (shm[right]) {

@@ -204,6 +204,16 @@ std::string hostname_address() {
   return out;
 }
 
+std::string peer_address(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  char buf[INET_ADDRSTRLEN];
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0 || a.sin_family != AF_INET ||
+      !inet_ntop(AF_INET, &a.sin_addr, buf, sizeof buf))
+    return "accepted connection";
+  return fmt::format("{}:{}", buf, ntohs(a.sin_port));
+}
+
 TcpLink::TcpLink(int peer, Fd fd, std::string peer_addr, size_t buffer_bytes)
     : Link(peer), fd_(std::move(fd)), peer_addr_(std::move(peer_addr)),
       buf_(std::max<size_t>(buffer_bytes, 64 << 10)) {

@@ -38,6 +38,9 @@ Fd tcp_connect_peer(const std::string& host, uint16_t port, uint64_t group_tag, 
 std::string local_address_towards(const std::string& host);
 // First IPv4 address of this machine's hostname; empty on failure.
 std::string hostname_address();
+// "ip:port" of the other end of a connected socket (an accepted peer, for error messages);
+// "accepted connection" when the socket cannot tell.
+std::string peer_address(int fd);
 
 class TcpLink : public Link {
  public:
