@@ -139,7 +139,7 @@ int run_main(const std::vector<std::string>& args) {
     print_error(e.what());
     return 2;
   } catch (const rdzv::NotNeeded& e) {
-    spdlog::info("{}", e.what());
+    spdlog::warn("{}", e.what());  // (shown by default: it is the node's one line about its exit 0)
     return 0;
   } catch (const std::exception& e) {
     print_error(e.what());

@@ -96,7 +96,8 @@ void Joiner::announce_waiting(const State& t) {
 // hosts for another --nnodes or a taken --node-rank) said nothing until join_timeout, 600 s
 // by default.
 void Joiner::say_forming(const State& t, Clock::time_point now, Clock::time_point deadline) {
-  if (t.complete || now < say_forming_at_ || now >= deadline) return;
+  // (Not just before the deadline: the join's own error says it all then.)
+  if (t.complete || now < say_forming_at_ || deadline - now < say_forming_every_ / 2) return;
   say_forming_every_ = std::min<Clock::duration>(2 * say_forming_every_, 300s);
   say_forming_at_ = now + say_forming_every_;
   const auto& j = c_.job;
@@ -107,7 +108,7 @@ void Joiner::say_forming(const State& t, Clock::time_point now, Clock::time_poin
                                        list_some(ranks, [](int r) { return std::to_string(r); }));
   spdlog::warn("rendezvous: no round of job '{}' formed in {}: {} of the {} node{} needed (--nnodes {}:{}) joined ({})"
                "{}; this node waits {} more (join_timeout); a node started with other --nnodes or --max-restarts{} "
-               "is refused, with an error on its own host",
+               "is refused, and says so on its own host",
                c_.run_id, seconds_text(std::chrono::duration_cast<milliseconds>(now - join_started_)), came.size(),
                j.min_nodes, j.min_nodes == 1 ? "" : "s", j.min_nodes, j.max_nodes, describe_nodes(came), missing,
                seconds_text(std::chrono::duration_cast<milliseconds>(deadline - now)),

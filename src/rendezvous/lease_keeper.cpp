@@ -61,11 +61,18 @@ void LeaseKeeper::release() {
 // as long as this thread woke late from its pause (at most the window): when the whole host
 // stalled (a loaded machine, a paused VM), the store did too, and the time it did not run
 // is not counted against this node (docs/store.md, the lease).
+// This node gives up one interval after the window from its last answered renewal: that
+// renewal may have come up to an interval before the store fell silent, and a store host
+// paused for less than the window (its ddprun stopped, a stall of its own) must find every
+// node still there when it runs again (before: a pause of 10 s of a 15 s window could end
+// the others' leases from their side). A node really cut off stops at most an interval after
+// the store ended its lease; its workers cannot reach the others then anyway.
 void LeaseKeeper::loop() {
   auto last_ok = Clock::now();
   milliseconds stalled{0};
+  const milliseconds patience = ttl() + s_.interval;
   while (!signal_.stopped()) {
-    auto left = std::chrono::duration_cast<milliseconds>(ttl() - (Clock::now() - last_ok));
+    auto left = std::chrono::duration_cast<milliseconds>(patience - (Clock::now() - last_ok));
     bool ended = false;
     std::string why;
     try {
@@ -79,7 +86,7 @@ void LeaseKeeper::loop() {
       ended = true;
       why = e.what();
     } catch (const std::exception& e) {
-      ended = Clock::now() - last_ok >= ttl();
+      ended = Clock::now() - last_ok >= patience;
       why = e.what();
       failing_ = true;
     }
@@ -87,10 +94,11 @@ void LeaseKeeper::loop() {
     if (ended) {
       ended_ = true;
       signal_.notify_end(-1, RoundEnd{RoundEnd::Kind::kPartitioned, s_.me,
-                                      fmt::format("this node lost contact with {} for the keep-alive window ({} = "
-                                                  "keep_alive_interval {} x keep_alive_max_attempt {}): {}; the "
-                                                  "other nodes go on without it",
-                                                  s_.backend, seconds_text(ttl()), seconds_text(s_.interval),
+                                      fmt::format("this node lost contact with {} for the keep-alive window and "
+                                                  "one interval more ({} = keep_alive_interval {} x "
+                                                  "(keep_alive_max_attempt {} + 1)): {}; the other nodes go on "
+                                                  "without it",
+                                                  s_.backend, seconds_text(patience), seconds_text(s_.interval),
                                                   s_.max_attempt, why)});
       return;
     }

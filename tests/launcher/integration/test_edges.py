@@ -319,6 +319,33 @@ class EdgeTest(DdprunTestCase):
                 self.assertEqual(host.rc, 0, self.describe())
                 self.assertLess(host.exited_at - killed, scaled(5), self.describe())
 
+    def test_c10d_a_store_host_paused_for_less_than_the_window_loses_nobody(self):
+        """Only the store host's ddprun is stopped (SIGSTOP), four times for 2.5 s of a 3 s
+        window (keep_alive_interval 1 x keep_alive_max_attempt 3); its workers and the other
+        node run on. The other node's last answered renewal may lie up to an interval before
+        each pause, so before, it gave up on the store from its side about every second pause
+        ("lost contact ... for the keep-alive window") and the job broke up. Now nobody is
+        lost and both nodes finish with exit 0, without a restart."""
+        conf = f"last_call_timeout=0.3,join_timeout={JOIN:g},keep_alive_interval=1,keep_alive_max_attempt=3"
+        args = [worker("edge_worker.py"), self.tmp, "--sleep", f"{scaled(22):g}"]
+        host = self.c10d_node("host", "127.0.0.2", 1, args, conf=conf)
+        other = self.c10d_node("other", "127.0.0.3", 0, args, conf=conf)
+        self.wait_for(lambda: all(self.stamp(f"start_{r}") for r in range(4)), scaled(30), "4 workers to start")
+        self.track_pid(host.proc.pid)
+        for _ in range(4):
+            time.sleep(1.5)
+            os.kill(host.proc.pid, signal.SIGSTOP)
+            try:
+                time.sleep(2.5)
+            finally:
+                os.kill(host.proc.pid, signal.SIGCONT)
+        self.assertEqual(jobwatch.wait_exited([host, other], scaled(60)), [], self.describe())
+        self.assertEqual([host.rc, other.rc], [0, 0], self.describe())
+        for n in (host, other):
+            self.assertNotRegex(read_text(n.err_path), r"lost contact|was lost|forming the next round", self.describe())
+        for r in range(4):
+            self.assertIsNotNone(self.stamp(f"end_{r}"), f"rank {r} must finish" + self.describe())
+
     def test_c10d_frozen_node_stops_its_stale_workers(self):
         """A node frozen (SIGSTOP of its ddprun and its workers) past the keep-alive window is
         lost: the others re-form without it. Thawed (SIGCONT), it learns that its lease ended,
