@@ -156,6 +156,32 @@ std::vector<WorkerResult*> AttemptWorkers::reap() {
   return failed;
 }
 
+void AttemptWorkers::watch_strays() {
+  for (auto it = strays_.begin(); it != strays_.end();) {
+    if (::kill(-*it, 0) != 0 && errno == ESRCH) {
+      guardian_.forget(*it);  // (its number is free: never to be killed now)
+      it = strays_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  std::set<pid_t> known{::getpgrp()};
+  for (const auto& g : groups_)
+    if (g.id() > 0) known.insert(g.id());
+  std::set<pid_t> warm;  // the warm process and its spare workers are not the workers'
+  if (warm_ && warm_->pid() > 0) {
+    warm.insert(warm_->pid());
+    for (pid_t p : descendants(-1, warm_->pid())) warm.insert(p);
+  }
+  for (pid_t p : descendants(guardian_.pid())) {
+    const pid_t g = ::getpgid(p);
+    if (g <= 0 || warm.count(p) || known.count(g) || strays_.count(g)) continue;
+    spdlog::debug("pid {} left its worker's process group (group {}): the guardian watches that group too", p, g);
+    guardian_.watch(g);
+    strays_.insert(g);
+  }
+}
+
 void AttemptWorkers::kill_leftovers() {
   for (auto& g : groups_) g.signal(SIGKILL);  // (a group long empty: not by its number, process.hpp)
   // (Not the warm process's own children: its spare workers wait there for the next attempt.)
@@ -165,6 +191,8 @@ void AttemptWorkers::kill_leftovers() {
     if (!g.empty()) guardian_.forget(g.id());
     g = WorkerGroup();
   }
+  for (pid_t g : strays_) guardian_.forget(g);  // (their members were descendants: killed above)
+  strays_.clear();
 }
 
 }  // namespace ddprun

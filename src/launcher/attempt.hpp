@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,11 @@ class AttemptWorkers {
   // Kills whatever the workers left behind: their groups, then every other descendant
   // (the guardian and the warm process excepted).
   void kill_leftovers();
+  // Hands the guardian the process groups of descendants that left their worker's group (a
+  // new session: setsid, Popen(start_new_session=True)), which a SIGKILLed ddprun's guardian
+  // would otherwise miss, and forgets those that emptied. Called about once a second while
+  // workers run.
+  void watch_strays();
 
   bool stopping() const { return stopping_; }
   int live() const { return live_; }
@@ -72,6 +78,7 @@ class AttemptWorkers {
   WarmPython* warm_;
   std::vector<WorkerResult> workers_;
   std::vector<WorkerGroup> groups_;  // workers_[i]'s process group
+  std::set<pid_t> strays_;           // other groups of descendants, watched by the guardian
   int live_ = 0;
   bool stopping_ = false;
   std::optional<Clock::time_point> kill_deadline_;

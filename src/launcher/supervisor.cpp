@@ -219,6 +219,7 @@ class AttemptSupervisor {
     root_.reset();
     remote_end_.reset();
     hang_elsewhere_.reset();
+    next_stray_look_ = Clock::now() + std::chrono::seconds(1);
     stacks_.attempt_started();
     timers_.on_readable();  // what the last attempt's workers wrote as they ended: dropped
     timers_.clear();
@@ -261,6 +262,7 @@ class AttemptSupervisor {
       expire_timers();
       workers_.escalate_if_due();
       if (!workers_.stopping() && workers_.live() > 0) check_hang();
+      look_for_strays();
     }
     await_answers();
     keep_tails();
@@ -313,8 +315,17 @@ class AttemptSupervisor {
 
   // The next deadline: the SIGKILL escalation, the drain, the hang check, an unfinished
   // line's idle flush (those due are flushed now).
+  // Once a second while workers run: descendants that left their worker's process group
+  // are handed to the guardian (AttemptWorkers::watch_strays).
+  void look_for_strays() {
+    if (workers_.live() == 0 || Clock::now() < next_stray_look_) return;
+    next_stray_look_ = Clock::now() + std::chrono::seconds(1);
+    workers_.watch_strays();
+  }
+
   Clock::time_point next_due() {
     auto next = Clock::now() + std::chrono::seconds(3600);
+    if (workers_.live() > 0) next = std::min(next, next_stray_look_);
     for (auto& d : {workers_.kill_deadline(), drain_deadline_, stacks_.next_hang_check(), timers_.next_expiry()})
       if (d) next = std::min(next, *d);
     return output_.streams().flush_idle(next);
@@ -537,6 +548,7 @@ class AttemptSupervisor {
   std::optional<WorkerResult> root_;
   std::optional<RoundEnd> remote_end_;  // the round ended elsewhere (or the rendezvous ended it)
   std::optional<Clock::time_point> hang_elsewhere_;  // when another node's hang asked this attempt's stacks
+  Clock::time_point next_stray_look_ = Clock::now() + std::chrono::seconds(1);  // look_for_strays
   bool looked_ahead_ = false;           // this round's prejoin() was asked for
   int dumps_asked_ = 0;  // dumps asked on this node (they name the dump on every node)
   std::optional<Clock::time_point> answers_by_;  // until when the summary waits for the others' answers

@@ -221,6 +221,21 @@ class NoOrphansTest(DdprunTestCase):
         p.wait(timeout=scaled(30))
         self.assert_all_gone("kill -9 of ddprun", workers, grandchildren)
 
+    def test_kill_9_leaves_no_grandchild_in_a_session_of_its_own(self):
+        """A worker's child in a new session (setsid, Popen(start_new_session=True)) is out of
+        the worker's process group, which is what the guardian kills when ddprun is
+        SIGKILLed: before, it ran on, reparented. ddprun hands such groups to the guardian
+        within about a second of their leaving (a normal end kills them as descendants)."""
+        p = self.start(["--nproc-per-node", "2", worker("new_session_child.py"), self.tmp])
+        workers = [self.read_pid(self.path(f"w_{r}")) for r in range(2)]
+        grandchildren = [self.read_pid(self.path(f"gc_{r}")) for r in range(2)]
+        for gc in grandchildren:
+            self.assertEqual(os.getsid(gc), gc, "the grandchild leads a session of its own")
+        time.sleep(scaled(2.5))  # ddprun's look, once a second
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=scaled(30))
+        self.assert_all_gone("kill -9 of ddprun", workers, grandchildren)
+
     def test_a_ddprun_that_crashes_leaves_no_worker_or_grandchild(self):
         # SIGABRT is not one ddprun handles: it dies as an abort() would, through the kernel's
         # core-dump path (which, before Linux 5.16, also killed every process sharing the
