@@ -537,8 +537,15 @@ class Stacks(StacksTest):
 
     def test_a_hang_is_a_failed_attempt_that_max_restarts_restarts(self):
         script = self.write("blocker.py", BLOCKER)
-        res = self.run_ddprun(["--standalone", "--nproc-per-node", "2", "--hang-timeout", "1", "--max-restarts", "1",
-                               script, self.tmp, "60"], env=clean_env(RANK_BLOCKS="no"))
+        for _ in range(3):
+            res = self.run_ddprun(["--standalone", "--nproc-per-node", "2", "--hang-timeout", "1", "--max-restarts",
+                                   "1", script, self.tmp, "60"], env=clean_env(RANK_BLOCKS="no"))
+            # A rank whose Python had not started within the 1 s (a loaded machine: once in CI,
+            # in the torch 2 tree) shows no stack: nothing to compare. Run the job again.
+            if "no Python stack (no ddprun bootstrap in this worker, or not yet)" not in res.stderr:
+                break
+            print("a rank's Python had not started within the 1 s --hang-timeout: running the job again",
+                  file=sys.stderr)
         self.assertEqual(res.rc, 124, res)
         self.assertEqual(len(re.findall(r"error\] no rank made progress for 1 s \(--hang-timeout\)", res.stderr)), 2, res)
         self.assertIn("restarting all workers: attempt 1 of 1", res.stderr)
