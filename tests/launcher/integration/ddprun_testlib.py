@@ -201,6 +201,17 @@ class DdprunTestCase(unittest.TestCase):
         self._procs.append(p)
         return p
 
+    def store_server(self):
+        """A ddp-store-server of this test's own (no workers, on loopback): (its process, its port)."""
+        err = open(self.path("store.stderr"), "wb")
+        p = subprocess.Popen([os.path.join(os.path.dirname(DDPRUN), "ddp-store-server"), "--host", "127.0.0.1",
+                              "--port", "0"], stdout=subprocess.PIPE, stderr=err, start_new_session=True)
+        self._procs.append(p)
+        self._files += [err, p.stdout]
+        line = p.stdout.readline().decode()
+        self.assertTrue(line.startswith("port="), f"ddp-store-server said {line!r}")
+        return p, int(line.strip().split("=")[1])
+
     def run_ddprun(self, args, env=None, timeout=60, cmd_prefix=()):
         """Runs ddprun to its end; `timeout` (seconds, scaled here) only guards against a hang."""
         timeout = scaled(timeout)

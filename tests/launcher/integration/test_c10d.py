@@ -19,10 +19,9 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddprun_testlib import DDPRUN, PYTHON, DdprunTestCase, clean_env, free_port, pid_alive, read_text, scaled, worker
+from ddprun_testlib import PYTHON, DdprunTestCase, clean_env, free_port, pid_alive, read_text, scaled, worker
 import jobwatch  # noqa: E402  (tests/common, on the path through ddprun_testlib)
 
-STORE_SERVER = os.path.join(os.path.dirname(DDPRUN), "ddp-store-server")
 TORCHRUN113 = "/work/shared/anchors/torchrun113.py"
 # Short timings: a round closes 1 s after MIN nodes joined; a silent node is lost after 1.5 s.
 CONF = "last_call_timeout=1,join_timeout=20,keep_alive_interval=0.5,keep_alive_max_attempt=3"
@@ -91,17 +90,6 @@ class C10dTestCase(DdprunTestCase):
         node = Node(name, addr, proc, out.name, err.name)
         self.nodes.append(node)
         return node
-
-    def store_server(self):
-        """A ddp-store-server of its own (no workers): returns its port."""
-        err = open(self.path("store.stderr"), "wb")
-        p = subprocess.Popen([STORE_SERVER, "--host", "127.0.0.1", "--port", "0"], stdout=subprocess.PIPE,
-                             stderr=err, start_new_session=True)
-        self._procs.append(p)
-        self._files += [err, p.stdout]
-        line = p.stdout.readline().decode()
-        self.assertTrue(line.startswith("port="), f"ddp-store-server said {line!r}")
-        return int(line.strip().split("=")[1])
 
     # -- waiting and reading what happened
 
@@ -357,7 +345,7 @@ class ScenarioTest(C10dTestCase):
         # The endpoint is a ddp-store-server of its own: losing A (rank 0, which hosts the
         # round's worker store) re-forms B and C with B as rank 0; then the job is closed
         # for a latecomer.
-        port = self.store_server()
+        _, port = self.store_server()
         ep = f"127.0.0.1:{port}"
         args = ["--sleep", "30", "--sleep-at-world", "4=0.5"]
         conf = CONF.replace("last_call_timeout=1", "last_call_timeout=0.3")
@@ -767,7 +755,7 @@ class StoreHostTest(C10dTestCase):
         self.assertEqual(self.records(), [])
 
     def test_is_host_1_on_a_taken_port(self):
-        port = self.store_server()
+        _, port = self.store_server()
         n = self.start_node("A", "127.0.0.2", nnodes="1:2", conf=CONF + ",is_host=1", endpoint=f"127.0.0.1:{port}")
         self.wait_nodes([n], 20)
         self.assertNotEqual(n.rc, 0)
@@ -833,7 +821,7 @@ class TorchrunStateTest(C10dTestCase):
     def test_torchrun_agent_state_is_refused(self):
         # A real torchrun 1.13 agent waits at a ddp-store-server for a second node; a ddprun
         # with the same endpoint and --rdzv-id is refused and leaves torchrun's state alone.
-        port = self.store_server()
+        _, port = self.store_server()
         self.start_torchrun_agent(port, "is_host=0,join_timeout=60")
         n = self.start_node("A", "127.0.0.2", nnodes="2", conf=CONF + ",is_host=0", endpoint=f"127.0.0.1:{port}")
         self.wait_nodes([n], 20)

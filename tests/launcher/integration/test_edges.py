@@ -10,13 +10,12 @@ for the join timeout.
 """
 import os
 import signal
-import subprocess
 import sys
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddprun_testlib import DDPRUN, DdprunTestCase, clean_env, free_port, read_text, scaled, vm_rss_kb, worker
+from ddprun_testlib import DdprunTestCase, clean_env, free_port, read_text, scaled, vm_rss_kb, worker
 import jobwatch  # noqa: E402
 
 JOIN = scaled(3)          # join_timeout: the old exit barrier's limit
@@ -26,7 +25,6 @@ BEAT = "keep_alive_interval=0.5,keep_alive_max_attempt=3"
 # whose lease ran out cannot pass it, and than a CI machine's worst stall (a host that missed
 # BEAT's 1.5 s under load stopped its store under a test of exit writes).
 GUARD_BEAT = "keep_alive_interval=1,keep_alive_max_attempt=6"
-STORE_SERVER = os.path.join(os.path.dirname(DDPRUN), "ddp-store-server")
 
 
 def store_get(port, key):
@@ -330,14 +328,7 @@ class EdgeTest(DdprunTestCase):
         broke up. Now nobody is lost and both nodes finish with exit 0, without a restart.
         (An external store: a ddprun that hosts the store and is stopped stalls its own
         keeper too, whose lease the store may then end under load; not asserted here.)"""
-        err = open(self.path("store.stderr"), "wb")
-        store = subprocess.Popen([STORE_SERVER, "--host", "127.0.0.1", "--port", "0"], stdout=subprocess.PIPE,
-                                 stderr=err, start_new_session=True)
-        self._procs.append(store)
-        self._files += [err, store.stdout]
-        line = store.stdout.readline().decode()
-        self.assertTrue(line.startswith("port="), f"ddp-store-server said {line!r}")
-        self.port = int(line.strip().split("=")[1])
+        store, self.port = self.store_server()
         conf = f"last_call_timeout=0.3,join_timeout={JOIN:g},keep_alive_interval=1,keep_alive_max_attempt=3"
         args = [worker("edge_worker.py"), self.tmp, "--sleep", f"{scaled(22):g}"]
         a = self.c10d_node("a", "127.0.0.2", 0, args, conf=conf)
