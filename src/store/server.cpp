@@ -85,8 +85,9 @@ class Refused : public StoreError {
 
 // What a registration costs besides its strings (the Wait, vector and map slots).
 constexpr size_t kRegistrationOverhead = 64;
-// A lease timer later than this says the server itself did not run (lease_grace()).
-constexpr auto kLeaseTimerSlack = std::chrono::milliseconds(20);
+// How often the server looks at its own clock while any lease has a ttl: a look later than
+// due is time it did not run (StallMeter).
+constexpr auto kStallTick = std::chrono::milliseconds(100);
 // A longer LEASE ttl (about 34 years) is no silence limit at all (start_lease()).
 constexpr auto kLongestLeaseTtl = std::chrono::milliseconds(int64_t{1} << 40);
 
@@ -151,7 +152,7 @@ struct Conn : std::enable_shared_from_this<Conn> {
   bool leased = false;
   std::chrono::milliseconds lease_ttl{0};  // 0: ends only when the connection closes
   std::chrono::steady_clock::time_point last_request;
-  std::chrono::steady_clock::duration lease_grace{};  // granted since last_request (lease_grace())
+  std::chrono::steady_clock::duration stalled_at_request{};  // StallMeter::total() then
   std::unique_ptr<asio::steady_timer> lease_timer;
   // Lines in the order registered, and where each key's are (ON_LEASE_END "" drops a
   // key's lines at the cost of those lines, not of all the connection's).
@@ -220,7 +221,9 @@ class StoreServer::Impl {
   void start_lease(Conn& c, int64_t ttl_ms);
   void arm_lease_timer(const ConnPtr& c, std::chrono::steady_clock::duration after);
   void end_lease(Conn& c, std::string_view why);
-  std::chrono::steady_clock::duration lease_grace(Conn& c, std::chrono::steady_clock::duration late);
+  void heard(Conn& c);
+  std::chrono::steady_clock::duration silence(const Conn& c, std::chrono::steady_clock::time_point now) const;
+  void arm_stall_tick();
 
   // The key-value data and the waits on it (all touched on the io thread only).
   bool present(const std::string& key) const;
@@ -256,6 +259,11 @@ class StoreServer::Impl {
   tcp::acceptor acceptor_{io_};
   tcp listen_protocol_ = tcp::v4();
   asio::steady_timer accept_retry_{io_};
+  // The server's own stalls (a stopped process, a starved or paused host), measured by a
+  // tick while leases have a ttl: that time is not a client's silence (silence()).
+  asio::steady_timer stall_tick_{io_};
+  bool ticking_ = false;
+  std::chrono::steady_clock::duration stalled_{};  // sum of the ticks' lateness
   uint16_t port_ = 0;
   std::thread thread_;
   std::mutex stop_mu_;
@@ -385,6 +393,7 @@ void StoreServer::Impl::shutdown_all() {
   error_code ignored;
   acceptor_.close(ignored);
   accept_retry_.cancel();
+  stall_tick_.cancel();
   std::vector<ConnPtr> all;
   all.reserve(conns_.size());
   for (auto& [id, c] : conns_) all.push_back(c);
@@ -558,10 +567,7 @@ void StoreServer::Impl::process(Conn& c) {
       return;
     }
     proto::Request req = c.parser.take();
-    if (c.leased) {
-      c.last_request = std::chrono::steady_clock::now();
-      c.lease_grace = {};
-    }
+    if (c.leased) heard(c);
     try {
       if (size_t bytes = reply_bytes(req)) check_reply(c, bytes);
       handle(c, req);
@@ -933,49 +939,68 @@ void StoreServer::Impl::start_lease(Conn& c, int64_t ttl_ms) {
   // Longer than any job (and than the clock's nanoseconds can count from now): no timer.
   if (ttl_ms > kLongestLeaseTtl.count()) ttl_ms = 0;
   c.lease_ttl = std::chrono::milliseconds(std::max<int64_t>(ttl_ms, 0));
-  c.last_request = std::chrono::steady_clock::now();
-  c.lease_grace = {};
+  heard(c);
   if (c.lease_ttl.count() == 0) return;
+  arm_stall_tick();
   if (!c.lease_timer) c.lease_timer = std::make_unique<asio::steady_timer>(io_);
   arm_lease_timer(c.shared_from_this(), c.lease_ttl);
 }
 
+void StoreServer::Impl::heard(Conn& c) {
+  c.last_request = std::chrono::steady_clock::now();
+  c.stalled_at_request = stalled_;
+}
+
+// The lease's clock counts only the time this server ran: a client cannot be heard while
+// the server itself does not run (its process stopped, starved, or its VM paused; the store
+// host's own lease keeper stalls with it). The tick in progress counts as late already once
+// it is past due, so a lease timer that runs before it after a stall sees the stall too.
+std::chrono::steady_clock::duration StoreServer::Impl::silence(const Conn& c, std::chrono::steady_clock::time_point now) const {
+  auto stalled = stalled_ - c.stalled_at_request;
+  if (ticking_) stalled += std::max<std::chrono::steady_clock::duration>(now - stall_tick_.expiry(), {});
+  return now - c.last_request - stalled;
+}
+
+// Once started, ticks until the server stops (ten wake-ups a second, on the store host only
+// while a rendezvous uses it). Undercounts a stall by at most one tick.
+void StoreServer::Impl::arm_stall_tick() {
+  if (ticking_) return;
+  ticking_ = true;
+  stall_tick_.expires_after(kStallTick);
+  stall_tick_.async_wait([this](error_code e) {
+    if (e) return;
+    auto now = std::chrono::steady_clock::now();
+    stalled_ += std::max<std::chrono::steady_clock::duration>(now - stall_tick_.expiry(), {});
+    ticking_ = false;
+    arm_stall_tick();
+  });
+}
+
+// A lease ends on the timer once the client was silent for the ttl while the server ran;
+// a client whose request waits unread was not silent.
 void StoreServer::Impl::arm_lease_timer(const ConnPtr& c, std::chrono::steady_clock::duration after) {
   c->lease_timer->expires_after(after);
   c->lease_timer->async_wait([this, c](error_code e) {
     if (e || c->closed) return;
     auto now = std::chrono::steady_clock::now();
-    auto silent = now - c->last_request;
-    if (silent < c->lease_ttl) {
+    if (auto silent = silence(*c, now); silent < c->lease_ttl) {
       arm_lease_timer(c, c->lease_ttl - silent);
       return;
     }
-    if (auto more = lease_grace(*c, now - c->lease_timer->expiry()); more.count() > 0) {
-      arm_lease_timer(c, more);
+    error_code ec;
+    if (c->rpos < c->rlen || c->sock.available(ec) > 0) {
+      heard(*c);
+      arm_lease_timer(c, c->lease_ttl);
       return;
     }
-    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(silent);
-    std::string why = fmt::format("no keep-alive for {}", format_duration(ms));
+    auto ms = [](auto d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d); };
+    auto silent = silence(*c, now), wall = now - c->last_request;
+    std::string why = fmt::format("no keep-alive for {}", format_duration(ms(silent)));
+    if (wall - silent >= kStallTick)
+      why += fmt::format(" (and {} more while this server did not run)", format_duration(ms(wall - silent)));
     close(*c, why, why);
     flush_dirty();
   });
-}
-
-// A lease ends on a timer that fired on time: a client is not silent while bytes it sent
-// wait unread, and the time this server itself did not run (a loaded host, a paused VM, the
-// store host's process stalled with its own lease keeper) is not counted against it. A
-// timer that fired `late` grants that much again, at most one ttl in all per silence.
-std::chrono::steady_clock::duration StoreServer::Impl::lease_grace(Conn& c, std::chrono::steady_clock::duration late) {
-  error_code ec;
-  if (c.rpos < c.rlen || c.sock.available(ec) > 0) {
-    c.last_request = std::chrono::steady_clock::now();
-    c.lease_grace = {};
-    return c.lease_ttl;
-  }
-  auto more = std::min<std::chrono::steady_clock::duration>(late, c.lease_ttl - c.lease_grace);
-  if (more < kLeaseTimerSlack) return {};
-  c.lease_grace += more;
-  return more;
 }
 
 void StoreServer::Impl::end_lease(Conn& c, std::string_view why) {

@@ -325,25 +325,39 @@ class EdgeTest(DdprunTestCase):
         nodes and their workers run on. A node's last answered renewal may lie up to an
         interval before each pause, so before, a node gave up on the store from its side
         about every second pause ("lost contact ... for the keep-alive window") and the job
-        broke up. Now nobody is lost and both nodes finish with exit 0, without a restart.
-        (An external store: a ddprun that hosts the store and is stopped stalls its own
-        keeper too, whose lease the store may then end under load; not asserted here.)"""
+        broke up. Now nobody is lost and both nodes finish with exit 0, without a restart."""
         store, self.port = self.store_server()
-        conf = f"last_call_timeout=0.3,join_timeout={JOIN:g},keep_alive_interval=1,keep_alive_max_attempt=3"
-        args = [worker("edge_worker.py"), self.tmp, "--sleep", f"{scaled(22):g}"]
-        a = self.c10d_node("a", "127.0.0.2", 0, args, conf=conf)
-        b = self.c10d_node("b", "127.0.0.3", 0, args, conf=conf)
+        a = self.c10d_node("a", "127.0.0.2", 0, self.pause_work(), conf=self.PAUSE_CONF)
+        b = self.c10d_node("b", "127.0.0.3", 0, self.pause_work(), conf=self.PAUSE_CONF)
+        self.check_pauses_lose_nobody(store.pid, [a, b])
+
+    def test_c10d_a_store_hosting_ddprun_paused_for_less_than_the_window_loses_nobody(self):
+        """As above, but the stopped process is the ddprun that hosts the store: its own
+        lease keeper stops with the store. The store counts only the time it ran, so that
+        node keeps its lease too. Before, a lease timer that fired less than 20 ms late when
+        the store ran again ended that node's own lease at once (seen under CI load)."""
+        host = self.c10d_node("host", "127.0.0.2", 1, self.pause_work(), conf=self.PAUSE_CONF)
+        other = self.c10d_node("other", "127.0.0.3", 0, self.pause_work(), conf=self.PAUSE_CONF)
+        self.track_pid(host.proc.pid)
+        self.check_pauses_lose_nobody(host.proc.pid, [host, other])
+
+    PAUSE_CONF = f"last_call_timeout=0.3,join_timeout={JOIN:g},keep_alive_interval=1,keep_alive_max_attempt=3"
+
+    def pause_work(self):
+        return [worker("edge_worker.py"), self.tmp, "--sleep", f"{scaled(22):g}"]
+
+    def check_pauses_lose_nobody(self, pid, nodes):
         self.wait_for(lambda: all(self.stamp(f"start_{r}") for r in range(4)), scaled(30), "4 workers to start")
         for _ in range(4):
             time.sleep(1.5)
-            store.send_signal(signal.SIGSTOP)
+            os.kill(pid, signal.SIGSTOP)
             try:
                 time.sleep(2.5)
             finally:
-                store.send_signal(signal.SIGCONT)
-        self.assertEqual(jobwatch.wait_exited([a, b], scaled(60)), [], self.describe())
-        self.assertEqual([a.rc, b.rc], [0, 0], self.describe())
-        for n in (a, b):
+                os.kill(pid, signal.SIGCONT)
+        self.assertEqual(jobwatch.wait_exited(nodes, scaled(60)), [], self.describe())
+        self.assertEqual([n.rc for n in nodes], [0, 0], self.describe())
+        for n in nodes:
             self.assertNotRegex(read_text(n.err_path), r"lost contact|was lost|forming the next round", self.describe())
         for r in range(4):
             self.assertIsNotNone(self.stamp(f"end_{r}"), f"rank {r} must finish" + self.describe())
