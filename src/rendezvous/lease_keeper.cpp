@@ -56,6 +56,19 @@ void LeaseKeeper::release() {
   lease_->release();
 }
 
+namespace {
+
+// Why a frozen node lost its lease: this thread itself did not run for longer than an
+// interval (a wake-up that late is no scheduling jitter).
+std::string stopped_text(milliseconds stopped, milliseconds interval) {
+  if (stopped < std::max<milliseconds>(interval, 500ms)) return "";
+  return fmt::format(" (this node itself did not run for {} just before: its ddprun was stopped, or its host "
+                     "starved or paused)",
+                     seconds_text(stopped));
+}
+
+}  // namespace
+
 // A lease that ended (the backend said so, or no renewal got through for the whole
 // window) means the others go on without this node: it must stop. A renewal waits at least
 // as long as this thread woke late from its pause (at most the window): when the whole host
@@ -69,7 +82,7 @@ void LeaseKeeper::release() {
 // the store ended its lease; its workers cannot reach the others then anyway.
 void LeaseKeeper::loop() {
   auto last_ok = Clock::now();
-  milliseconds stalled{0};
+  milliseconds stalled{0}, stopped{0};  // how late this thread woke: capped, and as it was
   const milliseconds patience = ttl() + s_.interval;
   while (!signal_.stopped()) {
     auto left = std::chrono::duration_cast<milliseconds>(patience - (Clock::now() - last_ok));
@@ -96,16 +109,17 @@ void LeaseKeeper::loop() {
       signal_.notify_end(-1, RoundEnd{RoundEnd::Kind::kPartitioned, s_.me,
                                       fmt::format("this node lost contact with {} for the keep-alive window and "
                                                   "one interval more ({} = keep_alive_interval {} x "
-                                                  "(keep_alive_max_attempt {} + 1)): {}; the other nodes go on "
+                                                  "(keep_alive_max_attempt {} + 1)): {}{}; the other nodes go on "
                                                   "without it",
                                                   s_.backend, seconds_text(patience), seconds_text(s_.interval),
-                                                  s_.max_attempt, why)});
+                                                  s_.max_attempt, why, stopped_text(stopped, s_.interval))});
       return;
     }
     auto pause = why.empty() ? s_.interval : std::min<milliseconds>(s_.interval, 500ms);
     auto wake_at = Clock::now() + pause;
     if (signal_.sleep(pause)) return;
-    stalled = std::clamp(std::chrono::duration_cast<milliseconds>(Clock::now() - wake_at), milliseconds(0), ttl());
+    stopped = std::max(std::chrono::duration_cast<milliseconds>(Clock::now() - wake_at), milliseconds(0));
+    stalled = std::min(stopped, ttl());
   }
 }
 
