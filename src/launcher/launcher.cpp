@@ -65,7 +65,7 @@ std::unique_ptr<Rendezvous> open_rendezvous(const Options& o, const std::string&
   sigset_t stops;
   sigemptyset(&stops);
   const auto triggers = StackDumps::trigger_signals(o);
-  for (int s : o.signals_to_handle)
+  for (int s : o.stop_signals())
     if (std::find(triggers.begin(), triggers.end(), s) == triggers.end()) sigaddset(&stops, s);
   EventLoop loop;
   loop.open(stops);

@@ -21,7 +21,8 @@ void NodeSignals::attempt_starting() {
 
 void NodeSignals::take(const signalfd_siginfo& si) {
   const int sig = static_cast<int>(si.ssi_signo);
-  bool stops = std::find(o_.signals_to_handle.begin(), o_.signals_to_handle.end(), sig) != o_.signals_to_handle.end();
+  const auto stop_signals = o_.stop_signals();
+  bool stops = std::find(stop_signals.begin(), stop_signals.end(), sig) != stop_signals.end();
   if (slurm_ && on_slurm_signal(slurm_->classify(si, stops), sig)) return;
   if (!stops) {  // SIGUSR1/SIGUSR2: Slurm's pre-emption notice, passed on
     spdlog::info("forwarding {} to the workers", signal_name(sig));
@@ -36,9 +37,14 @@ void NodeSignals::take(const signalfd_siginfo& si) {
   }
   got_ = sig;
   at_ = Clock::now();
-  spdlog::warn("received {}: forwarding it to the workers, SIGKILL after {} s", signal_name(sig), o_.shutdown_timeout);
+  const int forward = o_.forwarded(sig);
+  if (forward == sig)
+    spdlog::warn("received {}: forwarding it to the workers, SIGKILL after {} s", signal_name(sig), o_.shutdown_timeout);
+  else
+    spdlog::warn("received {} (not in --signals-to-handle): stopping the workers with {}, SIGKILL after {} s",
+                 signal_name(sig), signal_name(forward), o_.shutdown_timeout);
   workers_.restart_stop();  // begin_stop sends this signal, not SIGTERM
-  workers_.begin_stop(sig);  // before anything that talks to the network
+  workers_.begin_stop(forward);  // before anything that talks to the network
   end_note_ = fmt::format("ddprun on {} received {}", plan_.hostname, signal_name(sig));
   if (!joining_) end_round();  // (while joining there is no round to end: join_round cancels the join)
 }
@@ -71,7 +77,7 @@ bool NodeSignals::on_slurm_signal(SlurmSignals::Act act, int sig) {
   if (act == A::kForward) pass_on(sig);
   if (act == A::kStop || act == A::kStopQuiet) {
     const bool was_stopping = workers_.stopping();
-    workers_.begin_stop(act == A::kStop ? sig : 0);  // 0: nothing sent, the SIGKILL deadline set
+    workers_.begin_stop(act == A::kStop ? o_.forwarded(sig) : 0);  // 0: nothing sent, the SIGKILL deadline set
     if (!got_) {
       got_ = sig;
       at_ = Clock::now();

@@ -2,7 +2,10 @@
 // environment fallbacks, unambiguous prefixes of long flags) plus ddprun's own.
 #pragma once
 
+#include <signal.h>
 #include <sys/types.h>
+
+#include <algorithm>
 
 #include <map>
 #include <optional>
@@ -61,6 +64,19 @@ struct Options {
   double monitor_interval = 0.1;  // accepted for compatibility; ddprun is event driven
   double shutdown_timeout = 30;
   std::vector<int> signals_to_handle;  // signal numbers
+  // The signals that stop the job: --signals-to-handle, and SIGINT always. A Ctrl-C that
+  // is not in the list stops the workers with SIGTERM within --shutdown-timeout, as
+  // torchrun's KeyboardInterrupt does, instead of ending ddprun at once (and the workers
+  // with it, by SIGKILL). forwarded(): what a stop signal sends the workers.
+  std::vector<int> stop_signals() const {
+    auto s = signals_to_handle;
+    if (std::find(s.begin(), s.end(), SIGINT) == s.end()) s.push_back(SIGINT);
+    return s;
+  }
+  int forwarded(int sig) const {
+    bool listed = std::find(signals_to_handle.begin(), signals_to_handle.end(), sig) != signals_to_handle.end();
+    return sig == SIGINT && !listed ? SIGTERM : sig;
+  }
   std::string start_method = "spawn";
   std::string role = "default";
   // Stacks (docs/stacks.md): the worker bootstrap and the triggers; --hang-timeout (0: off).

@@ -247,7 +247,7 @@ std::string seconds(std::chrono::milliseconds d) { return fmt::format("{:g}", st
 bool StackDumps::stop_pending() const {
   sigset_t pending;
   if (sigpending(&pending) != 0) return false;
-  for (int s : o_.signals_to_handle)
+  for (int s : o_.stop_signals())
     if (sigismember(&pending, s) == 1) return true;
   return false;
 }

@@ -41,7 +41,7 @@ namespace {
 sigset_t supervised_set(const Options& o) {
   sigset_t set;
   sigemptyset(&set);
-  for (int s : o.signals_to_handle) sigaddset(&set, s);
+  for (int s : o.stop_signals()) sigaddset(&set, s);
   for (int s : {SIGCHLD, SIGUSR1, SIGUSR2}) sigaddset(&set, s);
   for (int s : StackDumps::trigger_signals(o)) sigaddset(&set, s);
   return set;

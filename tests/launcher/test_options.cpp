@@ -255,6 +255,13 @@ TEST_F(LauncherOptions, NoPythonResolvesFromPath) {
 TEST_F(LauncherOptions, SignalsToHandle) {
   Options o = parse_with_script({"--signals-to-handle", "SIGTERM,USR1,15,sigint"});
   EXPECT_EQ(o.signals_to_handle, (std::vector<int>{SIGTERM, SIGUSR1, SIGTERM, SIGINT}));
+  EXPECT_EQ(o.forwarded(SIGINT), SIGINT);
+  // SIGINT stops the job also when it is not listed: the workers get SIGTERM, as torchrun's
+  // KeyboardInterrupt stops them.
+  Options t = parse_with_script({"--signals-to-handle", "SIGTERM"});
+  EXPECT_EQ(t.stop_signals(), (std::vector<int>{SIGTERM, SIGINT}));
+  EXPECT_EQ(t.forwarded(SIGINT), SIGTERM);
+  EXPECT_EQ(t.forwarded(SIGTERM), SIGTERM);
   EXPECT_EQ(ddprun::parse_signal("--x", "SIGHUP"), SIGHUP);
   EXPECT_EQ(ddprun::parse_signal("--x", "quit"), SIGQUIT);
   EXPECT_EQ(ddprun::signal_name(SIGTERM), "SIGTERM");

@@ -47,6 +47,21 @@ class SignalForwardingTest(DdprunTestCase):
         for pid in pids:
             self.assertFalse(pid_alive(pid))
 
+    def test_sigint_not_in_signals_to_handle_stops_the_workers_with_sigterm(self):
+        """`--signals-to-handle SIGTERM` and a Ctrl-C: as torchrun's KeyboardInterrupt, the
+        workers are stopped with SIGTERM and have --shutdown-timeout for it. Before, SIGINT
+        kept its default action: ddprun died at once and its death signal SIGKILLed them."""
+        p, pids = self.start_signals("term", n=2, extra=("--signals-to-handle", "SIGTERM"))
+        os.kill(p.pid, signal.SIGINT)
+        rc = p.wait(timeout=scaled(60))
+        err = read_text(self.path("ddprun.stderr"))
+        self.assertEqual(rc, 130, err)
+        for r in range(2):
+            self.assertTrue(os.path.exists(self.path(f"term_{r}")), f"rank {r} never got SIGTERM\n{err}")
+        self.assertIn("received SIGINT (not in --signals-to-handle): stopping the workers with SIGTERM", err)
+        for pid in pids:
+            self.assertFalse(pid_alive(pid))
+
     def test_sighup_forwarded_and_exit_129(self):
         p, pids = self.start_signals("usr1", n=2)  # SIGHUP's default action ends the workers
         os.kill(p.pid, signal.SIGHUP)
