@@ -47,6 +47,9 @@ void setup_logging(const std::string& level) {
   spdlog::set_default_logger(logger);
 }
 
-void route_logging_through(ConsoleWriter* writer) { g_writer.store(writer); }
+void route_logging_through(ConsoleWriter* writer) {
+  if (writer) writer->carry_log();
+  g_writer.store(writer);
+}
 
 }  // namespace ddprun

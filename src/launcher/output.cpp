@@ -77,7 +77,7 @@ ConsoleWriter::~ConsoleWriter() {
 // own log goes there, so there is nowhere to say it, and the write that failed may be the
 // logger's own (its lock held: a line logged from here would wait for it forever).
 void ConsoleWriter::lost(int err) {
-  if (err == 0 || lost_.exchange(true) || fd_ == 2) return;
+  if (err == 0 || lost_.exchange(true) || fd_ == 2 || carries_log_) return;
   spdlog::warn("cannot write to {} ({}): the workers' output to it is dropped from here on; the job runs on",
                fd_ == 1 ? "stdout" : fmt::format("fd {}", fd_), ddp::errno_text(err));
 }

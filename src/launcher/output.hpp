@@ -34,6 +34,9 @@ class ConsoleWriter {
   uint64_t interruptions() const { return interruptions_.load(std::memory_order_relaxed); }
   bool full() const { return pending_.load(std::memory_order_relaxed) >= bound_; }
   void flush();  // blocks until everything queued is written
+  // ddprun's own log goes through this writer (route_logging_through): a failed write is
+  // not logged, it would come back here.
+  void carry_log() { carries_log_ = true; }
 
  private:
   void run();
@@ -46,6 +49,7 @@ class ConsoleWriter {
   std::atomic<bool> waiting_for_room_{false};
   std::atomic<uint64_t> interruptions_{0};
   std::atomic<bool> lost_{false};  // a write failed: said once
+  std::atomic<bool> carries_log_{false};
   bool at_line_start_ = true;
   bool direct_ = false;  // a file or /dev/null: written by the caller, no thread  // the last byte queued was '\n' (guarded by mu_)
   std::mutex mu_;

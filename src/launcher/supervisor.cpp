@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,6 +46,13 @@ sigset_t supervised_set(const Options& o) {
   for (int s : {SIGCHLD, SIGUSR1, SIGUSR2}) sigaddset(&set, s);
   for (int s : StackDumps::trigger_signals(o)) sigaddset(&set, s);
   return set;
+}
+
+// Whether two descriptors reach the same file, pipe or terminal (`2>&1`).
+bool same_file(int a, int b) {
+  struct stat x {}, y {};
+  if (fstat(a, &x) != 0 || fstat(b, &y) != 0) return false;
+  return x.st_dev == y.st_dev && x.st_ino == y.st_ino;
 }
 
 // epoll_wait's timeout until `next` (rounded up: never woken just before it).
@@ -102,10 +110,14 @@ class NodeOutput {
   void start(EventLoop& loop) {
     streams_ = std::make_unique<WorkerStreams>(loop.epfd());
     out_writer_ = std::make_unique<ConsoleWriter>(1, kConsoleBound, loop.wakefd());
-    err_writer_ = std::make_unique<ConsoleWriter>(2, kConsoleBound, loop.wakefd());
     out_console_.writer = out_writer_.get();
-    err_console_.writer = err_writer_.get();
-    route_logging_through(err_writer_.get());
+    if (same_file(1, 2)) {  // `2>&1 | tee log`: two writers' writevs would tear each other's lines
+      err_ = &out_console_;
+    } else {
+      err_writer_ = std::make_unique<ConsoleWriter>(2, kConsoleBound, loop.wakefd());
+      err_console_.writer = err_writer_.get();
+    }
+    route_logging_through(err_->writer);
   }
   void close_streams() { streams_.reset(); }
   void flush() {
@@ -114,7 +126,7 @@ class NodeOutput {
   }
 
   WorkerStreams& streams() { return *streams_; }
-  ConsoleWriter& err() { return *err_writer_; }
+  ConsoleWriter& err() { return *err_->writer; }
 
   // A pipe for one worker stream (worker w, index idx), its forwarder, log file and
   // console routing.
@@ -128,7 +140,7 @@ class NodeOutput {
       cfg.file_name = dir + (is_stderr ? "/stderr.log" : "/stdout.log");
       file_fd = cfg.file_fd = open_log(cfg.file_name);
     }
-    if (!(redirect && !tee) && shown(lr)) cfg.console = is_stderr ? &err_console_ : &out_console_;
+    if (!(redirect && !tee) && shown(lr)) cfg.console = is_stderr ? err_ : &out_console_;
     cfg.prefix = expand_prefix(o_.log_line_prefix_template.value_or("[rank${rank}]:"), w.rank, lr, o_.role,
                                plan_.hostname);
     cfg.timestamps = o_.log_timestamps;
@@ -174,6 +186,7 @@ class NodeOutput {
   const JobPlan& plan_;
   std::unique_ptr<ConsoleWriter> out_writer_, err_writer_;
   Console out_console_, err_console_;
+  Console* err_ = &err_console_;  // &out_console_ when stdout and stderr are one file
   std::unique_ptr<WorkerStreams> streams_;  // this attempt's output pipes
   std::string filtered_attempt_;            // the attempt folder filtered_ belong to
   int filtered_[2] = {-1, -1};              // its filtered_stdout.log, filtered_stderr.log

@@ -2,7 +2,9 @@
 prefix on the right stream; a worker leaving early does not cost the flooder lines."""
 import os
 import re
+import subprocess
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -91,6 +93,41 @@ class VolumeTest(DdprunTestCase):
         self.assertEqual(res.rc, 0, res)
         self.check_stream(res.out, "o", [0], n, "stdout", res.elapsed)
         self.check_stream(res.err, "e", [0], n, "stderr", res.elapsed)
+
+    def test_stdout_and_stderr_on_one_pipe_keep_their_lines_whole(self):
+        """`ddprun ... 2>&1 | tee log`: one pipe behind both of ddprun's streams, read slowly
+        so that it fills. Lines of stdout and of stderr never tear each other. Before, each
+        stream had a writer thread of its own whose writevs (up to 64 chunks, far over the
+        pipe's 4 KiB of atomic writes) interleaved: thousands of torn lines."""
+        n = 20_000
+        p = self.start(["--nproc-per-node", "2", worker("flood.py"), str(n)], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT)
+        chunks, t0 = [], time.monotonic()
+        while True:
+            b = p.stdout.read1(16384)
+            if not b:
+                break
+            chunks.append(b)
+            time.sleep(0.0005)  # a slow reader: the pipe stays full
+        self.assertEqual(p.wait(timeout=60), 0)
+        elapsed = time.monotonic() - t0
+        data = b"".join(chunks)
+        by_kind = {"o": [], "e": [], "?": []}
+        unfinished = {}  # rank -> the kind of its line flushed in part while idle
+        for line in data.split(b"\n")[:-1]:
+            m = PREFIX.match(line)
+            if line.startswith(b"[ddprun") or not m:
+                by_kind["?" if m is None and not line.startswith(b"[ddprun") else "o"].append(line)
+                continue
+            start = re.match(rb"([oe])( |$)", m[2])
+            kind = start[1].decode() if start else unfinished.pop(m[1], "?")
+            if start and not BODY.match(m[2]):
+                unfinished[m[1]] = kind
+            by_kind[kind].append(line)
+        self.assertEqual(by_kind["?"][:5], [], "lines that are neither stdout's nor stderr's")
+        for kind in ("o", "e"):
+            self.check_stream(b"\n".join(by_kind[kind]) + b"\n", kind, range(2), n, f"{kind} lines on the one pipe",
+                              elapsed)
 
 
 if __name__ == "__main__":
