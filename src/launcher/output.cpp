@@ -215,8 +215,10 @@ std::string StreamForwarder::stamp(std::chrono::system_clock::time_point now) co
 void StreamForwarder::remember(const char* p, size_t n) {
   if (cfg_.tail_lines == 0) return;
   // Lines in the tail are capped: the report wants the gist, not a 1 MiB line.
+  // Cut where no UTF-8 character is split (the report and its JSON want whole text).
   constexpr size_t kTailLineMax = 1024;
-  tail_partial_.append(p, std::min(n, kTailLineMax - std::min(kTailLineMax, tail_partial_.size())));
+  const size_t room = kTailLineMax - std::min(kTailLineMax, tail_partial_.size());
+  tail_partial_.append(p, n <= room ? n : utf8_cut(p, room));
 }
 
 void StreamForwarder::duplicate(const char* p, size_t n, bool terminated, const std::string& stamp) {

@@ -32,6 +32,10 @@ std::optional<json> read_error_json(const std::string& path) {
   }
 }
 
+// A worker's bytes (its stderr's tail, a script path) need not be UTF-8: shown as U+FFFD,
+// never an exception that loses the file.
+std::string dump_json(const json& j) { return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n"; }
+
 double epoch_seconds(std::chrono::system_clock::time_point t) {
   return std::chrono::duration<double>(t.time_since_epoch()).count();
 }
@@ -164,7 +168,7 @@ void write_root_cause_error_file(const std::string& path, const WorkerResult& ro
         {"errorCode", root.torch_exit_code()},
         {"extraInfo", {{"py_callstack", traceback_of(root)}, {"timestamp", std::to_string(static_cast<long>(epoch_seconds(root.end)))}}}};
   }
-  if (!write_file(path, out.dump(2) + "\n"))
+  if (!write_file(path, dump_json(out)))
     spdlog::error("cannot write TORCHELASTIC_ERROR_FILE {}: {}", path, ddp::errno_text(errno));
 }
 
@@ -218,7 +222,7 @@ bool write_summary_json(const std::string& path, const JobOutcome& o, const std:
   j["root_cause"] = o.root_cause ? worker_json(*o.root_cause) : json(nullptr);
   j["workers"] = json::array();
   for (auto& w : o.workers) j["workers"].push_back(worker_json(w));
-  if (write_file(path, j.dump(2) + "\n")) return true;
+  if (write_file(path, dump_json(j))) return true;
   spdlog::error("cannot write --summary-json {}: {}", path, ddp::errno_text(errno));
   return false;
 }

@@ -36,6 +36,25 @@ class SummaryTest(DdprunTestCase):
         # The workers got their own error files, not ddprun's.
         self.assertNotIn(err_file, res.stdout)
 
+    def test_a_stderr_tail_that_is_not_utf8_still_gives_both_json_files(self):
+        """A failing worker whose stderr holds a byte that is not UTF-8, and a line past the
+        tail's 1024-byte cap that is cut inside a 2-byte character: --summary-json and
+        TORCHELASTIC_ERROR_FILE are written (U+FFFD for the bad byte; the cut falls between
+        characters) and ddprun exits with the worker's code. Before, the JSON library threw:
+        "ddprun: error: [json.exception.type_error.316] ...", exit 1, neither file."""
+        path, err_file = self.path("summary.json"), self.path("root_cause.json")
+        # "x" and 600 two-byte characters: the cap at 1024 bytes falls inside the 512th.
+        script = "printf 'bad byte \\377 here\\n' >&2; printf x >&2; printf '\\303\\251%.0s' $(seq 600) >&2; " \
+                 "echo >&2; exit 3"
+        res = self.run_ddprun(["--summary-json", path, "--no-python", "sh", "-c", script],
+                              env=clean_env(TORCHELASTIC_ERROR_FILE=err_file))
+        self.assertEqual(res.rc, 3, res)
+        tb = self.load_json(path)["root_cause"]["traceback"]
+        self.assertIn("bad byte \ufffd here", tb)
+        self.assertIn("x" + "\u00e9" * 511, tb)
+        self.assertNotIn("\ufffd", tb.split("here", 1)[1], "the cut split a character")
+        self.assertIn("bad byte \ufffd here", self.load_json(err_file)["message"]["extraInfo"]["py_callstack"])
+
     def test_no_error_file_on_success(self):
         err_file = self.path("root_cause.json")
         env = clean_env(TORCHELASTIC_ERROR_FILE=err_file)
