@@ -93,13 +93,26 @@ std::vector<WorkerResult*> AttemptWorkers::start(const JobPlan& plan, int attemp
   return failed;
 }
 
+namespace {
+
+// Whether pid has exited and waits to be reaped (looked at, not reaped): ddprun may not
+// have read its exit yet (a failure's stacks being taken, several exits in one wake-up).
+bool exited_unreaped(pid_t pid) {
+  siginfo_t si{};
+  return waitid(P_PID, static_cast<id_t>(pid), &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == pid;
+}
+
+}  // namespace
+
+// A worker that had exited before the stop signal failed (or succeeded) by itself: it is
+// not marked as stopped by ddprun, or the summary would hide its failure.
 int AttemptWorkers::signal_live(int sig, bool mark_stopped) {
   int n = 0;
   for (size_t i = 0; i < workers_.size(); ++i) {
     WorkerResult& w = workers_[i];
     if (w.state != WorkerResult::State::kRunning) continue;
     groups_[i].signal(sig);
-    if (mark_stopped) w.stopped_by_ddprun = true;
+    if (mark_stopped && !w.stopped_by_ddprun && !exited_unreaped(w.pid)) w.stopped_by_ddprun = true;
     ++n;
   }
   return n;

@@ -131,6 +131,28 @@ open(os.path.join(sys.argv[1], "ready_" + os.environ["RANK"]), "w").close()
 time.sleep(float(sys.argv[2]))
 """
 
+# Rank 1 blocks SIGURG, so that the failure's dump waits out its deadline; rank 0 fails;
+# rank 2 fails by itself 0.1 s later, while that dump waits.
+FAILS_DURING_THE_DUMP = """
+import os, signal, sys, time
+d, r = sys.argv[1], int(os.environ["RANK"])
+if r == 1:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGURG})
+open(os.path.join(d, f"ready_{r}"), "w").close()
+while not all(os.path.exists(os.path.join(d, f"ready_{k}")) for k in range(3)):
+    time.sleep(0.01)
+if r == 0:
+    open(os.path.join(d, "failing"), "w").close()
+    os._exit(1)
+if r == 2:
+    while not os.path.exists(os.path.join(d, "failing")):
+        time.sleep(0.01)
+    time.sleep(0.1)
+    print("rank 2: disk full, giving up", file=sys.stderr, flush=True)
+    sys.exit(5)
+time.sleep(60)
+"""
+
 TERM_STAMP = """
 import os, signal, sys, time
 def on_term(*_):
@@ -240,6 +262,21 @@ class Stacks(StacksTest):
         self.assertRegex(self.stderr_text(), r"\[rank1\]:.*\n\[rank1\]:  File .*blocker.py\", line \d+ in <module>")
         self.assertIn("rank 0: no answer", m.group(0))
         self.assertEqual(self.finish(p, 60), 0)  # the job ran on
+
+    def test_a_rank_that_fails_while_the_failures_stacks_are_taken_is_a_failure(self):
+        """Rank 2 exits 5 by itself while ddprun takes the stacks of rank 0's failure: it is
+        listed under Failures and in --summary-json as failed. Before, every worker not yet
+        reaped when the stop signal went out was marked as stopped by ddprun, and the summary
+        said <NO_OTHER_FAILURES>."""
+        path = self.path("summary.json")
+        res = self.run_ddprun(["--standalone", "--nproc-per-node", "3", "--summary-json", path,
+                               self.write("fails.py", FAILS_DURING_THE_DUMP), self.tmp])
+        self.assertEqual(res.rc, 1, res)
+        failures = res.stderr.split("Failures:", 1)[1].split("Root Cause", 1)[0]
+        self.assertRegex(failures, r"rank      : 2 \(local_rank: 2\)\n  exitcode  : 5 ", res.stderr[-3000:])
+        self.assertIn("rank 2: disk full, giving up", failures)
+        rank2 = [w for w in self.load_json(path)["workers"] if w["rank"] == 2][0]
+        self.assertEqual((rank2["state"], rank2["exit_code"], rank2["stopped_by_ddprun"]), ("failed", 5, False))
 
     def test_a_dump_asked_on_one_node_shows_every_nodes_ranks(self):
         """Two static nodes (loopback): SIGQUIT to node 1's ddprun; node 0 shows its own
