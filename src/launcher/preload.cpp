@@ -173,8 +173,8 @@ void WarmPython::start(const Env& env) {
                   fmt::format("{}", fmt::join(o_.preload, ",")), std::to_string(o_.nproc_per_node),
                   refills(o_) ? "1" : "0"},
                  to_envp(env)};
-  if (o_.module) spec.argv.push_back("-m");
-  spec.argv.push_back(o_.script);
+  // [-m] SCRIPT ARGS: local rank 0's, what its preloaded modules see in sys.argv
+  spec.argv.insert(spec.argv.end(), py.argv.begin() + 2, py.argv.end());
   spec.inherit_fd = sv[1];
   spec.stdout_fd = 2;  // what it prints (an import's warning) goes to ddprun's stderr
   spec.stdin_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);

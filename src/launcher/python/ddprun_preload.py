@@ -1,7 +1,8 @@
 # ddprun's warm Python process for --preload (docs/preload.md). One per node: ddprun starts
-# it as `PYTHON_EXEC -u ddprun_preload.py FD DDPRUN_PID MODULES SPARES REFILL [-m] SCRIPT`
-# with a worker's environment minus the per-rank variables, and sys.path[0] as the workers
-# will have it (so a module next to the script can be preloaded). It imports MODULES once,
+# it as `PYTHON_EXEC -u ddprun_preload.py FD DDPRUN_PID MODULES SPARES REFILL [-m] SCRIPT ARGS`
+# with a worker's environment minus the per-rank variables, and sys.path[0] and sys.argv as
+# the workers will have them (so a module next to the script can be preloaded, and one that
+# parses the arguments at import sees the script's). It imports MODULES once,
 # tells ddprun it is ready (or why not), then forks one worker per request that ddprun sends
 # over the socket FD. A worker then runs its script exactly as `python -u script args` would
 # have.
@@ -36,7 +37,9 @@ _ACK_SECONDS = 2.0  # a spare handed a request says it took it within this (else
 _LIBC = []  # libc (ctypes), looked up once (not in every worker)
 _KEEP = []  # this file's module, once a worker's __main__ replaced it
 _BOOTSTRAP = []  # (path, code) of the stack-dump bootstrap, compiled before any fork
-_ENV_CHANGES = []  # (set, removed): what start-up and preload changed in the environment
+_ENV_CHANGES = {}  # name -> (value at start, value now; None: unset): what start-up and preload changed
+_START = []  # the working folder this process started in (a relative script's base)
+_WARM_MODULES = set()  # sys.modules' names in the warm process: not finalized by a worker
 
 
 def _send(sock, obj):
@@ -125,11 +128,25 @@ def _threads():
 def _environment_changes(started_with):
     """What happened to this process's environment since ddprun made it: the interpreter
     wrapper's changes (a PYTHON_EXEC script that sets PYTHONPATH), its start-up's (a
-    sitecustomize) and the preload's: (set, removed). A worker gets the same changes on top of
-    its own environment, as its own start and imports would have made them."""
+    sitecustomize) and the preload's: {name: (value at start, value now)}, None where unset.
+    A worker gets them on top of its own environment (_apply_environment_changes)."""
     now = os.environb
-    return ({k: v for k, v in now.items() if started_with.get(k) != v},
-            [k for k in started_with if k not in now])
+    return {k: (started_with.get(k), now.get(k)) for k in set(started_with) | set(now)
+            if started_with.get(k) != now.get(k)}
+
+
+def _apply_environment_changes(env):
+    """The changes to env that the worker's own start and imports would have made: each only
+    where the worker's value is the one this process started with. A variable the rank has
+    its own value of (RANK, MASTER_PORT, ...) keeps it, as `os.environ.setdefault` in a cold
+    worker would have kept it; one that nobody else set is set, as cold."""
+    for k, (was, now) in _ENV_CHANGES.items():
+        if env.get(k) != was:
+            continue
+        if now is None:
+            env.pop(k, None)
+        else:
+            env[k] = now
 
 
 def _preload(modules, started_with):
@@ -157,7 +174,7 @@ def _preload(modules, started_with):
             return {"error": "importing %s initialised CUDA (%s): a forked worker cannot use a CUDA context "
                              "its parent made; preload it without initialising CUDA, or drop it from --preload"
                              % (name, why)}
-    _ENV_CHANGES.extend(_environment_changes(started_with))
+    _ENV_CHANGES.update(_environment_changes(started_with))
     return {"ready": True, "seconds": round(time.monotonic() - t0, 3), "threads": _threads()}
 
 
@@ -513,12 +530,10 @@ def _become_worker(ddprun_pid, gone, sock, req, fds):
             pass
     if req[3]:  # --numa-binding: this process has one thread, so every later one inherits it
         os.sched_setaffinity(0, req[3])
+    env = dict(req[2])
+    _apply_environment_changes(env)
     os.environ.clear()
-    os.environb.update(req[2])
-    changed, removed = _ENV_CHANGES
-    os.environb.update(changed)
-    for k in removed:
-        os.environb.pop(k, None)
+    os.environb.update(env)
     _reseed()
     if not _adopted(ddprun_pid, gone):
         os._exit(128 + signal.SIGKILL)
@@ -527,13 +542,19 @@ def _become_worker(ddprun_pid, gone, sock, req, fds):
 
 
 def _reseed():
-    """Random states a fresh process would have seeded on its own."""
-    np_random = sys.modules.get("numpy.random")
-    if np_random is not None:
-        try:
-            np_random.seed()
-        except Exception:  # noqa: BLE001
-            pass
+    """Random states a fresh process would have seeded on its own (Python's `random` reseeds
+    itself at fork): numpy's and torch's global generators (torch's CUDA ones lazily: CUDA is
+    not initialised), and multiprocessing's authkey. str's hash seed cannot change after
+    start: it is the warm process's in every worker (docs/preload.md)."""
+    for name, reseed in (("numpy.random", lambda m: m.seed()), ("torch", lambda m: m.seed()),
+                         ("multiprocessing.process",
+                          lambda m: setattr(m.current_process(), "authkey", os.urandom(32)))):
+        module = sys.modules.get(name)
+        if module is not None:
+            try:
+                reseed(module)
+            except Exception:  # noqa: BLE001
+                pass
 
 
 def _run_bootstrap():
@@ -571,18 +592,23 @@ def _fresh_main():
     return main
 
 
-def _run_script(script):
-    """`python -u script`: a fresh __main__ whose frames are the only ones a traceback shows."""
+def _run_script(script, main):
+    """`python -u script` in main (a fresh __main__): its frames are the only ones a traceback
+    shows. A zipapp or a folder runs its __main__ module, as Python runs it."""
     import importlib.machinery
 
-    path = os.path.abspath(script)
+    path = _script_path(script)
+    if _runs_as_entry(path):
+        import runpy
+
+        runpy._run_module_as_main("__main__", alter_argv=False)  # (sys.path[0] is path: _path0)
+        return
     try:
         with open(path, "rb") as f:
             source = f.read()
     except OSError as e:
         sys.stderr.write("%s: can't open file %r: [Errno %d] %s\n" % (sys.executable, path, e.errno, e.strerror))
         sys.exit(2)
-    main = _fresh_main()
     main.__file__ = path
     main.__cached__ = None
     main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
@@ -617,10 +643,11 @@ def _exit_status(e):
 
 def _finish(status):
     """Python's exit, less what only costs time in a fork: non-daemon threads joined, atexit
-    handlers, the script's globals released (its open files closed by their finalizers),
-    stdio flushed (C's too), then the process ends. The preloaded modules are not torn
-    down, nor C libraries' exit handlers run (torch's take 0.15-0.25 s, touching pages
-    shared with the warm process), as in a multiprocessing fork child. status None: SIGINT."""
+    handlers, the script's globals released, then those of the modules imported since the fork
+    (their open files closed by their finalizers), stdio flushed (C's too), then the process
+    ends. The preloaded modules are not torn down, nor C libraries' exit handlers run (torch's
+    take 0.15-0.25 s, touching pages shared with the warm process), as in a multiprocessing
+    fork child. status None: SIGINT."""
     import atexit
     import gc
     import signal
@@ -630,7 +657,7 @@ def _finish(status):
     steps = [threading._shutdown if threading else None, atexit._run_exitfuncs]
     if main is not None:
         steps.append(lambda: _release(vars(main)))
-    steps.append(gc.collect)
+    steps += [_release_modules, gc.collect]
     for step in steps:
         try:
             if step:
@@ -642,7 +669,7 @@ def _finish(status):
                 pass
     for stream in (sys.stdout, sys.stderr):
         try:
-            if stream is not None:
+            if stream is not None and not getattr(stream, "closed", False):  # (Python skips a closed one)
                 stream.flush()
         except BaseException:  # noqa: BLE001
             if stream is sys.stdout:
@@ -655,6 +682,19 @@ def _finish(status):
     os._exit(status)
 
 
+def _release_modules():
+    """The globals of the modules imported since the fork released, the newest first, as
+    Python's finalization releases every module's (a log file a helper module opened is
+    flushed and closed; its objects' __del__ run). A finalizer's error is printed by Python
+    ("Exception ignored in ..."), and changes nothing."""
+    import types
+
+    for name in reversed([n for n in list(sys.modules) if n not in _WARM_MODULES]):
+        module = sys.modules.get(name)
+        if isinstance(module, types.ModuleType):
+            _release(vars(module))
+
+
 def _release(names):
     """A module's globals dropped in Python's own order at exit: _names first, then the rest."""
     for private in (True, False):
@@ -664,8 +704,58 @@ def _release(names):
 
 
 def _path0(module, script):
-    """sys.path[0] of `python -m module` or `python script`."""
-    return os.getcwd() if module else os.path.dirname(os.path.realpath(script))
+    """sys.path[0] of `python -m module` or `python script` (the path itself for a zipapp or
+    a folder with __main__.py)."""
+    if module:
+        return os.getcwd()
+    path = _script_path(script)
+    return path if _runs_as_entry(path) else os.path.dirname(os.path.realpath(path))
+
+
+def _script_path(script):
+    """The script's absolute path, as Python has it: a relative one from the folder this process
+    started in (a preloaded module may have changed the working folder since)."""
+    return os.path.abspath(os.path.join(_START[0], script))
+
+
+def _runs_as_entry(path):
+    """Whether `python path` runs path's __main__ module, path as sys.path[0] (a zipapp, a
+    folder): a path hook takes it, as Python's own start-up checks."""
+    import pkgutil
+
+    return pkgutil.get_importer(path) is not None
+
+
+def _module_file(name):
+    """sys.argv[0] while `python -m name` runs its module: that module's file (a package's
+    __main__.py), found without importing its packages here; "-m" (what Python shows
+    before) where that finds none."""
+    from importlib.machinery import PathFinder
+
+    path, spec = None, None
+    for full in _prefixes(name):
+        if spec is not None and path is None:  # (a submodule of a module: none)
+            return "-m"
+        spec = PathFinder.find_spec(full, path)
+        if spec is None:
+            return "-m"
+        path = spec.submodule_search_locations
+    if path is not None:  # a package: its __main__
+        spec = PathFinder.find_spec(name + ".__main__", path)
+    return spec.origin if spec is not None and spec.has_location else "-m"
+
+
+def _prefixes(name):
+    """"a.b.c" -> "a", "a.b", "a.b.c"."""
+    parts = name.split(".")
+    return [".".join(parts[:i + 1]) for i in range(len(parts))]
+
+
+def _preload_argv(module, target, args):
+    """sys.argv (and sys.orig_argv) as the script will see them when it imports the preloaded
+    modules."""
+    sys.orig_argv = [sys.executable, "-u"] + (["-m"] if module else []) + [target] + args
+    sys.argv = [_module_file(target) if module else target] + args
 
 
 def _run(req):
@@ -673,14 +763,15 @@ def _run(req):
     sys.orig_argv = [sys.executable, "-u"] + (["-m"] if module else []) + argv
     sys.argv = list(argv)
     status = 0
+    _WARM_MODULES.update(sys.modules)
+    main = _fresh_main()  # (runpy runs a module in __main__'s globals too)
     try:
         if module:
             import runpy
 
-            _fresh_main()  # (runpy runs the module in __main__'s globals)
             runpy._run_module_as_main(argv[0], alter_argv=True)
         else:
-            _run_script(argv[0])
+            _run_script(argv[0], main)
     except SystemExit as e:
         status = _exit_status(e)
     except BaseException as e:  # noqa: BLE001
@@ -711,11 +802,15 @@ def _warm(sock, ddprun_pid, modules, spares, refill):
 
 def main():
     fd, ddprun_pid, modules = int(sys.argv[1]), int(sys.argv[2]), [m for m in sys.argv[3].split(",") if m]
-    sys.path[0] = _path0(sys.argv[6] == "-m", sys.argv[-1])
+    spares, refill, module = int(sys.argv[4]), sys.argv[5] == "1", sys.argv[6] == "-m"
+    target, args = sys.argv[6 + module], sys.argv[7 + module:]
+    _START.append(os.getcwd())
+    sys.path[0] = _path0(module, target)
+    _preload_argv(module, target, args)
     sock = socket.socket(fileno=fd)
     os.set_inheritable(fd, False)
     try:
-        req = _warm(sock, ddprun_pid, modules, int(sys.argv[4]), sys.argv[5] == "1")
+        req = _warm(sock, ddprun_pid, modules, spares, refill)
     except (BrokenPipeError, ConnectionResetError):  # ddprun is gone
         sys.exit(0)
     _run(req)

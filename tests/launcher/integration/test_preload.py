@@ -12,7 +12,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddprun_testlib import DDPRUN, DdprunTestCase, clean_env, pid_alive, read_text, scaled, worker  # noqa: E402
+from ddprun_testlib import DDPRUN, PYTHON, DdprunTestCase, clean_env, pid_alive, read_text, scaled, worker  # noqa: E402
 import test_c10d  # noqa: E402
 
 SOURCE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
@@ -57,6 +57,60 @@ view = {
 }
 with open(os.path.join(os.environ["OUT"], "view_" + os.environ["RANK"]), "w") as f:
     json.dump(view, f, sort_keys=True)
+"""
+
+# Single-process defaults a helper module sets at import, as many codebases do, and a variable
+# it sets and one it removes.
+ENV_DEFAULTS = """
+import os
+for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "localhost"),
+             ("MASTER_PORT", "1")):
+    os.environ.setdefault(k, v)
+os.environ["SET_AT_IMPORT"] = "yes"
+os.environ.pop("UNSET_AT_IMPORT", None)
+"""
+
+# A rank's variables and random states, after importing ENV_DEFAULTS.
+SEEN = r"""
+import json, multiprocessing, os
+import torch, env_defaults
+names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SET_AT_IMPORT", "UNSET_AT_IMPORT")
+with open(os.path.join(os.environ["OUT"], f"seen_{os.getpid()}"), "w") as f:
+    json.dump({"env": {k: os.environ.get(k) for k in names}, "torch_seed": torch.initial_seed(),
+               "authkey": multiprocessing.current_process().authkey.hex()}, f)
+"""
+
+# A config module: notes the arguments it sees at import, parses them strictly.
+ARGV_CONFIG = """
+import argparse, json, os, sys
+with open(os.path.join(os.environ["OUT"], "import_argv_" + os.environ.get("RANK", "warm")), "w") as f:
+    json.dump(sys.argv, f)
+parser = argparse.ArgumentParser()
+parser.add_argument("--lr", type=float, default=0.1)
+parser.add_argument("rest", nargs="*")
+ARGS = parser.parse_args()
+"""
+USES_CONFIG = "import argv_config\nprint('lr', argv_config.ARGS.lr, argv_config.ARGS.rest == ['\\udcff'])\n"
+
+# A helper module the script imports (not preloaded): a log file opened at import and never
+# closed, an object whose finalizer prints, one whose finalizer raises.
+HELPER = """
+import os, sys
+LOG = open(os.path.join(os.environ["OUT"], "helper_log"), "w")
+class Noisy:
+    def __init__(self, fail):
+        self.fail = fail
+    def __del__(self):
+        print("helper finalized", self.fail, file=sys.stderr, flush=True)
+        if self.fail:
+            raise RuntimeError("finalizer failed")
+_quiet, _failing = Noisy(False), Noisy(True)
+"""
+CLOSES_STDOUT = """
+import sys, helper_mod
+helper_mod.LOG.write("buffered, never closed\\n")
+print("bye", flush=True)
+sys.stdout.close()
 """
 
 # Attempt 0: rank 1 fails once both ranks logged their start; attempt 1: every rank
@@ -457,6 +511,99 @@ with open(os.path.join(os.environ["OUT"], "big_" + os.environ["TORCHELASTIC_REST
             runs.append(json.loads(read_text(self.path("view_1"))))
         self.assertEqual(runs[0], runs[1])
         self.assertEqual(runs[1]["argv"], [self.path("mods", "view_mod.py"), "x"])
+
+    def test_a_preloaded_import_leaves_each_rank_its_variables_and_fresh_seeds(self):
+        # A preloaded module's os.environ.setdefault("RANK", "0") (...) must not override the
+        # rank's own values (before: every rank saw RANK 0, WORLD_SIZE 1); a variable it sets
+        # or removes that ddprun did not set is set or removed as cold. torch's generator and
+        # multiprocessing's authkey are each rank's own (before: the warm process's, in all).
+        script = self.write("seen.py", SEEN)
+        self.write(os.path.join("mods", "env_defaults.py"), ENV_DEFAULTS)
+        env = self.env(UNSET_AT_IMPORT="x")
+        runs = []
+        for pre in (None, "torch,env_defaults"):
+            res = self.job(script, preload=pre, env=env)
+            self.assertEqual(res.rc, 0, res)
+            seen = [self.path(n) for n in os.listdir(self.tmp) if n.startswith("seen_")]
+            runs.append(sorted((json.loads(read_text(p)) for p in seen), key=lambda s: s["env"]["RANK"]))
+            for p in seen:
+                os.unlink(p)
+        cold, warm = runs
+        with self.subTest("the rank's own variables"):
+            ports = [{s["env"].pop("MASTER_PORT") for s in run} for run in runs]  # (each job's own)
+            self.assertEqual([s["env"] for s in warm], [s["env"] for s in cold])
+            self.assertEqual(len(ports[1]), 1)
+            self.assertNotEqual(ports[1], {"1"})
+        with self.subTest("fresh random states"):
+            self.assertEqual([warm[0][k] == warm[1][k] for k in ("torch_seed", "authkey")], [False, False])
+
+    def test_a_preloaded_import_sees_the_script_arguments(self):
+        # A config module that parses sys.argv at import sees the script's arguments, as when
+        # the script imports it cold (before: the bootstrap's, and SystemExit from argparse).
+        self.write(os.path.join("mods", "argv_config.py"), ARGV_CONFIG)
+        self.write("cfg.py", USES_CONFIG)
+        self.write(os.path.join("mods", "cfg_mod.py"), USES_CONFIG)
+        for target in (["cfg.py"], ["-m", "cfg_mod"]):
+            with self.subTest(target=target):
+                runs = []
+                for pre, seen in ((None, "import_argv_0"), ("argv_config", "import_argv_warm")):
+                    res = self.job(*target, "--lr", "0.5", "\udcff", preload=pre, nproc=1)
+                    argv = json.loads(read_text(self.path(seen))) if os.path.exists(self.path(seen)) else None
+                    runs.append((res.rc, res.stdout, argv))
+                self.assertEqual(runs[0], runs[1])
+                self.assertEqual(runs[1][1], "[rank0]:lr 0.5 True\n")
+
+    def test_a_zipapp_a_folder_and_a_relative_path_run_as_python_runs_them(self):
+        # A zipapp and a folder with __main__.py run their __main__ (before: the zip was
+        # compiled as source, the folder failed); a relative script path is the folder
+        # ddprun started in even when a preloaded module changed the working folder; a script
+        # that cannot be opened exits 2 with Python's message (before: a traceback from the
+        # bootstrap, exit 1).
+        import zipfile
+
+        self.write(os.path.join("mods", "to_root.py"), "import os\nos.chdir('/')\n")
+        view = "import to_root\n" + VIEW
+        self.write("view.py", view)
+        with zipfile.ZipFile(self.path("app.pyz"), "w") as z:
+            z.writestr("__main__.py", view)
+        os.mkdir(self.path("appdir"))
+        self.write(os.path.join("appdir", "__main__.py"), view)
+        env = self.env()
+        for target in ("view.py", "app.pyz", "appdir"):
+            with self.subTest(target=target):
+                cold, warm = self.view(None, env, target), self.view("json,to_root", env, target)
+                self.assertEqual(cold, warm)
+                self.assertEqual(warm[0]["cwd"], "/")
+        with self.subTest(target="gone.py"):  # (attempt 0 removes it: attempt 1 cannot open it)
+            runs = []
+            for pre in (None, "json,to_root"):
+                self.write("gone.py", "import os, sys\nos.unlink(__file__)\nsys.exit(3)\n")
+                res = self.job("gone.py", preload=pre, nproc=1, env=env, flags=("--max-restarts", "1"))
+                runs.append((res.rc, [l for l in res.stderr.splitlines() if l.startswith("[rank0]:")]))
+            self.assertEqual(runs[0], runs[1])
+            self.assertEqual(runs[1], (2, ["[rank0]:%s: can't open file %r: [Errno 2] No such file or directory"
+                                           % (PYTHON, self.path("gone.py"))]))
+
+    def test_modules_the_script_imports_are_finalized_and_a_closed_stdout_is_no_error(self):
+        # A module the script imported after the fork is released at exit as Python releases
+        # it: its open file's buffer is written, its objects' finalizers run, and one that
+        # raises is reported, not an error (before: nothing written, no finalizer). A stdout
+        # the script closed is not flushed (before: exit 120).
+        self.write(os.path.join("mods", "helper_mod.py"), HELPER)
+        script = self.write("closes.py", CLOSES_STDOUT)
+        runs = []
+        for pre in (None, "json"):
+            res = self.job(script, preload=pre, nproc=1, flags=("--no-stack-dumps",))
+            lines = [re.sub(r"0x[0-9a-f]+", "0x", l) for l in res.stdout.splitlines() + res.stderr.splitlines()
+                     if l.startswith("[rank0]:") and not l.startswith("[rank0]:    ")]  # (cold: no source line)
+            log = self.path("helper_log")
+            runs.append((res.rc, sorted(lines), read_text(log) if os.path.exists(log) else None))
+        with self.subTest("finalized"):
+            self.assertEqual(runs[0][1:], runs[1][1:])
+            self.assertEqual(runs[1][2], "buffered, never closed\n")
+            self.assertIn("[rank0]:Exception ignored in: <function Noisy.__del__ at 0x>", runs[1][1])
+        with self.subTest("exit status"):
+            self.assertEqual((runs[0][0], runs[1][0]), (0, 0))
 
     def test_multiprocessing_spawn_forkserver_and_dataloader_workers(self):
         script = self.write("mp.py", MULTIPROC)
