@@ -654,7 +654,7 @@ def _finish(status):
 
     libc, main = _LIBC[0], sys.modules.get("__main__")
     threading = sys.modules.get("threading")
-    steps = [threading._shutdown if threading else None, atexit._run_exitfuncs]
+    steps = [threading._shutdown if threading else None, atexit._run_exitfuncs, _quiet_daemon_threads]
     if main is not None:
         steps.append(lambda: _release(vars(main)))
     steps += [_release_modules, gc.collect]
@@ -680,6 +680,15 @@ def _finish(status):
         os.kill(os.getpid(), signal.SIGINT)
         status = 128 + signal.SIGINT
     os._exit(status)
+
+
+def _quiet_daemon_threads():
+    """Only daemon threads are left: Python's finalization stops them before it releases any
+    module, so one that runs into a released global here must not print a traceback that a
+    cold run never shows."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        threading.excepthook = lambda args: None
 
 
 def _release_modules():
