@@ -375,6 +375,7 @@ std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, cons
     return "";
   }
   auto stacks = take_stacks(ts, t0 + kOnDemand, [this] { return stop_pending(); });
+  not_reading_ += Clock::now() - t0;
   const double took = std::chrono::duration<double>(Clock::now() - t0).count();
   std::string body = full_dump(stacks, prefixes(stacks));
   std::string where = where_lines(stacks);
@@ -564,7 +565,8 @@ bool StackDumps::hung_now(Clock::time_point last_output, const std::vector<Worke
   moved = false;
   if (!next_check_ || now < *next_check_) return false;
   const auto before = progress_;
-  progress_ = std::max(progress_, last_output);
+  progress_ = std::min(now, std::max(progress_, last_output) + not_reading_);
+  not_reading_ = {};
   const auto sys_now = std::chrono::system_clock::now();
   for (const auto& w : workers) {
     if (w.state != WorkerResult::State::kRunning) continue;

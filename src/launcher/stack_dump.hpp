@@ -194,6 +194,9 @@ class StackDumps {
   std::string bootstrap_;
   std::chrono::milliseconds hang_timeout_{0};
   Clock::time_point progress_{};  // the last progress seen
+  // Time ddprun spent taking an on-demand dump, when it read no output: not the workers'
+  // silence (hung_now() moves the last progress on by it, once).
+  Clock::duration not_reading_{};
   std::optional<Clock::time_point> next_check_;
   std::string failure_note_;
   pid_t failing_ = -1;  // the worker whose announced failure failure_note_ is about

@@ -110,6 +110,12 @@ void WorkerStreams::close(Stream& s) {
   --open_;
 }
 
+WorkerStreams::Clock::time_point WorkerStreams::last_output() const {
+  for (const auto& s : streams_)
+    if (s->fd >= 0 && s->paused) return Clock::now();
+  return last_read_;
+}
+
 void WorkerStreams::resume_paused() {
   for (auto& s : streams_) {
     if (s->fd < 0 || !s->paused || s->fwd->console_full()) continue;

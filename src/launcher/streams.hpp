@@ -46,6 +46,9 @@ class WorkerStreams {
   bool trickling();
   // When a worker last wrote anything (its streams' last read; --hang-timeout's progress).
   Clock::time_point last_read() const { return last_read_; }
+  // The last output read, or now while a stream is paused: its worker is writing, and
+  // waits for the console (a `| less`), not hung.
+  Clock::time_point last_output() const;
 
  private:
   void close(Stream& s);

@@ -519,7 +519,7 @@ class AttemptSupervisor {
     const bool several = job_.plan.group_world_size > 1;
     const bool checked = stacks_.next_hang_check() && Clock::now() >= *stacks_.next_hang_check();
     auto job = several ? rdzv_.job_progress() : std::nullopt;
-    const bool hung = stacks_.hung_now(output_.streams().last_read(), workers_.all(), several,
+    const bool hung = stacks_.hung_now(output_.streams().last_output(), workers_.all(), several,
                                        job ? std::optional<int64_t>(job->count) : std::nullopt,
                                        job ? job->read_at : Clock::time_point{}, moved);
     if (checked && several) rdzv_.note_progress(moved ? 1 : 0);

@@ -632,6 +632,50 @@ class Stacks(StacksTest):
         self.assertEqual(res.rc, 0, res)
         self.assertEqual(res.stdout, "")
 
+    def test_output_waiting_for_a_slow_console_is_progress(self):
+        """A rank that prints without pause into a console nobody reads for 6 s (`| less`):
+        ddprun's console queue fills, it stops reading the rank's pipe and the rank blocks in
+        print. That is no hang: --hang-timeout 2 does not stop the job, which ends with exit
+        0 once the console is read. Before, no byte read for 2 s was a hang (exit 124)."""
+        script = self.write("chatty.py", "import sys\n"
+                                         "for i in range(120_000):\n"
+                                         "    print(f'line {i} ' + 'x' * 90)\n")
+        p = self.start(["--standalone", "--nproc-per-node", "1", "--hang-timeout", "2", script],
+                       stdout=subprocess.PIPE)
+        time.sleep(scaled(6))
+        out = p.stdout.read()
+        self.assertEqual(self.finish(p, 60), 0, self.stderr_text()[-2000:])
+        self.assertEqual(out.count(b"\n"), 120_000)
+
+    def test_the_time_an_on_demand_dump_takes_is_not_a_hang(self):
+        """Rank 0 prints every 0.3 s; rank 1 is stopped (SIGSTOP by its pid), so an on-demand
+        dump waits out its 2 s deadline, reading no output meanwhile. With --hang-timeout 2
+        that wait is not the ranks' silence: the job runs on. Before, the hang was declared
+        right after the dump (exit 124)."""
+        script = self.write("ticker.py", "import os, sys, time\n"
+                                         "d, r = sys.argv[1], os.environ['RANK']\n"
+                                         "open(os.path.join(d, 'pid_' + r), 'w').write(str(os.getpid()))\n"
+                                         "end = time.monotonic() + float(sys.argv[2])\n"
+                                         "while time.monotonic() < end:\n"
+                                         "    if r == '0':\n"
+                                         "        print('tick', flush=True)\n"
+                                         "    time.sleep(0.3)\n")
+        p = self.start(["--standalone", "--nproc-per-node", "2", "--hang-timeout", "2", script, self.tmp,
+                        str(scaled(10))])
+        self.wait_markers(["pid_0", "pid_1"])
+        stopped = self.read_pid(self.path("pid_1"))
+        self.track_pid(stopped)
+        time.sleep(0.5)
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            os.kill(p.pid, signal.SIGQUIT)
+            self.wait_stderr(r"^\[ddprun\] where each rank is", 30)
+            time.sleep(1.5)
+            self.assertIsNone(p.poll(), "the job was stopped as hung:\n" + self.stderr_text()[-2000:])
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+        self.assertEqual(self.finish(p, 60), 0, self.stderr_text()[-2000:])
+
     def test_dump_stacks_without_a_job(self):
         r = subprocess.run([DDPRUN, "--dump-stacks", "1"], capture_output=True, text=True, timeout=scaled(30))
         self.assertEqual((r.returncode, r.stdout), (1, ""))
