@@ -10,6 +10,7 @@
 #include <charconv>
 #include <cstring>
 #include <cstdio>
+#include <filesystem>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -39,13 +40,26 @@ std::string cmdline_of(pid_t pid) {
 // which calls itself ddprun-guard), owned by this user (any, for root). Started through
 // the dynamic loader (docker/Containerfile.pytorch) it is named after the loader, and its
 // command line names the ddprun binary the loader runs.
+// A ddprun started under another name (a `torchrun` symlink or copy, the drop-in use): its
+// executable is named ddprun, or is this very binary.
+bool runs_ddprun(pid_t pid) {
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink(fmt::format("/proc/{}/exe", pid), ec);
+  if (ec) return false;
+  if (exe.filename() == "ddprun") return true;
+  struct stat mine {}, theirs {};
+  return ::stat("/proc/self/exe", &mine) == 0 && ::stat(fmt::format("/proc/{}/exe", pid).c_str(), &theirs) == 0 &&
+         mine.st_dev == theirs.st_dev && mine.st_ino == theirs.st_ino;
+}
+
 bool is_job(pid_t pid) {
   struct stat st {};
   if (pid == getpid() || ::stat(fmt::format("/proc/{}", pid).c_str(), &st) != 0) return false;
   if (geteuid() != 0 && st.st_uid != geteuid()) return false;
   const std::string comm = read_file(fmt::format("/proc/{}/comm", pid), 64).value_or("");
   const std::string cmdline = cmdline_of(pid);
-  bool named = comm == "ddprun\n";
+  // (ddprun's own helpers, forks of it, rename themselves "ddprun-guard", "ddprun-probe")
+  bool named = comm == "ddprun\n" || (!comm.starts_with("ddprun-") && runs_ddprun(pid));
   if (comm.starts_with("ld-linux") || comm.starts_with("ld.so")) {
     std::istringstream args(cmdline);
     std::string arg;

@@ -542,6 +542,7 @@ std::string StackDumps::failure_stacks(const std::vector<WorkerResult>& workers,
 void StackDumps::attempt_started() {
   job_seen_.reset();
   collectives_seen_.clear();
+  heartbeats_seen_.clear();
   failure_note_.clear();
   failing_ = -1;
   hang_.reset();
@@ -575,12 +576,21 @@ bool StackDumps::hung_now(Clock::time_point last_output, const std::vector<Worke
       collectives_seen_[w.pid] = done;
       progress_ = now;
     }
+    // A touch is a change of the file's time since the last look, dated by it but never
+    // before that look nor after now: a file whose clock is ahead (a time set in the future)
+    // or behind (another machine's file server) cannot stop or fake progress.
     struct stat st {};
     if (::stat(heartbeat_file(w).c_str(), &st) != 0) continue;
-    auto mtime = std::chrono::system_clock::time_point(std::chrono::seconds(st.st_mtim.tv_sec) +
-                                                       std::chrono::nanoseconds(st.st_mtim.tv_nsec));
-    progress_ = std::max(progress_, now - std::chrono::duration_cast<Clock::duration>(sys_now - mtime));
+    const int64_t ns = int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
+    auto [seen, first] = heartbeats_seen_.try_emplace(w.pid, ns);
+    if (!first && seen->second == ns) continue;
+    seen->second = ns;
+    auto mtime = std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
+        std::chrono::nanoseconds(ns)));
+    auto touched = now - std::chrono::duration_cast<Clock::duration>(sys_now - mtime);
+    progress_ = std::max(progress_, std::clamp(touched, std::min(last_look_, now), now));
   }
+  last_look_ = now;
   moved = progress_ > before;
   // Another node's progress (it added to the job-wide count since the last check).
   // (The count is the round's, from 0: a first count above 0 is progress this round.)

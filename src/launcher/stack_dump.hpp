@@ -202,6 +202,8 @@ class StackDumps {
   pid_t failing_ = -1;  // the worker whose announced failure failure_note_ is about
   std::optional<int64_t> job_seen_;  // the job-wide progress count at the last check
   std::map<pid_t, uint64_t> collectives_seen_;  // libddp collectives each worker had finished (--hang-timeout)
+  std::map<pid_t, int64_t> heartbeats_seen_;     // each worker's heartbeat mtime (ns) at the last look
+  Clock::time_point last_look_{};                // that look
   std::optional<std::string> hang_;
   std::string hang_report_;
   std::string hang_what_;  // the dump a hang asked of the other nodes

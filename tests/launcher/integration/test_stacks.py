@@ -676,6 +676,36 @@ class Stacks(StacksTest):
             os.kill(stopped, signal.SIGCONT)
         self.assertEqual(self.finish(p, 60), 0, self.stderr_text()[-2000:])
 
+    def test_a_heartbeat_dated_in_the_future_does_not_hide_a_hang(self):
+        """A worker touches its heartbeat file once with a time an hour ahead (a file server
+        whose clock is ahead), then blocks: --hang-timeout 2 still finds the hang (exit 124).
+        Before, the file's time counted as progress for the next hour."""
+        script = self.write("future.py", "import os, time\n"
+                                         "hb = os.environ['DDPRUN_HEARTBEAT_FILE']\n"
+                                         "open(hb, 'w').close()\n"
+                                         "os.utime(hb, (time.time() + 3600, time.time() + 3600))\n"
+                                         "time.sleep(60)\n")
+        res = self.run_ddprun(["--standalone", "--nproc-per-node", "1", "--hang-timeout", "2", script], timeout=40)
+        self.assertEqual(res.rc, 124, res)
+        self.assertLess(res.elapsed, scaled(15), res)
+
+    def test_dump_stacks_finds_a_ddprun_started_as_torchrun(self):
+        """The drop-in use: ddprun started through a symlink named torchrun (its process is
+        named torchrun). `ddprun --dump-stacks PID` finds it by its executable. Before: "pid N
+        is not a running ddprun job of yours"."""
+        link = self.path("torchrun")
+        os.symlink(DDPRUN, link)
+        script = self.write("sleeper.py", BLOCKER)
+        p = self.start(["--standalone", "--nproc-per-node", "1", script, self.tmp, str(scaled(20))],
+                       env=clean_env(RANK_BLOCKS="no"), cmd_prefix=["sh", "-c", f'exec "{link}" "$@"'])
+        self.wait_markers(["ready_0"])
+        r = subprocess.run([DDPRUN, "--dump-stacks", str(p.pid)], capture_output=True, text=True,
+                           timeout=scaled(30))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.wait_stderr(r"^\[rank0\]:.*\n\[rank0\]:  File .*sleeper.py\", line \d+ in <module>", 30)
+        os.kill(p.pid, signal.SIGTERM)
+        self.assertEqual(self.finish(p, 60), 143)
+
     def test_dump_stacks_without_a_job(self):
         r = subprocess.run([DDPRUN, "--dump-stacks", "1"], capture_output=True, text=True, timeout=scaled(30))
         self.assertEqual((r.returncode, r.stdout), (1, ""))
