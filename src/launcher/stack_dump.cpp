@@ -212,6 +212,23 @@ std::string stack_file(const WorkerResult& w) { return worker_dir(w) + "/stacks"
 std::string heartbeat_file(const WorkerResult& w) { return worker_dir(w) + "/heartbeat"; }
 std::string progress_file(const WorkerResult& w) { return worker_dir(w) + "/progress"; }
 
+// The ranks of this attempt that are no longer running (but `skip`), beside those whose
+// stacks were taken, in rank order: a rank that finished early is often why the others
+// wait (a collective it never joins), and must not vanish from "where each rank is".
+std::vector<RankStack> with_ended(std::vector<RankStack> stacks, const std::vector<WorkerResult>& workers,
+                                  const WorkerResult* skip) {
+  using S = WorkerResult::State;
+  for (const auto& w : workers) {
+    if (w.state == S::kRunning || (skip && w.pid == skip->pid)) continue;
+    RankStack s{w.rank, w.local_rank, w.pid, RankStack::Kind::kExited};
+    s.given = w.signal ? fmt::format("not running: killed by {}", signal_name(w.signal))
+                       : fmt::format("not running: exited with code {}", w.exit_code);
+    stacks.push_back(std::move(s));
+  }
+  std::stable_sort(stacks.begin(), stacks.end(), [](const RankStack& a, const RankStack& b) { return a.rank < b.rank; });
+  return stacks;
+}
+
 // A libddp worker's record (collectives/progress_record.hpp) as plain values.
 struct Record {
   char magic[8];
@@ -374,7 +391,7 @@ std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, cons
     kept.stacks = last_dump_->stacks;
     return "";
   }
-  auto stacks = take_stacks(ts, t0 + kOnDemand, [this] { return stop_pending(); });
+  auto stacks = with_ended(take_stacks(ts, t0 + kOnDemand, [this] { return stop_pending(); }), workers, nullptr);
   not_reading_ += Clock::now() - t0;
   const double took = std::chrono::duration<double>(Clock::now() - t0).count();
   std::string body = full_dump(stacks, prefixes(stacks));
@@ -382,8 +399,8 @@ std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, cons
   std::string file = save(attempt_dir, fmt::format("stacks_{}.txt", number), body + "where:\n" + where);
   auto answered = std::count_if(stacks.begin(), stacks.end(),
                                 [](auto& s) { return s.kind == RankStack::Kind::kStack; });
-  spdlog::warn("{}: the stacks of {} rank{} on {} ({} answered in {:.2f} s{}){}", why, stacks.size(),
-               stacks.size() == 1 ? "" : "s", hostname_, answered, took,
+  spdlog::warn("{}: the stacks of {} rank{} on {} ({} answered in {:.2f} s{}){}", why, ts.size(),
+               ts.size() == 1 ? "" : "s", hostname_, answered, took,
                o_.log_dir.empty() || file.empty() ? "" : ", saved in " + file,
                dump_kind(what) == DumpKind::kHang ? "" : "; the job runs on");
   last_dump_ = LastDump{what, remote, Clock::now(), stacks};
@@ -531,7 +548,7 @@ std::string StackDumps::failure_stacks(const std::vector<WorkerResult>& workers,
   if (!o_.stack_dumps) return "";
   auto ts = targets(workers, root);
   if (ts.empty()) return "";
-  auto stacks = take_stacks(ts, Clock::now() + kAtFailure, [this] { return stop_pending(); });
+  auto stacks = with_ended(take_stacks(ts, Clock::now() + kAtFailure, [this] { return stop_pending(); }), workers, root);
   std::string file = save(attempt_dir, "stacks_at_failure.txt", full_dump(stacks, prefixes(stacks)));
   at_end_ = stacks;
   failure_table_ = collectives(workers);
@@ -617,8 +634,9 @@ std::string StackDumps::on_hang(const std::vector<WorkerResult>& workers, const 
                                 const std::string& what) {
   hang_ = fmt::format("no rank made progress for {} s (--hang-timeout)", seconds(hang_timeout_));
   std::vector<RankStack> stacks;
-  if (o_.stack_dumps) stacks = take_stacks(targets(workers, nullptr), Clock::now() + kAtHang,
-                                                [this] { return stop_pending(); });
+  if (o_.stack_dumps)
+    stacks = with_ended(take_stacks(targets(workers, nullptr), Clock::now() + kAtHang, [this] { return stop_pending(); }),
+                        workers, nullptr);
   std::string body = full_dump(stacks, prefixes(stacks));
   std::string file = stacks.empty() ? "" : save(attempt_dir, "stacks_at_hang.txt", body);
   std::string named = stacks.empty() ? "stacks are off (--no-stack-dumps)" : standing_out(stacks);

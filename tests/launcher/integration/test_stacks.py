@@ -676,6 +676,20 @@ class Stacks(StacksTest):
             os.kill(stopped, signal.SIGCONT)
         self.assertEqual(self.finish(p, 60), 0, self.stderr_text()[-2000:])
 
+    def test_a_rank_that_ended_early_is_named_where_each_rank_is(self):
+        """Rank 0 finishes at once (exit 0), ranks 1-2 wait for it for ever (the classic hang:
+        a collective it never joins). The hang report names rank 0 as the odd one and says it
+        is not running. Before, it vanished from every view ("every rank is at the same
+        place", ranks 1-2 only)."""
+        script = self.write("early.py", "import os, time\n"
+                                        "if os.environ['RANK'] != '0':\n"
+                                        "    time.sleep(60)\n")
+        res = self.run_ddprun(["--standalone", "--nproc-per-node", "3", "--hang-timeout", "2", script], timeout=40)
+        self.assertEqual(res.rc, 124, res)
+        report = res.stderr.split("HUNG: ", 1)[1]
+        self.assertIn("rank 0 not where the others are", report)
+        self.assertRegex(report, r"  ranks 1-2: <module> \(early.py:3\)\n  rank 0: not running: exited with code 0\n")
+
     def test_a_heartbeat_dated_in_the_future_does_not_hide_a_hang(self):
         """A worker touches its heartbeat file once with a time an hour ahead (a file server
         whose clock is ahead), then blocks: --hang-timeout 2 still finds the hang (exit 124).
