@@ -7,7 +7,9 @@
 #   2. when started by ddprun (DDPRUN_STACK_FILE set), registers faulthandler on SIGURG for
 #      every thread, writing into that file through a close-on-exec descriptor above 900 (the
 #      script's own files get the numbers they would get), and announces it in the file's
-#      first line: ddprun only ever sends SIGURG to a worker that announced (and SIGURG's
+#      first line (the file starts afresh: a Python that a wrapper script ran before this
+#      one, and that is gone, announced itself there first): ddprun only ever sends SIGURG
+#      to a worker that announced (and SIGURG's
 #      default action is to ignore it anyway). faulthandler's dump needs no GIL: it works
 #      while a thread holds it or sits in a C call. Forked children (DataLoader workers)
 #      drop the handler. An uncaught exception first sends SIGURG to ddprun (DDPRUN_PID),
@@ -42,7 +44,7 @@ def _ddprun_bootstrap():
         import _signal
         import faulthandler
 
-        fd = _high_fd(os.open(stack_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644))
+        fd = _high_fd(os.open(stack_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644))
         faulthandler.register(_signal.SIGURG, file=fd, all_threads=True)
         os.register_at_fork(after_in_child=lambda: faulthandler.unregister(_signal.SIGURG))
         os.write(fd, b"ddprun-stacks pid=%d\n" % os.getpid())

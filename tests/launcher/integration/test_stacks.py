@@ -521,6 +521,21 @@ class Stacks(StacksTest):
         self.assertRegex(self.stderr_text(), r"\[rank0\]:no Python stack .*\(pid \d+\): 1 thread: 1x S")
         self.assertEqual(self.finish(p, 60), 0)
 
+    def test_a_wrapper_that_ran_another_python_first_shows_the_training_pythons_stack(self):
+        """`--no-python` sh that runs a short Python step, then execs the training Python:
+        both announce themselves in the rank's stack file; the dump shows the live one.
+        Before, ddprun read the first (gone) Python's announcement: "no Python stack"."""
+        script = self.write("loop.py", "import os, sys, time\n"
+                                       "open(os.path.join(sys.argv[1], 'ready_0'), 'w').close()\n"
+                                       "time.sleep(float(sys.argv[2]))\n")
+        wrapper = f'"{sys.executable}" -c "print(1)" && exec "{sys.executable}" "{script}" "{self.tmp}" {scaled(20)}'
+        p = self.start(["--standalone", "--nproc-per-node", "1", "--no-python", "sh", "-c", wrapper])
+        self.wait_markers(["ready_0"])
+        os.kill(p.pid, signal.SIGQUIT)
+        self.wait_stderr(r"^\[rank0\]:  File .*loop.py\", line \d+ in <module>", 30)
+        os.kill(p.pid, signal.SIGTERM)
+        self.assertEqual(self.finish(p, 60), 143)
+
     def probe(self, *flags):
         """What workers/probe.py sees, run as `-m probe` from a folder of its own."""
         self.write("pkg/probe.py", PROBE)
