@@ -111,8 +111,9 @@ int AttemptWorkers::signal_live(int sig, bool mark_stopped) {
   for (size_t i = 0; i < workers_.size(); ++i) {
     WorkerResult& w = workers_[i];
     if (w.state != WorkerResult::State::kRunning) continue;
-    groups_[i].signal(sig);
+    // (looked at before the signal: a worker it kills at once must count as stopped)
     if (mark_stopped && !w.stopped_by_ddprun && !exited_unreaped(w.pid)) w.stopped_by_ddprun = true;
+    groups_[i].signal(sig);
     ++n;
   }
   return n;
