@@ -163,7 +163,11 @@ void WarmPython::stop() {
 }
 
 void WarmPython::start(const Env& env) {
-  if (!enabled_ || fd_ >= 0) return;
+  if (!enabled_) return;
+  // One runs, unless it died since and ddprun has not read that yet (killed with a worker
+  // whose end was read first): reaped here, it is replaced now, not asked in vain.
+  if (int status = 0; fd_ >= 0 && pid_ > 0 && waitpid(pid_, &status, WNOHANG) == pid_) exited(pid_, status);
+  if (fd_ >= 0) return;
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
     throw ddp::SystemError("socketpair for the warm Python process", errno);

@@ -53,6 +53,12 @@ class WarmPython {
   // Ends the warm process and its spare workers, and waits until they are gone (the job
   // is over: nothing of it outlives ddprun).
   void stop();
+  // The import did not end within --hang-timeout: stopped, and no warm process again for
+  // this job (its workers start cold, and their own imports count against the timeout).
+  void give_up() {
+    stop();
+    enabled_ = false;
+  }
 
  private:
   std::string how_it_ended();

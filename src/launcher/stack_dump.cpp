@@ -357,11 +357,14 @@ std::vector<StackTarget> StackDumps::targets(const std::vector<WorkerResult>& wo
   return out;
 }
 
+// The output's prefix, and the rank's in front when it does not name it (a raw template, one
+// of local ranks only): a block of stacks must say whose it is.
 std::vector<std::string> StackDumps::prefixes(const std::vector<RankStack>& stacks, const std::string& host) const {
+  std::string tpl = o_.log_line_prefix_template.value_or("[rank${rank}]:");
+  if (tpl.find("${rank}") == std::string::npos) tpl = "[rank${rank}]:" + tpl;
   std::vector<std::string> out;
   for (const auto& s : stacks)
-    out.push_back(expand_prefix(o_.log_line_prefix_template.value_or("[rank${rank}]:"), s.rank, s.local_rank,
-                                o_.role, host));
+    out.push_back(expand_prefix(tpl, s.rank, s.local_rank, o_.role, host));
   return out;
 }
 

@@ -129,6 +129,10 @@ std::string RankStack::signature(size_t depth) const {
   const std::string main_native = fmt::format("{}{} ", kNativeHeader, pid);
   auto main = std::find_if(threads.begin(), threads.end(),
                            [&](const ThreadStack& t) { return t.header.starts_with(main_native); });
+  // faulthandler shows at most 100 threads, newest first, then a "..." line: the main
+  // thread, the oldest, is then not among them.
+  if (main == threads.end() && (text.starts_with("...\n") || text.find("\n...\n") != std::string::npos))
+    return "(main thread not in the dump: faulthandler shows 100 threads at most)";
   std::string s = innermost(main != threads.end() ? *main : threads.back(), depth);
   return s.empty() ? "<no Python frame>" : s;
 }

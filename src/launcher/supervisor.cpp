@@ -661,12 +661,23 @@ struct Supervisor::Impl {
     loop.add(fd, &warm_tag);
     hold_notify(true);
     bool answered = false;
-    while (!answered && !signals.got())
-      for (void* tag : loop.wait_between_attempts()) answered |= tag == &warm_tag;
+    // --hang-timeout covers the import as it covers a cold worker's
+    std::optional<Clock::time_point> limit;
+    if (o.hang_timeout > 0) limit = Clock::now() + std::chrono::milliseconds(static_cast<long>(o.hang_timeout * 1000));
+    while (!answered && !signals.got() && !(limit && Clock::now() >= *limit))
+      for (void* tag : loop.wait_between_attempts(limit ? timeout_ms(*limit) : -1)) answered |= tag == &warm_tag;
     loop.remove(fd);
     hold_notify(false);
     if (answered) warm.on_ready();
-    return answered;
+    else if (!signals.got()) give_up_warm();
+    return answered || !signals.got();
+  }
+
+  void give_up_warm() {
+    spdlog::warn("--preload: the warm Python process (pid {}) did not import {} within --hang-timeout {} s: it "
+                 "is stopped, and this job's workers start cold (their own imports count against the timeout)",
+                 warm.pid(), fmt::join(o.preload, ","), o.hang_timeout);
+    warm.give_up();
   }
 
   // While this node is between rounds (joining, its warm process importing), a round's end

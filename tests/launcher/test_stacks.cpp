@@ -95,6 +95,12 @@ TEST(LauncherStacks, SignatureIsTheMainThreadOrWhyNone) {
   EXPECT_EQ(stack(0, Kind::kStack, "garbage\n").signature(), "(empty dump)");
   EXPECT_EQ(stack(0, Kind::kStack, "Thread 0x1 (most recent call first):\n  <no Python frame>\n").signature(),
             "<no Python frame>");
+  // Over 100 threads: the dump ends with "..." before the main thread (the oldest); the last
+  // thread shown is a helper, not where the rank is.
+  EXPECT_EQ(stack(0, Kind::kStack,
+                  "Thread 0x2 (most recent call first):\n  File \"w.py\", line 4 in worker_thread\n...\n")
+                .signature(),
+            "(main thread not in the dump: faulthandler shows 100 threads at most)");
 }
 
 TEST(LauncherStacks, RankRanges) {

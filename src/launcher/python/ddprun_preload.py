@@ -136,12 +136,14 @@ def _environment_changes(started_with):
 
 
 def _apply_environment_changes(env):
-    """The changes to env that the worker's own start and imports would have made: each only
-    where the worker's value is the one this process started with. A variable the rank has
-    its own value of (RANK, MASTER_PORT, ...) keeps it, as `os.environ.setdefault` in a cold
-    worker would have kept it; one that nobody else set is set, as cold."""
+    """The changes to env that the worker's own start and imports would have made, but to the
+    variables this process did not start with and the rank has (RANK, MASTER_PORT, ...: the
+    per-rank ones): those keep the rank's value, as `os.environ.setdefault` in a cold worker
+    would have kept it. The others change as they changed here (an interpreter wrapper that
+    puts a folder first on PYTHONPATH: the rank's PYTHONPATH also names ddprun's bootstrap,
+    which the worker takes out again)."""
     for k, (was, now) in _ENV_CHANGES.items():
-        if env.get(k) != was:
+        if was is None and k in env:
             continue
         if now is None:
             env.pop(k, None)

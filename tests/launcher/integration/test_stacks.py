@@ -521,6 +521,19 @@ class Stacks(StacksTest):
         self.assertRegex(self.stderr_text(), r"\[rank0\]:no Python stack .*\(pid \d+\): 1 thread: 1x S")
         self.assertEqual(self.finish(p, 60), 0)
 
+    def test_stacks_say_whose_they_are_under_a_raw_prefix_template(self):
+        """`--log-line-prefix-template ''` (raw output): a dump's lines still carry the rank.
+        Before, every block was a bare "Current thread ..." with nothing to tell them apart."""
+        script = self.write("sleeper.py", BLOCKER)
+        p = self.start(["--standalone", "--nproc-per-node", "2", "--log-line-prefix-template", "", script, self.tmp,
+                        str(scaled(20))], env=clean_env(RANK_BLOCKS="no"))
+        self.wait_markers(["ready_0", "ready_1"])
+        os.kill(p.pid, signal.SIGQUIT)
+        for r in (0, 1):
+            self.wait_stderr(rf"^\[rank{r}\]:  File .*sleeper.py\", line \d+ in <module>", 30)
+        os.kill(p.pid, signal.SIGTERM)
+        self.assertEqual(self.finish(p, 60), 143)
+
     def test_a_wrapper_that_ran_another_python_first_shows_the_training_pythons_stack(self):
         """`--no-python` sh that runs a short Python step, then execs the training Python:
         both announce themselves in the rank's stack file; the dump shows the live one.
