@@ -86,7 +86,7 @@ class Refused : public StoreError {
 // What a registration costs besides its strings (the Wait, vector and map slots).
 constexpr size_t kRegistrationOverhead = 64;
 // How often the server looks at its own clock while any lease has a ttl: a look later than
-// due is time it did not run (StallMeter).
+// due is time it did not run (arm_stall_tick()).
 constexpr auto kStallTick = std::chrono::milliseconds(100);
 // A longer LEASE ttl (about 34 years) is no silence limit at all (start_lease()).
 constexpr auto kLongestLeaseTtl = std::chrono::milliseconds(int64_t{1} << 40);
@@ -152,7 +152,7 @@ struct Conn : std::enable_shared_from_this<Conn> {
   bool leased = false;
   std::chrono::milliseconds lease_ttl{0};  // 0: ends only when the connection closes
   std::chrono::steady_clock::time_point last_request;
-  std::chrono::steady_clock::duration stalled_at_request{};  // StallMeter::total() then
+  std::chrono::steady_clock::duration stalled_at_request{};  // stalled_by() then
   std::unique_ptr<asio::steady_timer> lease_timer;
   // Lines in the order registered, and where each key's are (ON_LEASE_END "" drops a
   // key's lines at the cost of those lines, not of all the connection's).
@@ -223,6 +223,7 @@ class StoreServer::Impl {
   void end_lease(Conn& c, std::string_view why);
   void heard(Conn& c);
   std::chrono::steady_clock::duration silence(const Conn& c, std::chrono::steady_clock::time_point now) const;
+  std::chrono::steady_clock::duration stalled_by(std::chrono::steady_clock::time_point now) const;
   void arm_stall_tick();
 
   // The key-value data and the waits on it (all touched on the io thread only).
@@ -948,17 +949,23 @@ void StoreServer::Impl::start_lease(Conn& c, int64_t ttl_ms) {
 
 void StoreServer::Impl::heard(Conn& c) {
   c.last_request = std::chrono::steady_clock::now();
-  c.stalled_at_request = stalled_;
+  c.stalled_at_request = stalled_by(c.last_request);
 }
 
 // The lease's clock counts only the time this server ran: a client cannot be heard while
 // the server itself does not run (its process stopped, starved, or its VM paused; the store
-// host's own lease keeper stalls with it). The tick in progress counts as late already once
-// it is past due, so a lease timer that runs before it after a stall sees the stall too.
+// host's own lease keeper stalls with it).
 std::chrono::steady_clock::duration StoreServer::Impl::silence(const Conn& c, std::chrono::steady_clock::time_point now) const {
-  auto stalled = stalled_ - c.stalled_at_request;
-  if (ticking_) stalled += std::max<std::chrono::steady_clock::duration>(now - stall_tick_.expiry(), {});
-  return now - c.last_request - stalled;
+  return now - c.last_request - (stalled_by(now) - c.stalled_at_request);
+}
+
+// The time this server did not run so far: the ticks' lateness, and the tick in progress's
+// once it is past due (a lease timer, or a request, handled after a stall but before that
+// tick ran sees the stall too: a request read then must not get it counted off its silence
+// later).
+std::chrono::steady_clock::duration StoreServer::Impl::stalled_by(std::chrono::steady_clock::time_point now) const {
+  if (!ticking_) return stalled_;
+  return stalled_ + std::max<std::chrono::steady_clock::duration>(now - stall_tick_.expiry(), {});
 }
 
 // Once started, ticks until the server stops (ten wake-ups a second, on the store host only

@@ -145,6 +145,27 @@ TEST(StoreLease, AClientSilentAfterTheServerRunsAgainLosesTheLeaseWithinOneMoreT
   EXPECT_THROW(c->ping(scaled(5s)), ddp::Error);
 }
 
+// A PING that waited in the socket while the server was stopped is read when it runs again,
+// maybe before the server's tick has counted the stop: the stop is still not counted off
+// the silence that follows (that client's lease would have lasted a stop longer).
+TEST(StoreLease, AClientSilentAfterAPingReadAfterAStallLosesTheLeaseWithinTheTtl) {
+  ServerProcess s;
+  ddp::TcpStore reader(s.client());
+  const auto ttl = 500ms;
+  auto c = leased(s, ttl);
+  s.freeze();
+  std::this_thread::sleep_for(100ms);
+  std::thread pinger([&] { EXPECT_NO_THROW(c->ping(scaled(10s))); });
+  std::this_thread::sleep_for(3s);
+  s.thaw();
+  pinger.join();
+  const auto heard = Clock::now();
+  std::string lines;
+  while ((lines = lease_lines(reader)).empty() && Clock::now() - heard < scaled(10s)) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(lines.rfind("node1 no keep-alive for ", 0), 0u) << lines;
+  EXPECT_LT(Clock::now() - heard, ttl + scaled(1s)) << lines;
+}
+
 // A ttl too long for the clock to count (up to INT64_MAX ms) sets no silence limit: the
 // lease ends when its connection closes. Before, it overflowed and ended at once.
 TEST(StoreLease, ATtlLongerThanTheClockCountsEndsOnlyWithTheConnection) {
