@@ -12,15 +12,14 @@
 #include <cstring>
 #include <filesystem>
 #include <regex>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "ddp/error.hpp"
-#include "launcher/fileio.hpp"
 #include "launcher/guardian.hpp"
+#include "launcher/process.hpp"
 #include "launcher/report.hpp"
 #include "launcher/stack_dump.hpp"
 
@@ -164,39 +163,11 @@ void WarmPython::stop() {
   ready_ = false;
 }
 
-namespace {
-
-// Whether pid has exited or is exiting: a zombie, a process in its exit (PF_EXITING: a
-// SIGKILLed one frees its memory first, its socket still open), or one with SIGKILL pending.
-// Such a one ends within moments: it is waited for, not asked.
-bool dying(pid_t pid) {
-  const std::string stat = read_file(fmt::format("/proc/{}/stat", pid)).value_or("");
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos) return true;  // gone already (reaped elsewhere: waitpid says)
-  std::istringstream fields(stat.substr(close + 1));
-  std::string state, skip;
-  unsigned long flags = 0;
-  fields >> state;
-  for (int i = 0; i < 5; ++i) fields >> skip;  // ppid pgrp session tty_nr tpgid
-  fields >> flags;
-  constexpr unsigned long kPfExiting = 0x4;
-  if (state == "Z" || state == "X" || (flags & kPfExiting)) return true;
-  std::istringstream status(read_file(fmt::format("/proc/{}/status", pid)).value_or(""));
-  for (std::string line; std::getline(status, line);)
-    if (line.starts_with("ShdPnd:") || line.starts_with("SigPnd:")) {
-      const unsigned long long mask = std::stoull(line.substr(7), nullptr, 16);
-      if ((mask >> (SIGKILL - 1)) & 1) return true;
-    }
-  return false;
-}
-
-}  // namespace
-
 void WarmPython::start(const Env& env) {
   if (!enabled_) return;
   // One runs, unless it died since and ddprun has not read that yet (killed with a worker
   // whose end was read first): reaped here, it is replaced now, not asked in vain.
-  if (fd_ >= 0 && pid_ > 0 && dying(pid_)) {
+  if (fd_ >= 0 && pid_ > 0 && process_dying(pid_)) {
     how_it_ended();  // reaps it (a second at most)
     if (exit_status_) exited(pid_, *exit_status_);
   }

@@ -176,8 +176,9 @@ void WorkerGroup::signal(int sig) {
 
 namespace {
 
-// The state letter of a /proc stat file (a process's or a thread's), 0 when unreadable.
-char stat_state(const std::string& path, pid_t* ppid) {
+// The state letter of a /proc stat file (a process's or a thread's), 0 when unreadable;
+// its parent and its flags (the 9th field) if asked.
+char stat_state(const std::string& path, pid_t* ppid, unsigned long* flags = nullptr) {
   auto stat = read_file(path, 1024);
   if (!stat) return 0;
   auto close = stat->rfind(')');
@@ -186,6 +187,12 @@ char stat_state(const std::string& path, pid_t* ppid) {
     *ppid = 0;
     const char* p = stat->data() + close + 4;
     std::from_chars(p, stat->data() + stat->size(), *ppid);
+  }
+  if (flags) {  // (not on the once-a-second walk of descendants())
+    std::istringstream fields(stat->substr(close + 4));
+    std::string skip;
+    fields >> skip >> skip >> skip >> skip >> skip;  // ppid pgrp session tty_nr tpgid
+    if (!(fields >> *flags)) *flags = 0;
   }
   return (*stat)[close + 2];
 }
@@ -210,6 +217,27 @@ std::optional<std::vector<std::pair<std::string, char>>> thread_states(pid_t pid
 bool process_gone(pid_t pid) {
   char s = process_state(pid);
   return s == 0 || s == 'Z' || s == 'X';
+}
+
+bool process_dying(pid_t pid) {
+  constexpr unsigned long kPfExiting = 0x4;  // the kernel's PF_EXITING
+  unsigned long flags = 0;
+  const char s = stat_state(fmt::format("/proc/{}/stat", pid), nullptr, &flags);
+  if (s == 0 || s == 'Z' || s == 'X' || (flags & kPfExiting)) return true;
+  const auto kill = 1ull << (SIGKILL - 1);
+  return (status_mask(pid, "SigPnd") & kill) || (status_mask(pid, "ShdPnd") & kill);
+}
+
+unsigned long long status_mask(pid_t pid, std::string_view field) {
+  std::istringstream status(read_file(fmt::format("/proc/{}/status", pid)).value_or(""));
+  for (std::string line; std::getline(status, line);) {
+    if (!line.starts_with(field) || line.size() <= field.size() || line[field.size()] != ':') continue;
+    unsigned long long mask = 0;
+    const size_t at = line.find_first_not_of(" \t", field.size() + 1);
+    if (at != std::string::npos) std::from_chars(line.data() + at, line.data() + line.size(), mask, 16);
+    return mask;
+  }
+  return 0;
 }
 
 std::vector<pid_t> descendants(pid_t skip, pid_t root) {

@@ -8,6 +8,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -82,6 +83,11 @@ char process_state(pid_t pid, pid_t* ppid = nullptr);
 std::optional<std::vector<std::pair<std::string, char>>> thread_states(pid_t pid);
 // Gone, or a zombie.
 bool process_gone(pid_t pid);
+// Gone, a zombie, in its exit (a SIGKILLed process frees its memory before its descriptors
+// close), or with SIGKILL pending: it ends within moments.
+bool process_dying(pid_t pid);
+// A signal mask of /proc/<pid>/status ("SigBlk", "SigPnd", "ShdPnd"...); 0 when unreadable.
+unsigned long long status_mask(pid_t pid, std::string_view field);
 
 // Every descendant of `root` (this process by default; children first), read from /proc;
 // not `skip` nor anything below it.

@@ -17,6 +17,7 @@
 
 #include "ddp/error.hpp"
 #include "launcher/fileio.hpp"
+#include "launcher/process.hpp"
 #include "launcher/stack_dump.hpp"
 
 namespace ddprun {
@@ -36,22 +37,26 @@ std::string cmdline_of(pid_t pid) {
   return raw;
 }
 
-// A ddprun that supervises a job (not a --dump-stacks like this one, not its guardian,
-// which calls itself ddprun-guard), owned by this user (any, for root). Started through
-// the dynamic loader (docker/Containerfile.pytorch) it is named after the loader, and its
-// command line names the ddprun binary the loader runs.
 // A ddprun started under another name (a `torchrun` symlink or copy, the drop-in use): its
-// executable is named ddprun, or is this very binary.
+// executable is named ddprun, or is this very binary (looked up once).
 bool runs_ddprun(pid_t pid) {
   std::error_code ec;
   const auto exe = std::filesystem::read_symlink(fmt::format("/proc/{}/exe", pid), ec);
   if (ec) return false;
   if (exe.filename() == "ddprun") return true;
-  struct stat mine {}, theirs {};
-  return ::stat("/proc/self/exe", &mine) == 0 && ::stat(fmt::format("/proc/{}/exe", pid).c_str(), &theirs) == 0 &&
-         mine.st_dev == theirs.st_dev && mine.st_ino == theirs.st_ino;
+  static const std::pair<dev_t, ino_t> mine = [] {
+    struct stat st {};
+    return ::stat("/proc/self/exe", &st) == 0 ? std::pair(st.st_dev, st.st_ino) : std::pair<dev_t, ino_t>{};
+  }();
+  struct stat theirs {};
+  return mine.second != 0 && ::stat(fmt::format("/proc/{}/exe", pid).c_str(), &theirs) == 0 &&
+         std::pair(theirs.st_dev, theirs.st_ino) == mine;
 }
 
+// A ddprun that supervises a job (not a --dump-stacks like this one, not its guardian,
+// which calls itself ddprun-guard), owned by this user (any, for root). Started through
+// the dynamic loader (docker/Containerfile.pytorch) it is named after the loader, and its
+// command line names the ddprun binary the loader runs.
 bool is_job(pid_t pid) {
   struct stat st {};
   if (pid == getpid() || ::stat(fmt::format("/proc/{}", pid).c_str(), &st) != 0) return false;
@@ -83,17 +88,7 @@ std::vector<Job> running_jobs() {
 }
 
 // Whether ddprun `pid` reads SIGURG (it blocks the signals it reads from its signalfd).
-bool takes_dumps(pid_t pid) {
-  std::istringstream status(read_file(fmt::format("/proc/{}/status", pid)).value_or(""));
-  for (std::string line; std::getline(status, line);) {
-    if (!line.starts_with("SigBlk:")) continue;
-    unsigned long long mask = 0;
-    std::string hex = line.substr(line.find_first_not_of(" \t", 7));
-    std::from_chars(hex.data(), hex.data() + hex.size(), mask, 16);
-    return (mask >> (kWorkerSignal - 1)) & 1;
-  }
-  return false;
-}
+bool takes_dumps(pid_t pid) { return (status_mask(pid, "SigBlk") >> (kWorkerSignal - 1)) & 1; }
 
 }  // namespace
 

@@ -515,14 +515,16 @@ class AttemptSupervisor {
   // --hang-timeout: progress is judged over the whole job (a node whose ranks print
   // nothing while rank 0's log moves is not hung), through the rendezvous's count.
   void check_hang() {
+    // Between its looks (once a second at most) there is nothing to do: this runs at every
+    // wake-up of the loop, a flood of output's too.
+    if (!stacks_.next_hang_check() || Clock::now() < *stacks_.next_hang_check()) return;
     bool moved = false;
     const bool several = job_.plan.group_world_size > 1;
-    const bool checked = stacks_.next_hang_check() && Clock::now() >= *stacks_.next_hang_check();
     auto job = several ? rdzv_.job_progress() : std::nullopt;
     const bool hung = stacks_.hung_now(output_.streams().last_output(), workers_.all(), several,
                                        job ? std::optional<int64_t>(job->count) : std::nullopt,
                                        job ? job->read_at : Clock::time_point{}, moved);
-    if (checked && several) rdzv_.note_progress(moved ? 1 : 0);
+    if (several) rdzv_.note_progress(moved ? 1 : 0);
     if (!hung) return;
     // Another node declared the hang already (its ask came): its end of the round stops
     // this node too. Declaring here as well asked every node again (each node of a big job
