@@ -10,6 +10,7 @@
 #include <climits>
 #include <cstring>
 #include <ctime>
+#include <optional>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -370,23 +371,43 @@ void StreamForwarder::finish(std::chrono::system_clock::time_point now) {
   send(out);
 }
 
+// Python's string.Template.safe_substitute, as torchrun 2.x expands the template: `$name`
+// and `${name}` for role_name, rank, local_rank (and ddprun's hostname), `$$` for `$`;
+// anything else, an unknown name included, stays as written.
 std::string expand_prefix(const std::string& tmpl, int rank, int local_rank, const std::string& role,
                           const std::string& hostname) {
+  auto value = [&](std::string_view name) -> std::optional<std::string> {
+    if (name == "rank") return std::to_string(rank);
+    if (name == "local_rank") return std::to_string(local_rank);
+    if (name == "role_name") return role;
+    if (name == "hostname") return hostname;
+    return std::nullopt;
+  };
+  auto id_char = [](char c, bool first) {
+    return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (!first && c >= '0' && c <= '9');
+  };
   std::string out;
   for (size_t i = 0; i < tmpl.size();) {
-    auto try_macro = [&](std::string_view name, const std::string& value) {
-      if (tmpl.compare(i, name.size(), name) == 0) {
-        out += value;
-        i += name.size();
-        return true;
-      }
-      return false;
-    };
-    if (tmpl[i] == '$' && (try_macro("${rank}", std::to_string(rank)) ||
-                           try_macro("${local_rank}", std::to_string(local_rank)) ||
-                           try_macro("${role_name}", role) || try_macro("${hostname}", hostname)))
+    if (tmpl[i] != '$' || i + 1 == tmpl.size()) {
+      out += tmpl[i++];
       continue;
-    out += tmpl[i++];
+    }
+    if (tmpl[i + 1] == '$') {
+      out += '$';
+      i += 2;
+      continue;
+    }
+    const bool braced = tmpl[i + 1] == '{';
+    size_t begin = i + (braced ? 2 : 1), end = begin;
+    while (end < tmpl.size() && id_char(tmpl[end], end == begin)) ++end;
+    const bool closed = !braced || (end < tmpl.size() && tmpl[end] == '}');
+    const auto v = end > begin && closed ? value(std::string_view(tmpl).substr(begin, end - begin)) : std::nullopt;
+    if (!v) {
+      out += tmpl[i++];
+      continue;
+    }
+    out += *v;
+    i = end + (braced ? 1 : 0);
   }
   return out;
 }

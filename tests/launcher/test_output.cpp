@@ -437,6 +437,17 @@ TEST(LauncherOutput, ExpandPrefix) {
   EXPECT_EQ(ddprun::expand_prefix("", 3, 0, "r", "h"), "");
 }
 
+// torchrun 2.x expands the template with string.Template.safe_substitute: these are what
+// Python gives for each (role_name "r", rank 3, local_rank 1).
+TEST(LauncherOutput, ExpandPrefixAsPythonsTemplate) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"[$rank]:", "[3]:"},         {"$$rank", "$rank"},         {"$ranks $rank_ $rank.x", "$ranks $rank_ 3.x"},
+      {"${rank}x$local_rank$role_name", "3x1r"}, {"$", "$"},    {"${ rank}", "${ rank}"},
+      {"$1rank", "$1rank"},         {"a$$$rank", "a$3"},         {"${unknown} $ ${rank", "${unknown} $ ${rank"},
+  };
+  for (const auto& [tmpl, want] : cases) EXPECT_EQ(ddprun::expand_prefix(tmpl, 3, 1, "r", "h"), want) << tmpl;
+}
+
 // ------------------------------------------------------------------ ConsoleWriter
 
 TEST(LauncherOutput, ConsoleWriterKeepsOrderAcrossManyChunks) {
