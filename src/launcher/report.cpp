@@ -199,6 +199,8 @@ bool write_summary_json(const std::string& path, const JobOutcome& o, const std:
   json j;
   j["status"] = o.status;
   j["exit_code"] = o.exit_code;
+  j["reason"] = o.reason;
+  if (!o.message.empty()) j["message"] = o.message;
   j["signal"] = o.signal ? json(signal_name(o.signal)) : json(nullptr);
   j["run_id"] = run_id;
   j["restarts"] = o.restarts;
@@ -235,23 +237,29 @@ void conclude(JobOutcome& outcome, const JobEnd& e, const std::string& script) {
   outcome.status = "failed";
   if (e.signal) {
     outcome.status = "signaled";
+    outcome.reason = "signal";
     outcome.signal = e.signal;
     outcome.exit_code = 128 + e.signal;
     spdlog::warn("stopped after {}: exiting with {}", signal_name(e.signal), outcome.exit_code);
   } else if (e.root) {
+    outcome.reason = "worker_failed";
     outcome.root_cause = *e.root;
     outcome.exit_code = e.root->status_code();
     show(failure_summary(script, *e.root, e.others, e.where));
     if (const char* ef = getenv("TORCHELASTIC_ERROR_FILE"); ef && *ef) write_root_cause_error_file(ef, *e.root, script);
   } else if (e.hang_report) {
+    outcome.reason = "hang";
     outcome.exit_code = kHangExitCode;
     show(*e.hang_report);
   } else if (e.remote) {
+    outcome.reason = e.remote_node_only ? "lost_contact" : "another_node";
+    outcome.message = *e.remote;
     outcome.exit_code = 1;
     if (e.remote_node_only) spdlog::error("{}", *e.remote);
     else spdlog::error("the job failed on another node: {}{}", *e.remote, e.where.empty() ? "" : "\n" + e.where);
   } else {
     outcome.status = "succeeded";
+    outcome.reason = "succeeded";
     outcome.exit_code = 0;
   }
 }

@@ -652,6 +652,7 @@ std::string StackDumps::on_hang(const std::vector<WorkerResult>& workers, const 
   at_end_ = stacks;
   spdlog::error("{}: {}; stopping the workers (a failed attempt: exit status {} unless --max-restarts restarts it)",
                 *hang_, named, kHangExitCode);
+  if (stacks.empty()) return collectives(workers);  // (--no-stack-dumps: no empty heading)
   return body + "[ddprun] where each rank is (main thread, innermost frame first):\n" + where_lines(stacks) +
          collectives(workers);
 }

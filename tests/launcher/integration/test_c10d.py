@@ -167,9 +167,10 @@ class ScenarioTest(C10dTestCase):
     def test_s2_worker_failure_restarts_then_fails(self):
         # Rank 3 (on B) exits 7 in every round; --max-restarts 1: round 1 is the same world
         # with TORCHELASTIC_RESTART_COUNT 1 on every node, and its failure ends the job.
-        summary = self.path("b_summary.json")
+        summary, a_summary = self.path("b_summary.json"), self.path("a_summary.json")
         args = ["--sleep", "30", "--fail-rank", "3", "--fail-code", "7", "--fail-after", "0.5"]
-        a = self.start_node("A", "127.0.0.2", args, nnodes="2", extra=["--max-restarts", "1"])
+        a = self.start_node("A", "127.0.0.2", args, nnodes="2",
+                            extra=["--max-restarts", "1", "--summary-json", a_summary])
         b = self.start_node("B", "127.0.0.3", args, nnodes="2",
                             extra=["--max-restarts", "1", "--summary-json", summary])
         self.wait_nodes([a, b], 40)
@@ -192,7 +193,11 @@ class ScenarioTest(C10dTestCase):
                                      r"exited with 7")
         s = self.load_json(summary)
         self.assertEqual(s["status"], "failed")
+        self.assertEqual(s["reason"], "worker_failed")
         self.assertEqual(s["exit_code"], 7)
+        a_s = self.load_json(a_summary)
+        self.assertEqual((a_s["reason"], a_s["exit_code"]), ("another_node", 1), a_s)
+        self.assertRegex(a_s["message"], r"^node \S+ \(127\.0\.0\.3, [^)]*\): rank 3 .*exited with 7")
         self.assertEqual(s["restarts"], 1)
         by_round = {}
         for w in s["workers"]:

@@ -617,6 +617,19 @@ class Stacks(StacksTest):
         self.assertIn(" HUNG: no rank made progress for 1 s", res.stderr)
         self.assertIn("every rank is at the same place", res.stderr)  # both sleep in the same line
 
+    def test_a_hang_without_stack_dumps_says_so_once_and_the_summary_names_it(self):
+        """--no-stack-dumps at a hang: the report says stacks are off, with no empty "where
+        each rank is" heading under it, and --summary-json says a hang ended the job."""
+        summary = self.path("summary.json")
+        res = self.run_ddprun(["--standalone", "--nproc-per-node", "2", "--hang-timeout", "1", "--no-stack-dumps",
+                               "--summary-json", summary, "--no-python", "sleep", "60"], timeout=40)
+        self.assertEqual(res.rc, 124, res)
+        self.assertIn("stacks are off (--no-stack-dumps)", res.stderr)
+        self.assertNotIn("where each rank is", res.stderr)
+        with open(summary) as f:
+            doc = json.load(f)
+        self.assertEqual((doc["status"], doc["reason"], doc["exit_code"]), ("failed", "hang", 124), doc)
+
     def test_a_ddprun_run_by_the_loader_is_found_and_finds_its_bootstrap(self):
         """docker/Containerfile.pytorch starts /opt/ddprun/bin/ddprun through a loader in
         /opt/ddprun/lib: ddprun is then named after the loader, and its /proc/self/exe is it."""
