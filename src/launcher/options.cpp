@@ -187,6 +187,9 @@ bool take_option(const std::vector<std::string>& args, size_t& i, Flags& given) 
     if (i + 1 >= args.size()) throw UsageError(fmt::format("{}: expected a value", shown));
     inline_value = args[++i];
   }
+  // --preload is ddprun's own list: given twice, it takes both (torchrun's flags: the last).
+  if (spec->name == std::string_view("preload") && given.has("preload") && !inline_value->empty())
+    inline_value = given.value("preload") + "," + *inline_value;
   given.m[spec->name] = {*inline_value, shown};
   return true;
 }
@@ -213,6 +216,8 @@ CommandLine read_command_line(const std::vector<std::string>& args, const std::m
       if (var.empty()) continue;
       auto it = env.find(var);
       if (it == env.end()) continue;
+      // PET_PRELOAD="" (a cluster's template with nothing to preload) is no preload.
+      if (it->second.empty() && f.name == std::string_view("preload")) continue;
       c.given.m[f.name] = {it->second, var};
       break;
     }

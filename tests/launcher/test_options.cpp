@@ -168,6 +168,17 @@ TEST_F(LauncherOptions, CommandLineBeatsPet) {
   EXPECT_EQ(parse_with_script({"--nproc", "5"}, env).nproc_per_node, 5);
 }
 
+// --preload is ddprun's own list: given twice it takes both; an empty PET_PRELOAD (a
+// cluster's template with nothing to preload) is no preload, not a bad module name.
+TEST_F(LauncherOptions, PreloadGivenTwiceTakesBothAndAnEmptyPetPreloadIsNone) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(parse_with_script({"--preload", "json", "--preload=csv,re"}).preload, (V{"json", "csv", "re"}));
+  EXPECT_EQ(parse_with_script({}, {{"PET_PRELOAD", ""}}).preload, V{});
+  EXPECT_EQ(parse_with_script({}, {{"PET_PRELOAD", "json"}}).preload, V{"json"});
+  EXPECT_EQ(parse_with_script({"--preload", "csv"}, {{"PET_PRELOAD", "json"}}).preload, V{"csv"});
+  EXPECT_NE(usage_error_with_script({"--preload", ""}).find("--preload: '' is not a Python module name"), std::string::npos);
+}
+
 // torchrun has no environment fallback for --help or --version: a PET_HELP left in the
 // environment must not turn a job into a help print.
 TEST_F(LauncherOptions, PetHelpAndPetVersionAreNotRead) {
