@@ -376,7 +376,7 @@ std::string StackDumps::save(const std::string& attempt_dir, const std::string& 
 }
 
 std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, const std::string& attempt_dir,
-                                  const std::string& what, const std::string& trigger) {
+                                  const std::string& what, const std::string& trigger, bool stopping) {
   const std::string why = trigger.empty() ? what : fmt::format("{} ({})", trigger, what);
   auto ts = targets(workers, nullptr);
   const int number = ++dumps_;
@@ -389,8 +389,9 @@ std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, cons
   const auto t0 = Clock::now();
   const bool remote = trigger.empty();
   if (last_dump_ && (remote || last_dump_->remote) && t0 - last_dump_->at < kShared) {
-    spdlog::warn("{}: the stacks of this node's ranks shown {:.2f} s ago, for {}; the job runs on", why,
-                 std::chrono::duration<double>(t0 - last_dump_->at).count(), last_dump_->what);
+    spdlog::warn("{}: the stacks of this node's ranks shown {:.2f} s ago, for {}; {}", why,
+                 std::chrono::duration<double>(t0 - last_dump_->at).count(), last_dump_->what,
+                 stopping ? "the workers are being stopped" : "the job runs on");
     kept.stacks = last_dump_->stacks;
     return "";
   }
@@ -405,7 +406,9 @@ std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, cons
   spdlog::warn("{}: the stacks of {} rank{} on {} ({} answered in {:.2f} s{}){}", why, ts.size(),
                ts.size() == 1 ? "" : "s", hostname_, answered, took,
                o_.log_dir.empty() || file.empty() ? "" : ", saved in " + file,
-               dump_kind(what) == DumpKind::kHang ? "" : "; the job runs on");
+               dump_kind(what) == DumpKind::kHang ? ""
+               : stopping                         ? "; the workers are being stopped"
+                                                  : "; the job runs on");
   last_dump_ = LastDump{what, remote, Clock::now(), stacks};
   kept.stacks = std::move(stacks);
   return body + "[ddprun] where each rank is (main thread, innermost frame first):\n" + where + collectives(workers);

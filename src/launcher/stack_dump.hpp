@@ -100,8 +100,9 @@ class StackDumps {
   // every node at once, and each asks the others), shares that dump's stacks: each rank's
   // stack is shown once.
   static constexpr std::chrono::milliseconds kShared{1000};
+  // stopping: the workers are being stopped (the dump's line does not say the job runs on).
   std::string on_demand(const std::vector<WorkerResult>& workers, const std::string& attempt_dir,
-                        const std::string& what, const std::string& trigger = "");
+                        const std::string& what, const std::string& trigger = "", bool stopping = false);
   // This node's answer to the dump `what` that another node asked for: its ranks' stacks as
   // on_demand took them (encode_node_stacks).
   std::string answer(const std::string& what, const JobPlan& plan);

@@ -427,7 +427,7 @@ class AttemptSupervisor {
       rdzv_.ask_dump(what);
       rdzv_.gather_dump(what, static_cast<size_t>(job_.plan.group_world_size - 1), Clock::now() + kGatherDeadline);
     }
-    output_.err().push_line(stacks_.on_demand(workers_.all(), job_.attempt_dir(), what, trigger));
+    output_.err().push_line(stacks_.on_demand(workers_.all(), job_.attempt_dir(), what, trigger, workers_.stopping()));
   }
   // How long the node that asked for a dump waits for the others' answers: their own dump's
   // deadline, and a second for the ask and the answers to travel.

@@ -617,6 +617,23 @@ class Stacks(StacksTest):
         self.assertIn(" HUNG: no rank made progress for 1 s", res.stderr)
         self.assertIn("every rank is at the same place", res.stderr)  # both sleep in the same line
 
+    def test_a_dump_while_the_workers_stop_does_not_say_the_job_runs_on(self):
+        """SIGTERM to ddprun, the workers ignore it (--shutdown-timeout 4), then SIGQUIT: the
+        dump is taken and its line says the workers are being stopped."""
+        script = self.write("ignore_term.py", "import os, signal, time, sys\n"
+                            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                            "open(os.path.join(sys.argv[1], 'ready_' + os.environ['RANK']), 'w').close()\n"
+                            "time.sleep(60)\n")
+        p = self.start(["--standalone", "--nproc-per-node", "2", "--shutdown-timeout", "4", script, self.tmp])
+        self.wait_markers(["ready_0", "ready_1"])
+        os.kill(p.pid, signal.SIGTERM)
+        self.wait_stderr(r"received SIGTERM: forwarding it to the workers", 30)
+        os.kill(p.pid, signal.SIGQUIT)
+        self.assertEqual(self.finish(p, 60), 143)
+        self.assertRegex(self.stderr_text(), r"SIGQUIT \(dump 1 asked on node 0 \(\S+\)\): the stacks of 2 ranks on "
+                                             r"\S+ \(2 answered in [\d.]+ s\); the workers are being stopped\n")
+        self.assertNotIn("the job runs on", self.stderr_text())
+
     def test_a_hang_without_stack_dumps_says_so_once_and_the_summary_names_it(self):
         """--no-stack-dumps at a hang: the report says stacks are off, with no empty "where
         each rank is" heading under it, and --summary-json says a hang ended the job."""
