@@ -73,7 +73,7 @@ TEST(LauncherReport, FormatTime) {
 TEST(LauncherReport, SignalShownAsNegativeExitCode) {
   WorkerResult root = failed_worker(0, 0, SIGKILL);
   std::string s = ddprun::failure_summary("train.py", root, {});
-  EXPECT_NE(s.find("exitcode  : -9 (pid: 11500)"), std::string::npos) << s;
+  EXPECT_NE(s.find("exitcode  : -9 (pid: 11500)\n"), std::string::npos) << s;  // as torchrun's: no more
   EXPECT_NE(s.find("Signal 9 (SIGKILL) received by PID 11500"), std::string::npos) << s;
   EXPECT_EQ(root.torch_exit_code(), -9);
   EXPECT_EQ(root.status_code(), 137);
