@@ -97,6 +97,10 @@ std::vector<ThreadStack> parse_faulthandler(const std::string& text) {
     // --preload's warm process (docs/preload.md) lies under every forked worker's script:
     // ddprun's machinery, not where the rank is.
     if (!native && f.file.ends_with("/ddprun_preload.py")) continue;
+    // So is the import system's own frames (`<frozen importlib._bootstrap>`, five or more
+    // between an `import` and the imported module's code): what shows where an importing
+    // rank is are the modules' lines.
+    if (!native && f.file.starts_with("<frozen importlib.")) continue;
     threads.back().frames.push_back(std::move(f));
   }
   return threads;

@@ -80,6 +80,21 @@ TEST(LauncherStacks, TheWarmProcessFramesUnderAPreloadedScriptAreNotTheRanks) {
   EXPECT_EQ(starting.signature(), "<no Python frame>");  // as a cold worker's before its script runs
 }
 
+// A rank inside `import torch`: the import system's frames between the importing line and
+// the module's code are left out, so the innermost frames are the modules' own lines.
+TEST(LauncherStacks, ImportSystemFramesAreLeftOut) {
+  RankStack importing = stack(0, Kind::kStack,
+                              "Current thread 0x00007f28b501b040 (most recent call first):\n"
+                              "  File \"/usr/lib/python3/dist-packages/torch/__init__.py\", line 229 in <module>\n"
+                              "  File \"<frozen importlib._bootstrap>\", line 241 in _call_with_frames_removed\n"
+                              "  File \"<frozen importlib._bootstrap_external>\", line 940 in exec_module\n"
+                              "  File \"<frozen importlib._bootstrap>\", line 690 in _load_unlocked\n"
+                              "  File \"<frozen importlib._bootstrap>\", line 1149 in _find_and_load_unlocked\n"
+                              "  File \"<frozen importlib._bootstrap>\", line 1178 in _find_and_load\n"
+                              "  File \"/job/train.py\", line 1 in <module>\n");
+  EXPECT_EQ(importing.signature(), "<module> (__init__.py:229) <- <module> (train.py:1)");
+}
+
 TEST(LauncherStacks, InnermostFramesWithoutFolders) {
   auto threads = ddprun::parse_faulthandler(kAllReduce);
   EXPECT_EQ(ddprun::innermost(threads.back(), 2), "all_reduce (distributed_c10d.py:1536) <- step (train.py:20) <- ...");
