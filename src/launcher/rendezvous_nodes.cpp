@@ -431,6 +431,7 @@ std::unique_ptr<rdzv::Backend> NodeRendezvous::open_static() {
     port_ = o_.master_port;
   }
   rdzv::StoreBackendOptions bo;
+  bo.name = "node 0's store";  // (--master-addr, --master-port: no c10d flag was given)
   bo.host = hosting ? "127.0.0.1" : o_.master_addr;
   bo.port = static_cast<uint16_t>(port_);
   bo.run_id = o_.rdzv_id;

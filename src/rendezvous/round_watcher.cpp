@@ -18,6 +18,18 @@ RoundWatcher::~RoundWatcher() {
   if (thread_.joinable()) thread_.join();
 }
 
+// The store client's error less its leading "store at H:P" (or the backend's own name):
+// the line names the backend already. "store at H:P closed ..." becomes "it closed ...".
+std::string RoundWatcher::without_address(std::string what) const {
+  const std::string& b = names_.backend;
+  const size_t at = b.find(" at ");
+  for (const std::string& lead : {b, at == std::string::npos ? b : "store at " + b.substr(at + 4)}) {
+    if (what.starts_with(lead + ": ")) return what.substr(lead.size() + 2);
+    if (what.starts_with(lead + " ")) return "it" + what.substr(lead.size());
+  }
+  return what;
+}
+
 // Round r's dump lines from other nodes among `lines`: handed to the caller.
 void RoundWatcher::note_dumps(int64_t r, const std::vector<std::string>& lines) {
   std::vector<std::string> asked;
@@ -89,8 +101,8 @@ void RoundWatcher::loop() {
     } catch (const std::exception& e) {
       if (signal_.stopped()) return;
       signal_.notify_end(-1, RoundEnd{RoundEnd::Kind::kStoreLost, "",
-                                      fmt::format("lost the rendezvous at {}: {}{}", names_.backend, e.what(),
-                                                  names_.lost_hint)});
+                                      fmt::format("lost the rendezvous at {}: {}{}", names_.backend,
+                                                  without_address(e.what()), names_.lost_hint)});
       signal_.until_stopped();
       return;
     }

@@ -28,6 +28,7 @@ class RoundWatcher {
  private:
   void loop();
   void note_dumps(int64_t round, const std::vector<std::string>& lines);
+  std::string without_address(std::string what) const;
 
   std::unique_ptr<Backend> events_;
   Names names_;

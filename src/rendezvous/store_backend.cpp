@@ -51,8 +51,8 @@ StoreBackend::StoreBackend(StoreBackendOptions o) : o_(std::move(o)) {
 StoreBackend::~StoreBackend() = default;
 
 std::string StoreBackend::describe() const {
-  return o_.host.find(':') != std::string::npos ? fmt::format("the c10d store at [{}]:{}", o_.host, o_.port)
-                                                : fmt::format("the c10d store at {}:{}", o_.host, o_.port);
+  return o_.host.find(':') != std::string::npos ? fmt::format("{} at [{}]:{}", o_.name, o_.host, o_.port)
+                                                : fmt::format("{} at {}:{}", o_.name, o_.host, o_.port);
 }
 
 std::unique_ptr<Backend> StoreBackend::clone() const {
@@ -254,7 +254,8 @@ void StoreBackend::drop_counter(const std::string& counter) {
   named([&] { store_->delete_key(key(counter)); });
 }
 
-// "store at H:P: ..." (the client's words) as "the c10d store at H:P: ...": every error
+// "store at H:P: ..." (the client's words) as "the c10d store at H:P: ..." (or the name the
+// options give): every error
 // names the backend as describe() does.
 std::string StoreBackend::name(const std::string& what) const {
   const std::string d = describe();

@@ -24,6 +24,7 @@ namespace ddprun::rdzv {
 struct StoreBackendOptions {
   std::string host;
   uint16_t port = 29400;
+  std::string name = "the c10d store";  // in messages, before " at host:port"
   std::string run_id;
   milliseconds timeout{60000};          // each call (read_timeout)
   milliseconds connect_timeout{60000};  // reaching the store

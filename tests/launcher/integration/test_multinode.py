@@ -216,5 +216,28 @@ class MultiNodeTest(DdprunTestCase):
         self.assertIn("not restarting", err)
 
 
+    def test_the_store_host_killed_outright_stops_the_other_node_with_one_clear_line(self):
+        """Node 0 (it hosts the store) SIGKILLed: node 1 stops its workers at once, naming
+        node 0's store (not a c10d store: no c10d flag was given) without the store
+        client's own repetition of the address."""
+        port = free_port()
+        args = ["--no-python", "sh", "-c", f'touch "{self.tmp}/up_$GROUP_RANK.$LOCAL_RANK" && exec sleep 300']
+        n1 = self.start_node(1, port, args)
+        n0 = subprocess.Popen(
+            [DDPRUN, "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port", str(port),
+             "--nproc-per-node", "2", *args], env=clean_env(TMPDIR=self.tmp), stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True)
+        self._procs.append(n0)
+        self.wait_for_files([self.path(f"up_{g}.{l}") for g in (0, 1) for l in (0, 1)])
+        n0.kill()
+        t0 = time.monotonic()
+        self.assertEqual(n1.wait(timeout=scaled(60)), 1)
+        self.assertLess(time.monotonic() - t0, scaled(10))
+        err = read_text(self.path("node1.stderr"))
+        self.assertRegex(err, r"error\] lost the rendezvous at node 0's store at 127\.0\.0\.1:%d: [a-z]" % port)
+        self.assertNotIn("c10d", err)
+        self.assertNotIn(": store at 127.0.0.1", err)
+        self.assertIn("(the store lives in node 0's ddprun: when node 0 stops, so does the job)", err)
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
