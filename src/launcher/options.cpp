@@ -199,16 +199,21 @@ bool take_option(const std::vector<std::string>& args, size_t& i, Flags& given) 
 CommandLine read_command_line(const std::vector<std::string>& args, const std::map<std::string, std::string>& env) {
   CommandLine c;
   size_t i = 0;
+  bool separated = false;
   for (; i < args.size(); ++i) {
     if (args[i] == "--") {
       ++i;
+      separated = true;
       break;
     }
     if (!take_option(args, i, c.given)) break;
   }
   if (i < args.size()) {
     c.script = args[i];
-    c.script_args.assign(args.begin() + static_cast<long>(i) + 1, args.end());
+    // As argparse (torchrun's parser): the command line's first "--" is dropped when it comes
+    // right after the script too (`train.py -- --lr 1` gives the script `--lr 1`).
+    const size_t first = i + 1 + (!separated && i + 1 < args.size() && args[i + 1] == "--" ? 1 : 0);
+    c.script_args.assign(args.begin() + static_cast<long>(first), args.end());
   }
   for (auto& f : flag_table()) {
     if (c.given.has(f.name) || !f.pet) continue;

@@ -256,6 +256,18 @@ TEST_F(LauncherOptions, DoubleDashSeparator) {
   EXPECT_EQ(o.script_args, (Args{"--lr", "0.1"}));
 }
 
+// What Python's argparse gives torchrun's script (3.11 and 3.13 alike): the command line's
+// first "--" is dropped right after the script too, and only the first.
+TEST_F(LauncherOptions, DoubleDashAfterTheScriptAsArgparse) {
+  EXPECT_EQ(parse({script_, "--", "x"}).script_args, (Args{"x"}));
+  EXPECT_EQ(parse({script_, "x", "--", "y"}).script_args, (Args{"x", "--", "y"}));
+  EXPECT_EQ(parse({"--", script_, "--", "y"}).script_args, (Args{"--", "y"}));
+  EXPECT_EQ(parse({script_, "--", "--", "y"}).script_args, (Args{"--", "y"}));
+  EXPECT_EQ(parse({"--nproc-per-node", "2", script_, "--", "--lr", "1"}).script_args, (Args{"--lr", "1"}));
+  EXPECT_EQ(parse({script_, "--nproc-per-node", "3", "--", "x"}).script_args,
+            (Args{"--nproc-per-node", "3", "--", "x"}));
+}
+
 TEST_F(LauncherOptions, NoPythonResolvesFromPath) {
   Options o = parse({"--no-python", "sh", "-c", "true"}, {{"PATH", "/usr/bin:/bin"}});
   EXPECT_TRUE(o.no_python);
