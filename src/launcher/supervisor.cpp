@@ -621,7 +621,8 @@ struct Supervisor::Impl {
     output.start(loop);
     attempts.setup_stdin();
 
-    RunFolders f = make_run_folders(o.log_dir, job.plan.run_id);
+    const bool output_files = o.redirects.all || o.tee.all || !o.redirects.per_rank.empty() || !o.tee.per_rank.empty();
+    RunFolders f = make_run_folders(o.log_dir, job.plan.run_id, output_files);
     tmp_dir = std::move(f.tmp_dir);
     tmp_root = f.tmp_root;
     job.log_root = f.log_root;

@@ -174,15 +174,55 @@ std::string run_id_file_name(std::string run_id) {
   return run_id;
 }
 
-RunFolders make_run_folders(const std::string& log_dir, const std::string& run_id) {
+namespace {
+
+// The parents a run's temporary root may go in, in order: as Python's tempfile (torchrun's
+// mkdtemp) $TMPDIR, $TEMP, $TMP, /tmp, /var/tmp, /usr/tmp and the current folder, except
+// that tmpfs (/dev/shm) comes before /tmp while the run writes no worker output there: its
+// few small folders cost next to nothing to make and remove on tmpfs (on a disk file
+// system they were a third of a launch), but --tee/--redirects logs never fill the RAM that
+// NCCL and DataLoader workers share.
+std::vector<std::string> tmp_parents(bool output_files) {
+  std::vector<std::string> out;
+  for (const char* var : {"TMPDIR", "TEMP", "TMP"})
+    if (const char* v = getenv(var); v && *v) out.push_back(v);
+  if (!output_files) out.push_back("/dev/shm");
+  for (const char* d : {"/tmp", "/var/tmp", "/usr/tmp"}) out.push_back(d);
+  std::error_code ec;
+  if (auto cwd = std::filesystem::current_path(ec); !ec) out.push_back(cwd.string());
+  return out;
+}
+
+// A run's temporary root in the first parent where one can be made; a warning when the
+// environment named one that could not be used (Python falls back silently).
+std::unique_ptr<RunTmpDir> make_tmp_root(bool output_files, std::string& parent) {
+  std::string tried;
+  bool named = false;
+  for (const char* var : {"TMPDIR", "TEMP", "TMP"}) named = named || (getenv(var) && *getenv(var));
+  for (const auto& dir : tmp_parents(output_files)) {
+    try {
+      auto root = std::make_unique<RunTmpDir>(dir);
+      if (!tried.empty() && named)
+        spdlog::warn("no folder can be made in {}: the run's temporary files go to {}", tried, dir);
+      parent = dir;
+      return root;
+    } catch (const ddp::SystemError& e) {
+      tried += (tried.empty() ? "" : ", ") + fmt::format("{} ({})", dir, ddp::errno_text(e.code()));
+    }
+  }
+  throw ddp::Error(fmt::format("cannot create a temporary folder for the run's error files in any of {} "
+                               "(set TMPDIR to a writable folder, or give --log-dir)",
+                               tried));
+}
+
+}  // namespace
+
+RunFolders make_run_folders(const std::string& log_dir, const std::string& run_id, bool output_files) {
   RunFolders f;
   std::string base = log_dir;
   if (base.empty()) {
-    // TMPDIR if set; else tmpfs (/dev/shm), where these few folders cost next to nothing
-    // to make and remove (on a disk file system they were a third of a launch).
-    const char* tmp = getenv("TMPDIR");
-    std::string dir = tmp && *tmp ? tmp : access("/dev/shm", W_OK | X_OK) == 0 ? "/dev/shm" : "/tmp";
-    f.tmp_dir = std::make_unique<RunTmpDir>(dir);
+    std::string dir;
+    f.tmp_dir = make_tmp_root(output_files, dir);
     f.tmp_root = base = f.tmp_dir->path();
     if (prune_due(dir)) prune_run_tmp_dirs(dir);  // older finished runs' folders (README, "Using it")
   }

@@ -13,7 +13,10 @@
 #include <ctime>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -181,7 +184,7 @@ TEST(LauncherTmpdirs, TheRunsFolderIsDirectlyInsideItsParentWhateverTheId) {
   const std::string logs = dir.file("a/b/logs");  // (without the fix, '../..' stays in `dir`)
   for (const std::string id : {"../../esc", "x/y", "..", ".", "/abs", "..hidden", "job42"}) {
     SCOPED_TRACE(id);
-    ddprun::RunFolders f = ddprun::make_run_folders(logs, id);
+    ddprun::RunFolders f = ddprun::make_run_folders(logs, id, false);
     EXPECT_EQ(fs::path(f.log_root).parent_path(), fs::path(logs));
     EXPECT_TRUE(fs::is_directory(f.log_root));
     const std::string name = fs::path(f.log_root).filename();
@@ -189,6 +192,51 @@ TEST(LauncherTmpdirs, TheRunsFolderIsDirectlyInsideItsParentWhateverTheId) {
   }
   EXPECT_EQ(ddprun::run_id_file_name("../../esc"), "___.._esc");
   EXPECT_EQ(ddprun::run_id_file_name("job.42"), "job.42");
+}
+
+// Without --log-dir: an unusable TMPDIR is passed over as Python's tempfile passes it over
+// (torchrun runs; ddprun failed); --tee/--redirects logs never go to tmpfs (/dev/shm).
+class TmpdirEnv {
+ public:
+  explicit TmpdirEnv(const char* value) {
+    if (const char* v = getenv("TMPDIR")) saved_ = v;
+    for (const char* var : {"TEMP", "TMP"})
+      if (const char* v = getenv(var)) others_.emplace_back(var, v), ::unsetenv(var);
+    ::setenv("TMPDIR", value, 1);
+  }
+  ~TmpdirEnv() {
+    if (saved_) ::setenv("TMPDIR", saved_->c_str(), 1);
+    else ::unsetenv("TMPDIR");
+    for (auto& [var, v] : others_) ::setenv(var, v.c_str(), 1);
+  }
+
+ private:
+  std::optional<std::string> saved_;
+  std::vector<std::pair<const char*, std::string>> others_;
+};
+
+std::string parent_of(const ddprun::RunFolders& f) { return fs::path(f.tmp_root).parent_path().string(); }
+
+TEST(LauncherTmpdirs, AnUnusableTmpdirIsPassedOver) {
+  for (const char* bad : {"/nonexistent/ddprun-tmpdirs-test", "/proc"}) {
+    SCOPED_TRACE(bad);
+    TmpdirEnv env(bad);
+    ddprun::RunFolders f = ddprun::make_run_folders("", "job", false);
+    EXPECT_TRUE(fs::is_directory(f.log_root));
+    EXPECT_NE(parent_of(f), bad);
+    fs::remove_all(f.tmp_root);
+  }
+}
+
+TEST(LauncherTmpdirs, OutputFilesNeverGoToTmpfs) {
+  TmpdirEnv env("/nonexistent/ddprun-tmpdirs-test");
+  ddprun::RunFolders quiet = ddprun::make_run_folders("", "job", false);
+  ddprun::RunFolders logs = ddprun::make_run_folders("", "job", true);
+  if (::access("/dev/shm", W_OK | X_OK) == 0) EXPECT_EQ(parent_of(quiet), "/dev/shm");
+  EXPECT_NE(parent_of(logs), "/dev/shm");
+  EXPECT_TRUE(fs::is_directory(logs.log_root));
+  fs::remove_all(quiet.tmp_root);
+  fs::remove_all(logs.tmp_root);
 }
 
 TEST(LauncherTmpdirs, AMissingParentIsNoError) {

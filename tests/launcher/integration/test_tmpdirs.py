@@ -124,5 +124,29 @@ class TmpdirPruneTest(DdprunTestCase):
         self.assertRegex(logs[0], r"^___esc_[a-z0-9_]{8}$")
 
 
+
+class TmpdirChoiceTest(DdprunTestCase):
+    """Where a run's folder goes without --log-dir: an unusable TMPDIR is passed over, as
+    Python's tempfile passes it over for torchrun (ddprun exited 1); --tee logs never go to
+    tmpfs, whose RAM NCCL and DataLoader workers share."""
+
+    def error_file_dir(self, res):
+        line = next(l for l in res.stdout.splitlines() if l.startswith("[rank0]:EF="))
+        return line.split("=", 1)[1].split("/torchelastic_")[0]
+
+    def test_an_unusable_tmpdir_is_passed_over_with_a_warning(self):
+        show = ["--no-python", "sh", "-c", 'echo "EF=$TORCHELASTIC_ERROR_FILE"']
+        # (the harness sets TMPDIR to the test's folder: env(1) sets it after that)
+        bad_tmpdir = ("env", "-u", "TEMP", "-u", "TMP", "TMPDIR=/nonexistent/ddprun-test")
+        res = self.run_ddprun(show, cmd_prefix=bad_tmpdir)
+        self.assertEqual(res.rc, 0, res)
+        self.assertRegex(res.stderr, r"warning\] no folder can be made in /nonexistent/ddprun-test \(No such file or "
+                                     r"directory\): the run's temporary files go to /")
+        self.assertNotEqual(self.error_file_dir(res), "/nonexistent/ddprun-test")
+        # --tee's logs: not in /dev/shm (the first choice of a run that writes no logs).
+        res = self.run_ddprun(["--tee", "3", *show], cmd_prefix=bad_tmpdir)
+        self.assertEqual(res.rc, 0, res)
+        self.assertNotEqual(self.error_file_dir(res), "/dev/shm")
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
