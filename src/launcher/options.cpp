@@ -18,6 +18,7 @@
 #include <fmt/ranges.h>
 
 #include "ddp/error.hpp"
+#include "launcher/fileio.hpp"
 #include "launcher/flags.hpp"
 #include "launcher/gpu.hpp"
 #include "launcher/numa.hpp"
@@ -628,9 +629,24 @@ bool is_executable_file(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
 }
 
+}  // namespace
+
+// The file's first line: a "#!" line names its interpreter; else its first bytes.
+bool runs_directly(const Options& o) {
+  if (o.no_python) return true;
+  if (o.module || o.script.ends_with(".py") || !is_executable_file(o.script)) return false;
+  const std::string head = read_file(o.script, 256).value_or("");
+  if (head.starts_with("\x7f" "ELF")) return true;
+  if (!head.starts_with("#!")) return false;  // no interpreter named: Python's, as torchrun's
+  const std::string line = head.substr(2, head.find('\n') - 2);
+  return line.find("python") == std::string::npos;
+}
+
+namespace {
+
 // The target must exist before any worker starts.
 void check_target(const Options& o, const std::map<std::string, std::string>& env) {
-  bool direct = o.no_python || (!o.module && !o.script.ends_with(".py") && is_executable_file(o.script));
+  bool direct = runs_directly(o);
   if (o.no_python) {
     auto path = env.find("PATH");
     std::string resolved =

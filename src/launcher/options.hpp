@@ -140,6 +140,12 @@ std::vector<std::string> parse_filter_list(const std::string& value);
 
 // "SIGTERM", "TERM" or "15" -> 15; throws UsageError naming the flag.
 int parse_signal(const std::string& flag, const std::string& name);
+// Whether the worker program runs as it is, not as `$PYTHON_EXEC -u script`: --no-python,
+// or an executable that is no .py and no Python program (an ELF binary, or a "#!" line
+// whose interpreter is not a python: a shell script). A Python file, executable or not, with
+// or without its own "#!python" line, runs under $PYTHON_EXEC -u as under torchrun.
+bool runs_directly(const Options& o);
+
 std::string signal_name(int sig);  // 15 -> "SIGTERM"
 
 // The environment as a map (for parse_options).

@@ -16,13 +16,6 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
   return s;
 }
 
-bool runs_directly(const Options& o) {
-  if (o.no_python) return true;
-  if (o.module || o.script.ends_with(".py")) return false;
-  struct stat st {};
-  return stat(o.script.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(o.script.c_str(), X_OK) == 0;
-}
-
 std::string get(const std::map<std::string, std::string>& env, const std::string& k, const std::string& def = "") {
   auto it = env.find(k);
   return it == env.end() ? def : it->second;

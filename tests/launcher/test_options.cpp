@@ -268,6 +268,23 @@ TEST_F(LauncherOptions, DoubleDashAfterTheScriptAsArgparse) {
             (Args{"--nproc-per-node", "3", "--", "x"}));
 }
 
+// What runs as it is and what runs under $PYTHON_EXEC -u: torchrun runs every script with
+// Python; ddprun also runs binaries and other languages' #! scripts directly.
+TEST_F(LauncherOptions, WhatRunsDirectly) {
+  auto direct = [&](const std::string& name, const std::string& text, mode_t mode = 0755) {
+    return ddprun::runs_directly(parse({dir_.write(name, text, mode)}));
+  };
+  EXPECT_TRUE(direct("bin", std::string("\x7f" "ELF\x02\x01", 6)));
+  EXPECT_TRUE(direct("run.sh", "#!/bin/sh\necho hi\n"));
+  EXPECT_TRUE(direct("run_bash", "#! /usr/bin/env bash\necho hi\n"));
+  EXPECT_FALSE(direct("train_sb", "#!/usr/bin/env python3\nprint(1)\n"));  // the same Python as every rank
+  EXPECT_FALSE(direct("train_py3", "#!/usr/bin/python3.11 -u\nprint(1)\n"));
+  EXPECT_FALSE(direct("train_noext", "print(1)\n"));  // no #!: Python's (was: Exec format error)
+  EXPECT_FALSE(direct("run2.sh", "#!/bin/sh\n", 0644));  // not executable
+  EXPECT_FALSE(direct("x.py", "#!/bin/sh\n"));
+  EXPECT_TRUE(ddprun::runs_directly(parse({"--no-python", "sh", "-c", "true"}, {{"PATH", "/usr/bin:/bin"}})));
+}
+
 TEST_F(LauncherOptions, NoPythonResolvesFromPath) {
   Options o = parse({"--no-python", "sh", "-c", "true"}, {{"PATH", "/usr/bin:/bin"}});
   EXPECT_TRUE(o.no_python);

@@ -145,6 +145,28 @@ class EnvTest(DdprunTestCase):
                 self.assertEqual(f.read().strip(), f"{r} {r} 2")
 
 
+    def test_executable_python_files_run_under_python_exec_and_shell_scripts_directly(self):
+        """As torchrun: an executable Python file, without `.py`, with or without its own
+        `#!/usr/bin/env python3`, runs as `$PYTHON_EXEC -u file` (a file without `#!` failed
+        with "Exec format error"; one with `#!` ran another python, buffered). A shell script
+        runs as it is."""
+        probe = "import sys\nprint('PY', sys.executable, sys.stdout.write_through, sys.argv[1:], flush=True)\n"
+        for name, head in (("train_noext", ""), ("train_sb", "#!/usr/bin/env python3\n")):
+            path = self.path(name)
+            with open(path, "w") as f:
+                f.write(head + probe)
+            os.chmod(path, 0o755)
+            res = self.run_ddprun(["--standalone", path, "a"])
+            self.assertEqual(res.rc, 0, res)
+            self.assertIn(f"[rank0]:PY {clean_env()['PYTHON_EXEC']} True ['a']", res.stdout)
+        path = self.path("run.sh")
+        with open(path, "w") as f:
+            f.write('#!/bin/sh\necho "SH $RANK $1"\n')
+        os.chmod(path, 0o755)
+        res = self.run_ddprun(["--standalone", path, "b"])
+        self.assertEqual(res.rc, 0, res)
+        self.assertIn("[rank0]:SH 0 b", res.stdout)
+
 @unittest.skipUnless({0, 1} <= os.sched_getaffinity(0), "needs CPUs 0 and 1")
 class NumaBindingTest(DdprunTestCase):
     """--numa-binding on a made-up machine (DDPRUN_TEST_SYSFS: a sysfs tree and the GPUs'
