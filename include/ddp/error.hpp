@@ -61,4 +61,16 @@ std::string errno_text(int err);
 // "1.5 s", "250 ms": a duration for error messages.
 std::string format_duration(std::chrono::milliseconds d);
 
+namespace detail {
+// now + timeout, saturating: a timeout of milliseconds::max() (or of centuries) means no
+// deadline, not an overflow into the past that fails at once.
+inline std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  const auto now = Clock::now();
+  if (timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now))
+    return Clock::time_point::max();
+  return now + timeout;
+}
+}  // namespace detail
+
 }  // namespace ddp

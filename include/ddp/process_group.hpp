@@ -20,6 +20,7 @@
 //          ProcessGroupOptions::cuda_stream. DeviceBuffer's copies are complete on return.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -101,6 +102,12 @@ struct LaunchEnv {
 // Reads the variables above; throws UsageError naming a missing or malformed one.
 LaunchEnv read_launch_env();
 
+// One thread at a time: a call made while another thread's call on the same group is in
+// progress throws UsageError (groups of their own for threads that communicate at once).
+// Bad arguments (a null buffer, a root outside the group, an unknown dtype or op, a count
+// whose bytes overflow, span sizes that disagree) throw UsageError before anything is sent:
+// the group stays usable. A failure of the collective itself (a peer lost, a timeout) makes
+// the group unusable: every later call repeats it.
 class ProcessGroup {
  public:
   virtual ~ProcessGroup();
@@ -144,6 +151,15 @@ class ProcessGroup {
     check_span_sizes("reduce_scatter", output.size() * static_cast<size_t>(size_), input.size());
     reduce_scatter(input.data(), output.data(), output.size(), dtype_of<T>(), opts);
   }
+  // The same with a mutable input span (std::span<const T> is not deduced from one).
+  template <class T>
+  void all_gather(std::span<T> input, std::span<T> output, const AllGatherOptions& opts = {}) {
+    all_gather(std::span<const T>(input), output, opts);
+  }
+  template <class T>
+  void reduce_scatter(std::span<T> input, std::span<T> output, const ReduceScatterOptions& opts = {}) {
+    reduce_scatter(std::span<const T>(input), output, opts);
+  }
 
   // Set once a collective failed: the reason every later call reports (empty if healthy).
   std::string failure() const { return failure_; }
@@ -180,6 +196,7 @@ class ProcessGroup {
   std::chrono::milliseconds timeout_;
   std::chrono::milliseconds op_timeout_{0};
   std::string failure_;
+  std::atomic<bool> busy_{false};  // a call is in progress (one thread at a time)
 };
 
 // Joins a group from explicit options (throws UsageError on bad options, TimeoutError or

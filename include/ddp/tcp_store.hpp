@@ -123,4 +123,22 @@ class TcpStore : public Store {
   std::unique_ptr<Impl> impl_;
 };
 
+namespace detail {
+// While one lives on a thread, that thread's TcpStore calls end by its deadline, connecting
+// again included: a best-effort notice (a failing rank's abort key) never waits out the
+// connect_timeout of a store that is gone (a rank 0 that hosted it and died).
+class StoreCallDeadline {
+ public:
+  explicit StoreCallDeadline(std::chrono::milliseconds budget);
+  ~StoreCallDeadline();
+  StoreCallDeadline(const StoreCallDeadline&) = delete;
+  StoreCallDeadline& operator=(const StoreCallDeadline&) = delete;
+  // The innermost one's deadline on this thread (time_point::max() when none).
+  static std::chrono::steady_clock::time_point current();
+
+ private:
+  std::chrono::steady_clock::time_point saved_;
+};
+}  // namespace detail
+
 }  // namespace ddp

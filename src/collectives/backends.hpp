@@ -4,6 +4,7 @@
 #include <chrono>
 #include <memory>
 
+#include "ddp/error.hpp"  // deadline_after
 #include "ddp/process_group.hpp"
 
 namespace ddp::detail {
@@ -11,20 +12,14 @@ namespace ddp::detail {
 std::unique_ptr<ProcessGroup> make_cpu_group(const ProcessGroupOptions& o);
 std::unique_ptr<ProcessGroup> make_nccl_group(const ProcessGroupOptions& o);
 
+// How long a failing rank tries to leave its notice in the store (StoreCallDeadline): best
+// effort, never the connect_timeout of a store that is gone.
+inline constexpr std::chrono::milliseconds kAbortNoticeBudget{2000};
+
 // Base class constructor is protected; backends derive through this.
 class GroupBase : public ProcessGroup {
  protected:
   using ProcessGroup::ProcessGroup;
 };
-
-// now + timeout, saturating: a timeout of milliseconds::max() (or of centuries) means no
-// deadline, not an overflow into the past that fails at once.
-inline std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout) {
-  using Clock = std::chrono::steady_clock;
-  const auto now = Clock::now();
-  if (timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now))
-    return Clock::time_point::max();
-  return now + timeout;
-}
 
 }  // namespace ddp::detail

@@ -12,6 +12,7 @@
 
 #include "backends.hpp"
 #include "ddp/nccl.hpp"
+#include "ddp/tcp_store.hpp"
 #include "nccl_check.hpp"
 #include "slices.hpp"
 
@@ -214,6 +215,7 @@ class NcclGroup final : public GroupBase {
   void publish_failure(const std::string& why) noexcept {
     if (!store_) return;
     try {
+      StoreCallDeadline bounded(kAbortNoticeBudget);
       store_->compare_set(abort_key_, "", why);  // the first failure is the root cause
     } catch (...) {
     }

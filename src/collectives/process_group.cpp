@@ -3,6 +3,7 @@
 #include "ddp/process_group.hpp"
 
 #include <charconv>
+#include <cstdint>
 #include <cstdlib>
 
 #include <fmt/format.h>
@@ -57,7 +58,7 @@ const char* ProcessGroup::op_name(Op op) {
 
 void ProcessGroup::check_span_sizes(const char* op, size_t expected, size_t got) const {
   if (expected != got)
-    throw CollectiveError(fmt::format("ddp {} on rank {}: buffer sizes disagree (expected {} "
+    throw UsageError(fmt::format("ddp {} on rank {}: buffer sizes disagree (expected {} "
                                       "elements, got {})",
                                       op, rank_, expected, got));
 }
@@ -70,6 +71,17 @@ uint32_t progress_op(int op) { return static_cast<uint32_t>(op) + 1; }
 template <class F>
 void ProcessGroup::run(Op op, size_t bytes, std::chrono::milliseconds timeout, F&& body) {
   const char* name = op_name(op);
+  // Two threads in one group would interleave their bytes on the same links and rings:
+  // torn results, then a hang. The second is refused; the first goes on.
+  if (busy_.exchange(true, std::memory_order_acquire))
+    throw UsageError(fmt::format("ddp {} on rank {}: called while another thread's call on this process group is "
+                                 "in progress: a group is used by one thread at a time (give each thread a group "
+                                 "of its own)",
+                                 name, rank_));
+  struct Free {
+    std::atomic<bool>& busy;
+    ~Free() { busy.store(false, std::memory_order_release); }
+  } free_on_return{busy_};
   if (!failure_.empty())
     throw CollectiveError(fmt::format("ddp {} on rank {}: the process group is unusable after an "
                                       "earlier failure: {}",
@@ -101,13 +113,29 @@ void ProcessGroup::run(Op op, size_t bytes, std::chrono::milliseconds timeout, F
 }
 
 namespace {
+// Argument checks, before anything is sent: a UsageError leaves the group usable.
 void need(bool ok, int rank, const char* op, const std::string& what) {
-  if (!ok) throw CollectiveError(fmt::format("ddp {} on rank {}: {}", op, rank, what));
+  if (!ok) throw UsageError(fmt::format("ddp {} on rank {}: {}", op, rank, what));
+}
+
+// A known dtype, and count elements (times `blocks`: all_gather's output, reduce_scatter's
+// input) whose bytes fit in a size_t.
+void need_elements(size_t count, DType dtype, size_t blocks, int rank, const char* op) {
+  const size_t bytes = dtype_size(dtype);
+  need(bytes != 0, rank, op, fmt::format("unknown dtype {}", static_cast<int>(dtype)));
+  need(count <= SIZE_MAX / bytes / blocks, rank, op,
+       fmt::format("{} elements of {} ({} per rank) do not fit in memory", count, dtype_name(dtype), blocks));
+}
+
+void need_op(ReduceOp op, int rank, const char* name) {
+  need(reduce_op_name(op) != "unknown", rank, name, fmt::format("unknown reduce op {}", static_cast<int>(op)));
 }
 }  // namespace
 
 void ProcessGroup::all_reduce(void* data, size_t count, DType dtype, const AllReduceOptions& o) {
   need(data || count == 0, rank_, "all_reduce", "null buffer");
+  need_elements(count, dtype, 1, rank_, "all_reduce");
+  need_op(o.op, rank_, "all_reduce");
   run(Op::kAllReduce, count * dtype_size(dtype), o.timeout,
       [&](auto dl) { do_all_reduce(data, count, dtype, o.op, dl); });
 }
@@ -116,12 +144,14 @@ void ProcessGroup::broadcast(void* data, size_t count, DType dtype, const Broadc
   need(data || count == 0, rank_, "broadcast", "null buffer");
   need(o.root >= 0 && o.root < size_, rank_, "broadcast",
        fmt::format("root {} is not a rank of this group of {}", o.root, size_));
+  need_elements(count, dtype, 1, rank_, "broadcast");
   run(Op::kBroadcast, count * dtype_size(dtype), o.timeout, [&](auto dl) { do_broadcast(data, count, dtype, o.root, dl); });
 }
 
 void ProcessGroup::all_gather(const void* input, void* output, size_t count, DType dtype,
                               const AllGatherOptions& o) {
   need((input && output) || count == 0, rank_, "all_gather", "null buffer");
+  need_elements(count, dtype, static_cast<size_t>(size_), rank_, "all_gather");
   run(Op::kAllGather, count * dtype_size(dtype), o.timeout,
       [&](auto dl) { do_all_gather(input, output, count, dtype, dl); });
 }
@@ -129,6 +159,8 @@ void ProcessGroup::all_gather(const void* input, void* output, size_t count, DTy
 void ProcessGroup::reduce_scatter(const void* input, void* output, size_t count, DType dtype,
                                   const ReduceScatterOptions& o) {
   need((input && output) || count == 0, rank_, "reduce_scatter", "null buffer");
+  need_elements(count, dtype, static_cast<size_t>(size_), rank_, "reduce_scatter");
+  need_op(o.op, rank_, "reduce_scatter");
   run(Op::kReduceScatter, count * dtype_size(dtype), o.timeout,
       [&](auto dl) { do_reduce_scatter(input, output, count, dtype, o.op, dl); });
 }
@@ -137,7 +169,15 @@ void ProcessGroup::barrier(const BarrierOptions& o) {
   run(Op::kBarrier, 0, o.timeout, [&](auto dl) { do_barrier(dl); });
 }
 
+namespace {
+void need_positive_timeout(const ProcessGroupOptions& o) {
+  if (o.timeout.count() <= 0)
+    throw UsageError(fmt::format("ddp::init_process_group: timeout must be positive (got {} ms)", o.timeout.count()));
+}
+}  // namespace
+
 std::unique_ptr<ProcessGroup> init_process_group(ProcessGroupOptions o) {
+  need_positive_timeout(o);
   if (o.world_size < 1)
     throw UsageError(fmt::format("ddp::init_process_group: world_size must be >= 1 (got {})",
                                  o.world_size));
@@ -146,8 +186,6 @@ std::unique_ptr<ProcessGroup> init_process_group(ProcessGroupOptions o) {
                                  o.world_size));
   if (o.world_size > 1 && !o.store)
     throw UsageError("ddp::init_process_group: a store is required when world_size > 1");
-  if (o.timeout.count() <= 0)
-    throw UsageError("ddp::init_process_group: timeout must be positive");
   // A group made again under a name used before on this store (destroy and re-init, as
   // torch allows) takes keys of its own: the store still holds the last one's (its shared
   // memory segment's name, its ports), which it would read. Each rank counts its own groups
@@ -241,6 +279,7 @@ std::shared_ptr<TcpStore> host_store(const LaunchEnv& e, std::chrono::millisecon
 
 std::unique_ptr<ProcessGroup> init_process_group_from_env(ProcessGroupOptions o) {
   detail::arm_native_stack_dump();  // a job stuck before its first collective still answers
+  need_positive_timeout(o);  // (before any store is reached with it)
   LaunchEnv e = read_launch_env();
   o.rank = e.rank;
   o.world_size = e.world_size;

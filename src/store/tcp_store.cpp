@@ -60,6 +60,14 @@ milliseconds since(Clock::time_point t0) {
   return std::chrono::duration_cast<milliseconds>(Clock::now() - t0);
 }
 
+thread_local Clock::time_point t_call_deadline = Clock::time_point::max();
+
+// A call's deadline: its timeout from now (saturating: milliseconds::max() is none), and no
+// later than the thread's StoreCallDeadline.
+Clock::time_point call_deadline(milliseconds timeout) {
+  return std::min(detail::deadline_after(timeout), t_call_deadline);
+}
+
 int poll_ms(Clock::time_point deadline) {
   auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
   if (left <= 0) return 0;
@@ -192,7 +200,7 @@ struct TcpStore::Impl {
 
   void connect() {
     const auto t0 = Clock::now();
-    const auto deadline = t0 + opt.connect_timeout;
+    const auto deadline = call_deadline(opt.connect_timeout);
     // Jitter for the retries only: the pid and the clock make a seed (std::random_device
     // probes the CPU first, costly in a VM, and a thousand agents connect several times each).
     std::mt19937_64 rng(static_cast<uint64_t>(::getpid()) * 0x9E3779B97F4A7C15ULL ^
@@ -515,7 +523,7 @@ struct TcpStore::Impl {
                                    proto::op_name(r.op)));
     std::string buf;
     proto::encode_request(gen, r, buf);
-    auto deadline = Clock::now() + timeout;
+    auto deadline = call_deadline(timeout);
     try {
       send_all(buf, deadline, describe(r));
     } catch (const IoTimeout&) {
@@ -587,7 +595,7 @@ struct TcpStore::Impl {
     std::string buf;
     proto::encode_request(gen, cancel, buf);
     // A live server answers the cancel at once; don't let a dead one hold us for minutes.
-    auto grace = Clock::now() + std::clamp(opt.timeout, milliseconds(1000), milliseconds(10000));
+    auto grace = call_deadline(std::clamp(opt.timeout, milliseconds(1000), milliseconds(10000)));
     try {
       send_all(buf, grace, "CANCEL_WAIT");
       auto v = recv_value<uint8_t>(grace, "CANCEL_WAIT");
@@ -911,5 +919,17 @@ bool TcpStore::wait_grows(const std::string& key, int64_t size, std::chrono::mil
   r.i64 = size;
   return extension_call(*impl_, "WAIT_GROWS", [&] { return impl_->do_wait_request(r, timeout, /*wake=*/true); });
 }
+
+namespace detail {
+
+StoreCallDeadline::StoreCallDeadline(milliseconds budget) : saved_(t_call_deadline) {
+  t_call_deadline = std::min(t_call_deadline, deadline_after(budget));
+}
+
+StoreCallDeadline::~StoreCallDeadline() { t_call_deadline = saved_; }
+
+Clock::time_point StoreCallDeadline::current() { return t_call_deadline; }
+
+}  // namespace detail
 
 }  // namespace ddp

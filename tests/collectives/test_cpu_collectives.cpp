@@ -4,8 +4,11 @@
 // stages and slices are uneven or empty).
 #include <atomic>
 #include <cmath>
+#include <cstdint>
+#include <functional>
 #include <limits>
 #include <mutex>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -366,11 +369,78 @@ TEST(Collectives, BadArgumentsAreReported) {
   try {
     pg->broadcast(&x, 1, DType::kFloat32, {.root = 3});
     FAIL() << "no exception";
-  } catch (const ddp::CollectiveError& e) {
+  } catch (const ddp::UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("root 3"), std::string::npos) << e.what();
   }
   std::vector<float> in(4), out(3);
-  EXPECT_THROW(pg->reduce_scatter(std::span<const float>(in), std::span<float>(out)), ddp::CollectiveError);
+  EXPECT_THROW(pg->reduce_scatter(std::span<const float>(in), std::span<float>(out)), ddp::UsageError);
+}
+
+// Bad arguments are refused before anything is sent, as UsageError, naming the bad value;
+// the group stays usable (before: an unknown dtype failed inside the collective, after
+// communicating, and made the group unusable; a count whose bytes overflow crashed).
+TEST(Collectives, BadArgumentsLeaveTheGroupUsable) {
+  GroupConfig c;
+  c.n = 2;
+  auto errors = run_ranks(c, [&](ddp::ProcessGroup& pg) {
+    std::vector<float> v(10, 1.0f), out(20);
+    auto refused = [&](const char* what, const std::function<void()>& call, const std::string& says) {
+      try {
+        call();
+      } catch (const ddp::UsageError& e) {
+        if (std::string(e.what()).find(says) != std::string::npos) return;
+        throw std::runtime_error(std::string(what) + ": " + e.what());
+      }
+      throw std::runtime_error(std::string(what) + ": not refused");
+    };
+    refused("dtype", [&] { pg.all_reduce(v.data(), v.size(), static_cast<DType>(42)); }, "unknown dtype 42");
+    refused("op", [&] { pg.all_reduce(std::span<float>(v), {.op = static_cast<ReduceOp>(9)}); }, "unknown reduce op 9");
+    refused("rs op", [&] { pg.reduce_scatter(std::span<const float>(out), std::span<float>(v), {.op = static_cast<ReduceOp>(9)}); },
+            "unknown reduce op 9");
+    refused("overflow", [&] { pg.all_reduce(v.data(), SIZE_MAX / 2, DType::kFloat32); }, "do not fit in memory");
+    refused("gather overflow", [&] { pg.all_gather(v.data(), out.data(), SIZE_MAX / 4, DType::kFloat32); },
+            "do not fit in memory");
+    refused("null", [&] { pg.all_reduce(nullptr, 3, DType::kFloat32); }, "null buffer");
+    refused("root", [&] { pg.broadcast(std::span<float>(v), {.root = 2}); }, "root 2 is not a rank");
+    refused("sizes", [&] { pg.all_gather(std::span<float>(v), std::span<float>(v)); }, "buffer sizes disagree");
+    // Still usable: and the mutable-span all_gather / reduce_scatter compile and work.
+    pg.all_reduce(std::span<float>(v));
+    if (v[0] != 2.0f) throw std::runtime_error("wrong sum after refused calls");
+    pg.all_gather(std::span<float>(v), std::span<float>(out));
+    pg.reduce_scatter(std::span<float>(out), std::span<float>(v));
+    if (v[0] != 4.0f) throw std::runtime_error("wrong reduce_scatter");
+  });
+  expect_no_errors(errors);
+}
+
+// A group is used by one thread at a time: a second thread's call while the first is in
+// progress is refused (before: both ran on the same links, tore each other's results,
+// then hung until the timeout); the first completes.
+TEST(Collectives, ASecondThreadsCallIsRefusedAndTheFirstCompletes) {
+  GroupConfig c;
+  c.n = 2;
+  auto errors = run_ranks(c, [&](ddp::ProcessGroup& pg) {
+    std::vector<float> v(1000, 1.0f), w(1000, 100.0f);
+    if (pg.rank() == 1) {
+      std::this_thread::sleep_for(ddp::test::scaled(std::chrono::milliseconds(500)));  // rank 0's first call waits for it
+      pg.all_reduce(std::span<float>(v));
+      if (v[0] != 2.0f) throw std::runtime_error("rank 1: wrong sum");
+      return;
+    }
+    std::thread first([&] { pg.all_reduce(std::span<float>(v)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::string second;
+    try {
+      pg.all_reduce(std::span<float>(w));
+      second = "not refused";
+    } catch (const ddp::UsageError& e) {
+      if (std::string(e.what()).find("another thread's call") == std::string::npos) second = e.what();
+    }
+    first.join();
+    if (!second.empty()) throw std::runtime_error("rank 0, second thread: " + second);
+    if (v[0] != 2.0f || w[0] != 100.0f) throw std::runtime_error("rank 0: wrong results");
+  });
+  expect_no_errors(errors);
 }
 
 }  // namespace

@@ -3,7 +3,10 @@
 // /dev/shm too small for the shared-memory segment means loopback TCP, not SIGBUS.
 #include <sched.h>
 #include <signal.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -109,7 +112,24 @@ TEST(CollectiveFailures, BootstrapTimesOutNamingMissingRank) {
 // large all_reduces (mid_element: once it has sent 1 MiB over TCP, 2 bytes into a float, its
 // stream's end inside an element). Every other rank must fail, naming the victim, long before
 // the timeout.
-void killed_peer(int n, int victim, ddp::Transport transport, size_t slice = 0, bool mid_element = false) {
+// A port nobody listens on now (bound, then released).
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    ADD_FAILURE() << "no free port: " << ddp::errno_text(errno);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// env_store: the ranks join from the environment with no launcher's store
+// (TORCHELASTIC_USE_AGENT_STORE unset): rank 0 hosts the job's store, as PyTorch's env://.
+void killed_peer(int n, int victim, ddp::Transport transport, size_t slice = 0, bool mid_element = false,
+                 bool env_store = false) {
   namespace fs = std::filesystem;
   std::string dir = fs::temp_directory_path() / ("ddp-kill-" + std::to_string(getpid()) + "-" +
                                                  std::to_string(Clock::now().time_since_epoch().count()));
@@ -118,6 +138,7 @@ void killed_peer(int n, int victim, ddp::Transport transport, size_t slice = 0, 
   const auto op_timeout = scaled(180s);
   const auto guard = scaled(60s);  // then the ranks are killed: a hang
   std::vector<pid_t> pids;
+  const int port = env_store ? free_port() : 0;
   auto start = Clock::now();
   for (int r = 0; r < n; ++r) {
     pid_t pid = fork();
@@ -125,16 +146,25 @@ void killed_peer(int n, int victim, ddp::Transport transport, size_t slice = 0, 
     if (pid == 0) {
       std::string result;
       try {
-        auto store = std::make_shared<ddp_testing::FileStore>(dir + "/store");
         ddp::ProcessGroupOptions o;
         o.rank = r;
         o.world_size = n;
-        o.store = store;
+        if (!env_store) o.store = std::make_shared<ddp_testing::FileStore>(dir + "/store");
         o.transport = transport;
         o.slice_min_bytes = slice;
         o.timeout = scaled(30s);  // a hang guard for the bootstrap
         if (r == victim && mid_element) setenv("DDP_TEST_FAULT", "tcp-die-mid-element", 1);
-        auto pg = ddp::init_process_group(o);
+        if (env_store) {
+          for (const char* v : {"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT", "GROUP_RANK"})
+            unsetenv(v);
+          const std::pair<const char*, std::string> vars[] = {
+              {"RANK", std::to_string(r)},       {"LOCAL_RANK", std::to_string(r)},
+              {"WORLD_SIZE", std::to_string(n)}, {"LOCAL_WORLD_SIZE", std::to_string(n)},
+              {"MASTER_ADDR", "127.0.0.1"},      {"MASTER_PORT", std::to_string(port)}};
+          for (const auto& [k, v] : vars) setenv(k, v.c_str(), 1);
+          o.timeout = op_timeout;  // what a notice to a store that is gone waited for, up to a minute
+        }
+        auto pg = env_store ? ddp::init_process_group_from_env(o) : ddp::init_process_group(o);
         if (r == victim && !mid_element)
           std::thread([] {
             std::this_thread::sleep_for(300ms);
@@ -218,6 +248,13 @@ TEST(CollectiveFailures, KilledPeerShmSliceThreeRanksFirst) {
   killed_peer(3, 0, ddp::Transport::kAuto, 1);
 }
 TEST(CollectiveFailures, KilledPeerShmTwoRanks) { killed_peer(2, 0, ddp::Transport::kAuto); }
+// Rank 0 hosted the store (no launcher) and is killed: the others fail at once too. Their
+// abort notice to that store retried for its connect timeout (a minute) before they reported.
+TEST(CollectiveFailures, KilledStoreHostingRankZeroThreeRanks) {
+  const auto t0 = Clock::now();
+  killed_peer(3, 0, ddp::Transport::kAuto, 0, false, true);
+  EXPECT_LT(Clock::now() - t0, scaled(20s)) << "the others waited for the store that died with rank 0";
+}
 
 // The shared-memory segment's name is gone once everyone mapped it.
 TEST(CollectiveFailures, ShmSegmentNameIsUnlinked) {

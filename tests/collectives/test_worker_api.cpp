@@ -247,6 +247,29 @@ TEST(LaunchEnv, ReadsWhatDdprunSets) {
   EXPECT_THROW(ddp::read_launch_env(), ddp::UsageError);
 }
 
+// A group timeout that is not positive is refused before any store is reached (before: a
+// 0 ms handshake with the launcher's store failed as "sent no reply ... within 5 ms").
+TEST(LaunchEnv, ANonPositiveTimeoutIsRefusedBeforeTheStoreIsReached) {
+  EnvGuard g;
+  setenv("RANK", "1", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "1", 1);  // nothing listens: reaching it would fail otherwise
+  setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+  for (auto t : {std::chrono::milliseconds(0), std::chrono::milliseconds(-5)}) {
+    ddp::ProcessGroupOptions o;
+    o.timeout = t;
+    try {
+      ddp::init_process_group_from_env(o);
+      ADD_FAILURE() << "accepted " << t.count() << " ms";
+    } catch (const ddp::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("timeout must be positive (got " + std::to_string(t.count()) + " ms)"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(LaunchEnv, WorldSizeOneNeedsNoStore) {
   EnvGuard g;
   setenv("RANK", "0", 1);

@@ -343,6 +343,48 @@ INSTANTIATE_TEST_SUITE_P(Both, StoreGen,
                          ::testing::Values(WireGeneration::kV1, WireGeneration::kV2), gen_name);
 
 // ---------------------------------------------------------------------------------------
+// Deadlines
+
+// milliseconds::max() is no deadline (before: now + max overflowed and every call failed at
+// once: "no reply to ADD within 9.22e+15 s", libddp's init with that group timeout).
+TEST(StoreDeadlines, TheLongestTimeoutsMeanNoDeadline) {
+  auto server = start_server();
+  auto o = client_options(server->port(), WireGeneration::kV2, std::chrono::milliseconds::max());
+  o.connect_timeout = std::chrono::milliseconds::max();
+  ddp::TcpStore s(o);
+  EXPECT_EQ(s.add("n", 2), 2);
+  s.set("k", "v");
+  EXPECT_EQ(s.get("k"), "v");
+  s.wait({"k"});
+  std::thread([&] {
+    std::this_thread::sleep_for(50ms);
+    ddp::TcpStore(client_options(server->port(), WireGeneration::kV2)).set("later", "1");
+  }).join();
+  EXPECT_EQ(s.get("later"), "1");
+}
+
+// A StoreCallDeadline bounds a thread's calls, reconnecting included: a notice to a store
+// that is gone gives up by it, not after the client's connect_timeout.
+TEST(StoreDeadlines, AScopedDeadlineBoundsReconnecting) {
+  auto server = start_server();
+  auto o = client_options(server->port(), WireGeneration::kV2);
+  o.connect_timeout = 60s;
+  ddp::TcpStore s(o);
+  s.set("k", "v");
+  server->stop();
+  server.reset();
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    ddp::detail::StoreCallDeadline bounded(300ms);
+    // The first call may fail on the dead connection itself; the second connects again.
+    // (A SET, which has no reply, may go to the dead socket unseen.)
+    for (int call = 0; call < 2; ++call) EXPECT_THROW(s.add("n", 1), ddp::Error);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, scaled(5s));
+  EXPECT_EQ(ddp::detail::StoreCallDeadline::current(), std::chrono::steady_clock::time_point::max());
+}
+
+// ---------------------------------------------------------------------------------------
 // Generation 1 specifics
 
 TEST(StoreGen1, StrayStopWaitingAfterAClientGaveUp) {

@@ -34,6 +34,7 @@
 #include "../reduce.hpp"
 #include "../slices.hpp"
 #include "ddp/error.hpp"
+#include "ddp/tcp_store.hpp"
 #include "shm.hpp"
 #include "tcp.hpp"
 
@@ -231,6 +232,9 @@ class CpuGroup final : public GroupBase {
   void on_failure(const std::string& reason) noexcept override {
     if (store_) {
       try {
+        // Best effort, and short: a store that is gone (rank 0 hosted it and died) is not
+        // waited for over its connect_timeout (a minute) before this rank reports.
+        StoreCallDeadline bounded(kAbortNoticeBudget);
         store_->set(key(fmt::format("abort/{}", rank())), reason);
         store_->set(key("abort"), std::to_string(rank()));  // one key for waiters to check
       } catch (...) {
