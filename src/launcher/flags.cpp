@@ -78,7 +78,7 @@ const FlagSpec kFlags[] = {
     {"no-python", 0, K::kFlag, "", "Worker command", "run the script directly, not through python"},
     {"run-path", 0, K::kFlag, "", "Worker command", "run the script through python (as runpy.run_path would)"},
     {"virtual-local-rank", 0, K::kFlag, "", "Worker command",
-     "LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES=<its GPU> for every worker"},
+     "LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES=<its GPU> for every worker (its entry of CUDA_VISIBLE_DEVICES: one each)"},
     {"preload", 0, K::kValue, "", "Worker command",
      "import these Python modules once per node (e.g. torch,numpy) in a warm process and fork every worker from "
      "it, restarts too (docs/preload.md)",

@@ -106,6 +106,19 @@ int count_ids(const std::string& list) {
 
 }  // namespace
 
+std::optional<std::vector<std::string>> visible_device_ids(const std::map<std::string, std::string>& env) {
+  auto it = env.find("CUDA_VISIBLE_DEVICES");
+  if (it == env.end()) return std::nullopt;
+  std::vector<std::string> ids;
+  if (it->second == "-1") return ids;
+  std::istringstream list(it->second);
+  for (std::string id; std::getline(list, id, ',');) {
+    const size_t a = id.find_first_not_of(" \t"), b = id.find_last_not_of(" \t");
+    if (a != std::string::npos) ids.push_back(id.substr(a, b - a + 1));
+  }
+  return ids;
+}
+
 std::optional<GpuCount> slurm_gpus(const std::map<std::string, std::string>& env) {
   auto get = [&](const char* k) -> const std::string* {
     auto it = env.find(k);

@@ -26,6 +26,10 @@ struct GpuCount {
 // none was given. nullopt outside Slurm.
 std::optional<GpuCount> slurm_gpus(const std::map<std::string, std::string>& env);
 
+// The entries of CUDA_VISIBLE_DEVICES in `env`, trimmed ("4, 5" -> 4 and 5); empty when it
+// hides every device ("" or "-1"); nullopt when it is not set (every device is visible).
+std::optional<std::vector<std::string>> visible_device_ids(const std::map<std::string, std::string>& env);
+
 // The GPUs workers may use: slurm_gpus() of this process's environment when slurm_aware and
 // inside a Slurm job, else gpu_count().
 GpuCount visible_gpus(bool slurm_aware);

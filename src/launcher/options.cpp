@@ -428,6 +428,17 @@ void check_worker_command(const Options& o, const Flags& g) {
                                  g.source("logs-specs"), o.logs_specs));
 }
 
+// --virtual-local-rank gives each worker one entry of CUDA_VISIBLE_DEVICES: a list shorter
+// than the workers would hand some of them a device the user did not give.
+void check_virtual_local_rank(const Options& o, const std::map<std::string, std::string>& env) {
+  if (!o.virtual_local_rank) return;
+  const auto ids = visible_device_ids(env);
+  if (ids && static_cast<int>(ids->size()) < o.nproc_per_node)
+    throw UsageError(fmt::format("--virtual-local-rank: CUDA_VISIBLE_DEVICES='{}' gives {} device(s) for {} workers "
+                                 "(--nproc-per-node): each worker needs one of its own",
+                                 env.at("CUDA_VISIBLE_DEVICES"), ids->size(), o.nproc_per_node));
+}
+
 // --numa-binding: each local rank's CPUs, found once (the machine does not change).
 void bind_near_gpus(Options& o, const Flags& g, const std::map<std::string, std::string>& env) {
   if (o.numa_binding.empty()) return;
@@ -903,6 +914,7 @@ Options parse_options(const std::vector<std::string>& args, const std::map<std::
   read_store_sharing(o, env);
   check_target(o, env);
   check_summary_json(o, g);
+  check_virtual_local_rank(o, env);
   bind_near_gpus(o, g, env);
   return o;
 }

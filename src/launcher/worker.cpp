@@ -5,6 +5,7 @@
 
 #include <sstream>
 
+#include "launcher/gpu.hpp"
 #include "launcher/process.hpp"
 
 namespace ddprun {
@@ -79,16 +80,11 @@ std::map<std::string, std::string> worker_environment(const Options& o, const Jo
   env["TORCHELASTIC_USE_AGENT_STORE"] = plan.use_agent_store ? "True" : "False";
   env["TORCHELASTIC_ERROR_FILE"] = error_file;
   if (o.virtual_local_rank) {
-    // Each worker sees only its own GPU, as device 0.
-    std::string visible = get(base, "CUDA_VISIBLE_DEVICES");
-    std::string device = s(local_rank);
-    if (!visible.empty()) {
-      std::vector<std::string> ids;
-      std::stringstream ss(visible);
-      for (std::string id; std::getline(ss, id, ',');) ids.push_back(id);
-      if (local_rank < static_cast<int>(ids.size())) device = ids[static_cast<size_t>(local_rank)];
-    }
-    env["CUDA_VISIBLE_DEVICES"] = device;
+    // Each worker sees only its own GPU, as device 0: its entry of CUDA_VISIBLE_DEVICES (the
+    // options checked there is one for every local rank), else its local rank.
+    const auto ids = visible_device_ids(base);
+    const auto lr = static_cast<size_t>(local_rank);
+    env["CUDA_VISIBLE_DEVICES"] = ids && lr < ids->size() ? (*ids)[lr] : s(local_rank);
     env["LOCAL_RANK"] = "0";
   }
   return env;

@@ -285,6 +285,20 @@ TEST_F(LauncherOptions, WhatRunsDirectly) {
   EXPECT_TRUE(ddprun::runs_directly(parse({"--no-python", "sh", "-c", "true"}, {{"PATH", "/usr/bin:/bin"}})));
 }
 
+// --virtual-local-rank with fewer CUDA_VISIBLE_DEVICES entries than workers would hand a
+// worker a device the user excluded ("4" and 2 workers gave rank 1 device 1; "" gave 0, 1).
+TEST_F(LauncherOptions, VirtualLocalRankNeedsADeviceForEveryWorker) {
+  for (const char* visible : {"4", "", "-1", "4,"}) {
+    SCOPED_TRACE(visible);
+    const std::string err = usage_error_with_script({"--virtual-local-rank", "--nproc-per-node", "2"},
+                                                    {{"CUDA_VISIBLE_DEVICES", visible}});
+    EXPECT_NE(err.find("each worker needs one of its own"), std::string::npos) << err;
+  }
+  EXPECT_TRUE(parse_with_script({"--virtual-local-rank", "--nproc-per-node", "2"}, {{"CUDA_VISIBLE_DEVICES", "4, 5"}})
+                  .virtual_local_rank);
+  EXPECT_TRUE(parse_with_script({"--virtual-local-rank", "--nproc-per-node", "2"}).virtual_local_rank);  // unset: all
+}
+
 TEST_F(LauncherOptions, NoPythonResolvesFromPath) {
   Options o = parse({"--no-python", "sh", "-c", "true"}, {{"PATH", "/usr/bin:/bin"}});
   EXPECT_TRUE(o.no_python);

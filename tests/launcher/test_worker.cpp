@@ -138,6 +138,8 @@ TEST(LauncherWorkerEnv, VirtualLocalRank) {
   Env base{{"CUDA_VISIBLE_DEVICES", "3,5,7,9"}};
   EXPECT_EQ(at(worker_environment(o, plan, 2, "e", base), "CUDA_VISIBLE_DEVICES"), "7");
   EXPECT_EQ(at(worker_environment(o, plan, 0, "e", base), "CUDA_VISIBLE_DEVICES"), "3");
+  Env spaced{{"CUDA_VISIBLE_DEVICES", "4, 5"}};  // as torch's strip(): no " 5"
+  EXPECT_EQ(at(worker_environment(o, plan, 1, "e", spaced), "CUDA_VISIBLE_DEVICES"), "5");
 }
 
 TEST(LauncherWorkerEnv, WithoutVirtualLocalRankCudaVisibleDevicesUntouched) {
