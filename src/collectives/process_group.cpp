@@ -113,22 +113,29 @@ void ProcessGroup::run(Op op, size_t bytes, std::chrono::milliseconds timeout, F
 }
 
 namespace {
-// Argument checks, before anything is sent: a UsageError leaves the group usable.
-void need(bool ok, int rank, const char* op, const std::string& what) {
-  if (!ok) throw UsageError(fmt::format("ddp {} on rank {}: {}", op, rank, what));
+// Argument checks, before anything is sent: a UsageError leaves the group usable. (The
+// message is made only on failure: these run before every call, the cheapest included.)
+[[noreturn]] void refuse(int rank, const char* op, const std::string& what) {
+  throw UsageError(fmt::format("ddp {} on rank {}: {}", op, rank, what));
+}
+
+void need(bool ok, int rank, const char* op, const char* what) {
+  if (!ok) refuse(rank, op, what);
 }
 
 // A known dtype, and count elements (times `blocks`: all_gather's output, reduce_scatter's
 // input) whose bytes fit in a size_t.
 void need_elements(size_t count, DType dtype, size_t blocks, int rank, const char* op) {
   const size_t bytes = dtype_size(dtype);
-  need(bytes != 0, rank, op, fmt::format("unknown dtype {}", static_cast<int>(dtype)));
-  need(count <= SIZE_MAX / bytes / blocks, rank, op,
-       fmt::format("{} elements of {} ({} per rank) do not fit in memory", count, dtype_name(dtype), blocks));
+  if (bytes == 0) refuse(rank, op, fmt::format("unknown dtype {}", static_cast<int>(dtype)));
+  if (count > (SIZE_MAX >> 4) / blocks && count > SIZE_MAX / bytes / blocks)
+    refuse(rank, op, fmt::format("{} elements of {} ({} per rank) do not fit in memory", count, dtype_name(dtype),
+                                 blocks));
 }
 
 void need_op(ReduceOp op, int rank, const char* name) {
-  need(reduce_op_name(op) != "unknown", rank, name, fmt::format("unknown reduce op {}", static_cast<int>(op)));
+  if (static_cast<unsigned>(op) > static_cast<unsigned>(ReduceOp::kAvg))
+    refuse(rank, name, fmt::format("unknown reduce op {}", static_cast<int>(op)));
 }
 }  // namespace
 
@@ -142,8 +149,8 @@ void ProcessGroup::all_reduce(void* data, size_t count, DType dtype, const AllRe
 
 void ProcessGroup::broadcast(void* data, size_t count, DType dtype, const BroadcastOptions& o) {
   need(data || count == 0, rank_, "broadcast", "null buffer");
-  need(o.root >= 0 && o.root < size_, rank_, "broadcast",
-       fmt::format("root {} is not a rank of this group of {}", o.root, size_));
+  if (o.root < 0 || o.root >= size_)
+    refuse(rank_, "broadcast", fmt::format("root {} is not a rank of this group of {}", o.root, size_));
   need_elements(count, dtype, 1, rank_, "broadcast");
   run(Op::kBroadcast, count * dtype_size(dtype), o.timeout, [&](auto dl) { do_broadcast(data, count, dtype, o.root, dl); });
 }
