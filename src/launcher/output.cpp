@@ -224,7 +224,9 @@ void StreamForwarder::remember(const char* p, size_t n) {
 
 void StreamForwarder::duplicate(const char* p, size_t n, bool terminated, const std::string& stamp) {
   if (cfg_.filtered_fd < 0 || filtered_lost_) return;
-  filtered_line_.append(p, n);
+  // A line is matched on its first MiB (raw output sends an overlong line unfinished).
+  constexpr size_t kFilteredLineMax = 1 << 20;
+  filtered_line_.append(p, std::min(n, kFilteredLineMax - std::min(kFilteredLineMax, filtered_line_.size())));
   if (!terminated) return;
   const bool hit = std::ranges::any_of(
       *cfg_.filters, [&](const std::string& f) { return filtered_line_.find(f) != std::string::npos; });
@@ -232,6 +234,7 @@ void StreamForwarder::duplicate(const char* p, size_t n, bool terminated, const 
     std::string line;
     line.reserve(stamp.size() + cfg_.prefix.size() + filtered_line_.size());
     line.append(stamp).append(cfg_.prefix).append(filtered_line_);
+    if (filtered_line_.size() >= kFilteredLineMax && !line.ends_with('\n')) line += '\n';  // cut at 1 MiB
     if (int err = write_all(cfg_.filtered_fd, line.data(), line.size())) {
       filtered_lost_ = true;
       spdlog::warn("cannot write the filtered lines ({}): this worker's are missing from it from here on",
@@ -335,7 +338,18 @@ size_t StreamForwarder::open_bytes() const {
 // Sends kMaxLine pieces of an overlong line, each ending with the continuation mark; the
 // first counts what idle flushes already sent of it. Only cuts beyond kMaxLine: the byte
 // at the cut must have arrived to tell whether the cut falls inside a UTF-8 character.
+// Raw output (an empty prefix, no time stamps) is forwarded byte for byte instead: each
+// kMaxLine piece goes out as an idle flush's does, unfinished, and only another worker's
+// line in between ends it with a newline (a 200 kB JSON line reaches `| jq` whole).
 void StreamForwarder::split_overlong(std::string& out, const std::string& stamp) {
+  if (cfg_.prefix.empty() && !cfg_.timestamps) {
+    while (partial_.size() > kMaxLine) {
+      const size_t cut = utf8_cut(partial_.data(), kMaxLine);
+      emit_piece(out, partial_.data(), cut, false, stamp);
+      partial_.erase(0, cut);
+    }
+    return;
+  }
   while (partial_.size() + open_bytes() > kMaxLine) {
     size_t cut = utf8_cut(partial_.data(), kMaxLine - open_bytes());
     std::string piece = partial_.substr(0, cut) + kContinuation;

@@ -191,6 +191,33 @@ TEST(LauncherOutput, EmptyPrefixForwardsRaw) {
   EXPECT_EQ(cap.finish(), "a\nb\n");
 }
 
+// Raw output (empty prefix) keeps an overlong line byte for byte: its pieces go out
+// unfinished, as idle flushes do (before: a continuation mark and a newline every 64 KiB,
+// which broke a big JSON line piped into a parser). Another worker's line in between ends
+// the open line with a newline, as it ends an idle flush's.
+TEST(LauncherOutput, EmptyPrefixKeepsAnOverlongLineWhole) {
+  const std::string line = big_utf8_line() + "\n";
+  {
+    Capture cap;
+    auto f = make_fwd(cap.console(), "");
+    for (size_t off = 0; off < line.size(); off += 40000) f.feed(line.data() + off, std::min<size_t>(40000, line.size() - off), now());
+    EXPECT_TRUE(cap.finish() == line) << "the line was changed";
+  }
+  {
+    Capture cap;
+    auto f = make_fwd(cap.console(), "");
+    auto g = make_fwd(cap.console(), "");
+    const size_t half = StreamForwarder::kMaxLine + 1000;
+    f.feed(line.data(), half, now());
+    feed(g, "other\n");
+    f.feed(line.data() + half, line.size() - half, now());
+    const std::string out = cap.finish();
+    const size_t sent = out.find("\nother\n");
+    ASSERT_NE(sent, std::string::npos) << "the other worker's line must start a line of its own";
+    EXPECT_TRUE(out.substr(0, sent) + out.substr(sent + 7) == line) << "the line's bytes around it changed";
+  }
+}
+
 TEST(LauncherOutput, LinesSplitAcrossFeeds) {
   Capture cap;
   auto f = make_fwd(cap.console(), "[p]");

@@ -103,6 +103,17 @@ class ProgressAndLinesTest(DdprunTestCase):
         self.assertTrue(body == original, "the pieces do not reassemble to the line")
         self.assertEqual(torn, [], f"{len(torn)} of {n_pieces} pieces split a UTF-8 character")
 
+    def test_megabyte_line_kept_byte_for_byte_in_raw_output(self):
+        """An empty prefix (raw output, as torchrun's console): the 1 MiB line arrives as
+        written, with no continuation marks or newlines in it (a JSON line piped into a
+        parser); the log file of --tee has it too."""
+        res = self.run_ddprun(["--standalone", "--log-line-prefix-template", "", "--log-dir", self.path("logs"),
+                               "--tee", "1", worker("bigline.py"), self.tmp])
+        self.assertEqual(res.rc, 0, res)
+        with open(self.path("line.bin"), "rb") as f:
+            original = f.read()
+        self.assertTrue(res.out == original + b"\nafter\n", "the line was changed on the way")
+
     def test_utf8_written_byte_by_byte_arrives_whole(self):
         res = self.run_ddprun(["--standalone", worker("utf8_slow.py")])
         self.assertEqual(res.rc, 0, res)
