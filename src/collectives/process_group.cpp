@@ -224,9 +224,26 @@ int env_int(const char* name, int fallback, bool required) {
   }
   int x = 0;
   auto [p, ec] = std::from_chars(v, v + std::char_traits<char>::length(v), x);
+  if (ec == std::errc::result_out_of_range && *p == '\0')
+    throw UsageError(fmt::format("{}='{}' is out of range", name, v));
   if (ec != std::errc() || *p != '\0')
     throw UsageError(fmt::format("{}='{}' is not an integer", name, v));
   return x;
+}
+
+// What the launcher's variables must say of each other (each one named).
+void check_launch_env(const LaunchEnv& e) {
+  auto bad = [](const std::string& what) { throw UsageError(what); };
+  if (e.world_size < 1) bad(fmt::format("WORLD_SIZE={} must be at least 1", e.world_size));
+  if (e.rank < 0 || e.rank >= e.world_size)
+    bad(fmt::format("RANK={} is outside [0, WORLD_SIZE={})", e.rank, e.world_size));
+  if (e.local_world_size < 1 || e.local_world_size > e.world_size)
+    bad(fmt::format("LOCAL_WORLD_SIZE={} is outside [1, WORLD_SIZE={}]", e.local_world_size, e.world_size));
+  if (e.local_rank < 0 || e.local_rank >= e.local_world_size)
+    bad(fmt::format("LOCAL_RANK={} is outside [0, LOCAL_WORLD_SIZE={})", e.local_rank, e.local_world_size));
+  if (e.master_port < 0 || e.master_port > 65535)
+    bad(fmt::format("MASTER_PORT={} is not a TCP port (0-65535)", e.master_port));
+  if (e.restart_count < 0) bad(fmt::format("TORCHELASTIC_RESTART_COUNT={} is negative", e.restart_count));
 }
 
 }  // namespace
@@ -242,8 +259,7 @@ LaunchEnv read_launch_env() {
   const char* agent = env("TORCHELASTIC_USE_AGENT_STORE");
   e.use_agent_store = agent && std::string_view(agent) == "True";
   e.restart_count = env_int("TORCHELASTIC_RESTART_COUNT", 0, false);
-  if (e.world_size < 1 || e.rank < 0 || e.rank >= e.world_size)
-    throw UsageError(fmt::format("RANK={} / WORLD_SIZE={} are inconsistent", e.rank, e.world_size));
+  check_launch_env(e);
   return e;
 }
 

@@ -336,8 +336,13 @@ struct TcpStore::Impl {
     }
     if (echo != nonce) {
       fd.reset();
-      throw StoreError(fmt::format("store at {}: handshake PING returned {} instead of {}", addr,
-                                   echo, nonce));
+      // Another server's first bytes ("HTTP" of a web server) say more than a number.
+      std::string bytes(reinterpret_cast<const char*>(&echo), sizeof echo);
+      const bool text = std::all_of(bytes.begin(), bytes.end(), [](unsigned char c) { return c >= 32 && c < 127; });
+      throw StoreError(fmt::format("store at {}: it answered the handshake's PING with {} instead of the nonce {}: "
+                                   "not a store{}",
+                                   addr, text ? fmt::format("'{}'", bytes) : std::to_string(echo), nonce,
+                                   text ? " (another server's reply)" : ""));
     }
   }
 

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -266,6 +267,36 @@ TEST(LaunchEnv, ANonPositiveTimeoutIsRefusedBeforeTheStoreIsReached) {
       EXPECT_NE(std::string(e.what()).find("timeout must be positive (got " + std::to_string(t.count()) + " ms)"),
                 std::string::npos)
           << e.what();
+    }
+  }
+}
+
+// Each variable checked against the others, named in the message (before: a MASTER_PORT of
+// 70000, a LOCAL_RANK past LOCAL_WORLD_SIZE and a negative restart count were taken;
+// WORLD_SIZE=99999999999 "is not an integer"; WORLD_SIZE=0 "RANK=0 / WORLD_SIZE=0 are
+// inconsistent").
+TEST(LaunchEnv, EachVariableIsCheckedAndNamed) {
+  const std::pair<std::map<std::string, std::string>, std::string> cases[] = {
+      {{{"MASTER_PORT", "70000"}}, "MASTER_PORT=70000 is not a TCP port"},
+      {{{"MASTER_PORT", "-5"}}, "MASTER_PORT=-5 is not a TCP port"},
+      {{{"LOCAL_RANK", "5"}, {"LOCAL_WORLD_SIZE", "2"}}, "LOCAL_RANK=5 is outside [0, LOCAL_WORLD_SIZE=2)"},
+      {{{"LOCAL_WORLD_SIZE", "9"}}, "LOCAL_WORLD_SIZE=9 is outside [1, WORLD_SIZE=4]"},
+      {{{"TORCHELASTIC_RESTART_COUNT", "-3"}}, "TORCHELASTIC_RESTART_COUNT=-3 is negative"},
+      {{{"WORLD_SIZE", "99999999999"}}, "WORLD_SIZE='99999999999' is out of range"},
+      {{{"WORLD_SIZE", "0"}}, "WORLD_SIZE=0 must be at least 1"},
+      {{{"RANK", "4"}}, "RANK=4 is outside [0, WORLD_SIZE=4)"},
+  };
+  for (const auto& [vars, says] : cases) {
+    EnvGuard g;
+    setenv("RANK", "1", 1);
+    setenv("WORLD_SIZE", "4", 1);
+    setenv("MASTER_PORT", "29400", 1);
+    for (const auto& [k, v] : vars) setenv(k.c_str(), v.c_str(), 1);
+    try {
+      ddp::read_launch_env();
+      ADD_FAILURE() << "accepted: " << says;
+    } catch (const ddp::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
     }
   }
 }

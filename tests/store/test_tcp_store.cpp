@@ -703,6 +703,35 @@ TEST(StoreGen2, ClientToleratesAStopWaitingThatRacedItsCancel) {
   }
 }
 
+// MASTER_PORT pointing at a web server: it answers the handshake with "HTTP/1.1 400 ...".
+// The client says it is not a store and shows those bytes (before: "handshake PING returned
+// 1347703880 instead of ...", "HTTP" read as a number).
+TEST(StoreGen2, AnotherServersReplyIsNamedAsNotAStore) {
+  uint16_t port = 0;
+  int lfd = listen_loopback(port);
+  std::thread server([&] {
+    int fd = ::accept(lfd, nullptr, nullptr);
+    uint8_t first[10];
+    if (fd >= 0 && read_n(fd, first, sizeof first)) {
+      const std::string reply = "HTTP/1.1 400 Bad Request\r\n\r\n";
+      ::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);
+    }
+    if (fd >= 0) ::close(fd);
+  });
+  auto o = client_options(port, WireGeneration::kV2);
+  o.connect_timeout = 2s;
+  try {
+    ddp::TcpStore s(o);
+    ADD_FAILURE() << "connected to a web server";
+  } catch (const ddp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("answered the handshake's PING with 'HTTP' instead of the nonce"),
+              std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not a store (another server's reply)"), std::string::npos) << e.what();
+  }
+  server.join();
+  ::close(lfd);
+}
+
 // A generation-2 server from before PING existed (torch 2.2/2.3): it closes the connection
 // on PING. The client must connect again with VALIDATE alone and then work.
 TEST(StoreGen2, ServerWithoutPingGetsValidateAlone) {
