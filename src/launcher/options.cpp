@@ -59,7 +59,11 @@ bool truthy(const std::string& source, const std::string& v) {
   std::transform(l.begin(), l.end(), l.begin(), [](unsigned char c) { return std::tolower(c); });
   if (l == "1" || l == "true" || l == "yes" || l == "on" || l == "t" || l == "y") return true;
   if (l == "0" || l == "false" || l == "no" || l == "off" || l == "f" || l == "n" || l.empty()) return false;
-  throw UsageError(fmt::format("{}: expected 1 or 0, got '{}'", source, v));
+  // torchrun reads a PET_ switch as bool(int(value)): any other integer is on.
+  long n = 0;
+  const char* end = v.data() + v.size();
+  if (auto [p, ec] = std::from_chars(v.data(), end, n); ec == std::errc() && p == end) return n != 0;
+  throw UsageError(fmt::format("{}: expected a number (0 is off) or true/false, yes/no, on/off; got '{}'", source, v));
 }
 
 bool Flags::flag(const char* n) const { return has(n) && truthy(at(n).source, at(n).value); }

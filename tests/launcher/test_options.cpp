@@ -154,6 +154,12 @@ TEST_F(LauncherOptions, PetFallbacks) {
   EXPECT_TRUE(o.standalone);
   EXPECT_EQ(o.master_port, 4567);
   EXPECT_FALSE(parse_with_script({}, {{"PET_STANDALONE", "0"}}).standalone);
+  // torchrun: bool(int(value)); "2" was refused with "expected 1 or 0" while "yes" was taken.
+  EXPECT_TRUE(parse_with_script({}, {{"PET_STANDALONE", "2"}}).standalone);
+  EXPECT_FALSE(parse_with_script({}, {{"PET_STANDALONE", "00"}}).standalone);
+  EXPECT_NE(usage_error_with_script({}, {{"PET_STANDALONE", "maybe"}})
+                .find("PET_STANDALONE: expected a number (0 is off) or true/false, yes/no, on/off; got 'maybe'"),
+            std::string::npos);
   EXPECT_EQ(parse_with_script({}, {{"PET_MAX_RESTARTS", "2"}}).max_restarts, 2);
   EXPECT_EQ(parse_with_script({}, {{"PET_MASTER_ADDR", "node0"}}).master_addr, "node0");
   EXPECT_EQ(parse_with_script({}, {{"PET_ROLE", "trainer"}}).role, "trainer");
