@@ -129,7 +129,7 @@ void need_elements(size_t count, DType dtype, size_t blocks, int rank, const cha
   const size_t bytes = dtype_size(dtype);
   if (bytes == 0) refuse(rank, op, fmt::format("unknown dtype {}", static_cast<int>(dtype)));
   if (count > (SIZE_MAX >> 4) / blocks && count > SIZE_MAX / bytes / blocks)
-    refuse(rank, op, fmt::format("{} elements of {} ({} per rank) do not fit in memory", count, dtype_name(dtype),
+    refuse(rank, op, fmt::format("{} elements of {} (x {} ranks) do not fit in memory", count, dtype_name(dtype),
                                  blocks));
 }
 
@@ -231,17 +231,17 @@ int env_int(const char* name, int fallback, bool required) {
   return x;
 }
 
-// What the launcher's variables must say of each other (each one named).
+// What the variables the group uses must say (each one named). LOCAL_RANK and
+// LOCAL_WORLD_SIZE are not checked against each other: the group does not use them, and
+// launchers set them as they see fit (a helper group of one keeps the job's; submitit's
+// LOCAL_WORLD_SIZE is a quotient); MASTER_PORT only matters, and is checked, with peers.
 void check_launch_env(const LaunchEnv& e) {
   auto bad = [](const std::string& what) { throw UsageError(what); };
   if (e.world_size < 1) bad(fmt::format("WORLD_SIZE={} must be at least 1", e.world_size));
   if (e.rank < 0 || e.rank >= e.world_size)
     bad(fmt::format("RANK={} is outside [0, WORLD_SIZE={})", e.rank, e.world_size));
-  if (e.local_world_size < 1 || e.local_world_size > e.world_size)
-    bad(fmt::format("LOCAL_WORLD_SIZE={} is outside [1, WORLD_SIZE={}]", e.local_world_size, e.world_size));
-  if (e.local_rank < 0 || e.local_rank >= e.local_world_size)
-    bad(fmt::format("LOCAL_RANK={} is outside [0, LOCAL_WORLD_SIZE={})", e.local_rank, e.local_world_size));
-  if (e.master_port < 0 || e.master_port > 65535)
+  if (e.local_rank < 0) bad(fmt::format("LOCAL_RANK={} is negative", e.local_rank));
+  if (e.world_size > 1 && (e.master_port < 0 || e.master_port > 65535))
     bad(fmt::format("MASTER_PORT={} is not a TCP port (0-65535)", e.master_port));
   if (e.restart_count < 0) bad(fmt::format("TORCHELASTIC_RESTART_COUNT={} is negative", e.restart_count));
 }

@@ -49,7 +49,7 @@ Progress::Progress() {
 }
 
 void Progress::begin(uint32_t op, uint32_t backend, uint64_t bytes) noexcept {
-  if (!on_) return;
+  if (!on_ || writing_.exchange(true, std::memory_order_acquire)) return;
   const uint64_t v = rec_->version.load(std::memory_order_relaxed);
   rec_->version.store(v + 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
@@ -59,15 +59,17 @@ void Progress::begin(uint32_t op, uint32_t backend, uint64_t bytes) noexcept {
   rec_->bytes = bytes;
   rec_->since_ns = monotonic_ns();
   rec_->version.store(v + 2, std::memory_order_release);
+  writing_.store(false, std::memory_order_release);
 }
 
 void Progress::end() noexcept {
-  if (!on_) return;
+  if (!on_ || writing_.exchange(true, std::memory_order_acquire)) return;
   const uint64_t v = rec_->version.load(std::memory_order_relaxed);
   rec_->version.store(v + 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   rec_->completed = rec_->started;
   rec_->version.store(v + 2, std::memory_order_release);
+  writing_.store(false, std::memory_order_release);
 }
 
 }  // namespace ddp::detail

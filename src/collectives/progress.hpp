@@ -3,6 +3,7 @@
 // DDP_PROGRESS_RECORD=0 turns it off (bench/ddp-bench/progress_ab.py measures its cost).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -15,6 +16,10 @@ namespace ddp::detail {
 // SIGURG already has a handler.
 void arm_native_stack_dump() noexcept;
 
+// One writer at a time: the record has one writer's protocol (an odd version while it
+// writes). Threads running collectives of their own groups at once take turns; one that
+// finds another writing skips its update (the record then lags by that call) rather than
+// tear the entry.
 class Progress {
  public:
   static Progress& get();
@@ -25,6 +30,7 @@ class Progress {
   Progress();
   ProgressRecord* rec_;
   bool on_ = true;
+  std::atomic<bool> writing_{false};
 };
 
 }  // namespace ddp::detail

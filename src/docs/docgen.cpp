@@ -101,7 +101,7 @@ std::string man_page(const std::string& version, const std::string& sections) {
        "A Python script (a \\fI.py\\fR, a module given with \\fB\\-m\\fR, or any file that is no binary and\n"
        "no \\fB#!\\fR script of another language) runs under \\fB$PYTHON_EXEC \\-u\\fR (default \\fBpython3\\fR);\n"
        "an executable binary or shell script runs directly. Everything after the training script is passed\n"
-       "to it unchanged; \\fB${local_rank}\\fR in those arguments becomes each worker's local rank.\n"
+       "to it unchanged (but a \\fB\\-\\-\\fR right after it, dropped as torchrun's argparse drops it); \\fB${local_rank}\\fR in those arguments becomes each worker's local rank.\n"
        ".PP\n"
        "Long options also take their underscore spelling (\\fB\\-\\-nproc_per_node\\fR) and any\n"
        "unambiguous prefix. Every option falls back to the environment variable\n"

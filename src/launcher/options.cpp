@@ -59,10 +59,20 @@ bool truthy(const std::string& source, const std::string& v) {
   std::transform(l.begin(), l.end(), l.begin(), [](unsigned char c) { return std::tolower(c); });
   if (l == "1" || l == "true" || l == "yes" || l == "on" || l == "t" || l == "y") return true;
   if (l == "0" || l == "false" || l == "no" || l == "off" || l == "f" || l == "n" || l.empty()) return false;
-  // torchrun reads a PET_ switch as bool(int(value)): any other integer is on.
-  long n = 0;
-  const char* end = v.data() + v.size();
-  if (auto [p, ec] = std::from_chars(v.data(), end, n); ec == std::errc() && p == end) return n != 0;
+  // torchrun reads a PET_ switch as bool(int(value)): any other integer is on (as Python's
+  // int(): white space around it, a sign, '_' between digits).
+  std::string digits = l;
+  digits.erase(0, digits.find_first_not_of(" \t\n\r\f\v"));
+  digits.erase(digits.find_last_not_of(" \t\n\r\f\v") + 1);
+  if (!digits.empty() && (digits[0] == '+' || digits[0] == '-')) digits.erase(0, 1);
+  bool number = !digits.empty() && digits.front() != '_' && digits.back() != '_' &&
+                digits.find("__") == std::string::npos;
+  bool nonzero = false;
+  for (char c : digits) {
+    number = number && (std::isdigit(static_cast<unsigned char>(c)) || c == '_');
+    nonzero = nonzero || (c >= '1' && c <= '9');
+  }
+  if (number) return nonzero;
   throw UsageError(fmt::format("{}: expected a number (0 is off) or true/false, yes/no, on/off; got '{}'", source, v));
 }
 
@@ -650,7 +660,9 @@ bool is_executable_file(const std::string& path) {
 bool runs_directly(const Options& o) {
   if (o.no_python) return true;
   if (o.module || o.script.ends_with(".py") || !is_executable_file(o.script)) return false;
-  const std::string head = read_file(o.script, 256).value_or("");
+  const auto first = read_file(o.script, 256);
+  if (!first) return true;  // executable, not readable (mode 0711): only exec can run it
+  const std::string& head = *first;
   if (head.starts_with("\x7f" "ELF")) return true;
   if (!head.starts_with("#!")) return false;  // no interpreter named: Python's, as torchrun's
   const std::string line = head.substr(2, head.find('\n') - 2);

@@ -137,9 +137,8 @@ std::string failure_summary(const std::string& script, const WorkerResult& root,
   auto block = [](const WorkerResult& w, size_t idx) {
     bool has_file = !w.error_file.empty() && read_error_json(w.error_file).has_value();
     // As torchrun's, nothing after the pid (log parsers match the line whole); the
-    // signal's name is in the traceback line.
+    // signal's name, or why the program could not start, is in the traceback line.
     std::string code = fmt::format("{} (pid: {})", w.torch_exit_code(), w.pid);
-    if (w.state == WorkerResult::State::kExecFailed) code += " could not start";
     return fmt::format(
         "[{}]:\n  time      : {}\n  host      : {}\n  rank      : {} (local_rank: {})\n{}  exitcode  : {}\n"
         "  error_file: {}\n  traceback : {}\n",

@@ -269,7 +269,7 @@ struct TcpStore::Impl {
   // VALIDATE alone would stall a generation-1 daemon for every client, so ask which first.
   // Returns as connect_to does.
   bool after_ping_refused(addrinfo* ai, Clock::time_point t0, std::string& last_error) {
-    if (Fd g1 = generation1_answers(ai, Clock::now() + milliseconds(2000))) {
+    if (Fd g1 = generation1_answers(ai, call_deadline(milliseconds(2000)))) {
       // ddprun's own server answers generation 1 too (torch 1.13's clients): the close may
       // have been a moment's (a relay or proxy that accepted before it could reach the
       // server). Only a second close says generation 1.
@@ -310,15 +310,16 @@ struct TcpStore::Impl {
     proto::encode_request(gen, r, req);
     // Give the handshake a few seconds even if connecting used the budget up, but no more
     // than one call may take (a caller with a short timeout stays bounded by it).
-    const auto grace = std::min<Clock::duration>(std::chrono::seconds(5), std::max(opt.timeout, opt.connect_timeout));
+    // (in milliseconds first: milliseconds::max() would overflow the clock's nanoseconds)
+    const milliseconds grace = std::min<milliseconds>(std::chrono::seconds(5), std::max(opt.timeout, opt.connect_timeout));
     if (!ping) {
-      send_all(req, std::max(deadline, Clock::now() + grace), "VALIDATE");
+      send_all(req, std::min(std::max(deadline, Clock::now() + grace), t_call_deadline), "VALIDATE");
       return;
     }
     r.op = proto::Op::kPing;
     r.u32 = nonce;
     proto::encode_request(gen, r, req);
-    deadline = std::max(deadline, Clock::now() + grace);
+    deadline = std::min(std::max(deadline, Clock::now() + grace), t_call_deadline);
     uint32_t echo = 0;
     try {
       send_all(req, deadline, "handshake");
@@ -389,7 +390,7 @@ struct TcpStore::Impl {
   // false, answered (fd is that connection); nullopt, no connection.
   std::optional<bool> handshake_closed_again(const addrinfo* ai, Clock::time_point t0) {
     int err = 0;
-    Fd s = try_connect(ai, Clock::now() + milliseconds(2000), err);
+    Fd s = try_connect(ai, call_deadline(milliseconds(2000)), err);
     if (!s) return std::nullopt;
     fd = std::move(s);
     try {
@@ -408,7 +409,7 @@ struct TcpStore::Impl {
     addrinfo* res = nullptr;
     if (::getaddrinfo(opt.host.c_str(), std::to_string(opt.port).c_str(), &hints, &res) != 0) return false;
     std::unique_ptr<addrinfo, void (*)(addrinfo*)> owner(res, ::freeaddrinfo);
-    const auto deadline = Clock::now() + milliseconds(500);
+    const auto deadline = call_deadline(milliseconds(500));
     for (addrinfo* ai = res; ai; ai = ai->ai_next) {
       int err = 0;
       if (Fd s = try_connect(ai, deadline, err)) return stays_open(s, milliseconds(200));

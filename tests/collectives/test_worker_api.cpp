@@ -271,16 +271,15 @@ TEST(LaunchEnv, ANonPositiveTimeoutIsRefusedBeforeTheStoreIsReached) {
   }
 }
 
-// Each variable checked against the others, named in the message (before: a MASTER_PORT of
-// 70000, a LOCAL_RANK past LOCAL_WORLD_SIZE and a negative restart count were taken;
-// WORLD_SIZE=99999999999 "is not an integer"; WORLD_SIZE=0 "RANK=0 / WORLD_SIZE=0 are
-// inconsistent").
+// Each variable the group uses is checked and named (before: a MASTER_PORT of 70000 and a
+// negative restart count were taken; WORLD_SIZE=99999999999 "is not an integer";
+// WORLD_SIZE=0 "RANK=0 / WORLD_SIZE=0 are inconsistent"). What launchers set as they see
+// fit is taken: LOCAL_* that disagree with each other or with WORLD_SIZE, a port no peer uses.
 TEST(LaunchEnv, EachVariableIsCheckedAndNamed) {
   const std::pair<std::map<std::string, std::string>, std::string> cases[] = {
       {{{"MASTER_PORT", "70000"}}, "MASTER_PORT=70000 is not a TCP port"},
       {{{"MASTER_PORT", "-5"}}, "MASTER_PORT=-5 is not a TCP port"},
-      {{{"LOCAL_RANK", "5"}, {"LOCAL_WORLD_SIZE", "2"}}, "LOCAL_RANK=5 is outside [0, LOCAL_WORLD_SIZE=2)"},
-      {{{"LOCAL_WORLD_SIZE", "9"}}, "LOCAL_WORLD_SIZE=9 is outside [1, WORLD_SIZE=4]"},
+      {{{"LOCAL_RANK", "-1"}}, "LOCAL_RANK=-1 is negative"},
       {{{"TORCHELASTIC_RESTART_COUNT", "-3"}}, "TORCHELASTIC_RESTART_COUNT=-3 is negative"},
       {{{"WORLD_SIZE", "99999999999"}}, "WORLD_SIZE='99999999999' is out of range"},
       {{{"WORLD_SIZE", "0"}}, "WORLD_SIZE=0 must be at least 1"},
@@ -298,6 +297,20 @@ TEST(LaunchEnv, EachVariableIsCheckedAndNamed) {
     } catch (const ddp::UsageError& e) {
       EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
     }
+  }
+}
+
+TEST(LaunchEnv, WhatLaunchersSetAsTheySeeFitIsTaken) {
+  const std::map<std::string, std::string> cases[] = {
+      {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "4"}},  // a helper group of one
+      {{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_WORLD_SIZE", "4"}},                      // no LOCAL_RANK
+      {{"RANK", "2"}, {"WORLD_SIZE", "5"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}},  // submitit, 5 over 2
+      {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "70000"}},                       // no peer uses it
+  };
+  for (const auto& vars : cases) {
+    EnvGuard g;
+    for (const auto& [k, v] : vars) setenv(k.c_str(), v.c_str(), 1);
+    EXPECT_NO_THROW(ddp::read_launch_env()) << vars.at("RANK") << "/" << vars.at("WORLD_SIZE");
   }
 }
 

@@ -157,6 +157,9 @@ TEST_F(LauncherOptions, PetFallbacks) {
   // torchrun: bool(int(value)); "2" was refused with "expected 1 or 0" while "yes" was taken.
   EXPECT_TRUE(parse_with_script({}, {{"PET_STANDALONE", "2"}}).standalone);
   EXPECT_FALSE(parse_with_script({}, {{"PET_STANDALONE", "00"}}).standalone);
+  for (const char* on : {" 1", "+1", "1_0", "-3 "}) EXPECT_TRUE(parse_with_script({}, {{"PET_STANDALONE", on}}).standalone) << on;
+  for (const char* bad : {"1__0", "_1", "1_", "+", "0x1"})
+    EXPECT_NE(usage_error_with_script({}, {{"PET_STANDALONE", bad}}).find("expected a number"), std::string::npos) << bad;
   EXPECT_NE(usage_error_with_script({}, {{"PET_STANDALONE", "maybe"}})
                 .find("PET_STANDALONE: expected a number (0 is off) or true/false, yes/no, on/off; got 'maybe'"),
             std::string::npos);
@@ -288,6 +291,7 @@ TEST_F(LauncherOptions, WhatRunsDirectly) {
   EXPECT_FALSE(direct("train_noext", "print(1)\n"));  // no #!: Python's (was: Exec format error)
   EXPECT_FALSE(direct("run2.sh", "#!/bin/sh\n", 0644));  // not executable
   EXPECT_FALSE(direct("x.py", "#!/bin/sh\n"));
+  if (::geteuid() != 0) EXPECT_TRUE(direct("xonly", "#!/usr/bin/env python3\n", 0111));  // unreadable: only exec runs it
   EXPECT_TRUE(ddprun::runs_directly(parse({"--no-python", "sh", "-c", "true"}, {{"PATH", "/usr/bin:/bin"}})));
 }
 

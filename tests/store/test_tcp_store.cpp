@@ -384,6 +384,30 @@ TEST(StoreDeadlines, AScopedDeadlineBoundsReconnecting) {
   EXPECT_EQ(ddp::detail::StoreCallDeadline::current(), std::chrono::steady_clock::time_point::max());
 }
 
+// The handshake's own grace (up to 5 s for a server that accepted and says nothing) is
+// bounded by the scope too (it was not: 5.01 s for a 2 s notice).
+TEST(StoreDeadlines, AScopedDeadlineBoundsTheHandshake) {
+  const int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(lfd, 8), 0);  // accepts (the kernel's queue), never answers
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  auto o = client_options(ntohs(a.sin_port), WireGeneration::kV2);
+  o.lazy = true;
+  o.connect_timeout = 60s;
+  ddp::TcpStore s(o);
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    ddp::detail::StoreCallDeadline bounded(300ms);
+    EXPECT_THROW(s.set("k", "v"), ddp::Error);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, scaled(2s));
+  ::close(lfd);
+}
+
 // ---------------------------------------------------------------------------------------
 // Generation 1 specifics
 
