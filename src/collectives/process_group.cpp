@@ -58,9 +58,8 @@ const char* ProcessGroup::op_name(Op op) {
 
 void ProcessGroup::check_span_sizes(const char* op, size_t expected, size_t got) const {
   if (expected != got)
-    throw UsageError(fmt::format("ddp {} on rank {}: buffer sizes disagree (expected {} "
-                                      "elements, got {})",
-                                      op, rank_, expected, got));
+    throw UsageError(fmt::format("ddp {} on rank {}: buffer sizes disagree (expected {} elements, got {})", op,
+                                 rank_, expected, got));
 }
 
 namespace {
@@ -128,7 +127,8 @@ void need(bool ok, int rank, const char* op, const char* what) {
 void need_elements(size_t count, DType dtype, size_t blocks, int rank, const char* op) {
   const size_t bytes = dtype_size(dtype);
   if (bytes == 0) refuse(rank, op, fmt::format("unknown dtype {}", static_cast<int>(dtype)));
-  if (count > (SIZE_MAX >> 4) / blocks && count > SIZE_MAX / bytes / blocks)
+  size_t total = 0;  // (bytes * blocks cannot overflow: 8 x an int's ranks at most)
+  if (__builtin_mul_overflow(count, bytes * blocks, &total))
     refuse(rank, op, fmt::format("{} elements of {} (x {} ranks) do not fit in memory", count, dtype_name(dtype),
                                  blocks));
 }

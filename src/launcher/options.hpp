@@ -23,6 +23,10 @@ struct StdMap {
     auto it = per_rank.find(local_rank);
     return it == per_rank.end() ? all : it->second;
   }
+  // Whether any rank's stream goes to a file.
+  bool any() const {
+    return all != 0 || std::any_of(per_rank.begin(), per_rank.end(), [](const auto& r) { return r.second != 0; });
+  }
 };
 
 // --rdzv-conf, typed (torchrun's keys and defaults; seconds unless said otherwise).

@@ -621,8 +621,7 @@ struct Supervisor::Impl {
     output.start(loop);
     attempts.setup_stdin();
 
-    const bool output_files = o.redirects.all || o.tee.all || !o.redirects.per_rank.empty() || !o.tee.per_rank.empty();
-    RunFolders f = make_run_folders(o.log_dir, job.plan.run_id, output_files);
+    RunFolders f = make_run_folders(o.log_dir, job.plan.run_id, o.redirects.any() || o.tee.any());
     tmp_dir = std::move(f.tmp_dir);
     tmp_root = f.tmp_root;
     job.log_root = f.log_root;

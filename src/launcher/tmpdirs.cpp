@@ -182,14 +182,15 @@ namespace {
 // few small folders cost next to nothing to make and remove on tmpfs (on a disk file
 // system they were a third of a launch), but --tee/--redirects logs never fill the RAM that
 // NCCL and DataLoader workers share.
-std::vector<std::string> tmp_parents(bool output_files) {
-  std::vector<std::string> out;
+// Each with whether the environment named it.
+std::vector<std::pair<std::string, bool>> tmp_parents(bool output_files) {
+  std::vector<std::pair<std::string, bool>> out;
   for (const char* var : {"TMPDIR", "TEMP", "TMP"})
-    if (const char* v = getenv(var); v && *v) out.push_back(v);
-  if (!output_files) out.push_back("/dev/shm");
-  for (const char* d : {"/tmp", "/var/tmp", "/usr/tmp"}) out.push_back(d);
+    if (const char* v = getenv(var); v && *v) out.emplace_back(v, true);
+  if (!output_files) out.emplace_back("/dev/shm", false);
+  for (const char* d : {"/tmp", "/var/tmp", "/usr/tmp"}) out.emplace_back(d, false);
   std::error_code ec;
-  if (auto cwd = std::filesystem::current_path(ec); !ec) out.push_back(cwd.string());
+  if (auto cwd = std::filesystem::current_path(ec); !ec) out.emplace_back(cwd.string(), false);
   return out;
 }
 
@@ -197,17 +198,17 @@ std::vector<std::string> tmp_parents(bool output_files) {
 // environment named one that could not be used (Python falls back silently).
 std::unique_ptr<RunTmpDir> make_tmp_root(bool output_files, std::string& parent) {
   std::string tried;
-  bool named = false;
-  for (const char* var : {"TMPDIR", "TEMP", "TMP"}) named = named || (getenv(var) && *getenv(var));
-  for (const auto& dir : tmp_parents(output_files)) {
+  bool named = false;  // a folder the environment named was passed over
+  for (const auto& [dir, from_env] : tmp_parents(output_files)) {
     try {
       auto root = std::make_unique<RunTmpDir>(dir);
-      if (!tried.empty() && named)
+      if (named)
         spdlog::warn("no folder can be made in {}: the run's temporary files go to {}", tried, dir);
       parent = dir;
       return root;
     } catch (const ddp::SystemError& e) {
       tried += (tried.empty() ? "" : ", ") + fmt::format("{} ({})", dir, ddp::errno_text(e.code()));
+      named = named || from_env;
     }
   }
   throw ddp::Error(fmt::format("cannot create a temporary folder for the run's error files in any of {} "

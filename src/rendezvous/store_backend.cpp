@@ -255,8 +255,7 @@ void StoreBackend::drop_counter(const std::string& counter) {
 }
 
 // "store at H:P: ..." (the client's words) as "the c10d store at H:P: ..." (or the name the
-// options give): every error
-// names the backend as describe() does.
+// options give): every error names the backend as describe() does.
 std::string StoreBackend::name(const std::string& what) const {
   const std::string d = describe();
   if (what.find(d) != std::string::npos) return what;

@@ -312,14 +312,14 @@ struct TcpStore::Impl {
     // than one call may take (a caller with a short timeout stays bounded by it).
     // (in milliseconds first: milliseconds::max() would overflow the clock's nanoseconds)
     const milliseconds grace = std::min<milliseconds>(std::chrono::seconds(5), std::max(opt.timeout, opt.connect_timeout));
+    deadline = std::min(std::max(deadline, Clock::now() + grace), t_call_deadline);  // (a StoreCallDeadline's too)
     if (!ping) {
-      send_all(req, std::min(std::max(deadline, Clock::now() + grace), t_call_deadline), "VALIDATE");
+      send_all(req, deadline, "VALIDATE");
       return;
     }
     r.op = proto::Op::kPing;
     r.u32 = nonce;
     proto::encode_request(gen, r, req);
-    deadline = std::min(std::max(deadline, Clock::now() + grace), t_call_deadline);
     uint32_t echo = 0;
     try {
       send_all(req, deadline, "handshake");
