@@ -75,7 +75,7 @@ SpawnResult spawn(const SpawnSpec& spec) {
   pid_t pid = vfork();
   if (pid < 0) throw ddp::SystemError(fmt::format("vfork for {}", spec.path), errno);
   if (pid == 0) {
-    setpgid(0, 0);
+    setsid();  // a session and process group of its own, no controlling terminal (torchrun 2.x's too)
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(128 + SIGKILL);  // ddprun died before the signal was armed
     // Dispositions ddprun changed must not leak into the worker (ignored ones survive exec).
@@ -96,7 +96,6 @@ SpawnResult spawn(const SpawnSpec& spec) {
     exec_err = errno ? errno : EINVAL;
     _exit(127);
   }
-  setpgid(pid, pid);  // no-op when the child did it; closes the race otherwise
   return SpawnResult{pid, exec_err, bind_failed};
 }
 

@@ -1,6 +1,6 @@
 // Starting and ending worker processes with POSIX calls (see docs/design.md for why not
-// Boost.Process): own process group, death signal armed without a race, exec failure
-// reported back to ddprun, only async-signal-safe calls between vfork and exec.
+// Boost.Process): own session and process group, death signal armed without a race, exec
+// failure reported back to ddprun, only async-signal-safe calls between vfork and exec.
 #pragma once
 
 #include <sys/types.h>
@@ -31,7 +31,8 @@ struct SpawnResult {
   bool bind_failed = false;  // with exec_errno: sched_setaffinity to spec.cpus failed (no exec)
 };
 
-// vfork + exec. The child leads its own process group and gets SIGKILL if ddprun dies.
+// vfork + exec. The child leads its own session and process group (no controlling
+// terminal) and gets SIGKILL if ddprun dies.
 // Returns once the child has exec'd (or failed to). Throws ddp::SystemError if vfork fails.
 SpawnResult spawn(const SpawnSpec& spec);
 

@@ -145,6 +145,8 @@ class StackDumps {
                 std::optional<int64_t> job_progress, Clock::time_point job_read_at, bool& moved);
   // The next hang check (hung_now) at t, not before: another node declared the hang.
   void check_hang_at(Clock::time_point t) { next_check_ = t; }
+  // The job was suspended (Ctrl-Z) for d: not the workers' silence.
+  void suspended(Clock::duration d) { not_reading_ += d; }
   // The workers hung: their stacks, the ranks that differ; returns the lines to show now.
   // `what` (several nodes): the dump that asks the other nodes for theirs, so that the
   // report shows every rank of the job once they answered (job_wide).
@@ -195,8 +197,8 @@ class StackDumps {
   std::string bootstrap_;
   std::chrono::milliseconds hang_timeout_{0};
   Clock::time_point progress_{};  // the last progress seen
-  // Time ddprun spent taking an on-demand dump, when it read no output: not the workers'
-  // silence (hung_now() moves the last progress on by it, once).
+  // Time ddprun spent taking an on-demand dump, when it read no output, or suspended: not
+  // the workers' silence (hung_now() moves the last progress on by it, once).
   Clock::duration not_reading_{};
   std::optional<Clock::time_point> next_check_;
   std::string failure_note_;

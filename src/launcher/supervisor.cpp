@@ -43,7 +43,7 @@ sigset_t supervised_set(const Options& o) {
   sigset_t set;
   sigemptyset(&set);
   for (int s : o.stop_signals()) sigaddset(&set, s);
-  for (int s : {SIGCHLD, SIGUSR1, SIGUSR2}) sigaddset(&set, s);
+  for (int s : {SIGCHLD, SIGUSR1, SIGUSR2, SIGTSTP}) sigaddset(&set, s);
   for (int s : StackDumps::trigger_signals(o)) sigaddset(&set, s);
   return set;
 }
@@ -216,11 +216,13 @@ class AttemptSupervisor {
     if (stdin_fd_ >= 0) close(stdin_fd_);
   }
 
-  // Workers lead their own process groups, so on a terminal they are background jobs: a
-  // read from it (input(), pdb) would stop them with SIGTTIN and hang the job. There they
-  // read /dev/null instead (EOF at once); a piped or redirected stdin is inherited.
+  // Workers lead sessions of their own, with no controlling terminal, so reading a terminal
+  // never stops them (SIGTTIN): a ddprun in the terminal's foreground passes it on (input(),
+  // pdb, getpass, as under torchrun). One in the background (`&`, or not the terminal's
+  // session) gives them /dev/null, since they would take the shell's input. A piped or
+  // redirected stdin is inherited.
   void setup_stdin() {
-    if (!isatty(0)) return;
+    if (!isatty(0) || tcgetpgrp(0) == getpgrp()) return;
     stdin_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
 
@@ -302,9 +304,24 @@ class AttemptSupervisor {
     while (loop_.next_signal(si)) {
       const int sig = static_cast<int>(si.ssi_signo);
       if (sig == SIGCHLD) reap();
+      else if (sig == SIGTSTP) suspend();
       else if (stacks_.is_trigger(sig)) on_trigger(sig, static_cast<pid_t>(si.ssi_pid));
       else signals_.take(si);
     }
+  }
+
+  // Ctrl-Z: the job stops as a whole, as a shell's job does. Workers lead sessions of their
+  // own, so the terminal's SIGTSTP reaches ddprun alone (and would be discarded in their
+  // orphaned groups): they get SIGSTOP, then ddprun stops itself; fg or bg (SIGCONT)
+  // continues it, and it continues them. The time stopped is not a hang. As PID 1, which
+  // cannot stop itself, nothing is stopped.
+  void suspend() {
+    if (getpid() == 1) return;
+    workers_.signal_live(SIGSTOP, false);
+    const auto t0 = Clock::now();
+    kill(getpid(), SIGSTOP);  // returns once continued
+    workers_.signal_live(SIGCONT, false);
+    stacks_.suspended(Clock::now() - t0);
   }
 
   const std::optional<WorkerResult>& root() const { return root_; }

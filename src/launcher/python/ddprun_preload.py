@@ -181,8 +181,8 @@ def _preload(modules, started_with):
 
 
 def _fork_between(count, child, linger=None):
-    """Forks a child between that forks `count` children, each in a process group of its
-    own, tells their pids, and leaves (after linger(gone_w), when given). In child i: (True,
+    """Forks a child between that forks `count` children, each in a session of its own,
+    tells their pids, and leaves (after linger(gone_w), when given). In child i: (True,
     child(i, (gone_r, the child between's pid, go_r))), gone_r ending once the child between
     has left, go_r giving the child a byte once ddprun has its pid (_hand_over), or ending
     without one. Here: (False, (the child between's pid, the children's pids: fewer when a
@@ -216,12 +216,12 @@ def _fork_between(count, child, linger=None):
                 pid = os.fork()
                 if pid == 0:
                     try:
+                        os.setsid()  # a session of its own, as ddprun starts a cold worker
                         os.close(w)
                         os.close(gone_w)
                         return True, child(i, (gone_r, me, go_r))
                     except BaseException:  # noqa: BLE001  (never on as the child between)
                         os._exit(1)
-                os.setpgid(pid, pid)
                 pids.append(pid)
         except BaseException:  # noqa: BLE001  (those forked so far go on)
             pass
@@ -517,7 +517,6 @@ def _become_worker(ddprun_pid, gone, sock, req, fds):
     set-up overlaps the child between's exit; the script runs only once ddprun adopted it."""
     import signal
 
-    os.setpgid(0, 0)
     sock.close()
     for target, fd in enumerate(fds):
         os.dup2(fd, target)

@@ -89,15 +89,18 @@ def clean_env(**extra):
     return env
 
 
-def pid_alive(pid):
-    """True if pid exists and is not a zombie."""
+def process_state(pid):
+    """The state letter of /proc/pid/stat (R, S, T: stopped, Z...), "" once pid is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
+            return f.read().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, ProcessLookupError):
-        return False
-    state = stat.rsplit(")", 1)[1].split()[0]
-    return state not in ("Z", "X")
+        return ""
+
+
+def pid_alive(pid):
+    """True if pid exists and is not a zombie."""
+    return process_state(pid) not in ("", "Z", "X")
 
 
 def vm_status_kb(pid, field):

@@ -46,6 +46,7 @@ view = {
     "argv": sys.argv, "orig_argv": sys.orig_argv[1:], "path0": sys.path[0], "path": sys.path,
     "file": __file__, "name": __name__, "spec": __spec__ and (__spec__.name, __spec__.origin), "executable": sys.executable,
     "cwd": os.getcwd(), "pgid_is_pid": os.getpgid(0) == os.getpid(),
+    "sid_is_pid": os.getsid(0) == os.getpid(),
     "parent_is_ddprun": os.getppid() == int(os.environ["EXPECT_PARENT"]) if "EXPECT_PARENT" in os.environ else None,
     "env": {k: v for k, v in os.environ.items()
             if k not in ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE")},
@@ -548,6 +549,7 @@ with open(os.path.join(os.environ["OUT"], "big_" + os.environ["TORCHELASTIC_REST
         self.assertEqual(warm[1]["env"]["NOT_UTF8"], "\udcfe")
         self.assertEqual(warm[1]["name"], "__main__")
         self.assertTrue(warm[1]["pgid_is_pid"])
+        self.assertTrue(warm[1]["sid_is_pid"])
 
     def test_a_worker_sees_what_python_u_m_module_shows(self):
         self.write(os.path.join("mods", "view_mod.py"), VIEW)

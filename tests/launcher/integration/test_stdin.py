@@ -1,14 +1,18 @@
-"""Workers and stdin: a piped stdin reaches the workers; on a terminal, workers (background
-process groups) read /dev/null instead of being stopped by SIGTTIN, which would hang the job."""
+"""Workers and stdin: a piped stdin reaches the workers; a terminal reaches them when ddprun
+is its foreground job (workers lead sessions of their own, so a terminal never stops them),
+and /dev/null replaces it when ddprun runs in the background."""
+import fcntl
 import os
-import shutil
+import select
+import signal
 import subprocess
 import sys
+import termios
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddprun_testlib import DDPRUN, DdprunTestCase, clean_env, scaled
+from ddprun_testlib import DDPRUN, PYTHON, DdprunTestCase, clean_env, process_state, scaled
 
 READER = "read line; echo \"rc=$? line=$line\""
 
@@ -22,21 +26,133 @@ class StdinTest(DdprunTestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn(b"[rank0]:rc=0 line=hello", p.stdout)
 
-    @unittest.skipUnless(shutil.which("script"), "util-linux 'script' is needed for a terminal")
-    def test_terminal_stdin_gives_eof_instead_of_a_hang(self):
-        env = clean_env(TMPDIR=self.tmp)
-        cmd = f"{DDPRUN} --nproc-per-node 2 --no-python sh -c '{READER}'"
+    def test_a_foreground_job_passes_its_terminal_on(self):
+        # input() and pdb read the terminal as under torchrun; a warm worker (--preload) too.
+        for extra in ([], ["--preload", "json"]):
+            with self.subTest(flags=extra):
+                t = Terminal(self, [DDPRUN, "--nproc-per-node", "1", *extra, self.script(ASK)])
+                t.expect("[rank0]:isatty True")
+                t.expect("name? ")  # a prompt, shown unfinished once its worker is idle
+                t.send(b"alice\n")
+                # The prompt's line goes on (the worker's own stream has no newline in between).
+                t.expect("[rank0]:name? alice\r\ngot alice\r\n")
+                self.assertEqual(t.finish(), 0, t.text())
+
+    def test_getpass_in_a_worker_turns_echo_off_instead_of_stopping(self):
+        # getpass sets the terminal's modes: from a background group of ddprun's session that
+        # is SIGTTOU, which stopped the worker and hung the job.
+        t = Terminal(self, [DDPRUN, "--nproc-per-node", "1", self.script(PASSWORD)])
+        t.expect("pw? ")
+        t.send(b"secret\n")
+        t.expect("[rank0]:pw secret")
+        self.assertEqual(t.finish(), 0, t.text())
+        self.assertEqual(t.text().count("secret"), 1, f"the password was echoed: {t.text()!r}")
+
+    def test_ctrl_c_while_a_worker_reads_the_terminal_stops_the_job(self):
+        t = Terminal(self, [DDPRUN, "--nproc-per-node", "1", self.script(ASK)])
+        t.expect("name? ")
         t0 = time.monotonic()
-        # script(1) runs the command on a new pseudo-terminal as its controlling terminal.
-        p = subprocess.run(["script", "-qec", cmd, "/dev/null"], stdin=subprocess.DEVNULL,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=self.tmp,
-                           timeout=scaled(60), start_new_session=True)
-        # A second or so; a worker stopped by SIGTTIN would hang until the timeout above.
+        t.send(b"\x03")  # the terminal's SIGINT reaches ddprun's group alone; ddprun passes it on
+        rc = t.finish()
+        self.assertLess(time.monotonic() - t0, scaled(10))
+        self.assertEqual(rc, 130, t.text())
+        self.assertIn("KeyboardInterrupt", t.text())
+
+    def test_ctrl_z_stops_the_whole_job_until_it_is_continued(self):
+        # As a shell's job: ddprun and its workers stop (the terminal's SIGTSTP reaches ddprun
+        # alone) and go on together; the time stopped is no hang (--hang-timeout 1).
+        t = Terminal(self, [DDPRUN, "--nproc-per-node", "1", "--hang-timeout", "1", self.script(TICKER)])
+        t.expect("[rank0]:tick 3 ")
+        worker = int(t.text().split("tick 3 ")[1].split()[0])
+        self.track_pid(worker)
+        t.send(b"\x1a")
+        for pid in (t.p.pid, worker):
+            self.wait_for(lambda: process_state(pid) == "T", 10, f"pid {pid} stopped")
+        t.read(0.3)
+        shown = t.text().count("tick")
+        time.sleep(2.5)
+        t.read(0.3)
+        self.assertEqual(t.text().count("tick"), shown, "the worker ran on while the job was stopped")
+        os.kill(t.p.pid, signal.SIGCONT)  # as fg sends it
+        self.assertEqual(t.finish(), 0, t.text())
+        self.assertIn("[rank0]:tick 39 ", t.text())
+        self.assertNotIn("hang", t.text())
+
+    def test_a_background_job_gives_its_workers_dev_null(self):
+        # `ddprun ... &` on a terminal: reading it would take the shell's input, so the workers
+        # get EOF at once (and are never stopped by SIGTTIN, which would hang the job).
+        t0 = time.monotonic()
+        t = Terminal(self, [PYTHON, "-c", IN_BACKGROUND, DDPRUN, "--nproc-per-node", "2", "--no-python",
+                            "sh", "-c", READER])
+        self.assertEqual(t.finish(), 0, t.text())
         self.assertLess(time.monotonic() - t0, scaled(20))
-        out = p.stdout.decode(errors="replace")
-        self.assertEqual(p.returncode, 0, out)
         for r in (0, 1):
-            self.assertIn(f"[rank{r}]:rc=1 line=", out)
+            self.assertIn(f"[rank{r}]:rc=1 line=", t.text())
+
+    def script(self, text):
+        path = os.path.join(self.tmp, "worker.py")
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+
+ASK = 'import sys\nprint("isatty", sys.stdin.isatty(), flush=True)\nprint("got", input("name? "))\n'
+TICKER = ('import os, time\nfor i in range(40):\n    print("tick", i, os.getpid(), flush=True)\n'
+          '    time.sleep(0.05)\n')
+PASSWORD = 'import getpass\nprint("pw", getpass.getpass("pw? "))\n'
+# Runs argv in a process group of its own: a background job of the terminal's session.
+IN_BACKGROUND = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:], process_group=0))"
+
+
+class Terminal:
+    """A new pseudo-terminal, and argv leading a session whose controlling terminal it is, in
+    its foreground, as a shell runs a job; what it shows is read as the test goes."""
+
+    def __init__(self, test, argv):
+        master, slave = os.openpty()
+        test.addCleanup(os.close, master)
+
+        def own_it():  # after the child's setsid and dup2s
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        self.p = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, cwd=test.tmp,
+                                  env=clean_env(TMPDIR=test.tmp), start_new_session=True, preexec_fn=own_it)
+        test._procs.append(self.p)
+        os.close(slave)
+        self.master, self.out = master, b""
+
+    def text(self):
+        return self.out.decode(errors="replace")
+
+    def read(self, timeout):
+        """Adds what the terminal shows within timeout to out: False once it has closed."""
+        if not select.select([self.master], [], [], max(0.0, timeout))[0]:
+            return True
+        try:
+            chunk = os.read(self.master, 65536)
+        except OSError:  # EIO: no process has the terminal open any more
+            return False
+        self.out += chunk
+        return bool(chunk)
+
+    def expect(self, text, timeout=30):
+        deadline = time.monotonic() + scaled(timeout)
+        while text.encode() not in self.out:
+            if time.monotonic() > deadline or not self.read(deadline - time.monotonic()):
+                raise AssertionError(f"{text!r} not on the terminal within {timeout} s: {self.text()!r}")
+
+    def send(self, data):
+        os.write(self.master, data)
+
+    def finish(self, timeout=30):
+        """The exit status, once the job has ended and its last output is read."""
+        deadline = time.monotonic() + scaled(timeout)
+        while self.p.poll() is None and time.monotonic() < deadline:
+            self.read(0.05)
+        rc = self.p.wait(timeout=1)
+        while self.read(0.2):
+            pass
+        return rc
 
 
 if __name__ == "__main__":
