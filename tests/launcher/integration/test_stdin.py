@@ -38,6 +38,16 @@ class StdinTest(DdprunTestCase):
                 t.expect("[rank0]:name? alice\r\ngot alice\r\n")
                 self.assertEqual(t.finish(), 0, t.text())
 
+    def test_breakpoint_in_a_worker_is_a_pdb_session_on_the_terminal(self):
+        t = Terminal(self, [DDPRUN, "--nproc-per-node", "1", self.script(BREAKPOINT)])
+        t.expect("[rank0]:-> print(\"x is\", x + 1)")
+        t.expect("(Pdb) ")
+        t.send(b"p x\n")
+        t.expect("p x\r\n41\r\n")
+        t.send(b"c\n")
+        t.expect("x is 42")
+        self.assertEqual(t.finish(), 0, t.text())
+
     def test_getpass_in_a_worker_turns_echo_off_instead_of_stopping(self):
         # getpass sets the terminal's modes: from a background group of ddprun's session that
         # is SIGTTOU, which stopped the worker and hung the job.
@@ -99,6 +109,7 @@ class StdinTest(DdprunTestCase):
 ASK = 'import sys\nprint("isatty", sys.stdin.isatty(), flush=True)\nprint("got", input("name? "))\n'
 TICKER = ('import os, time\nfor i in range(40):\n    print("tick", i, os.getpid(), flush=True)\n'
           '    time.sleep(0.05)\n')
+BREAKPOINT = 'x = 41\nbreakpoint()\nprint("x is", x + 1)\n'
 PASSWORD = 'import getpass\nprint("pw", getpass.getpass("pw? "))\n'
 # Runs argv in a process group of its own: a background job of the terminal's session.
 IN_BACKGROUND = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:], process_group=0))"
