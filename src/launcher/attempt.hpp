@@ -67,6 +67,12 @@ class AttemptWorkers {
   bool stopping() const { return stopping_; }
   int live() const { return live_; }
   std::optional<Clock::time_point> kill_deadline() const { return kill_deadline_; }
+  // The job was suspended for d (Ctrl-Z): the workers' --shutdown-timeout is not spent.
+  void suspended(Clock::duration d) {
+    if (kill_deadline_) *kill_deadline_ += d;
+  }
+  // --preload's warm process (-1: none), stopped and continued with the workers.
+  pid_t warm_pid() const;
   std::vector<WorkerResult>& all() { return workers_; }
   const std::vector<WorkerResult>& all() const { return workers_; }
 

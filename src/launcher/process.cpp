@@ -90,13 +90,30 @@ SpawnResult spawn(const SpawnSpec& spec) {
       bind_failed = true;
       _exit(127);
     }
-    if ((in_fd < 0 || dup2(in_fd, 0) >= 0) && (out_fd < 0 || dup2(out_fd, 1) >= 0) &&
-        (err_fd < 0 || dup2(err_fd, 2) >= 0))
+    // dup2 onto itself keeps close-on-exec (ddprun started with that descriptor closed, and
+    // opened one of its own there): cleared instead.
+    if ((in_fd < 0 || (in_fd == 0 ? fcntl(0, F_SETFD, 0) : dup2(in_fd, 0)) >= 0) &&
+        (out_fd < 0 || (out_fd == 1 ? fcntl(1, F_SETFD, 0) : dup2(out_fd, 1)) >= 0) &&
+        (err_fd < 0 || (err_fd == 2 ? fcntl(2, F_SETFD, 0) : dup2(err_fd, 2)) >= 0))
       execve(path, argv.data(), envp.data());
     exec_err = errno ? errno : EINVAL;
     _exit(127);
   }
   return SpawnResult{pid, exec_err, bind_failed};
+}
+
+bool job_control_above() {
+  const pid_t group = getpgrp(), session = getsid(0);
+  pid_t p = getppid();
+  for (int depth = 0; depth < 64 && p > 1; ++depth) {  // up through this group's members
+    const pid_t pg = getpgid(p);
+    if (pg < 0) return false;
+    if (pg != group) return getsid(p) == session;
+    pid_t up = 0;
+    if (!process_state(p, &up)) return false;
+    p = up;
+  }
+  return false;
 }
 
 std::string describe_exec_failure(const std::string& path, int err) {

@@ -79,6 +79,11 @@ class WorkerGroup {
 // The state letter of /proc/<pid>/stat (R, S, D, Z...), 0 when the process is gone; its
 // parent in *ppid if asked.
 char process_state(pid_t pid, pid_t* ppid = nullptr);
+// Whether this process's group has a job-control parent: a process in another group of its
+// session (an interactive shell) that can continue it. When none has (the group is
+// orphaned: ddprun leads the session, or a non-interactive shell above it does), the
+// kernel drops the terminal's stop signals, since nothing could ever continue the job.
+bool job_control_above();
 // Each thread of pid (its id in /proc/<pid>/task) and its state letter (0: unreadable);
 // nullopt when the process is gone.
 std::optional<std::vector<std::pair<std::string, char>>> thread_states(pid_t pid);

@@ -220,9 +220,12 @@ class AttemptSupervisor {
   // never stops them (SIGTTIN): a ddprun in the terminal's foreground passes it on (input(),
   // pdb, getpass, as under torchrun). One in the background (`&`, or not the terminal's
   // session) gives them /dev/null, since they would take the shell's input. A piped or
-  // redirected stdin is inherited.
+  // redirected stdin is inherited. A stdin closed when ddprun started (`<&-`) is /dev/null
+  // too: fd 0 is then one of ddprun's own (close-on-exec; a warm worker would be handed it).
   void setup_stdin() {
-    if (!isatty(0) || tcgetpgrp(0) == getpgrp()) return;
+    const int flags = fcntl(0, F_GETFD);
+    const bool own = flags < 0 || (flags & FD_CLOEXEC);
+    if (!own && (!isatty(0) || tcgetpgrp(0) == getpgrp())) return;
     stdin_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
 
@@ -313,16 +316,34 @@ class AttemptSupervisor {
   // Ctrl-Z: the job stops as a whole, as a shell's job does. Workers lead sessions of their
   // own, so the terminal's SIGTSTP reaches ddprun alone (and would be discarded in their
   // orphaned groups): they get SIGSTOP, then ddprun stops itself; fg or bg (SIGCONT)
-  // continues it, and it continues them. The time stopped is not a hang. As PID 1, which
-  // cannot stop itself, nothing is stopped.
+  // continues it, and it continues them. The time stopped is spent by no timeout. With no
+  // job-control shell above ddprun (tmux or ssh running it directly, PID 1) nothing could
+  // continue the job, and it runs on, as the kernel decides for torchrun.
   void suspend() {
-    if (getpid() == 1) return;
+    if (getpid() == 1 || !job_control_above()) {
+      spdlog::info("received SIGTSTP: nothing above ddprun could continue the job (no job-control shell): not "
+                   "stopping it");
+      return;
+    }
+    const pid_t warm = workers_.warm_pid();  // (importing, or forking workers)
     workers_.signal_live(SIGSTOP, false);
+    if (warm > 0) kill(warm, SIGSTOP);
     const auto t0 = Clock::now();
     kill(getpid(), SIGSTOP);  // returns once continued
+    if (warm > 0) kill(warm, SIGCONT);
     workers_.signal_live(SIGCONT, false);
-    stacks_.suspended(Clock::now() - t0);
+    const auto stopped = Clock::now() - t0;
+    stopped_for_ += stopped;
+    stacks_.suspended(stopped);
+    workers_.suspended(stopped);
+    if (drain_deadline_) *drain_deadline_ += stopped;
+    if (stdin_fd_ < 0 && isatty(0) && tcgetpgrp(0) != getpgrp())
+      spdlog::warn("continued in the background: the workers still read this terminal (their stdin), and "
+                   "would take what is typed to the shell; `fg` brings the job back");
   }
+
+  // The time the job spent suspended so far (timeouts spend none of it).
+  Clock::duration stopped_for() const { return stopped_for_; }
 
   const std::optional<WorkerResult>& root() const { return root_; }
   const std::optional<RoundEnd>& remote_end() const { return remote_end_; }
@@ -577,6 +598,7 @@ class AttemptSupervisor {
   const void* notify_tag_;  // the epoll tag of the rendezvous's notify fd
   int stdin_fd_ = -1;
   std::optional<Clock::time_point> drain_deadline_;
+  Clock::duration stopped_for_{};
   std::optional<WorkerResult> root_;
   std::optional<RoundEnd> remote_end_;  // the round ended elsewhere (or the rendezvous ended it)
   std::optional<Clock::time_point> hang_elsewhere_;  // when another node's hang asked this attempt's stacks
@@ -683,8 +705,11 @@ struct Supervisor::Impl {
     // --hang-timeout covers the import as it covers a cold worker's
     std::optional<Clock::time_point> limit;
     if (o.hang_timeout > 0) limit = Clock::now() + std::chrono::milliseconds(static_cast<long>(o.hang_timeout * 1000));
-    while (!answered && !signals.got() && !(limit && Clock::now() >= *limit))
+    while (!answered && !signals.got() && !(limit && Clock::now() >= *limit)) {
+      const auto stopped = attempts.stopped_for();
       for (void* tag : loop.wait_between_attempts(limit ? timeout_ms(*limit) : -1)) answered |= tag == &warm_tag;
+      if (limit) *limit += attempts.stopped_for() - stopped;  // (Ctrl-Z)
+    }
     loop.remove(fd);
     hold_notify(false);
     if (answered) warm.on_ready();

@@ -4,7 +4,6 @@ and /dev/null replaces it when ddprun runs in the background."""
 import fcntl
 import os
 import select
-import signal
 import subprocess
 import sys
 import termios
@@ -25,6 +24,17 @@ class StdinTest(DdprunTestCase):
                            timeout=scaled(60))
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn(b"[rank0]:rc=0 line=hello", p.stdout)
+
+    def test_a_closed_stdin_is_dev_null_for_cold_and_warm_workers(self):
+        # `ddprun ... <&-`: fd 0 is then one of ddprun's own (its signalfd reached warm workers).
+        script = self.script("import os\nprint('stdin', os.readlink('/proc/self/fd/0'))\n")
+        for extra in ([], ["--preload", "json"]):
+            with self.subTest(flags=extra):
+                p = subprocess.run([DDPRUN, *extra, script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   env=clean_env(TMPDIR=self.tmp), cwd=self.tmp, timeout=scaled(60),
+                                   preexec_fn=lambda: os.close(0))
+                self.assertEqual(p.returncode, 0, p.stderr)
+                self.assertIn(b"[rank0]:stdin /dev/null", p.stdout)
 
     def test_a_foreground_job_passes_its_terminal_on(self):
         # input() and pdb read the terminal as under torchrun; a warm worker (--preload) too.
@@ -68,25 +78,89 @@ class StdinTest(DdprunTestCase):
         self.assertEqual(rc, 130, t.text())
         self.assertIn("KeyboardInterrupt", t.text())
 
-    def test_ctrl_z_stops_the_whole_job_until_it_is_continued(self):
+    def test_ctrl_z_stops_the_whole_job_until_fg(self):
         # As a shell's job: ddprun and its workers stop (the terminal's SIGTSTP reaches ddprun
         # alone) and go on together; the time stopped is no hang (--hang-timeout 1).
-        t = Terminal(self, [DDPRUN, "--nproc-per-node", "1", "--hang-timeout", "1", self.script(TICKER)])
+        t, job = self.shell_job("--hang-timeout", "1", self.script(TICKER))
         t.expect("[rank0]:tick 3 ")
         worker = int(t.text().split("tick 3 ")[1].split()[0])
         self.track_pid(worker)
         t.send(b"\x1a")
-        for pid in (t.p.pid, worker):
+        t.expect("[stopped]")
+        for pid in (job, worker):
             self.wait_for(lambda: process_state(pid) == "T", 10, f"pid {pid} stopped")
         t.read(0.3)
         shown = t.text().count("tick")
         time.sleep(2.5)
         t.read(0.3)
         self.assertEqual(t.text().count("tick"), shown, "the worker ran on while the job was stopped")
-        os.kill(t.p.pid, signal.SIGCONT)  # as fg sends it
+        t.send(b"fg\n")
         self.assertEqual(t.finish(), 0, t.text())
         self.assertIn("[rank0]:tick 39 ", t.text())
         self.assertNotIn("hang", t.text())
+
+    def test_time_stopped_leaves_the_shutdown_timeout_whole(self):
+        # Ctrl-C, Ctrl-Z while the worker saves (--shutdown-timeout 3), fg 4 s later: the save
+        # goes on to its end; SIGKILL came at once.
+        t, job = self.shell_job("--shutdown-timeout", "3", self.script(SAVER))
+        t.expect("[rank0]:ready")
+        t.send(b"\x03")
+        t.expect("[rank0]:saving")
+        t.send(b"\x1a")
+        t.expect("[stopped]")
+        time.sleep(4)
+        t.send(b"fg\n")
+        self.assertEqual(t.finish(), 130, t.text())
+        self.assertIn("[rank0]:saved", t.text())
+        self.assertNotIn("SIGKILL", t.text().split("[stopped]")[1])
+
+    def test_ctrl_z_while_preload_imports_spends_no_hang_timeout(self):
+        # The warm process stops too, and its import's limit (--hang-timeout 3) moves on by
+        # the 4 s stopped: the workers still start warm.
+        with open(os.path.join(self.tmp, "slowmod.py"), "w") as f:
+            f.write('import time\nfor i in range(15):\n    print("importing", i, flush=True)\n    time.sleep(0.1)\n')
+        t, job = self.shell_job("--preload", "slowmod", "--hang-timeout", "3",
+                                self.script("import sys\nprint('warm', 'slowmod' in sys.modules)\n"))
+        t.expect("importing 0")
+        t.send(b"\x1a")
+        t.expect("[stopped]")
+        t.read(0.3)
+        shown = t.text().count("importing")
+        time.sleep(4)
+        t.read(0.3)
+        self.assertEqual(t.text().count("importing"), shown, "the import went on while the job was stopped")
+        t.send(b"fg\n")
+        self.assertEqual(t.finish(), 0, t.text())
+        self.assertIn("[rank0]:warm True", t.text())
+        self.assertNotIn("did not import", t.text())
+
+    def test_bg_warns_that_the_workers_still_read_the_terminal(self):
+        t, job = self.shell_job(self.script(TICKER))
+        t.expect("[rank0]:tick 1 ")
+        t.send(b"\x1a")
+        t.expect("[stopped]")
+        t.send(b"bg\n")
+        t.expect("continued in the background: the workers still read this terminal")
+        self.assertEqual(t.finish(), 0, t.text())
+
+    def test_ctrl_z_with_no_job_control_above_is_ignored(self):
+        # ddprun leads the terminal's session (tmux, ssh -t, docker exec -it running it
+        # directly): nothing could continue a stopped job, so the job runs on, as torchrun's does.
+        t = Terminal(self, [DDPRUN, "--nproc-per-node", "1", self.script(TICKER)])
+        t.expect("[rank0]:tick 3 ")
+        t.send(b"\x1a")
+        t.expect("[rank0]:tick 8 ")
+        self.assertNotEqual(process_state(t.p.pid), "T")
+        t.send(b"\x03")
+        self.assertEqual(t.finish(), 130, t.text())
+
+    def shell_job(self, *args):
+        """ddprun ARGS as a job of JOB_SHELL on a new terminal: (the terminal, ddprun's pid)."""
+        t = Terminal(self, [PYTHON, "-c", JOB_SHELL, DDPRUN, "--nproc-per-node", "1", *args])
+        t.expect("[job ")
+        job = int(t.text().split("[job ")[1].split("]")[0])
+        self.track_pid(job)
+        return t, job
 
     def test_a_background_job_gives_its_workers_dev_null(self):
         # `ddprun ... &` on a terminal: reading it would take the shell's input, so the workers
@@ -110,9 +184,43 @@ ASK = 'import sys\nprint("isatty", sys.stdin.isatty(), flush=True)\nprint("got",
 TICKER = ('import os, time\nfor i in range(40):\n    print("tick", i, os.getpid(), flush=True)\n'
           '    time.sleep(0.05)\n')
 BREAKPOINT = 'x = 41\nbreakpoint()\nprint("x is", x + 1)\n'
+SAVER = ('import signal, sys, time\n'
+         'def save(*_):\n'
+         '    print("saving", flush=True)\n'
+         '    for _ in range(20):\n'
+         '        time.sleep(0.1)\n'
+         '    print("saved", flush=True)\n'
+         '    sys.exit(0)\n'
+         'signal.signal(signal.SIGINT, save)\n'
+         'print("ready", flush=True)\n'
+         'while True:\n'
+         '    time.sleep(0.05)\n')
 PASSWORD = 'import getpass\nprint("pw", getpass.getpass("pw? "))\n'
 # Runs argv in a process group of its own: a background job of the terminal's session.
 IN_BACKGROUND = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:], process_group=0))"
+
+
+# What an interactive shell does for a job: its own process group in the terminal's
+# foreground; when it stops, the terminal back and "[stopped]"; then a line: fg or bg.
+JOB_SHELL = r"""
+import os, signal, subprocess, sys
+signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # (tcsetpgrp from a background group)
+def foreground():
+    os.setpgid(0, 0)
+    os.tcsetpgrp(0, os.getpid())
+    signal.signal(signal.SIGTTOU, signal.SIG_DFL)
+p = subprocess.Popen(sys.argv[1:], preexec_fn=foreground)
+print(f"[job {p.pid}]", flush=True)
+while True:
+    _, status = os.waitpid(p.pid, os.WUNTRACED)
+    if not os.WIFSTOPPED(status):
+        sys.exit(os.waitstatus_to_exitcode(status))
+    os.tcsetpgrp(0, os.getpgrp())
+    print("[stopped]", flush=True)
+    if sys.stdin.readline().strip() == "fg":
+        os.tcsetpgrp(0, p.pid)
+    os.killpg(p.pid, signal.SIGCONT)
+"""
 
 
 class Terminal:
