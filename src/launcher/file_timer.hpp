@@ -50,6 +50,10 @@ class FileTimers {
   std::vector<Timer> take_expired();
   // Forgets every timer (a new attempt: the last one's workers are gone).
   void clear() { timers_.clear(); }
+  // The job was suspended for d (Ctrl-Z): every armed timer expires that much later.
+  void suspended(Clock::duration d) {
+    for (auto& [key, t] : timers_) t.expires_at += std::chrono::duration<double>(d).count();
+  }
 
  private:
   void request(const std::string& line);

@@ -19,12 +19,16 @@ void NodeSignals::attempt_starting() {
   if (slurm_) slurm_->attempt_starting();
 }
 
+bool NodeSignals::stops(int sig) const {
+  const auto stop_signals = o_.stop_signals();
+  return std::find(stop_signals.begin(), stop_signals.end(), sig) != stop_signals.end();
+}
+
 void NodeSignals::take(const signalfd_siginfo& si) {
   const int sig = static_cast<int>(si.ssi_signo);
-  const auto stop_signals = o_.stop_signals();
-  bool stops = std::find(stop_signals.begin(), stop_signals.end(), sig) != stop_signals.end();
-  if (slurm_ && on_slurm_signal(slurm_->classify(si, stops), sig)) return;
-  if (!stops) {  // SIGUSR1/SIGUSR2: Slurm's pre-emption notice, passed on
+  const bool stopping = stops(sig);
+  if (slurm_ && on_slurm_signal(slurm_->classify(si, stopping), sig)) return;
+  if (!stopping) {  // SIGUSR1/SIGUSR2: Slurm's pre-emption notice, passed on
     spdlog::info("forwarding {} to the workers", signal_name(sig));
     pass_on(sig);
     return;

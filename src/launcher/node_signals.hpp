@@ -35,6 +35,8 @@ class NodeSignals {
   void attempt_starting();  // before an attempt's workers start (Slurm's probe)
   // A signal read from the signalfd, neither SIGCHLD nor a stack-dump trigger.
   void take(const signalfd_siginfo& si);
+  // Whether sig stops the job (--signals-to-handle).
+  bool stops(int sig) const;
   // True when `end` is another node's note that Slurm is stopping this step: this node
   // stops as if Slurm's signal had come (exit 128+signal): it sends the signal to its
   // workers, or, where Slurm signals the workers itself, leaves that to Slurm. The signal

@@ -105,7 +105,7 @@ SpawnResult spawn(const SpawnSpec& spec) {
 bool job_control_above() {
   const pid_t group = getpgrp(), session = getsid(0);
   pid_t p = getppid();
-  for (int depth = 0; depth < 64 && p > 1; ++depth) {  // up through this group's members
+  for (int depth = 0; depth < 64 && p > 0; ++depth) {  // up through this group's members (PID 1 too: a shell)
     const pid_t pg = getpgid(p);
     if (pg < 0) return false;
     if (pg != group) return getsid(p) == session;
@@ -182,7 +182,7 @@ bool WorkerGroup::leader_reaped() {
 void WorkerGroup::signal(int sig) {
   if (leader_ <= 0 || empty_) return;
   if (!reaped_) {
-    if (kill(-leader_, sig) != 0 && errno == ESRCH) kill(leader_, sig);  // before its setpgid
+    if (kill(-leader_, sig) != 0 && errno == ESRCH) kill(leader_, sig);  // before its setsid
     return;
   }
 #ifdef SYS_pidfd_send_signal

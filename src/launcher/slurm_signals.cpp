@@ -29,7 +29,7 @@ void on_probe_signal(int sig, siginfo_t* si, void*) {
 
 // The probe: after fork, only async-signal-safe calls (ddprun may have threads by now).
 [[noreturn]] void probe_main(int fd, pid_t parent) {
-  setpgid(0, 0);  // its own process group, as every worker
+  setsid();  // its own session and process group, as every worker
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(0);
   prctl(PR_SET_NAME, "ddprun-probe");

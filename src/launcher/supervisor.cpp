@@ -307,7 +307,7 @@ class AttemptSupervisor {
     while (loop_.next_signal(si)) {
       const int sig = static_cast<int>(si.ssi_signo);
       if (sig == SIGCHLD) reap();
-      else if (sig == SIGTSTP) suspend();
+      else if (sig == SIGTSTP && !signals_.stops(sig)) suspend();
       else if (stacks_.is_trigger(sig)) on_trigger(sig, static_cast<pid_t>(si.ssi_pid));
       else signals_.take(si);
     }
@@ -318,24 +318,32 @@ class AttemptSupervisor {
   // orphaned groups): they get SIGSTOP, then ddprun stops itself; fg or bg (SIGCONT)
   // continues it, and it continues them. The time stopped is spent by no timeout. With no
   // job-control shell above ddprun (tmux or ssh running it directly, PID 1) nothing could
-  // continue the job, and it runs on, as the kernel decides for torchrun.
+  // continue the job, and it runs on, as the kernel decides for torchrun. Nor does one node
+  // of several stop: its lease would lapse and the others go on without it.
   void suspend() {
     if (getpid() == 1 || !job_control_above()) {
       spdlog::info("received SIGTSTP: nothing above ddprun could continue the job (no job-control shell): not "
                    "stopping it");
       return;
     }
-    const pid_t warm = workers_.warm_pid();  // (importing, or forking workers)
+    if (job_.plan.group_world_size > 1) {
+      spdlog::warn("received SIGTSTP: not stopping one node of {}: the others would count it lost after the "
+                   "keep-alive window; Ctrl-C stops the job",
+                   job_.plan.group_world_size);
+      return;
+    }
+    const pid_t warm = workers_.warm_pid();  // (importing, or forking workers): its group
     workers_.signal_live(SIGSTOP, false);
-    if (warm > 0) kill(warm, SIGSTOP);
+    if (warm > 0) kill(-warm, SIGSTOP);
     const auto t0 = Clock::now();
     kill(getpid(), SIGSTOP);  // returns once continued
-    if (warm > 0) kill(warm, SIGCONT);
+    if (warm > 0) kill(-warm, SIGCONT);
     workers_.signal_live(SIGCONT, false);
     const auto stopped = Clock::now() - t0;
     stopped_for_ += stopped;
     stacks_.suspended(stopped);
     workers_.suspended(stopped);
+    timers_.suspended(stopped);
     if (drain_deadline_) *drain_deadline_ += stopped;
     if (stdin_fd_ < 0 && isatty(0) && tcgetpgrp(0) != getpgrp())
       spdlog::warn("continued in the background: the workers still read this terminal (their stdin), and "

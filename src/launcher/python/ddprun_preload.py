@@ -225,6 +225,12 @@ def _fork_between(count, child, linger=None):
                 pids.append(pid)
         except BaseException:  # noqa: BLE001  (those forked so far go on)
             pass
+        for pid in pids:  # each leads its group before ddprun hears of it (a setsid first thing)
+            try:
+                while os.getsid(pid) != pid:
+                    os.sched_yield()
+            except OSError:  # (gone)
+                pass
         try:
             os.write(w, (" ".join(map(str, pids)) + "\n").encode())
             os.close(w)

@@ -11,7 +11,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddprun_testlib import DDPRUN, PYTHON, DdprunTestCase, clean_env, process_state, scaled
+from ddprun_testlib import DDPRUN, PYTHON, DdprunTestCase, clean_env, free_port, process_state, scaled
 
 READER = "read line; echo \"rc=$? line=$line\""
 
@@ -80,8 +80,9 @@ class StdinTest(DdprunTestCase):
 
     def test_ctrl_z_stops_the_whole_job_until_fg(self):
         # As a shell's job: ddprun and its workers stop (the terminal's SIGTSTP reaches ddprun
-        # alone) and go on together; the time stopped is no hang (--hang-timeout 1).
-        t, job = self.shell_job("--hang-timeout", "1", self.script(TICKER))
+        # alone) and go on together; the time stopped, longer than --hang-timeout, is no hang.
+        hang = scaled(3)
+        t, job = self.shell_job("--hang-timeout", str(hang), self.script(TICKER))
         t.expect("[rank0]:tick 3 ")
         worker = int(t.text().split("tick 3 ")[1].split()[0])
         self.track_pid(worker)
@@ -91,7 +92,7 @@ class StdinTest(DdprunTestCase):
             self.wait_for(lambda: process_state(pid) == "T", 10, f"pid {pid} stopped")
         t.read(0.3)
         shown = t.text().count("tick")
-        time.sleep(2.5)
+        time.sleep(hang + 1.5)
         t.read(0.3)
         self.assertEqual(t.text().count("tick"), shown, "the worker ran on while the job was stopped")
         t.send(b"fg\n")
@@ -100,33 +101,35 @@ class StdinTest(DdprunTestCase):
         self.assertNotIn("hang", t.text())
 
     def test_time_stopped_leaves_the_shutdown_timeout_whole(self):
-        # Ctrl-C, Ctrl-Z while the worker saves (--shutdown-timeout 3), fg 4 s later: the save
-        # goes on to its end; SIGKILL came at once.
-        t, job = self.shell_job("--shutdown-timeout", "3", self.script(SAVER))
+        # Ctrl-C, Ctrl-Z while the worker saves (2 s of its --shutdown-timeout), fg after longer
+        # than the timeout: the save goes on to its end (SIGKILL came at once).
+        grace = scaled(5)
+        t, job = self.shell_job("--shutdown-timeout", str(grace), self.script(SAVER))
         t.expect("[rank0]:ready")
         t.send(b"\x03")
         t.expect("[rank0]:saving")
         t.send(b"\x1a")
         t.expect("[stopped]")
-        time.sleep(4)
+        time.sleep(grace + 1)
         t.send(b"fg\n")
         self.assertEqual(t.finish(), 130, t.text())
         self.assertIn("[rank0]:saved", t.text())
         self.assertNotIn("SIGKILL", t.text().split("[stopped]")[1])
 
     def test_ctrl_z_while_preload_imports_spends_no_hang_timeout(self):
-        # The warm process stops too, and its import's limit (--hang-timeout 3) moves on by
-        # the 4 s stopped: the workers still start warm.
+        # The warm process stops too, and its import's limit (--hang-timeout) moves on by the
+        # time stopped, longer than it: the workers still start warm.
         with open(os.path.join(self.tmp, "slowmod.py"), "w") as f:
             f.write('import time\nfor i in range(15):\n    print("importing", i, flush=True)\n    time.sleep(0.1)\n')
-        t, job = self.shell_job("--preload", "slowmod", "--hang-timeout", "3",
+        hang = scaled(5)
+        t, job = self.shell_job("--preload", "slowmod", "--hang-timeout", str(hang),
                                 self.script("import sys\nprint('warm', 'slowmod' in sys.modules)\n"))
         t.expect("importing 0")
         t.send(b"\x1a")
         t.expect("[stopped]")
         t.read(0.3)
         shown = t.text().count("importing")
-        time.sleep(4)
+        time.sleep(hang + 1)
         t.read(0.3)
         self.assertEqual(t.text().count("importing"), shown, "the import went on while the job was stopped")
         t.send(b"fg\n")
@@ -143,16 +146,39 @@ class StdinTest(DdprunTestCase):
         t.expect("continued in the background: the workers still read this terminal")
         self.assertEqual(t.finish(), 0, t.text())
 
+    def test_ctrl_z_does_not_stop_one_node_of_several(self):
+        # Its lease would lapse and the other node go on without it: a warning instead.
+        port = free_port()
+        script = self.script(TICKER)
+        other = self.start(["--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port",
+                            str(port), "--nproc-per-node", "1", script])
+        t, job = self.shell_job("--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
+                                "--master-port", str(port), script)
+        t.expect("[rank0]:tick 3 ")
+        t.send(b"\x1a")
+        t.expect("received SIGTSTP: not stopping one node of 2")
+        self.assertNotIn(process_state(job), ("T", ""), "ddprun stopped")
+        self.assertEqual(t.finish(), 0, t.text())
+        self.assertEqual(other.wait(timeout=scaled(30)), 0)
+
+    def test_sigtstp_in_signals_to_handle_stops_the_job_as_torchrun(self):
+        t, job = self.shell_job("--signals-to-handle", "SIGTERM,SIGINT,SIGTSTP", self.script(TICKER))
+        t.expect("[rank0]:tick 3 ")
+        t.send(b"\x1a")
+        self.assertEqual(t.finish(), 128 + 20, t.text())  # (SIGTSTP is 20)
+        self.assertIn("received SIGTSTP: forwarding it to the workers", t.text())
+
     def test_ctrl_z_with_no_job_control_above_is_ignored(self):
         # ddprun leads the terminal's session (tmux, ssh -t, docker exec -it running it
         # directly): nothing could continue a stopped job, so the job runs on, as torchrun's does.
-        t = Terminal(self, [DDPRUN, "--nproc-per-node", "1", self.script(TICKER)])
+        t = Terminal(self, [DDPRUN, "--nproc-per-node", "1", "--log-level", "info", self.script(TICKER)])
         t.expect("[rank0]:tick 3 ")
         t.send(b"\x1a")
-        t.expect("[rank0]:tick 8 ")
-        self.assertNotEqual(process_state(t.p.pid), "T")
-        t.send(b"\x03")
-        self.assertEqual(t.finish(), 130, t.text())
+        t.expect("received SIGTSTP: nothing above ddprun could continue the job")
+        time.sleep(0.3)
+        self.assertNotIn(process_state(t.p.pid), ("T", ""), "ddprun stopped")
+        self.assertEqual(t.finish(), 0, t.text())
+        self.assertIn("[rank0]:tick 39 ", t.text())
 
     def shell_job(self, *args):
         """ddprun ARGS as a job of JOB_SHELL on a new terminal: (the terminal, ddprun's pid)."""
