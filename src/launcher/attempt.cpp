@@ -104,10 +104,10 @@ bool exited_unreaped(pid_t pid) {
 
 }  // namespace
 
-// A worker that had exited before the stop signal failed (or succeeded) by itself: it is
-// not marked as stopped by ddprun, or the summary would hide its failure.
 pid_t AttemptWorkers::warm_pid() const { return warm_ ? warm_->pid() : -1; }
 
+// A worker that had exited before the stop signal failed (or succeeded) by itself: it is
+// not marked as stopped by ddprun, or the summary would hide its failure.
 int AttemptWorkers::signal_live(int sig, bool mark_stopped) {
   int n = 0;
   for (size_t i = 0; i < workers_.size(); ++i) {

@@ -1,5 +1,5 @@
-// One attempt's workers on this node: started together (one per local rank, each in its
-// own session and process group, watched by the guardian), signalled together, reaped one by one as
+// One attempt's workers on this node: started together (one per local rank, each leading
+// its own session, watched by the guardian), signalled together, reaped one by one as
 // SIGCHLD comes, and escalated to SIGKILL when they outlive the stop's deadline. What the
 // job does about a failure (the root cause, telling the other nodes) is the supervisor's.
 #pragma once

@@ -75,7 +75,7 @@ SpawnResult spawn(const SpawnSpec& spec) {
   pid_t pid = vfork();
   if (pid < 0) throw ddp::SystemError(fmt::format("vfork for {}", spec.path), errno);
   if (pid == 0) {
-    setsid();  // a session and process group of its own, no controlling terminal (torchrun 2.x's too)
+    setsid();  // a session and group of its own, no controlling terminal (as torchrun 2.x's)
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(128 + SIGKILL);  // ddprun died before the signal was armed
     // Dispositions ddprun changed must not leak into the worker (ignored ones survive exec).
@@ -105,7 +105,8 @@ SpawnResult spawn(const SpawnSpec& spec) {
 bool job_control_above() {
   const pid_t group = getpgrp(), session = getsid(0);
   pid_t p = getppid();
-  for (int depth = 0; depth < 64 && p > 0; ++depth) {  // up through this group's members (PID 1 too: a shell)
+  // Up through this group's members (PID 1 too: it may be a container's shell).
+  for (int depth = 0; depth < 64 && p > 0; ++depth) {
     const pid_t pg = getpgid(p);
     if (pg < 0) return false;
     if (pg != group) return getsid(p) == session;

@@ -10,7 +10,7 @@
 //   proctrack/pgid      ddprun's process group only; workers lead their own groups.
 // So whether a worker already got a signal cannot be told from the signal alone. ddprun
 // measures it: a probe process, placed exactly like a worker (a child of ddprun leading its
-// own session and process group), reports every signal it gets. When Slurm's signal reaches ddprun and
+// own session), reports every signal it gets. When Slurm's signal reaches ddprun and
 // the probe got it from Slurm too, the workers did as well and ddprun does not send it
 // again; otherwise ddprun forwards it. The answer is learnt from the first signal (at most
 // kProbeWait after it) and kept for the job.

@@ -138,7 +138,8 @@ class StdinTest(DdprunTestCase):
         self.assertNotIn("did not import", t.text())
 
     def test_bg_warns_that_the_workers_still_read_the_terminal(self):
-        t, job = self.shell_job(self.script(TICKER))
+        # (ddprun run by a script: the job-control shell is its parent's parent)
+        t, job = self.shell_job(self.script(TICKER), via_sh=True)
         t.expect("[rank0]:tick 1 ")
         t.send(b"\x1a")
         t.expect("[stopped]")
@@ -180,9 +181,13 @@ class StdinTest(DdprunTestCase):
         self.assertEqual(t.finish(), 0, t.text())
         self.assertIn("[rank0]:tick 39 ", t.text())
 
-    def shell_job(self, *args):
-        """ddprun ARGS as a job of JOB_SHELL on a new terminal: (the terminal, ddprun's pid)."""
-        t = Terminal(self, [PYTHON, "-c", JOB_SHELL, DDPRUN, "--nproc-per-node", "1", *args])
+    def shell_job(self, *args, via_sh=False):
+        """ddprun ARGS as a job of JOB_SHELL on a new terminal, or run by a `sh -c` script that
+        is the job: (the terminal, the job's pid)."""
+        argv = [DDPRUN, "--nproc-per-node", "1", *args]
+        if via_sh:
+            argv = ["sh", "-c", '"$@"; exit $?', "sh", *argv]
+        t = Terminal(self, [PYTHON, "-c", JOB_SHELL, *argv])
         t.expect("[job ")
         job = int(t.text().split("[job ")[1].split("]")[0])
         self.track_pid(job)
