@@ -86,15 +86,7 @@ class StdinTest(DdprunTestCase):
         t.expect("[rank0]:tick 3 ")
         worker = int(t.text().split("tick 3 ")[1].split()[0])
         self.track_pid(worker)
-        t.send(b"\x1a")
-        t.expect("[stopped]")
-        for pid in (job, worker):
-            self.wait_for(lambda: process_state(pid) == "T", 10, f"pid {pid} stopped")
-        t.read(0.3)
-        shown = t.text().count("tick")
-        time.sleep(hang + 1.5)
-        t.read(0.3)
-        self.assertEqual(t.text().count("tick"), shown, "the worker ran on while the job was stopped")
+        self.hold_stopped(t, hang + 1.5, "tick", (job, worker))
         t.send(b"fg\n")
         self.assertEqual(t.finish(), 0, t.text())
         self.assertIn("[rank0]:tick 39 ", t.text())
@@ -125,13 +117,7 @@ class StdinTest(DdprunTestCase):
         t, job = self.shell_job("--preload", "slowmod", "--hang-timeout", str(hang),
                                 self.script("import sys\nprint('warm', 'slowmod' in sys.modules)\n"))
         t.expect("importing 0")
-        t.send(b"\x1a")
-        t.expect("[stopped]")
-        t.read(0.3)
-        shown = t.text().count("importing")
-        time.sleep(hang + 1)
-        t.read(0.3)
-        self.assertEqual(t.text().count("importing"), shown, "the import went on while the job was stopped")
+        self.hold_stopped(t, hang + 1, "importing")
         t.send(b"fg\n")
         self.assertEqual(t.finish(), 0, t.text())
         self.assertIn("[rank0]:warm True", t.text())
@@ -180,6 +166,18 @@ class StdinTest(DdprunTestCase):
         self.assertNotIn(process_state(t.p.pid), ("T", ""), "ddprun stopped")
         self.assertEqual(t.finish(), 0, t.text())
         self.assertIn("[rank0]:tick 39 ", t.text())
+
+    def hold_stopped(self, t, seconds, word, pids=()):
+        """Ctrl-Z, then `seconds` with the job stopped (pids too): no more of `word` shown."""
+        t.send(b"\x1a")
+        t.expect("[stopped]")
+        for pid in pids:
+            self.wait_for(lambda: process_state(pid) == "T", 10, f"pid {pid} stopped")
+        t.read(0.3)
+        shown = t.text().count(word)
+        time.sleep(seconds)
+        t.read(0.3)
+        self.assertEqual(t.text().count(word), shown, f"{word!r} went on while the job was stopped")
 
     def shell_job(self, *args, via_sh=False):
         """ddprun ARGS as a job of JOB_SHELL on a new terminal, or run by a `sh -c` script that
