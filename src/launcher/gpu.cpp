@@ -91,32 +91,27 @@ std::vector<std::string> gpu_pci_addresses() {
 
 namespace {
 
-// "0,1,3" -> 3; "" and "-1" (hide every device) -> 0.
-int count_ids(const std::string& list) {
-  if (list.empty() || list == "-1") return 0;
-  int n = 0;
-  size_t start = 0;
-  for (;;) {
-    size_t end = list.find(',', start);
-    if (end != start && start < list.size()) ++n;
-    if (end == std::string::npos) return n;
-    start = end + 1;
+// "0, 1,3" -> 0, 1 and 3 (trimmed, empty entries dropped); "" and "-1" (hide every
+// device) -> none.
+std::vector<std::string> split_ids(const std::string& list) {
+  std::vector<std::string> ids;
+  if (list == "-1") return ids;
+  std::istringstream in(list);
+  for (std::string id; std::getline(in, id, ',');) {
+    const size_t a = id.find_first_not_of(" \t"), b = id.find_last_not_of(" \t");
+    if (a != std::string::npos) ids.push_back(id.substr(a, b - a + 1));
   }
+  return ids;
 }
+
+int count_ids(const std::string& list) { return static_cast<int>(split_ids(list).size()); }
 
 }  // namespace
 
 std::optional<std::vector<std::string>> visible_device_ids(const std::map<std::string, std::string>& env) {
   auto it = env.find("CUDA_VISIBLE_DEVICES");
   if (it == env.end()) return std::nullopt;
-  std::vector<std::string> ids;
-  if (it->second == "-1") return ids;
-  std::istringstream list(it->second);
-  for (std::string id; std::getline(list, id, ',');) {
-    const size_t a = id.find_first_not_of(" \t"), b = id.find_last_not_of(" \t");
-    if (a != std::string::npos) ids.push_back(id.substr(a, b - a + 1));
-  }
-  return ids;
+  return split_ids(it->second);
 }
 
 std::optional<GpuCount> slurm_gpus(const std::map<std::string, std::string>& env) {
