@@ -127,8 +127,11 @@ class StdinTest(DdprunTestCase):
         # (ddprun run by a script: the job-control shell is its parent's parent)
         t, job = self.shell_job(self.script(TICKER), via_sh=True)
         t.expect("[rank0]:tick 1 ")
-        t.send(b"\x1a")
-        t.expect("[stopped]")
+        worker = int(t.text().split("tick 1 ")[1].split()[0])
+        self.track_pid(worker)
+        # (the shell stops at once; ddprun only once it read its SIGTSTP, which a SIGCONT sent
+        # before that would discard: bg waits for the worker stopped by ddprun)
+        self.hold_stopped(t, 0.2, "tick", (worker,))
         t.send(b"bg\n")
         t.expect("continued in the background: the workers still read this terminal")
         self.assertEqual(t.finish(), 0, t.text())
