@@ -5,9 +5,10 @@
 //   pg->all_reduce(std::span<float>(grad), {.op = ddp::ReduceOp::kAvg});
 //
 // Every collective is blocking and must be called by every rank in the same order with
-// the same count/dtype/options. Errors throw ddp::CollectiveError or ddp::TimeoutError
-// (ddp/error.hpp) naming the operation, this rank, the peer involved and the cause; after
-// a failure the group is unusable and every later call throws at once.
+// the same count/dtype/options (the CPU backend checks: a call that differs between ranks
+// is a CollectiveError on every rank, naming both). Errors throw ddp::CollectiveError or
+// ddp::TimeoutError (ddp/error.hpp) naming the operation, this rank, the peer involved and
+// the cause; after a failure the group is unusable and every later call throws at once.
 //
 // Backends:
 //   kCpu   host buffers; ring all-reduce over shared memory (ranks on one host) and TCP
@@ -61,7 +62,8 @@ struct ProcessGroupOptions {
   // the hostname's first IPv4 address.
   std::string host;
   // Messages of at most this many bytes per rank take the flat shared-memory algorithm
-  // when every rank is on one host (0 disables it).
+  // when every rank is on one host (0 disables it). Rank 0's value holds for every rank.
+  // This and the sizes below: at most 1 TiB.
   size_t small_message_bytes = 64 << 10;
   // Pipelining granularity of the ring algorithms.
   size_t chunk_bytes = 128 << 10;

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cstdint>
 #include <cstdlib>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -181,10 +182,24 @@ void need_positive_timeout(const ProcessGroupOptions& o) {
   if (o.timeout.count() <= 0)
     throw UsageError(fmt::format("ddp::init_process_group: timeout must be positive (got {} ms)", o.timeout.count()));
 }
+
+// The CPU backend's sizes: beyond 1 TiB (a value meant as "no limit", or a negative number
+// cast to size_t) their rounding up to cache lines would overflow.
+void need_sane_sizes(const ProcessGroupOptions& o) {
+  constexpr size_t kMax = size_t{1} << 40;
+  const std::pair<const char*, size_t> sizes[] = {{"small_message_bytes", o.small_message_bytes},
+                                                  {"chunk_bytes", o.chunk_bytes},
+                                                  {"shm_ring_bytes", o.shm_ring_bytes},
+                                                  {"slice_stage_bytes", o.slice_stage_bytes}};
+  for (auto& [name, v] : sizes)
+    if (v > kMax)
+      throw UsageError(fmt::format("ddp::init_process_group: {} = {} is more than 1 TiB", name, v));
+}
 }  // namespace
 
 std::unique_ptr<ProcessGroup> init_process_group(ProcessGroupOptions o) {
   need_positive_timeout(o);
+  need_sane_sizes(o);
   if (o.world_size < 1)
     throw UsageError(fmt::format("ddp::init_process_group: world_size must be >= 1 (got {})",
                                  o.world_size));

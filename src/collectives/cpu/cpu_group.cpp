@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -32,9 +33,11 @@
 
 #include "../backends.hpp"
 #include "../reduce.hpp"
+#include "../progress_record.hpp"
 #include "../slices.hpp"
 #include "ddp/error.hpp"
 #include "ddp/tcp_store.hpp"
+#include "call_check.hpp"
 #include "shm.hpp"
 #include "tcp.hpp"
 
@@ -127,6 +130,7 @@ class CpuGroup final : public GroupBase {
 
  protected:
   void do_all_reduce(void* data, size_t count, DType dt, ReduceOp op, TimePoint dl) override {
+    begin_call(ProgressRecord::kAllReduce, dt, op, -1, count);
     if (size() == 1 || count == 0) return;
     const size_t bytes = count * dtype_size(dt);
     guarded([&] {
@@ -140,6 +144,7 @@ class CpuGroup final : public GroupBase {
   }
 
   void do_broadcast(void* data, size_t count, DType dt, int root, TimePoint dl) override {
+    begin_call(ProgressRecord::kBroadcast, dt, ReduceOp::kSum, root, count);
     size_t bytes = count * dtype_size(dt);
     if (size() == 1 || bytes == 0) return;
     guarded([&] {
@@ -147,7 +152,7 @@ class CpuGroup final : public GroupBase {
       if (all_local_ && bytes <= small_) {
         uint32_t k = flat_post(rank() == root ? d : nullptr, rank() == root ? bytes : 0);
         flat_wait_all(k, dl);
-        if (rank() != root) std::memcpy(d, seg_->flat_slot(k, root), bytes);
+        if (rank() != root) std::memcpy(d, flat_data(k, root), bytes);
         return;
       }
       ring_broadcast(d, bytes, root, dl);
@@ -155,6 +160,7 @@ class CpuGroup final : public GroupBase {
   }
 
   void do_all_gather(const void* input, void* output, size_t count, DType dt, TimePoint dl) override {
+    begin_call(ProgressRecord::kAllGather, dt, ReduceOp::kSum, -1, count);
     size_t bytes = count * dtype_size(dt);
     auto* out = static_cast<uint8_t*>(output);
     auto* in = static_cast<const uint8_t*>(input);
@@ -167,7 +173,7 @@ class CpuGroup final : public GroupBase {
         uint32_t k = flat_post(out + r * bytes, bytes);
         flat_wait_all(k, dl);
         for (int p = 0; p < n; ++p)
-          if (p != r) std::memcpy(out + p * bytes, seg_->flat_slot(k, p), bytes);
+          if (p != r) std::memcpy(out + p * bytes, flat_data(k, p), bytes);
         return;
       }
       for (int s = 0; s < n - 1; ++s) {
@@ -183,6 +189,7 @@ class CpuGroup final : public GroupBase {
 
   void do_reduce_scatter(const void* input, void* output, size_t count, DType dt, ReduceOp op,
                          TimePoint dl) override {
+    begin_call(ProgressRecord::kReduceScatter, dt, op, -1, count);
     const size_t es = dtype_size(dt), bytes = count * es;
     auto* in = static_cast<const uint8_t*>(input);
     auto* out = static_cast<uint8_t*>(output);
@@ -196,8 +203,8 @@ class CpuGroup final : public GroupBase {
       if (all_local_ && bytes * n <= small_) {
         uint32_t k = flat_post(in, bytes * n);
         flat_wait_all(k, dl);
-        reduce_into(dt, op, out, seg_->flat_slot(k, 0) + r * bytes, seg_->flat_slot(k, 1) + r * bytes, count);
-        for (int p = 2; p < n; ++p) reduce_inplace(dt, op, out, seg_->flat_slot(k, p) + r * bytes, count);
+        reduce_into(dt, op, out, flat_data(k, 0) + r * bytes, flat_data(k, 1) + r * bytes, count);
+        for (int p = 2; p < n; ++p) reduce_inplace(dt, op, out, flat_data(k, p) + r * bytes, count);
       } else {
         for (auto& t : tmp_) t.resize(bytes);
         for (int s = 0; s < n - 1; ++s) {
@@ -218,6 +225,7 @@ class CpuGroup final : public GroupBase {
   }
 
   void do_barrier(TimePoint dl) override {
+    begin_call(ProgressRecord::kBarrier, DType::kUInt8, ReduceOp::kSum, -1, 0);
     if (size() == 1) return;
     guarded([&] {
       if (all_local_) {
@@ -292,7 +300,9 @@ class CpuGroup final : public GroupBase {
     if (r == 0) {
       std::random_device rd;
       tag_ = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
-      store_->set(key("tag"), std::to_string(tag_));
+      // With the tag, rank 0's small_message_bytes: every rank must choose the flat
+      // algorithm for the same calls, and its slots are sized by the segment's creator.
+      store_->set(key("tag"), fmt::format("{} {}", tag_, small_));
     }
     bool all_same = true;
     std::vector<bool> shm = find_local_ranks(deadline, all_same);
@@ -318,7 +328,12 @@ class CpuGroup final : public GroupBase {
     const std::string me = opts_.host_id.empty() ? host_identity() : opts_.host_id;
     const bool tcp_only = opts_.transport == Transport::kTcp;
     store_->set(key(fmt::format("host/{}", r)), tcp_only ? me + std::string(kTcpOnly) : me);
-    if (r != 0) tag_ = std::stoull(store_get("tag", deadline));
+    if (r != 0) {
+      std::string v = store_get("tag", deadline);
+      size_t sp = 0;
+      tag_ = std::stoull(v, &sp);
+      small_ = std::stoull(v.substr(sp));
+    }
     std::vector<bool> same(n), shm(n);
     for (int i = 0; i < n; ++i) {
       bool peer_tcp_only = tcp_only;
@@ -439,7 +454,7 @@ class CpuGroup final : public GroupBase {
         slice_min = size() > usable_cpus() ? kAutoSliceMin : 0;
       size_t stage = slice_min ? std::max<size_t>(opts_.slice_stage_bytes, 64) : 0;
       try {
-        seg_ = ShmSegment::create(nlocal, opts_.shm_ring_bytes, std::max<size_t>(small_, 64),
+        seg_ = ShmSegment::create(nlocal, opts_.shm_ring_bytes, std::max<size_t>(small_, 64) + kFlatHeaderBytes,
                                   stage, slice_min);
       } catch (const SystemError& e) {
         store_->set(key(shm_key), fmt::format("{}{}", kNoShm, e.what()));
@@ -559,9 +574,12 @@ class CpuGroup final : public GroupBase {
     if (now >= deadline)
       throw TimeoutError(fmt::format(
           "timed out after {} {}",
-          format_duration(op_timeout()), describe()));
+          format_duration(op_timeout().count() ? op_timeout() : opts_.timeout), describe()));
     if (now >= w.next_check) {
-      if (seg_) check_peers();
+      if (seg_) {
+        check_peers();
+        check_waiting_calls();  // e.g. a peer whose call took another algorithm waits for this rank elsewhere
+      }
       // Waiting means what is buffered cannot make progress: at EOF it never will.
       if (recv && recv->at_eof()) recv->fail_at_eof();
       w.next_check = now + milliseconds(5);
@@ -594,21 +612,108 @@ class CpuGroup final : public GroupBase {
       std::this_thread::sleep_for(std::chrono::microseconds(std::min<long>(budget_us, 1000)));
   }
 
+  // ---- the call check (call_check.hpp) --------------------------------------------------
+  void begin_call(ProgressRecord::Op kind, DType dt, ReduceOp op, int root, size_t count) {
+    call_ = CallDesc{++calls_, static_cast<uint8_t>(kind), static_cast<uint8_t>(dt), static_cast<uint8_t>(op), root,
+                     count};
+    header_out_ = CallHeader{};
+    header_out_.words = call_.words();
+    header_sent_ = header_recvd_ = 0;
+    out_prefix_ = in_prefix_ = sizeof(CallHeader);
+    published_ = false;
+  }
+
+  // Every peer has posted flat exchange k: the header each wrote with it is the call it made
+  // (its slot is not written again before this rank posts once more).
+  void check_flat_headers(uint32_t k) {
+    for (auto& p : peers_) {
+      CallHeader h;
+      std::memcpy(&h, seg_->flat_slot(k, p.local), sizeof h);
+      check_header(h, p.rank, "shared memory");
+    }
+  }
+
+  // While waiting: publishes this rank's call (once per call), and compares the calls that
+  // waiting peers published with it. Only a peer in the same call is compared: another may
+  // be slower, or already in its next call.
+  void check_waiting_calls() {
+    if (!published_) publish_call(seg_->rank(my_local_), call_);
+    published_ = true;
+    for (auto& p : peers_) {
+      CallDesc theirs;
+      if (read_call(seg_->rank(p.local), theirs) && theirs.seq == call_.seq && !(theirs == call_))
+        throw CollectiveError(call_mismatch(p.rank, theirs, call_));
+    }
+  }
+
+  bool header_done() const { return header_sent_ == out_prefix_ && header_recvd_ == in_prefix_; }
+
+  // Sends what it can of this call's header, with the start of the step's data (src, slen;
+  // `sent` of it gone) in the same send: one packet on TCP, not two. Takes what has come of
+  // the left neighbour's header, which it checks once whole. True on progress.
+  bool header_step(const uint8_t* src, size_t slen, size_t& sent) {
+    bool progress = false;
+    const size_t d = std::min(slen - sent, chunk_);
+    if (header_sent_ == 0) {  // the data goes on at a cache line (shared memory), a page (large over TCP)
+      const bool tcp = right_->fd() >= 0;
+      const size_t to = !tcp ? 64 : d >= (64 << 10) ? CallHeader::kPaddedBytes : sizeof(CallHeader);
+      header_out_.skip = static_cast<uint32_t>(to - sizeof(CallHeader));
+      out_prefix_ = sizeof(CallHeader) + header_out_.skip;
+      std::memcpy(header_prefix_.data(), &header_out_, sizeof header_out_);
+    }
+    if (header_sent_ < out_prefix_) {
+      const size_t h = out_prefix_ - header_sent_;
+      size_t k = right_->try_send2(header_prefix_.data() + header_sent_, h, src + sent, d);
+      header_sent_ += std::min(k, h);
+      if (k > h) sent += k - h;
+      progress = k > 0;
+    }
+    if (header_recvd_ < in_prefix_) {
+      auto v = left_->peek();
+      size_t take = std::min(v.size(), in_prefix_ - header_recvd_);
+      if (take > 0) {
+        if (header_recvd_ < sizeof(CallHeader)) {
+          take = std::min(take, sizeof(CallHeader) - header_recvd_);
+          std::memcpy(reinterpret_cast<uint8_t*>(&header_in_) + header_recvd_, v.data(), take);
+        }
+        left_->consume(take);
+        header_recvd_ += take;
+        progress = true;
+        if (header_recvd_ == sizeof(CallHeader)) {
+          check_header(header_in_, left_->peer(), left_->kind());
+          in_prefix_ += header_in_.skip;
+        }
+      }
+    }
+    return progress;
+  }
+
+  void check_header(const CallHeader& h, int peer, const char* over) const {
+    if (h.magic != CallHeader::kMagic || h.skip > CallHeader::kPaddedBytes - sizeof(CallHeader))
+      throw CollectiveError(fmt::format(
+          "the bytes from peer rank {} over {} do not begin a collective call: an earlier call of this group "
+          "differed between ranks",
+          peer, over));
+    CallDesc theirs = CallDesc::from_words(h.words);
+    if (!(theirs == call_)) throw CollectiveError(call_mismatch(peer, theirs, call_));
+  }
+
   // ---- ring machinery ------------------------------------------------------------------
   template <class OnRecv>
   void exchange(const uint8_t* src, size_t slen, size_t rlen, size_t es, OnRecv&& on_recv,
                 TimePoint dl, StepDesc d) {
     size_t sent = 0, recvd = 0;
     Waiter w;
-    while (sent < slen || recvd < rlen) {
+    while (!header_done() || sent < slen || recvd < rlen) {
       uint32_t ticket = bell_ticket();
-      bool progress = false;
-      if (sent < slen) {
+      // The call's header goes first each way (the first exchange of a call carries it).
+      bool progress = !header_done() && header_step(src, slen, sent);
+      if (sent < slen && header_sent_ == out_prefix_) {
         size_t k = right_->try_send(src + sent, std::min(chunk_, slen - sent));
         sent += k;
-        progress = k > 0;
+        progress = progress || k > 0;
       }
-      if (recvd < rlen) {
+      if (recvd < rlen && header_recvd_ == in_prefix_) {
         auto v = left_->peek();
         size_t take = std::min({v.size(), rlen - recvd, chunk_});
         take -= take % es;
@@ -623,9 +728,11 @@ class CpuGroup final : public GroupBase {
         w.idle = 0;
         continue;
       }
-      wait(w, ticket, dl, sent < slen ? right_.get() : nullptr, recvd < rlen ? left_.get() : nullptr,
+      const bool sending = sent < slen || header_sent_ < out_prefix_;
+      const bool receiving = recvd < rlen || header_recvd_ < in_prefix_;
+      wait(w, ticket, dl, sending ? right_.get() : nullptr, receiving ? left_.get() : nullptr,
            [&] {
-             if (recvd < rlen)
+             if (receiving)
                return fmt::format(
                    "waiting for data from peer rank {} over {} ({} step {}/{}: {} of {} bytes "
                    "received, {} of {} sent)",
@@ -666,6 +773,9 @@ class CpuGroup final : public GroupBase {
   }
 
   void ring_broadcast(uint8_t* data, size_t bytes, int root, TimePoint dl) {
+    // The headers go all the way round first: the data only flows from the root onwards, and
+    // two ranks that each take themselves for the root would send and never receive.
+    exchange(nullptr, 0, 0, 1, [](size_t, const uint8_t*, size_t) {}, dl, {"broadcast's call check", 0, 1});
     const bool forward = mod(rank() + 1) != root;
     size_t recvd = rank() == root ? bytes : 0, sent = 0;
     const size_t to_send = forward ? bytes : 0;
@@ -707,9 +817,12 @@ class CpuGroup final : public GroupBase {
   }
 
   // ---- flat shared-memory algorithm (every rank on this host) --------------------------
+  uint8_t* flat_data(uint32_t k, int local) { return seg_->flat_slot(k, local) + kFlatHeaderBytes; }
+
   uint32_t flat_post(const void* data, size_t bytes) {
     uint32_t k = ++flat_seq_;
-    if (bytes) std::memcpy(seg_->flat_slot(k, my_local_), data, bytes);
+    std::memcpy(seg_->flat_slot(k, my_local_), &header_out_, sizeof header_out_);
+    if (bytes) std::memcpy(flat_data(k, my_local_), data, bytes);
     seg_->rank(my_local_).flat_posted.store(k, std::memory_order_release);
     for (auto& p : peers_) ring_bell(seg_->rank(p.local).bell);
     return k;
@@ -721,16 +834,16 @@ class CpuGroup final : public GroupBase {
     const int n = size();
     uint32_t k = flat_post(data, count * dtype_size(dt));
     flat_wait_all(k, dl);
-    reduce_into(dt, op, data, seg_->flat_slot(k, 0), seg_->flat_slot(k, 1), count);
-    for (int p = 2; p < n; ++p) reduce_inplace(dt, op, data, seg_->flat_slot(k, p), count);
+    reduce_into(dt, op, data, flat_data(k, 0), flat_data(k, 1), count);
+    for (int p = 2; p < n; ++p) reduce_inplace(dt, op, data, flat_data(k, p), count);
     if (op == ReduceOp::kAvg) avg_finish(dt, data, count, n);
   }
 
   void flat_wait_all(uint32_t k, TimePoint dl) {
     flat_wait_all(k, dl, [&](int peer) {
-      return fmt::format("waiting for peer rank {} to join (flat shared-memory algorithm, "
-                         "operation #{})",
-                         peer, k);
+      return fmt::format("waiting for peer rank {} to join {} (collective #{} of this group, flat shared-memory "
+                         "algorithm)",
+                         peer, call_.describe(), call_.seq);
     });
   }
 
@@ -749,6 +862,7 @@ class CpuGroup final : public GroupBase {
         for (auto& p : peers_)
           if (seg_->rank(p.local).aborted.load(std::memory_order_acquire))
             throw CollectiveError(fmt::format("peer rank {} (this host) failed", p.rank));
+        check_flat_headers(k);
         return;
       }
       wait(w, ticket, dl, nullptr, nullptr, [&] { return describe(peers_[next].rank); });
@@ -813,6 +927,15 @@ class CpuGroup final : public GroupBase {
   std::vector<LocalPeer> peers_;
   std::shared_ptr<Link> right_, left_;
   uint32_t flat_seq_ = 0;
+  // The call check: this rank's call, its header, and how much of it and of the left
+  // neighbour's has crossed.
+  uint64_t calls_ = ~uint64_t{0};  // the set-up barrier is #0, the caller's first collective #1
+  CallDesc call_;
+  CallHeader header_out_, header_in_;
+  size_t header_sent_ = 0, header_recvd_ = 0;
+  size_t out_prefix_ = sizeof(CallHeader), in_prefix_ = sizeof(CallHeader);  // header + padding
+  std::array<uint8_t, CallHeader::kPaddedBytes> header_prefix_{};  // zeros after the header
+  bool published_ = false;  // this call is in this rank's RankCtl::call
   std::vector<uint8_t> tmp_[2];
 };
 

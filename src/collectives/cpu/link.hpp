@@ -20,6 +20,11 @@ class Link {
   virtual const char* kind() const = 0;  // "shared memory", "tcp"
   // Copies up to n bytes into the link; returns how many (0: full right now).
   virtual size_t try_send(const uint8_t* p, size_t n) = 0;
+  // The same for a's na bytes followed by b's nb (TCP: one send, so one packet for both).
+  virtual size_t try_send2(const uint8_t* a, size_t na, const uint8_t* b, size_t nb) {
+    size_t k = try_send(a, na);
+    return k == na && nb ? k + try_send(b, nb) : k;
+  }
   // Received bytes not yet consumed (may be empty). Throws CollectiveError if the peer is
   // gone and nothing is left.
   virtual std::span<const uint8_t> peek() = 0;

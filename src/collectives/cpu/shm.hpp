@@ -28,6 +28,12 @@ struct alignas(64) RankCtl {
   std::atomic<uint32_t> aborted{0};
   alignas(64) Bell bell;
   alignas(64) std::atomic<uint32_t> flat_posted{0};
+  // The collective this rank waits in (CallDesc in call_check.hpp, as words), written when
+  // it has waited a while, under a sequence lock: `call_version` is odd while the rank
+  // rewrites `call`, so that a peer comparing it with its own call reads it whole or not at
+  // all.
+  alignas(64) std::atomic<uint32_t> call_version{0};
+  std::atomic<uint64_t> call[3]{};
 };
 
 struct alignas(64) RingCtl {

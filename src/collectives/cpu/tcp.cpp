@@ -6,6 +6,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -252,6 +253,21 @@ void TcpLink::fail(const char* what, int err) {
 size_t TcpLink::try_send(const uint8_t* p, size_t n) {
   if (die_mid_element_ && msg_sent_ >= (1u << 20) && n >= 4) die_mid_element(p, n);
   ssize_t k = ::send(fd_.get(), p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (k >= 0) {
+    msg_sent_ += static_cast<size_t>(k);
+    return static_cast<size_t>(k);
+  }
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+  fail("while sending", errno);
+}
+
+size_t TcpLink::try_send2(const uint8_t* a, size_t na, const uint8_t* b, size_t nb) {
+  if (nb == 0) return try_send(a, na);
+  iovec iov[2] = {{const_cast<uint8_t*>(a), na}, {const_cast<uint8_t*>(b), nb}};
+  msghdr m{};
+  m.msg_iov = iov;
+  m.msg_iovlen = 2;
+  ssize_t k = ::sendmsg(fd_.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
   if (k >= 0) {
     msg_sent_ += static_cast<size_t>(k);
     return static_cast<size_t>(k);

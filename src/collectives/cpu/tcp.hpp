@@ -47,6 +47,7 @@ class TcpLink : public Link {
   TcpLink(int peer, Fd fd, std::string peer_addr, size_t buffer_bytes);
   const char* kind() const override { return "tcp"; }
   size_t try_send(const uint8_t* p, size_t n) override;
+  size_t try_send2(const uint8_t* a, size_t na, const uint8_t* b, size_t nb) override;
   std::span<const uint8_t> peek() override;
   void consume(size_t n) override;
   int fd() const override { return fd_.get(); }

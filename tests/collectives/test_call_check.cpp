@@ -1,0 +1,197 @@
+// The CPU backend's call check (src/collectives/cpu/call_check.*): a collective call that
+// differs between ranks (another collective, count, dtype, op or root, or one rank a call
+// ahead) fails on every rank, quickly, naming both calls, on every algorithm and transport;
+// before it, such calls paired silently, and every later call of the group was wrong too.
+#include <atomic>
+#include <chrono>
+#include <limits>
+
+#include "harness.hpp"
+
+using namespace ddp_test;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
+// Where a call goes: the flat algorithm (small, one host), the shared-memory ring, the
+// slice all-reduce, TCP.
+enum class Path { kFlat, kShmRing, kSlice, kTcp };
+
+GroupConfig config(Path p, int n) {
+  GroupConfig c;
+  c.n = n;
+  c.slice = p == Path::kSlice ? 1 : 0;
+  if (p == Path::kTcp) c.transport = ddp::Transport::kTcp;
+  return c;
+}
+
+size_t count_for(Path p) { return p == Path::kFlat ? 1000 : 100000; }
+
+// Every rank makes one good all_reduce, then `odd(rank)` (the mismatched call), then another
+// all_reduce. Every rank must throw (none may go on with a wrong result), well before the
+// group's 30 s timeout, and some rank's error must quote `want`.
+void expect_caught(Path p, int n, const std::function<void(ddp::ProcessGroup&, size_t)>& odd,
+                   const std::vector<std::string>& want) {
+  GroupConfig c = config(p, n);
+  const size_t count = count_for(p);
+  std::vector<double> took(n);
+  auto t0 = Clock::now();
+  auto errors = run_ranks(c, [&](ddp::ProcessGroup& pg) {
+    std::vector<float> v(count, 1.0f);
+    pg.all_reduce(std::span<float>(v));
+    odd(pg, count);
+    pg.all_reduce(std::span<float>(v));
+    took[pg.rank()] = -1;  // returned: not caught
+  });
+  double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::string all;
+  for (int r = 0; r < n; ++r) {
+    EXPECT_NE(errors[r], "") << "rank " << r << " went on after a mismatched call";
+    all += errors[r] + "\n";
+  }
+  for (auto& w : want) EXPECT_TRUE(contains(all, w)) << "no error quotes '" << w << "':\n" << all;
+  EXPECT_TRUE(contains(all, "every rank must make the same collective calls")) << all;
+  EXPECT_FALSE(contains(all, "timed out")) << all;
+  EXPECT_LT(elapsed, ddp::test::scaled_seconds(10)) << all;
+}
+
+const Path kPaths[] = {Path::kFlat, Path::kShmRing, Path::kSlice, Path::kTcp};
+const char* name(Path p) {
+  switch (p) {
+    case Path::kFlat: return "flat";
+    case Path::kShmRing: return "shm ring";
+    case Path::kSlice: return "slice";
+    case Path::kTcp: return "tcp";
+  }
+  return "?";
+}
+
+}  // namespace
+
+TEST(CallCheck, CountsThatDifferByOneElement) {
+  for (Path p : kPaths) {
+    SCOPED_TRACE(name(p));
+    expect_caught(p, p == Path::kSlice ? 4 : 2, [](ddp::ProcessGroup& pg, size_t count) {
+      std::vector<float> v(count + (pg.rank() == 1 ? 1 : 0), 2.0f);
+      pg.all_reduce(std::span<float>(v));
+    }, {"all_reduce (sum, " + std::to_string(count_for(p) + 1) + " x float32)", "(collective #2 of this group)"});
+  }
+}
+
+TEST(CallCheck, BroadcastRootsThatDiffer) {
+  for (Path p : kPaths) {
+    SCOPED_TRACE(name(p));
+    expect_caught(p, 3, [](ddp::ProcessGroup& pg, size_t count) {
+      std::vector<float> v(count, static_cast<float>(pg.rank()));
+      pg.broadcast(std::span<float>(v), {.root = pg.rank() == 0 ? 0 : 1});
+    }, {"broadcast (root 0,", "broadcast (root 1,"});
+  }
+}
+
+TEST(CallCheck, AnotherCollectiveOpOrDtype) {
+  for (Path p : {Path::kFlat, Path::kTcp}) {
+    SCOPED_TRACE(name(p));
+    expect_caught(p, 2, [](ddp::ProcessGroup& pg, size_t count) {
+      std::vector<float> v(count, 1.0f);
+      if (pg.rank() == 0) pg.all_reduce(std::span<float>(v));
+      else pg.barrier();
+    }, {"called barrier where this rank called all_reduce", "called all_reduce (sum"});
+    expect_caught(p, 2, [](ddp::ProcessGroup& pg, size_t count) {
+      std::vector<float> v(count, 1.0f);
+      pg.all_reduce(std::span<float>(v), {.op = pg.rank() == 0 ? ddp::ReduceOp::kSum : ddp::ReduceOp::kMax});
+    }, {"all_reduce (max,"});
+    expect_caught(p, 2, [](ddp::ProcessGroup& pg, size_t count) {
+      std::vector<int32_t> i(count, 1);
+      std::vector<float> f(count, 1.0f);
+      if (pg.rank() == 0) pg.all_reduce(std::span<int32_t>(i));
+      else pg.all_reduce(std::span<float>(f));  // the same bytes, another dtype
+    }, {"x int32)", "x float32)"});
+  }
+}
+
+// One rank's call is a call ahead of the other's: caught by the call numbers, on the ring
+// by the headers, and on one host when the flat exchange pairs calls of different numbers.
+TEST(CallCheck, ARankThatSkippedACall) {
+  for (Path p : {Path::kFlat, Path::kTcp}) {
+    SCOPED_TRACE(name(p));
+    expect_caught(p, 2, [](ddp::ProcessGroup& pg, size_t count) {
+      std::vector<float> v(count, 1.0f);
+      std::vector<float> none;
+      if (pg.rank() == 0) pg.all_reduce(std::span<float>(none));  // a call with nothing to send still counts
+      pg.all_reduce(std::span<float>(v));
+    }, {"a rank skipped a collective or made one more"});
+  }
+}
+
+// Counts that take different algorithms on one host (flat against ring): both ranks used to
+// wait for each other until the timeout.
+TEST(CallCheck, CallsThatTookDifferentAlgorithms) {
+  expect_caught(Path::kShmRing, 2, [](ddp::ProcessGroup& pg, size_t) {
+    std::vector<float> v(pg.rank() == 0 ? 1000 : 100000, 1.0f);
+    pg.all_reduce(std::span<float>(v));
+  }, {"all_reduce (sum, 1000 x float32)", "all_reduce (sum, 100000 x float32)"});
+}
+
+// Many calls of every kind that agree: no false alarm, results right (ranks as threads race
+// ahead of each other into their next calls).
+TEST(CallCheck, AgreeingCallsPass) {
+  for (Path p : kPaths) {
+    SCOPED_TRACE(name(p));
+    GroupConfig c = config(p, 3);
+    auto errors = run_ranks(c, [&](ddp::ProcessGroup& pg) {
+      for (int i = 0; i < 50; ++i) {
+        std::vector<float> v(i % 2 ? count_for(p) : 7, static_cast<float>(pg.rank() + 1));
+        pg.all_reduce(std::span<float>(v));
+        if (v[0] != 6.0f) throw std::runtime_error("all_reduce " + std::to_string(i) + " gave " + std::to_string(v[0]));
+        pg.broadcast(std::span<float>(v), {.root = i % 3});
+        if (i % 5 == 0) pg.barrier();
+      }
+    });
+    expect_no_errors(errors);
+  }
+}
+
+// small_message_bytes is rank 0's on every rank: a rank given another value used to read
+// past the flat slots (SIGSEGV) or wait for a peer in another algorithm.
+TEST(CallCheck, SmallMessageBytesIsRankZeros) {
+  GroupConfig c = config(Path::kShmRing, 2);
+  auto errors = run_ranks_with(
+      2,
+      [&](int r, std::shared_ptr<ddp::Store> store) {
+        auto o = options_for(c, r, std::move(store));
+        o.small_message_bytes = r == 0 ? 64 << 10 : 1 << 20;
+        return o;
+      },
+      [&](ddp::ProcessGroup& pg) {
+        for (size_t count : {1000, 30000, 100000}) {
+          std::vector<float> v(count, static_cast<float>(pg.rank() + 1));
+          pg.all_reduce(std::span<float>(v));
+          for (float x : v)
+            if (x != 3.0f) throw std::runtime_error(std::to_string(count) + " elements: got " + std::to_string(x));
+        }
+      });
+  expect_no_errors(errors);
+}
+
+TEST(CallCheck, SizesBeyondATebibyteAreRefused) {
+  for (int which = 0; which < 4; ++which) {
+    ddp::ProcessGroupOptions o;
+    o.rank = 0;
+    o.world_size = 2;
+    o.store = std::make_shared<ddp::MemoryStore>();
+    size_t& v = which == 0 ? o.small_message_bytes
+                : which == 1 ? o.chunk_bytes
+                : which == 2 ? o.shm_ring_bytes
+                             : o.slice_stage_bytes;
+    v = std::numeric_limits<size_t>::max();
+    try {
+      ddp::init_process_group(o);
+      ADD_FAILURE() << "size option " << which << " accepted";
+    } catch (const ddp::UsageError& e) {
+      EXPECT_TRUE(contains(e.what(), "is more than 1 TiB")) << e.what();
+    }
+  }
+}
