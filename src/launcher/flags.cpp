@@ -76,7 +76,7 @@ const FlagSpec kFlags[] = {
     {"role", 0, K::kValue, "default", "Worker command", "role name (ROLE_NAME)", nullptr, "", "NAME"},
     {"module", 'm', K::kFlag, "", "Worker command", "run the script as 'python -m'"},
     {"no-python", 0, K::kFlag, "", "Worker command", "run the script directly, not through python"},
-    {"run-path", 0, K::kFlag, "", "Worker command", "run the script through python (as runpy.run_path would)"},
+    {"run-path", 0, K::kFlag, "", "Worker command", "run the script through python (as runpy.run_path would); takes precedence over --no-python and --module"},
     {"virtual-local-rank", 0, K::kFlag, "", "Worker command",
      "LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES=<its GPU> for every worker (its entry of CUDA_VISIBLE_DEVICES: one each)"},
     {"preload", 0, K::kValue, "", "Worker command",

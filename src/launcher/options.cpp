@@ -428,12 +428,16 @@ void read_output(Options& o, const Flags& g) {
 
 // ------------------------------------------------------------------ 3. combinations
 
-void check_worker_command(const Options& o, const Flags& g) {
+void check_worker_command(Options& o, const Flags& g) {
   if (o.script.empty()) throw UsageError("the following argument is required: training_script (see ddprun --help)");
+  // As torchrun's: --run-path takes precedence over --no-python and --module.
+  if (o.run_path && (o.no_python || o.module)) {
+    o.warnings.push_back(fmt::format("--run-path takes precedence over {} (as in torchrun): {} runs as a Python script",
+                                     o.no_python ? "--no-python" : "--module", o.script));
+    o.no_python = o.module = false;
+  }
   if (o.module && o.no_python)
     throw UsageError("--no-python and --module cannot be used together: a module needs python");
-  if (o.module && o.run_path) throw UsageError("--run-path and --module cannot be used together");
-  if (o.no_python && o.run_path) throw UsageError("--run-path and --no-python cannot be used together");
   // "default" names torchrun's DefaultLogsSpecs: the layout ddprun writes anyway.
   if (!o.logs_specs.empty() && o.logs_specs != "default")
     throw UsageError(fmt::format("{}: '{}' would be a Python plug-in (entry point group torchrun.logs_specs), "

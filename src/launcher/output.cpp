@@ -385,18 +385,10 @@ void StreamForwarder::finish(std::chrono::system_clock::time_point now) {
   send(out);
 }
 
-// Python's string.Template.safe_substitute, as torchrun 2.x expands the template: `$name`
-// and `${name}` for role_name, rank, local_rank (and ddprun's hostname), `$$` for `$`;
-// anything else, an unknown name included, stays as written.
-std::string expand_prefix(const std::string& tmpl, int rank, int local_rank, const std::string& role,
-                          const std::string& hostname) {
-  auto value = [&](std::string_view name) -> std::optional<std::string> {
-    if (name == "rank") return std::to_string(rank);
-    if (name == "local_rank") return std::to_string(local_rank);
-    if (name == "role_name") return role;
-    if (name == "hostname") return hostname;
-    return std::nullopt;
-  };
+// Python's string.Template.safe_substitute: `$name` and `${name}` become value(name) where
+// it has one, `$$` becomes `$`; anything else, an unknown name included, stays as written.
+std::string safe_substitute(const std::string& tmpl,
+                            const std::function<std::optional<std::string>(std::string_view)>& value) {
   auto id_char = [](char c, bool first) {
     return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (!first && c >= '0' && c <= '9');
   };
@@ -424,6 +416,18 @@ std::string expand_prefix(const std::string& tmpl, int rank, int local_rank, con
     i = end + (braced ? 1 : 0);
   }
   return out;
+}
+
+// As torchrun 2.x expands the template: role_name, rank, local_rank (and ddprun's hostname).
+std::string expand_prefix(const std::string& tmpl, int rank, int local_rank, const std::string& role,
+                          const std::string& hostname) {
+  return safe_substitute(tmpl, [&](std::string_view name) -> std::optional<std::string> {
+    if (name == "rank") return std::to_string(rank);
+    if (name == "local_rank") return std::to_string(local_rank);
+    if (name == "role_name") return role;
+    if (name == "hostname") return hostname;
+    return std::nullopt;
+  });
 }
 
 }  // namespace ddprun

@@ -15,8 +15,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -84,7 +87,9 @@ struct ForwarderConfig {
 
 class StreamForwarder {
  public:
-  static constexpr size_t kMaxLine = 64 * 1024;
+  // Longer lines are split (a bound on what one stream holds); a JSON or base64 line of a
+  // few hundred kB goes out whole, as under torchrun.
+  static constexpr size_t kMaxLine = 1024 * 1024;
   static constexpr std::chrono::milliseconds kIdleFlush{100};
   static constexpr const char* kContinuation = "\\\n";  // ends each piece of a split line
 
@@ -123,6 +128,10 @@ class StreamForwarder {
   std::chrono::steady_clock::time_point last_data_{};
 };
 
+// Python's string.Template.safe_substitute ($name, ${name}, $$), with value(name) for the
+// names it knows (nullopt: left as written).
+std::string safe_substitute(const std::string& tmpl,
+                            const std::function<std::optional<std::string>(std::string_view)>& value);
 // Expands ${rank} ${local_rank} ${role_name} ${hostname} in a prefix template.
 std::string expand_prefix(const std::string& tmpl, int rank, int local_rank, const std::string& role,
                           const std::string& hostname);

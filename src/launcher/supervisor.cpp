@@ -630,7 +630,7 @@ struct Supervisor::Impl {
   NodeSignals signals;
   EventLoop loop;
   NodeOutput output;
-  std::string tmp_root;                // mkdtemp'd when no --log-dir: removed after success
+  std::string tmp_root;  // mkdtemp'd when no --log-dir: removed after success, unless logs went there
   std::unique_ptr<RunTmpDir> tmp_dir;  // tmp_root, locked while this run lives (tmpdirs.hpp)
   WarmPython warm;   // --preload's warm process (inert without the flag)
   int warm_tag = 0;  // epoll tag of its answer
@@ -672,6 +672,13 @@ struct Supervisor::Impl {
     tmp_dir = std::move(f.tmp_dir);
     tmp_root = f.tmp_root;
     job.log_root = f.log_root;
+    // Output that only goes to files must be findable, and outlive the run (torchrun keeps
+    // the folder too; its "log directory set to" line is at INFO).
+    if (o.log_dir.empty() && o.redirects.any())
+      spdlog::warn("--redirects without --log-dir: the workers' redirected output goes to files under {} (kept after "
+                   "the run, and pruned by a later run after 24 hours or beyond the newest 10 runs: give --log-dir to "
+                   "keep them elsewhere)",
+                   job.log_root);
     // --preload: the import runs while this node joins the rendezvous.
     if (warm.enabled()) warm.start(node_environment(o, job.base_env));
   }
@@ -867,7 +874,7 @@ struct Supervisor::Impl {
     const JobRecord::Ending e{signals, attempts.root(), workers.all(), stacks, attempts.remote_end(), stop_reason};
     record.report(e, job.plan.run_id);
     record.leave(e);
-    if (!tmp_root.empty() && record.outcome().status == "succeeded") {
+    if (!tmp_root.empty() && record.outcome().status == "succeeded" && !o.redirects.any() && !o.tee.any()) {
       std::error_code ec;
       fs::remove_all(tmp_root, ec);
     }

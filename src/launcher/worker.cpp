@@ -6,16 +6,12 @@
 #include <sstream>
 
 #include "launcher/gpu.hpp"
+#include "launcher/output.hpp"
 #include "launcher/process.hpp"
 
 namespace ddprun {
 
 namespace {
-
-std::string replace_all(std::string s, const std::string& from, const std::string& to) {
-  for (size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += to.size()) s.replace(pos, from.size(), to);
-  return s;
-}
 
 std::string get(const std::map<std::string, std::string>& env, const std::string& k, const std::string& def = "") {
   auto it = env.find(k);
@@ -28,7 +24,13 @@ WorkerCommand worker_command(const Options& o, int local_rank, const std::map<st
   WorkerCommand c;
   const std::string path_env = get(env, "PATH", "/usr/local/bin:/usr/bin:/bin");
   std::vector<std::string> args;
-  for (auto& a : o.script_args) args.push_back(replace_all(a, "${local_rank}", std::to_string(local_rank)));
+  // torchrun's macros.substitute: each argument through string.Template.safe_substitute
+  // (`$local_rank` and `${local_rank}`; `$$` is `$`).
+  const std::string lr = std::to_string(local_rank);
+  auto local_rank_only = [&](std::string_view name) -> std::optional<std::string> {
+    return name == "local_rank" ? std::optional<std::string>(lr) : std::nullopt;
+  };
+  for (auto& a : o.script_args) args.push_back(safe_substitute(a, local_rank_only));
   if (runs_directly(o)) {
     c.path = find_executable(o.script, path_env);
     if (c.path.empty()) c.path = o.script;

@@ -137,16 +137,16 @@ std::vector<std::string> split_lines(const std::string& s) {
   return out;
 }
 
-// A ~1 MiB line of mixed 1-, 2-, 3- and 4-byte characters; a multi-byte character
-// straddles byte 65536 and several other 64 KiB boundaries.
+// A ~3 MiB line of mixed 1-, 2-, 3- and 4-byte characters; a multi-byte character
+// straddles byte kMaxLine, and others may straddle later cuts.
 std::string big_utf8_line() {
-  std::string s(65535, 'a');  // byte 65535 is the lead byte of a 2-byte character
+  std::string s(StreamForwarder::kMaxLine - 1, 'a');  // the lead byte of a 2-byte character comes next
   const std::string pattern = "\xC3\xA9"              // é
                               "x"
                               "\xE2\x82\xAC"          // €
                               "\xF0\x9F\x98\x80"      // 😀
                               "yz";
-  while (s.size() < (1u << 20)) s += pattern;
+  while (s.size() < 3 * StreamForwarder::kMaxLine) s += pattern;
   return s;
 }
 

@@ -235,4 +235,15 @@ TEST_F(LauncherWorkerCommand, LocalRankReplacedInArgs) {
   EXPECT_EQ(c0.argv[3], "--out=/logs/0/x");
 }
 
+// As torchrun's macros.substitute (string.Template.safe_substitute): `$local_rank` too, `$$`
+// is `$`, anything else stays. (ddprun replaced only the braced spelling, and kept `$$`.)
+TEST_F(LauncherWorkerCommand, LocalRankByPythonsTemplateRules) {
+  Options o;
+  o.script = dir_.write("train.py", "");
+  o.script_args = {"ckpt_$local_rank", "a$$b", "$${local_rank}", "$local_rank_x", "${local_rank", "$rank", "$", "5$"};
+  auto c = worker_command(o, 2, env_);
+  EXPECT_EQ(c.argv, (Args{"python3", "-u", o.script, "ckpt_2", "a$b", "${local_rank}", "$local_rank_x", "${local_rank",
+                          "$rank", "$", "5$"}));
+}
+
 }  // namespace

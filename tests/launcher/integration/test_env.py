@@ -130,6 +130,21 @@ class EnvTest(DdprunTestCase):
         for r, e in self.dump(2).items():
             self.assertEqual(e["argv"][1:], [self.tmp, f"--out={r}.txt", "--nproc-per-node", "9"])
 
+    def test_local_rank_by_template_rules_as_torchrun(self):
+        """The same argv as torchrun 1.13/2.6 gave (string.Template.safe_substitute)."""
+        res = self.run_ddprun(["--standalone", "--nproc-per-node", "2", worker("env_dump.py"), self.tmp,
+                               "a$$b", "$local_rank/x", "p=$local_rank", "$${local_rank}"])
+        self.assertEqual(res.rc, 0, res)
+        for r, e in self.dump(2).items():
+            self.assertEqual(e["argv"][1:], [self.tmp, "a$b", f"{r}/x", f"p={r}", "${local_rank}"])
+
+    def test_run_path_takes_precedence_over_no_python(self):
+        """As torchrun's --run_path ("takes precedence over --no_python"); ddprun refused the pair."""
+        res = self.run_ddprun(["--standalone", "--run-path", "--no-python", worker("env_dump.py"), self.tmp])
+        self.assertEqual(res.rc, 0, res)
+        self.assertIn(b"--run-path takes precedence over --no-python", res.err)
+        self.dump(1)
+
     def test_module(self):
         env = clean_env(PYTHONPATH=WORKERS)
         res = self.run_ddprun(["--standalone", "--nproc-per-node", "2", "-m", "env_dump", self.tmp], env=env)

@@ -1,7 +1,8 @@
-"""Issue 3: what the console shows: idle-flushed progress bars, 1 MiB lines split with
-continuation marks, UTF-8 written byte by byte, --tee/--redirects with --log-dir,
+"""Issue 3: what the console shows: idle-flushed progress bars, lines over 1 MiB split with
+continuation marks (shorter ones whole), UTF-8 written byte by byte, --tee/--redirects with --log-dir,
 --local-ranks-filter, prefix templates, --log-timestamps."""
 import glob
+import json
 import os
 import select
 import socket
@@ -14,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ddprun_testlib import DdprunTestCase, clean_env, read_text, scaled, worker
 
 CONT = b"\\\n"  # StreamForwarder::kContinuation
-MAX_LINE = 64 * 1024
+MAX_LINE = 1024 * 1024  # StreamForwarder::kMaxLine
 
 
 def lines_of(tag, ranks, kind="out", n=3):
@@ -103,8 +104,19 @@ class ProgressAndLinesTest(DdprunTestCase):
         self.assertTrue(body == original, "the pieces do not reassemble to the line")
         self.assertEqual(torn, [], f"{len(torn)} of {n_pieces} pieces split a UTF-8 character")
 
+    def test_a_long_json_line_arrives_whole(self):
+        """A 200 kB line (a JSON record, base64) is one prefixed line on the console, as it is
+        one line under torchrun (before, ddprun cut lines into 64 KiB pieces)."""
+        res = self.run_ddprun(["--standalone", "--nproc-per-node", "2", "--no-python", sys.executable, "-c",
+                               "import json; print(json.dumps({'data': 'B' * 200000}))"])
+        self.assertEqual(res.rc, 0, res)
+        lines = res.out.decode().splitlines()
+        self.assertEqual(sorted(len(l) for l in lines), [len("[rankN]:") + 200012] * 2, [l[:40] for l in lines])
+        for l in lines:
+            self.assertEqual(len(json.loads(l.split(":", 1)[1])["data"]), 200000)
+
     def test_megabyte_line_kept_byte_for_byte_in_raw_output(self):
-        """An empty prefix (raw output, as torchrun's console): the 1 MiB line arrives as
+        """An empty prefix (raw output, as torchrun's console): the 3 MiB line arrives as
         written, with no continuation marks or newlines in it (a JSON line piped into a
         parser); the log file of --tee has it too."""
         res = self.run_ddprun(["--standalone", "--log-line-prefix-template", "", "--log-dir", self.path("logs"),

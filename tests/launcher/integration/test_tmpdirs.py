@@ -2,6 +2,7 @@
 (else /dev/shm, /tmp), and each run prunes the folders of finished ddprun runs there: those
 that ended more than a day ago, and all but the newest 10. Never a live run's folder, never
 one ddprun did not make (torchrun's). (The harness points TMPDIR at the test's folder.)"""
+import glob
 import os
 import signal
 import sys
@@ -109,6 +110,26 @@ class TmpdirPruneTest(DdprunTestCase):
         res = self.run_ddprun(["--nproc-per-node", "2", "--no-python", "/bin/true"])
         self.assertEqual(res.rc, 0, res)
         self.assertEqual(self.run_dirs(), set(), "a success removes its folder and prunes the old one")
+
+    def test_a_success_keeps_its_redirected_and_teed_logs(self):
+        """torchrun keeps the folder; ddprun removed a successful run's, and with it the only
+        copy of --redirects' output. Now it is kept (and pruned like the others), and ddprun
+        says where the redirected output went."""
+        script = ["--no-python", "sh", "-c", 'echo "out $RANK"; echo "err $RANK" >&2']
+        res = self.run_ddprun(["--nproc-per-node", "2", "--redirects", "3", *script])
+        self.assertEqual(res.rc, 0, res)
+        self.assertEqual(res.out, b"", "redirected: nothing on the console")
+        (kept,) = self.run_dirs()
+        logs = sorted(glob.glob(os.path.join(self.tmp, kept, "*", "attempt_0", "*", "std*.log")))
+        self.assertEqual([open(f).read() for f in logs], ["err 0\n", "out 0\n", "err 1\n", "out 1\n"], logs)
+        log_root = os.path.dirname(os.path.dirname(os.path.dirname(logs[0])))
+        self.assertIn(f"--redirects without --log-dir: the workers' redirected output goes to files under {log_root}",
+                      res.err.decode())
+        res = self.run_ddprun(["--nproc-per-node", "1", "--tee", "1", *script])
+        self.assertEqual(res.rc, 0, res)
+        self.assertNotIn(b"--redirects", res.err, "--tee shows the output: nothing to point at")
+        (teed,) = self.run_dirs() - {kept}
+        self.assertEqual(len(glob.glob(os.path.join(self.tmp, teed, "*", "attempt_0", "0", "stdout.log"))), 1)
 
     def test_a_rdzv_id_with_slashes_stays_inside_the_runs_folder(self):
         # The id is a name in the store and the environment, and only a part of a file name:

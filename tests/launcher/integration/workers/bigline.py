@@ -1,15 +1,16 @@
-"""Writes one ~1 MiB line of mixed 1-4 byte UTF-8 characters in one write, then 'after'.
+"""Writes one ~3 MiB line of mixed 1-4 byte UTF-8 characters in one write, then 'after'.
 A copy of the line goes to DIR/line.bin."""
 import os
 import sys
 
 d = sys.argv[1]
-line = "a" * 65535  # byte 65535 starts a 2-byte character: it straddles the 64 KiB boundary
+MAX_LINE = 1 << 20  # StreamForwarder::kMaxLine
+line = "a" * (MAX_LINE - 1)  # the byte before MAX_LINE starts a 2-byte character: it straddles the cut
 pattern = "é" + "x" + "€" + "😀" + "yz"
 s = line.encode()
 pat = pattern.encode()
 buf = bytearray(s)
-while len(buf) < (1 << 20):
+while len(buf) < 3 * MAX_LINE:
     buf += pat
 with open(os.path.join(d, "line.bin"), "wb") as f:
     f.write(buf)
