@@ -63,7 +63,7 @@ struct ProcessGroupOptions {
   std::string host;
   // Messages of at most this many bytes per rank take the flat shared-memory algorithm
   // when every rank is on one host (0 disables it). Rank 0's value holds for every rank.
-  // This and the sizes below: at most 1 TiB.
+  // small_message_bytes, chunk_bytes, shm_ring_bytes and slice_stage_bytes: at most 1 TiB.
   size_t small_message_bytes = 64 << 10;
   // Pipelining granularity of the ring algorithms.
   size_t chunk_bytes = 128 << 10;

@@ -367,6 +367,13 @@ void read_worker_command(Options& o, const Flags& g) {
   o.module = g.flag("module");
   o.no_python = g.flag("no-python");
   o.run_path = g.flag("run-path");
+  // As torchrun's: --run-path takes precedence over --no-python and --module (before
+  // anything that depends on them: --preload, PET_PRELOAD).
+  if (o.run_path && (o.no_python || o.module)) {
+    o.warnings.push_back(fmt::format("--run-path takes precedence over {} (as in torchrun): the script runs as Python",
+                                     o.no_python ? "--no-python" : "--module"));
+    o.no_python = o.module = false;
+  }
   o.virtual_local_rank = g.flag("virtual-local-rank");
   if (g.has("role")) o.role = g.value("role");
   if (g.has("numa-binding")) {
@@ -428,14 +435,8 @@ void read_output(Options& o, const Flags& g) {
 
 // ------------------------------------------------------------------ 3. combinations
 
-void check_worker_command(Options& o, const Flags& g) {
+void check_worker_command(const Options& o, const Flags& g) {
   if (o.script.empty()) throw UsageError("the following argument is required: training_script (see ddprun --help)");
-  // As torchrun's: --run-path takes precedence over --no-python and --module.
-  if (o.run_path && (o.no_python || o.module)) {
-    o.warnings.push_back(fmt::format("--run-path takes precedence over {} (as in torchrun): {} runs as a Python script",
-                                     o.no_python ? "--no-python" : "--module", o.script));
-    o.no_python = o.module = false;
-  }
   if (o.module && o.no_python)
     throw UsageError("--no-python and --module cannot be used together: a module needs python");
   // "default" names torchrun's DefaultLogsSpecs: the layout ddprun writes anyway.
@@ -662,6 +663,7 @@ bool is_executable_file(const std::string& path) {
 
 // The file's first line: a "#!" line names its interpreter; else its first bytes.
 bool runs_directly(const Options& o) {
+  if (o.run_path) return false;  // Python's, whatever the file is (torchrun: runpy.run_path)
   if (o.no_python) return true;
   if (o.module || o.script.ends_with(".py") || !is_executable_file(o.script)) return false;
   const auto first = read_file(o.script, 256);

@@ -324,6 +324,7 @@ void StreamForwarder::feed(const char* data, size_t n, std::chrono::system_clock
       split_overlong(out, st);
       emit_piece(out, partial_.data(), partial_.size(), true, st);
       partial_.clear();
+      if (partial_.capacity() > kKeepCapacity) partial_.shrink_to_fit();  // one long line holds no MiB for good
     }
     p = line_end;
   }

@@ -90,6 +90,7 @@ class StreamForwarder {
   // Longer lines are split (a bound on what one stream holds); a JSON or base64 line of a
   // few hundred kB goes out whole, as under torchrun.
   static constexpr size_t kMaxLine = 1024 * 1024;
+  static constexpr size_t kKeepCapacity = 64 * 1024;  // what a stream's line buffer keeps after a longer line
   static constexpr std::chrono::milliseconds kIdleFlush{100};
   static constexpr const char* kContinuation = "\\\n";  // ends each piece of a split line
 

@@ -111,7 +111,7 @@ RunTmpDir::RunTmpDir(const std::string& parent) {
 
 RunTmpDir::~RunTmpDir() {
   if (fd_ < 0) return;
-  ::utimensat(fd_, kRunMarker, nullptr, AT_SYMLINK_NOFOLLOW);  // the run's end (no marker left after a success)
+  ::utimensat(fd_, kRunMarker, nullptr, AT_SYMLINK_NOFOLLOW);  // the run's end (none left after a success that kept no logs)
   ::close(fd_);
 }
 

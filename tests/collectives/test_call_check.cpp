@@ -30,32 +30,46 @@ GroupConfig config(Path p, int n) {
 
 size_t count_for(Path p) { return p == Path::kFlat ? 1000 : 100000; }
 
+// How the mismatched call may end on a rank whose own neighbour agreed with it.
+enum class Ends {
+  kInTheCall,      // every rank's mismatched call throws (no rank goes on with a wrong result)
+  kByTheNextCall,  // broadcast: a rank whose chain from its root agreed may return (with that
+                   // root's data) and fail at its next call
+};
+
 // Every rank makes one good all_reduce, then `odd(rank)` (the mismatched call), then another
-// all_reduce. Every rank must throw (none may go on with a wrong result), well before the
-// group's 30 s timeout, and some rank's error must quote `want`.
-void expect_caught(Path p, int n, const std::function<void(ddp::ProcessGroup&, size_t)>& odd,
-                   const std::vector<std::string>& want) {
-  GroupConfig c = config(p, n);
-  const size_t count = count_for(p);
-  std::vector<double> took(n);
+// all_reduce. Every rank must throw (in the call itself unless `ends` allows otherwise), well
+// before the group's 30 s timeout, and some rank's error must quote `want`.
+void expect_caught(const GroupConfig& c, size_t count, const std::function<void(ddp::ProcessGroup&, size_t)>& odd,
+                   const std::vector<std::string>& want, Ends ends = Ends::kInTheCall) {
+  const int n = c.n;
+  std::vector<int> odd_returned(n, 0);
   auto t0 = Clock::now();
   auto errors = run_ranks(c, [&](ddp::ProcessGroup& pg) {
     std::vector<float> v(count, 1.0f);
     pg.all_reduce(std::span<float>(v));
     odd(pg, count);
+    odd_returned[pg.rank()] = 1;
     pg.all_reduce(std::span<float>(v));
-    took[pg.rank()] = -1;  // returned: not caught
   });
   double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
   std::string all;
   for (int r = 0; r < n; ++r) {
     EXPECT_NE(errors[r], "") << "rank " << r << " went on after a mismatched call";
+    if (ends == Ends::kInTheCall) {
+      EXPECT_FALSE(odd_returned[r]) << "rank " << r << "'s mismatched call returned";
+    }
     all += errors[r] + "\n";
   }
   for (auto& w : want) EXPECT_TRUE(contains(all, w)) << "no error quotes '" << w << "':\n" << all;
   EXPECT_TRUE(contains(all, "every rank must make the same collective calls")) << all;
   EXPECT_FALSE(contains(all, "timed out")) << all;
   EXPECT_LT(elapsed, ddp::test::scaled_seconds(10)) << all;
+}
+
+void expect_caught(Path p, int n, const std::function<void(ddp::ProcessGroup&, size_t)>& odd,
+                   const std::vector<std::string>& want, Ends ends = Ends::kInTheCall) {
+  expect_caught(config(p, n), count_for(p), odd, want, ends);
 }
 
 const Path kPaths[] = {Path::kFlat, Path::kShmRing, Path::kSlice, Path::kTcp};
@@ -82,13 +96,44 @@ TEST(CallCheck, CountsThatDifferByOneElement) {
 }
 
 TEST(CallCheck, BroadcastRootsThatDiffer) {
-  for (Path p : kPaths) {
+  for (Path p : {Path::kFlat, Path::kShmRing, Path::kTcp}) {  // (a broadcast never takes the slice path)
     SCOPED_TRACE(name(p));
     expect_caught(p, 3, [](ddp::ProcessGroup& pg, size_t count) {
       std::vector<float> v(count, static_cast<float>(pg.rank()));
       pg.broadcast(std::span<float>(v), {.root = pg.rank() == 0 ? 0 : 1});
+    }, {"broadcast (root 0,", "broadcast (root 1,"}, p == Path::kFlat ? Ends::kInTheCall : Ends::kByTheNextCall);
+    // Two ranks that each take themselves for the root: both send, neither receives.
+    expect_caught(p, 2, [](ddp::ProcessGroup& pg, size_t count) {
+      std::vector<float> v(count, static_cast<float>(pg.rank()));
+      pg.broadcast(std::span<float>(v), {.root = pg.rank()});
     }, {"broadcast (root 0,", "broadcast (root 1,"});
   }
+}
+
+TEST(CallCheck, AllGatherAndReduceScatterCounts) {
+  for (Path p : {Path::kFlat, Path::kShmRing, Path::kTcp}) {
+    SCOPED_TRACE(name(p));
+    expect_caught(p, 2, [](ddp::ProcessGroup& pg, size_t count) {
+      const size_t mine = count / 2 + (pg.rank() == 1 ? 8 : 0);
+      std::vector<float> in(mine, 1.0f), out(mine * 2);
+      pg.all_gather(std::span<const float>(in), std::span<float>(out));
+    }, {"all_gather (", " per rank)"});
+    expect_caught(p, 2, [](ddp::ProcessGroup& pg, size_t count) {
+      const size_t mine = count / 2 + (pg.rank() == 1 ? 8 : 0);
+      std::vector<float> in(mine * 2, 1.0f), out(mine);
+      pg.reduce_scatter(std::span<const float>(in), std::span<float>(out));
+    }, {"reduce_scatter (sum, "});
+  }
+}
+
+// Ranks 0 and 1 share memory, rank 2 is on another (simulated) host: links of both kinds.
+TEST(CallCheck, AGroupOfSharedMemoryAndTcpLinks) {
+  GroupConfig c = config(Path::kShmRing, 3);
+  c.host_ids = {"hostA", "hostA", "hostB"};
+  expect_caught(c, 100000, [](ddp::ProcessGroup& pg, size_t count) {
+    std::vector<float> v(count + (pg.rank() == 2 ? 64 : 0), 1.0f);
+    pg.all_reduce(std::span<float>(v));
+  }, {"all_reduce (sum, 100064 x float32)"});
 }
 
 TEST(CallCheck, AnotherCollectiveOpOrDtype) {
@@ -124,6 +169,14 @@ TEST(CallCheck, ARankThatSkippedACall) {
       pg.all_reduce(std::span<float>(v));
     }, {"a rank skipped a collective or made one more"});
   }
+  // On one host, the calls out of step take different algorithms: rank 1 waits in the flat
+  // exchange of its call #2, rank 0 on the ring in its #3.
+  expect_caught(Path::kShmRing, 2, [](ddp::ProcessGroup& pg, size_t count) {
+    std::vector<float> none, small(1000, 1.0f), big(count, 1.0f);
+    if (pg.rank() == 0) pg.all_reduce(std::span<float>(none));
+    else pg.all_reduce(std::span<float>(small));
+    pg.all_reduce(std::span<float>(big));
+  }, {"a rank skipped a collective or made one more"});
 }
 
 // Counts that take different algorithms on one host (flat against ring): both ranks used to
@@ -143,11 +196,19 @@ TEST(CallCheck, AgreeingCallsPass) {
     GroupConfig c = config(p, 3);
     auto errors = run_ranks(c, [&](ddp::ProcessGroup& pg) {
       for (int i = 0; i < 50; ++i) {
-        std::vector<float> v(i % 2 ? count_for(p) : 7, static_cast<float>(pg.rank() + 1));
+        const size_t count = i % 2 ? count_for(p) : 7;
+        std::vector<float> v(count, static_cast<float>(pg.rank() + 1));
         pg.all_reduce(std::span<float>(v));
         if (v[0] != 6.0f) throw std::runtime_error("all_reduce " + std::to_string(i) + " gave " + std::to_string(v[0]));
         pg.broadcast(std::span<float>(v), {.root = i % 3});
         if (i % 5 == 0) pg.barrier();
+        std::vector<float> all(count * 3);
+        pg.all_gather(std::span<const float>(v), std::span<float>(all));
+        std::vector<float> part(count);
+        pg.reduce_scatter(std::span<const float>(all), std::span<float>(part));
+        if (part[0] != 18.0f) throw std::runtime_error("reduce_scatter " + std::to_string(i) + " gave " + std::to_string(part[0]));
+        std::vector<float> none;
+        pg.all_reduce(std::span<float>(none));  // counted, sends nothing
       }
     });
     expect_no_errors(errors);
@@ -187,6 +248,7 @@ TEST(CallCheck, SizesBeyondATebibyteAreRefused) {
                 : which == 2 ? o.shm_ring_bytes
                              : o.slice_stage_bytes;
     v = std::numeric_limits<size_t>::max();
+    o.timeout = 2s;  // were the check lost, no peer would come: fail at once, not at the ctest timeout
     try {
       ddp::init_process_group(o);
       ADD_FAILURE() << "size option " << which << " accepted";

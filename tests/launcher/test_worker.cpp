@@ -211,6 +211,15 @@ TEST_F(LauncherWorkerCommand, ExecutableNonPyRunsDirectly) {
   EXPECT_EQ(c.argv, (Args{o.script, "x"}));
 }
 
+// --run-path runs the script in Python (torchrun: runpy.run_path), whatever the file is.
+TEST_F(LauncherWorkerCommand, RunPathGoesThroughPythonEvenForAnExecutable) {
+  Options o;
+  o.run_path = true;
+  o.script = dir_.write("run.sh", "#!/bin/sh\necho hi\n", 0755);
+  auto c = worker_command(o, 0, env_);
+  EXPECT_EQ(c.argv, (Args{"python3", "-u", o.script}));
+}
+
 TEST_F(LauncherWorkerCommand, NonExecutableNonPyGoesThroughPython) {
   Options o;
   o.script = dir_.write("run.txt", "print(1)\n", 0644);

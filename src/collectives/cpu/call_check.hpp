@@ -8,7 +8,7 @@
 //   - on the ring, the first 32 bytes a rank sends to its right neighbour in a call are its
 //     description (CallHeader), checked by the receiver before any data;
 //   - in the flat algorithm, each rank's slot begins with it (kFlatHeaderBytes), checked by
-//     every peer once all have posted;
+//     every peer once all have posted, before any data is read;
 //   - a rank on one host that has waited a while publishes its description in shared memory
 //     (RankCtl::call), and compares its peers': two ranks whose calls chose different
 //     algorithms (flat and ring) would otherwise wait on each other until the timeout.
@@ -50,7 +50,8 @@ struct CallHeader {
   std::array<uint64_t, 3> words{};
 };
 static_assert(sizeof(CallHeader) == 32);
-// A flat slot's header, before its data (which stays on a 64-byte boundary).
+// Room for the header at the start of a flat slot: data of up to 32 bytes follows it in its
+// cache line, longer data begins on the next one (cpu_group.cpp, flat_data).
 inline constexpr size_t kFlatHeaderBytes = 64;
 
 // Writes this rank's call into its record (a sequence lock: one writer, the rank itself).

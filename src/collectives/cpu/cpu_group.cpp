@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -150,9 +151,9 @@ class CpuGroup final : public GroupBase {
     guarded([&] {
       auto* d = static_cast<uint8_t*>(data);
       if (all_local_ && bytes <= small_) {
-        uint32_t k = flat_post(rank() == root ? d : nullptr, rank() == root ? bytes : 0);
+        uint32_t k = flat_post(rank() == root ? d : nullptr, rank() == root ? bytes : 0, bytes);
         flat_wait_all(k, dl);
-        if (rank() != root) std::memcpy(d, flat_data(k, root), bytes);
+        if (rank() != root) std::memcpy(d, flat_data(k, root, bytes), bytes);
         return;
       }
       ring_broadcast(d, bytes, root, dl);
@@ -170,10 +171,10 @@ class CpuGroup final : public GroupBase {
     guarded([&] {
       const int n = size(), r = rank();
       if (all_local_ && bytes <= small_) {
-        uint32_t k = flat_post(out + r * bytes, bytes);
+        uint32_t k = flat_post(out + r * bytes, bytes, bytes);
         flat_wait_all(k, dl);
         for (int p = 0; p < n; ++p)
-          if (p != r) std::memcpy(out + p * bytes, flat_data(k, p), bytes);
+          if (p != r) std::memcpy(out + p * bytes, flat_data(k, p, bytes), bytes);
         return;
       }
       for (int s = 0; s < n - 1; ++s) {
@@ -201,10 +202,11 @@ class CpuGroup final : public GroupBase {
     guarded([&] {
       const int n = size(), r = rank();
       if (all_local_ && bytes * n <= small_) {
-        uint32_t k = flat_post(in, bytes * n);
+        uint32_t k = flat_post(in, bytes * n, bytes * n);
         flat_wait_all(k, dl);
-        reduce_into(dt, op, out, flat_data(k, 0) + r * bytes, flat_data(k, 1) + r * bytes, count);
-        for (int p = 2; p < n; ++p) reduce_inplace(dt, op, out, flat_data(k, p) + r * bytes, count);
+        const size_t all = bytes * n;
+        reduce_into(dt, op, out, flat_data(k, 0, all) + r * bytes, flat_data(k, 1, all) + r * bytes, count);
+        for (int p = 2; p < n; ++p) reduce_inplace(dt, op, out, flat_data(k, p, all) + r * bytes, count);
       } else {
         for (auto& t : tmp_) t.resize(bytes);
         for (int s = 0; s < n - 1; ++s) {
@@ -229,7 +231,7 @@ class CpuGroup final : public GroupBase {
     if (size() == 1) return;
     guarded([&] {
       if (all_local_) {
-        flat_wait_all(flat_post(nullptr, 0), dl);
+        flat_wait_all(flat_post(nullptr, 0, 0), dl);
       } else {
         uint8_t one = 1;
         ring_all_reduce(&one, 1, DType::kUInt8, ReduceOp::kMax, dl);
@@ -329,10 +331,15 @@ class CpuGroup final : public GroupBase {
     const bool tcp_only = opts_.transport == Transport::kTcp;
     store_->set(key(fmt::format("host/{}", r)), tcp_only ? me + std::string(kTcpOnly) : me);
     if (r != 0) {
-      std::string v = store_get("tag", deadline);
-      size_t sp = 0;
-      tag_ = std::stoull(v, &sp);
-      small_ = std::stoull(v.substr(sp));
+      const std::string v = store_get("tag", deadline);
+      const char* end = v.data() + v.size();
+      auto got = std::from_chars(v.data(), end, tag_);
+      const bool tagged = got.ec == std::errc() && got.ptr < end && *got.ptr == ' ';
+      if (tagged) got = std::from_chars(got.ptr + 1, end, small_);
+      if (!tagged || got.ec != std::errc() || got.ptr != end)
+        throw CollectiveError(fmt::format("rank 0 published '{}' as the group's tag: is rank 0 running another "
+                                          "version of libddp? every rank needs the same one",
+                                          v.substr(0, 64)));
     }
     std::vector<bool> same(n), shm(n);
     for (int i = 0; i < n; ++i) {
@@ -636,12 +643,18 @@ class CpuGroup final : public GroupBase {
   // While waiting: publishes this rank's call (once per call), and compares the calls that
   // waiting peers published with it. Only a peer in the same call is compared: another may
   // be slower, or already in its next call.
+  //
+  // In the flat exchange (flat_waiting_k_ != 0): a peer already in a later call that never
+  // posted this call's exchange skipped a call or made a different one (two ranks whose
+  // calls took different algorithms, with numbers out of step, otherwise wait on each other).
   void check_waiting_calls() {
     if (!published_) publish_call(seg_->rank(my_local_), call_);
     published_ = true;
     for (auto& p : peers_) {
       CallDesc theirs;
-      if (read_call(seg_->rank(p.local), theirs) && theirs.seq == call_.seq && !(theirs == call_))
+      if (!read_call(seg_->rank(p.local), theirs)) continue;
+      if (theirs.seq == call_.seq ? !(theirs == call_)
+                                  : flat_waiting_k_ && theirs.seq > call_.seq && !posted(p, flat_waiting_k_))
         throw CollectiveError(call_mismatch(p.rank, theirs, call_));
     }
   }
@@ -772,23 +785,23 @@ class CpuGroup final : public GroupBase {
     end_messages();
   }
 
+  // The data flows from the root onwards, but every rank sends its call's header to its
+  // right neighbour and checks its left one's, the root and the rank before it included:
+  // two ranks that each take themselves for the root would otherwise send and never receive.
   void ring_broadcast(uint8_t* data, size_t bytes, int root, TimePoint dl) {
-    // The headers go all the way round first: the data only flows from the root onwards, and
-    // two ranks that each take themselves for the root would send and never receive.
-    exchange(nullptr, 0, 0, 1, [](size_t, const uint8_t*, size_t) {}, dl, {"broadcast's call check", 0, 1});
     const bool forward = mod(rank() + 1) != root;
     size_t recvd = rank() == root ? bytes : 0, sent = 0;
     const size_t to_send = forward ? bytes : 0;
     Waiter w;
-    while (sent < to_send || recvd < bytes) {
+    while (!header_done() || sent < to_send || recvd < bytes) {
       uint32_t ticket = bell_ticket();
-      bool progress = false;
-      if (sent < recvd && sent < to_send) {
+      bool progress = !header_done() && header_step(data, std::min(recvd, to_send), sent);
+      if (header_sent_ == out_prefix_ && sent < recvd && sent < to_send) {
         size_t k = right_->try_send(data + sent, std::min(chunk_, recvd - sent));
         sent += k;
-        progress = k > 0;
+        progress = progress || k > 0;
       }
-      if (recvd < bytes) {
+      if (recvd < bytes && header_recvd_ == in_prefix_) {
         auto v = left_->peek();
         size_t take = std::min({v.size(), bytes - recvd, chunk_});
         if (take > 0) {
@@ -802,9 +815,10 @@ class CpuGroup final : public GroupBase {
         w.idle = 0;
         continue;
       }
-      wait(w, ticket, dl, sent < to_send && sent < recvd ? right_.get() : nullptr,
-           recvd < bytes ? left_.get() : nullptr, [&] {
-             if (recvd < bytes)
+      const bool sending = (sent < to_send && sent < recvd) || header_sent_ < out_prefix_;
+      const bool receiving = recvd < bytes || header_recvd_ < in_prefix_;
+      wait(w, ticket, dl, sending ? right_.get() : nullptr, receiving ? left_.get() : nullptr, [&] {
+             if (receiving)
                return fmt::format("waiting for data from peer rank {} over {} (broadcast from root "
                                   "{}: {} of {} bytes received)",
                                   left_->peer(), left_->kind(), root, recvd, bytes);
@@ -817,12 +831,20 @@ class CpuGroup final : public GroupBase {
   }
 
   // ---- flat shared-memory algorithm (every rank on this host) --------------------------
-  uint8_t* flat_data(uint32_t k, int local) { return seg_->flat_slot(k, local) + kFlatHeaderBytes; }
+  // Where a slot's data begins, for a call whose message is `size` bytes: right after the
+  // header, in its cache line, when it fits there (a peer reads one line for both), else
+  // on the next line. Peers in the same call agree on it; a peer in another call is told by
+  // the header, checked before any data is read.
+  uint8_t* flat_data(uint32_t k, int local, size_t size) {
+    return seg_->flat_slot(k, local) + (size <= kFlatHeaderBytes - sizeof(CallHeader) ? sizeof(CallHeader)
+                                                                                       : kFlatHeaderBytes);
+  }
 
-  uint32_t flat_post(const void* data, size_t bytes) {
+  // Posts this rank's header and `bytes` of data into its slot of a call of `size` bytes.
+  uint32_t flat_post(const void* data, size_t bytes, size_t size) {
     uint32_t k = ++flat_seq_;
     std::memcpy(seg_->flat_slot(k, my_local_), &header_out_, sizeof header_out_);
-    if (bytes) std::memcpy(flat_data(k, my_local_), data, bytes);
+    if (bytes) std::memcpy(flat_data(k, my_local_, size), data, bytes);
     seg_->rank(my_local_).flat_posted.store(k, std::memory_order_release);
     for (auto& p : peers_) ring_bell(seg_->rank(p.local).bell);
     return k;
@@ -832,13 +854,15 @@ class CpuGroup final : public GroupBase {
   // results everywhere).
   void flat_all_reduce(uint8_t* data, size_t count, DType dt, ReduceOp op, TimePoint dl) {
     const int n = size();
-    uint32_t k = flat_post(data, count * dtype_size(dt));
+    const size_t bytes = count * dtype_size(dt);
+    uint32_t k = flat_post(data, bytes, bytes);
     flat_wait_all(k, dl);
-    reduce_into(dt, op, data, flat_data(k, 0), flat_data(k, 1), count);
-    for (int p = 2; p < n; ++p) reduce_inplace(dt, op, data, flat_data(k, p), count);
+    reduce_into(dt, op, data, flat_data(k, 0, bytes), flat_data(k, 1, bytes), count);
+    for (int p = 2; p < n; ++p) reduce_inplace(dt, op, data, flat_data(k, p, bytes), count);
     if (op == ReduceOp::kAvg) avg_finish(dt, data, count, n);
   }
 
+  // Waits until every peer posted flat exchange k, then checks the calls in their headers.
   void flat_wait_all(uint32_t k, TimePoint dl) {
     flat_wait_all(k, dl, [&](int peer) {
       return fmt::format("waiting for peer rank {} to join {} (collective #{} of this group, flat shared-memory "
@@ -853,11 +877,9 @@ class CpuGroup final : public GroupBase {
     size_t next = 0;  // peers_[0..next) have posted
     for (;;) {
       uint32_t ticket = bell_ticket();
-      while (next < peers_.size() &&
-             static_cast<int32_t>(seg_->rank(peers_[next].local).flat_posted.load(
-                                      std::memory_order_acquire) - k) >= 0)
-        ++next;
+      while (next < peers_.size() && posted(peers_[next], k)) ++next;
       if (next == peers_.size()) {
+        flat_waiting_k_ = 0;
         // A peer may have posted and then given up (e.g. timed out): do not use its data.
         for (auto& p : peers_)
           if (seg_->rank(p.local).aborted.load(std::memory_order_acquire))
@@ -865,8 +887,13 @@ class CpuGroup final : public GroupBase {
         check_flat_headers(k);
         return;
       }
+      flat_waiting_k_ = k;
       wait(w, ticket, dl, nullptr, nullptr, [&] { return describe(peers_[next].rank); });
     }
+  }
+
+  bool posted(const LocalPeer& p, uint32_t k) const {
+    return static_cast<int32_t>(seg_->rank(p.local).flat_posted.load(std::memory_order_acquire) - k) >= 0;
   }
 
   // ---- slice shared-memory all-reduce (every rank on this host) ------------------------
@@ -899,7 +926,7 @@ class CpuGroup final : public GroupBase {
                              peer, phase, st + 1, stages);
         };
       };
-      flat_wait_all(flat_post(nullptr, 0), dl, describe("copy-in"));
+      flat_wait_all(flat_post(nullptr, 0, 0), dl, describe("copy-in"));
       if (hi > lo) {
         const size_t len = (hi - lo) / es;
         auto in = [&](int p) -> const uint8_t* { return p == r ? src + lo : seg_->slice_in(p) + lo; };
@@ -908,7 +935,7 @@ class CpuGroup final : public GroupBase {
         for (int p = 2; p < n; ++p) reduce_inplace(dt, op, res, in(p), len);
         if (op == ReduceOp::kAvg) avg_finish(dt, res, len, n);
       }
-      flat_wait_all(flat_post(nullptr, 0), dl, describe("reduce"));
+      flat_wait_all(flat_post(nullptr, 0, 0), dl, describe("reduce"));
       std::memcpy(src, out_area, all);
     }
   }
@@ -935,7 +962,8 @@ class CpuGroup final : public GroupBase {
   size_t header_sent_ = 0, header_recvd_ = 0;
   size_t out_prefix_ = sizeof(CallHeader), in_prefix_ = sizeof(CallHeader);  // header + padding
   std::array<uint8_t, CallHeader::kPaddedBytes> header_prefix_{};  // zeros after the header
-  bool published_ = false;  // this call is in this rank's RankCtl::call
+  bool published_ = false;     // this call is in this rank's RankCtl::call
+  uint32_t flat_waiting_k_ = 0;  // the flat exchange this rank waits in, 0: none
   std::vector<uint8_t> tmp_[2];
 };
 

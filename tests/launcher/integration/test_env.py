@@ -144,6 +144,10 @@ class EnvTest(DdprunTestCase):
         self.assertEqual(res.rc, 0, res)
         self.assertIn(b"--run-path takes precedence over --no-python", res.err)
         self.dump(1)
+        # Before --preload is weighed: the workers run Python, so the modules are imported.
+        res = self.run_ddprun(["--standalone", "--run-path", "--no-python", "--preload", "json",
+                               worker("env_dump.py"), self.tmp])
+        self.assertEqual(res.rc, 0, res)
 
     def test_module(self):
         env = clean_env(PYTHONPATH=WORKERS)
