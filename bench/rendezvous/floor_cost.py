@@ -9,19 +9,16 @@ from the start to the last exit, CPU (user + system) and minor page faults of ev
 of the run (getrusage of the children). Prints medians, round / floor, and the CPU per agent
 that the rendezvous adds.
 """
-import argparse, os, resource, statistics, sys
+import argparse, os, statistics, sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cost  # noqa: E402  (one round's wall, CPU and faults)
 import run  # noqa: E402  (its agents' command line and spawner)
 
 
 def one(backend, n, binary):
     run.BACKEND = backend
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    wall = run.rendezvous_once(n, binary=binary)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, after.ru_minflt - before.ru_minflt
+    return cost.one_round(binary, n)
 
 
 def main():
