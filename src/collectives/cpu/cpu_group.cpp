@@ -93,6 +93,16 @@ constexpr auto kSpinFor = std::chrono::microseconds(20);
 constexpr auto kYieldFor = std::chrono::microseconds(200);
 constexpr long kMaxSleepUs = 5000;
 
+// A call that differs from a peer's (call_check.hpp), found by this rank.
+struct CallMismatch : CollectiveError {
+  using CollectiveError::CollectiveError;
+};
+
+// How long a rank that learnt of a peer's failure waits for the peer's notice in the store,
+// and how long a failing rank tries to leave its notice before it closes its links.
+constexpr milliseconds kNoticeWait{100};
+constexpr milliseconds kFirstNoticeBudget{50};
+
 // Automatic slice threshold (bytes per rank) when ranks outnumber the CPUs.
 constexpr size_t kAutoSliceMin = 128 << 10;
 
@@ -239,23 +249,27 @@ class CpuGroup final : public GroupBase {
     });
   }
 
+  // The flag and the links, so that the peers learn at once, then the notice in the store
+  // (their errors quote it: peer_reports waits a moment for it). A failure inside a
+  // collective has done both already (guarded), the notice briefly; here it is written again
+  // with the whole message. Store calls with their whole budget first made each rank of a
+  // TCP ring learn of a loss a budget or two after its neighbour when the store had died
+  // with rank 0 (no launcher): 2 s a rank.
   void on_failure(const std::string& reason) noexcept override {
-    if (store_) {
-      try {
-        // Best effort, and short: a store that is gone (rank 0 hosted it and died) is not
-        // waited for over its connect_timeout (a minute) before this rank reports.
-        StoreCallDeadline bounded(kAbortNoticeBudget);
-        store_->set(key(fmt::format("abort/{}", rank())), reason);
-        store_->set(key("abort"), std::to_string(rank()));  // one key for waiters to check
-      } catch (...) {
-      }
+    fail_locally();
+    leave_notice(reason);
+  }
+
+  void leave_notice(const std::string& reason, milliseconds budget = kAbortNoticeBudget) noexcept {
+    if (!store_) return;
+    try {
+      // Best effort, and short: a store that is gone (rank 0 hosted it and died) is not
+      // waited for over its connect_timeout (a minute) before this rank reports.
+      StoreCallDeadline bounded(budget);
+      store_->set(key(fmt::format("abort/{}", rank())), reason);
+      store_->set(key("abort"), std::to_string(rank()));  // one key for waiters to check
+    } catch (...) {
     }
-    if (seg_ && my_local_ >= 0) {
-      seg_->rank(my_local_).aborted.store(1);
-      for (int i = 0; i < seg_->nlocal(); ++i) ring_bell(seg_->rank(i).bell);
-    }
-    if (right_) right_->shutdown();
-    if (left_) left_->shutdown();
   }
 
  private:
@@ -499,10 +513,20 @@ class CpuGroup final : public GroupBase {
   }
 
   // ---- failure detection ----------------------------------------------------------------
-  std::string peer_reports() noexcept {
+  // What failed peers wrote in the store, quoted. `wait_for_one`: this rank learnt of a
+  // failure from a peer's flag or closed link, which the peer raises before it writes its
+  // notice (on_failure): wait a moment for the notice.
+  std::string peer_reports(bool wait_for_one = false) noexcept {
     std::string out;
     if (!store_) return out;
     try {
+      StoreCallDeadline bounded(kAbortNoticeBudget);  // a store that is gone: not its connect_timeout
+      if (wait_for_one) {
+        try {
+          store_->wait({key("abort")}, kNoticeWait);
+        } catch (const Error&) {  // none came (a peer killed, or the store gone): nothing to quote
+        }
+      }
       int found = 0;
       for (int i = 0; i < size() && found < 2; ++i) {
         if (i == rank()) continue;
@@ -519,14 +543,38 @@ class CpuGroup final : public GroupBase {
     return out;
   }
 
+  void fail_locally() noexcept {
+    if (seg_ && my_local_ >= 0) {
+      seg_->rank(my_local_).aborted.store(1);
+      for (int i = 0; i < seg_->nlocal(); ++i) ring_bell(seg_->rank(i).bell);
+    }
+    if (right_) right_->shutdown();
+    if (left_) left_->shutdown();
+  }
+
   template <class F>
   void guarded(F&& f) {
     try {
       f();
+    } catch (const Error& e) {
+      // Its notice first, briefly (a store that answers takes milliseconds: the peers that
+      // learn from the flag or the links below find it), then the flag and the links, before
+      // this rank waits for the notices of others.
+      leave_notice(e.what(), kFirstNoticeBudget);
+      fail_locally();
+      rethrow_with_reports();
+    }
+  }
+
+  [[noreturn]] void rethrow_with_reports() {
+    try {
+      throw;
     } catch (const TimeoutError& e) {
       throw TimeoutError(e.what() + peer_reports());
-    } catch (const CollectiveError& e) {
+    } catch (const CallMismatch& e) {  // this rank's own finding: no notice of a peer's to wait for
       throw CollectiveError(e.what() + peer_reports());
+    } catch (const CollectiveError& e) {
+      throw CollectiveError(e.what() + peer_reports(true));
     }
   }
 
@@ -655,7 +703,7 @@ class CpuGroup final : public GroupBase {
       if (!read_call(seg_->rank(p.local), theirs)) continue;
       if (theirs.seq == call_.seq ? !(theirs == call_)
                                   : flat_waiting_k_ && theirs.seq > call_.seq && !posted(p, flat_waiting_k_))
-        throw CollectiveError(call_mismatch(p.rank, theirs, call_));
+        throw CallMismatch(call_mismatch(p.rank, theirs, call_));
     }
   }
 
@@ -703,12 +751,12 @@ class CpuGroup final : public GroupBase {
 
   void check_header(const CallHeader& h, int peer, const char* over) const {
     if (h.magic != CallHeader::kMagic || h.skip > CallHeader::kPaddedBytes - sizeof(CallHeader))
-      throw CollectiveError(fmt::format(
+      throw CallMismatch(fmt::format(
           "the bytes from peer rank {} over {} do not begin a collective call: an earlier call of this group "
           "differed between ranks",
           peer, over));
     CallDesc theirs = CallDesc::from_words(h.words);
-    if (!(theirs == call_)) throw CollectiveError(call_mismatch(peer, theirs, call_));
+    if (!(theirs == call_)) throw CallMismatch(call_mismatch(peer, theirs, call_));
   }
 
   // ---- ring machinery ------------------------------------------------------------------
