@@ -365,6 +365,7 @@ void StreamForwarder::flush_partial(std::chrono::system_clock::time_point now) {
   std::string out;
   emit_piece(out, partial_.data(), partial_.size() - keep, false, stamp(now));
   partial_.erase(0, partial_.size() - keep);
+  if (partial_.capacity() > kKeepCapacity) partial_.shrink_to_fit();
   send(out);
 }
 

@@ -177,6 +177,17 @@ TEST(CallCheck, ARankThatSkippedACall) {
     else pg.all_reduce(std::span<float>(small));
     pg.all_reduce(std::span<float>(big));
   }, {"a rank skipped a collective or made one more"});
+  // The mirror: the rank behind waits on the ring for a header that never comes, the rank
+  // ahead in the flat exchange of its call #3.
+  expect_caught(Path::kShmRing, 2, [](ddp::ProcessGroup& pg, size_t count) {
+    std::vector<float> none, small(1000, 1.0f), big(count, 1.0f);
+    if (pg.rank() == 0) {
+      pg.all_reduce(std::span<float>(none));
+      pg.all_reduce(std::span<float>(small));
+    } else {
+      pg.all_reduce(std::span<float>(big));
+    }
+  }, {"a rank skipped a collective or made one more"});
 }
 
 // Counts that take different algorithms on one host (flat against ring): both ranks used to

@@ -260,13 +260,13 @@ TEST(CollectiveFailures, KilledStoreHostingRankZeroThreeRanks) {
   EXPECT_LT(Clock::now() - t0, scaled(20s)) << "the others waited for the store that died with rank 0";
 }
 
-// The same on a TCP ring of 8: a failing rank closes its links before it tries the store
-// that is gone, so every rank learns at once. (It tried the store for 2 s first: each rank
-// learnt 2 s after its neighbour, the farthest 8 s after the loss.)
+// The same on a TCP ring of 8: a failing rank closes its links after a brief try of the
+// store that is gone, so every rank learns at once (each then tries for up to 2 s, side by
+// side). It tried for 2 s first: each rank learnt 2 s after its neighbour (12 s in all).
 TEST(CollectiveFailures, KilledStoreHostingRankZeroEightRanksTcp) {
   const auto t0 = Clock::now();
   killed_peer(8, 0, ddp::Transport::kTcp, 0, false, true);
-  EXPECT_LT(Clock::now() - t0, scaled(5s)) << "the loss went round the ring one store timeout a rank";
+  EXPECT_LT(Clock::now() - t0, scaled(7s)) << "the loss went round the ring one store timeout a rank";
 }
 
 // The shared-memory segment's name is gone once everyone mapped it.

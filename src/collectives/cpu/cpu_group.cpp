@@ -93,14 +93,8 @@ constexpr auto kSpinFor = std::chrono::microseconds(20);
 constexpr auto kYieldFor = std::chrono::microseconds(200);
 constexpr long kMaxSleepUs = 5000;
 
-// A call that differs from a peer's (call_check.hpp), found by this rank.
-struct CallMismatch : CollectiveError {
-  using CollectiveError::CollectiveError;
-};
-
-// How long a rank that learnt of a peer's failure waits for the peer's notice in the store,
-// and how long a failing rank tries to leave its notice before it closes its links.
-constexpr milliseconds kNoticeWait{100};
+// How long a failing rank tries to leave its notice in the store before it raises its flag
+// and closes its links (a store that answers takes milliseconds; then kAbortNoticeBudget).
 constexpr milliseconds kFirstNoticeBudget{50};
 
 // Automatic slice threshold (bytes per rank) when ranks outnumber the CPUs.
@@ -249,26 +243,29 @@ class CpuGroup final : public GroupBase {
     });
   }
 
-  // The flag and the links, so that the peers learn at once, then the notice in the store
-  // (their errors quote it: peer_reports waits a moment for it). A failure inside a
-  // collective has done both already (guarded), the notice briefly; here it is written again
-  // with the whole message. Store calls with their whole budget first made each rank of a
-  // TCP ring learn of a loss a budget or two after its neighbour when the store had died
-  // with rank 0 (no launcher): 2 s a rank.
+  // The notice first, briefly, so that every peer that learns from the flag or the links
+  // finds it (their errors quote it); then the flag and the links; then, if the store did not
+  // take the notice in time, again for longer: the bootstrap's waits hear of a failure only
+  // through it. (A failure inside a collective did the first two already, in guarded.) With
+  // the whole budget first, each rank of a TCP ring learnt of a loss 2 s after its neighbour
+  // when the store had died with rank 0 (no launcher): 12 s for 8 ranks.
   void on_failure(const std::string& reason) noexcept override {
+    const bool left = leave_notice(reason, kFirstNoticeBudget);
     fail_locally();
-    leave_notice(reason);
+    if (!left) leave_notice(reason, kAbortNoticeBudget);
   }
 
-  void leave_notice(const std::string& reason, milliseconds budget = kAbortNoticeBudget) noexcept {
-    if (!store_) return;
+  bool leave_notice(const std::string& reason, milliseconds budget) noexcept {
+    if (!store_) return false;
     try {
       // Best effort, and short: a store that is gone (rank 0 hosted it and died) is not
       // waited for over its connect_timeout (a minute) before this rank reports.
       StoreCallDeadline bounded(budget);
       store_->set(key(fmt::format("abort/{}", rank())), reason);
       store_->set(key("abort"), std::to_string(rank()));  // one key for waiters to check
+      return true;
     } catch (...) {
+      return false;
     }
   }
 
@@ -513,20 +510,12 @@ class CpuGroup final : public GroupBase {
   }
 
   // ---- failure detection ----------------------------------------------------------------
-  // What failed peers wrote in the store, quoted. `wait_for_one`: this rank learnt of a
-  // failure from a peer's flag or closed link, which the peer raises before it writes its
-  // notice (on_failure): wait a moment for the notice.
-  std::string peer_reports(bool wait_for_one = false) noexcept {
+  // What failed peers wrote in the store, quoted.
+  std::string peer_reports() noexcept {
     std::string out;
     if (!store_) return out;
     try {
       StoreCallDeadline bounded(kAbortNoticeBudget);  // a store that is gone: not its connect_timeout
-      if (wait_for_one) {
-        try {
-          store_->wait({key("abort")}, kNoticeWait);
-        } catch (const Error&) {  // none came (a peer killed, or the store gone): nothing to quote
-        }
-      }
       int found = 0;
       for (int i = 0; i < size() && found < 2; ++i) {
         if (i == rank()) continue;
@@ -557,24 +546,27 @@ class CpuGroup final : public GroupBase {
     try {
       f();
     } catch (const Error& e) {
-      // Its notice first, briefly (a store that answers takes milliseconds: the peers that
-      // learn from the flag or the links below find it), then the flag and the links, before
-      // this rank waits for the notices of others.
-      leave_notice(e.what(), kFirstNoticeBudget);
+      // As on_failure, briefly: what the peers reported so far, and this rank's notice quoting
+      // it, before the flag and the links. Each notice then carries the chain back to the
+      // first failure, and a peer that learns from this rank finds it.
+      std::string quoted;
+      {
+        StoreCallDeadline bounded(kFirstNoticeBudget);
+        quoted = peer_reports();
+        leave_notice(e.what() + quoted, kFirstNoticeBudget);
+      }
       fail_locally();
-      rethrow_with_reports();
+      rethrow_with(quoted);
     }
   }
 
-  [[noreturn]] void rethrow_with_reports() {
+  [[noreturn]] static void rethrow_with(const std::string& quoted) {
     try {
       throw;
     } catch (const TimeoutError& e) {
-      throw TimeoutError(e.what() + peer_reports());
-    } catch (const CallMismatch& e) {  // this rank's own finding: no notice of a peer's to wait for
-      throw CollectiveError(e.what() + peer_reports());
+      throw TimeoutError(e.what() + quoted);
     } catch (const CollectiveError& e) {
-      throw CollectiveError(e.what() + peer_reports(true));
+      throw CollectiveError(e.what() + quoted);
     }
   }
 
@@ -633,7 +625,7 @@ class CpuGroup final : public GroupBase {
     if (now >= w.next_check) {
       if (seg_) {
         check_peers();
-        check_waiting_calls();  // e.g. a peer whose call took another algorithm waits for this rank elsewhere
+        check_waiting_calls(recv);  // e.g. a peer whose call took another algorithm waits for this rank elsewhere
       }
       // Waiting means what is buffered cannot make progress: at EOF it never will.
       if (recv && recv->at_eof()) recv->fail_at_eof();
@@ -695,16 +687,24 @@ class CpuGroup final : public GroupBase {
   // In the flat exchange (flat_waiting_k_ != 0): a peer already in a later call that never
   // posted this call's exchange skipped a call or made a different one (two ranks whose
   // calls took different algorithms, with numbers out of step, otherwise wait on each other).
-  void check_waiting_calls() {
+  //
+  // On the ring (recv: the left link): a left neighbour already in a later call whose header
+  // for this call never came skipped it (it sends its header before it can leave a call).
+  void check_waiting_calls(const Link* recv) {
     if (!published_) publish_call(seg_->rank(my_local_), call_);
     published_ = true;
     for (auto& p : peers_) {
       CallDesc theirs;
       if (!read_call(seg_->rank(p.local), theirs)) continue;
-      if (theirs.seq == call_.seq ? !(theirs == call_)
-                                  : flat_waiting_k_ && theirs.seq > call_.seq && !posted(p, flat_waiting_k_))
-        throw CallMismatch(call_mismatch(p.rank, theirs, call_));
+      if (theirs.seq == call_.seq ? !(theirs == call_) : theirs.seq > call_.seq && left_behind(p, recv))
+        throw CollectiveError(call_mismatch(p.rank, theirs, call_));
     }
+  }
+
+  // Whether peer p, seen in a later call, left this one without what this rank waits for.
+  bool left_behind(const LocalPeer& p, const Link* recv) {
+    if (flat_waiting_k_) return !posted(p, flat_waiting_k_);
+    return recv && recv == left_.get() && p.rank == left_->peer() && header_recvd_ == 0 && left_->peek().empty();
   }
 
   bool header_done() const { return header_sent_ == out_prefix_ && header_recvd_ == in_prefix_; }
@@ -749,14 +749,19 @@ class CpuGroup final : public GroupBase {
     return progress;
   }
 
+  std::string awaiting_header() const {
+    return fmt::format("waiting for peer rank {} to begin {} (collective #{} of this group) over {}", left_->peer(),
+                       call_.describe(), call_.seq, left_->kind());
+  }
+
   void check_header(const CallHeader& h, int peer, const char* over) const {
     if (h.magic != CallHeader::kMagic || h.skip > CallHeader::kPaddedBytes - sizeof(CallHeader))
-      throw CallMismatch(fmt::format(
+      throw CollectiveError(fmt::format(
           "the bytes from peer rank {} over {} do not begin a collective call: an earlier call of this group "
           "differed between ranks",
           peer, over));
     CallDesc theirs = CallDesc::from_words(h.words);
-    if (!(theirs == call_)) throw CallMismatch(call_mismatch(peer, theirs, call_));
+    if (!(theirs == call_)) throw CollectiveError(call_mismatch(peer, theirs, call_));
   }
 
   // ---- ring machinery ------------------------------------------------------------------
@@ -793,6 +798,7 @@ class CpuGroup final : public GroupBase {
       const bool receiving = recvd < rlen || header_recvd_ < in_prefix_;
       wait(w, ticket, dl, sending ? right_.get() : nullptr, receiving ? left_.get() : nullptr,
            [&] {
+             if (header_recvd_ < in_prefix_) return awaiting_header();
              if (receiving)
                return fmt::format(
                    "waiting for data from peer rank {} over {} ({} step {}/{}: {} of {} bytes "
@@ -866,6 +872,7 @@ class CpuGroup final : public GroupBase {
       const bool sending = (sent < to_send && sent < recvd) || header_sent_ < out_prefix_;
       const bool receiving = recvd < bytes || header_recvd_ < in_prefix_;
       wait(w, ticket, dl, sending ? right_.get() : nullptr, receiving ? left_.get() : nullptr, [&] {
+             if (header_recvd_ < in_prefix_) return awaiting_header();
              if (receiving)
                return fmt::format("waiting for data from peer rank {} over {} (broadcast from root "
                                   "{}: {} of {} bytes received)",
