@@ -252,7 +252,11 @@ void TcpLink::fail(const char* what, int err) {
 
 size_t TcpLink::try_send(const uint8_t* p, size_t n) {
   if (die_mid_element_ && msg_sent_ >= (1u << 20) && n >= 4) die_mid_element(p, n);
-  ssize_t k = ::send(fd_.get(), p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+  return sent(::send(fd_.get(), p, n, MSG_NOSIGNAL | MSG_DONTWAIT));
+}
+
+// What a non-blocking send's result means: bytes gone, or 0 when the socket is full.
+size_t TcpLink::sent(ssize_t k) {
   if (k >= 0) {
     msg_sent_ += static_cast<size_t>(k);
     return static_cast<size_t>(k);
@@ -267,13 +271,7 @@ size_t TcpLink::try_send2(const uint8_t* a, size_t na, const uint8_t* b, size_t 
   msghdr m{};
   m.msg_iov = iov;
   m.msg_iovlen = 2;
-  ssize_t k = ::sendmsg(fd_.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-  if (k >= 0) {
-    msg_sent_ += static_cast<size_t>(k);
-    return static_cast<size_t>(k);
-  }
-  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-  fail("while sending", errno);
+  return sent(::sendmsg(fd_.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT));
 }
 
 std::span<const uint8_t> TcpLink::peek() {

@@ -2,6 +2,8 @@
 // that tells an acceptor who connected, and the non-blocking Link over a socket.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -58,6 +60,7 @@ class TcpLink : public Link {
 
  private:
   [[noreturn]] void fail(const char* what, int err);
+  size_t sent(ssize_t k);
   [[noreturn]] void die_mid_element(const uint8_t* p, size_t n);
   Fd fd_;
   std::string peer_addr_;
