@@ -56,8 +56,8 @@ std::vector<WorkerResult*> AttemptWorkers::start(const JobPlan& plan, int attemp
     WorkerCommand cmd = worker_command(o_, w.local_rank, base_env);
     Env env = worker_environment(o_, plan, w.local_rank, w.error_file, base_env);
     if (env_hook) env_hook(env, w);
-    specs.push_back(SpawnSpec{cmd.path, cmd.argv, to_envp(env), stdin_fd, open_stream(static_cast<int>(i), false, wdir),
-                              open_stream(static_cast<int>(i), true, wdir)});
+    const auto [out_fd, err_fd] = open_stream(static_cast<int>(i), wdir);
+    specs.push_back(SpawnSpec{cmd.path, cmd.argv, to_envp(env), stdin_fd, out_fd, err_fd});
     if (!o_.worker_cpus.empty()) specs.back().cpus = o_.worker_cpus.at(static_cast<size_t>(w.local_rank));
   }
   // --preload: forked by the warm process, all at once; what it could not, cold.

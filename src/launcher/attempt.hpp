@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "launcher/options.hpp"
@@ -26,9 +27,9 @@ class AttemptWorkers {
  public:
   using Clock = std::chrono::steady_clock;
   using Env = std::map<std::string, std::string>;
-  // Opens the pipe of one worker's stream (is_stderr) and returns its write end; `dir` is
-  // the worker's folder under the attempt's.
-  using StreamOpener = std::function<int(int index, bool is_stderr, const std::string& dir)>;
+  // Opens the pipes of one worker's stdout and stderr and returns their write ends (two
+  // descriptors, maybe of one pipe); `dir` is the worker's folder under the attempt's.
+  using StreamOpener = std::function<std::pair<int, int>(int index, const std::string& dir)>;
   // Adds to a worker's environment before it starts (the stack-dump bootstrap, say).
   using EnvHook = std::function<void(Env&, const WorkerResult&)>;
 

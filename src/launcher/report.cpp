@@ -117,10 +117,10 @@ std::string traceback_of(const WorkerResult& w) {
   if (!w.killed_for.empty()) out += (out.empty() ? "" : ": ") + w.killed_for;
   if (!w.stderr_tail.empty()) {
     if (!out.empty()) out += "\n";
-    out += fmt::format("last {} lines of stderr:", w.stderr_tail.size());
+    out += fmt::format("last {} lines of {}:", w.stderr_tail.size(), w.tail_has_stdout ? "output" : "stderr");
     for (auto& l : w.stderr_tail) out += "\n  " + l;
   }
-  if (out.empty()) out = "(no error file and no output on stderr)";
+  if (out.empty()) out = w.tail_has_stdout ? "(no error file and no output)" : "(no error file and no output on stderr)";
   return out;
 }
 

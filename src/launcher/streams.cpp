@@ -31,7 +31,7 @@ void watch(int epfd, int fd, void* tag) {
 struct WorkerStreams::Stream {
   int fd = -1;
   int worker = 0;
-  bool is_stderr = false;
+  Carries what = Carries::kStdout;
   bool paused = false;
   std::unique_ptr<StreamForwarder> fwd;
   int file_fd = -1;
@@ -40,7 +40,7 @@ struct WorkerStreams::Stream {
 WorkerStreams::WorkerStreams(int epfd) : epfd_(epfd) {}
 WorkerStreams::~WorkerStreams() { close_all(); }
 
-int WorkerStreams::open(int worker, bool is_stderr, ForwarderConfig cfg, int file_fd) {
+int WorkerStreams::open(int worker, Carries what, ForwarderConfig cfg, int file_fd) {
   int p[2];
   if (pipe2(p, O_CLOEXEC) != 0) {
     const int err = errno;
@@ -51,7 +51,10 @@ int WorkerStreams::open(int worker, bool is_stderr, ForwarderConfig cfg, int fil
                         "fewer workers per node or raise `ulimit -n`)",
                         rl.rlim_cur);
     throw ddp::SystemError(fmt::format("cannot open a pipe for the {} of local rank {}{}",
-                                       is_stderr ? "stderr" : "stdout", worker, why),
+                                       what == Carries::kStdout   ? "stdout"
+                                       : what == Carries::kStderr ? "stderr"
+                                                                  : "stdout and stderr",
+                                       worker, why),
                            err);
   }
   fcntl(p[0], F_SETFL, O_NONBLOCK);
@@ -60,7 +63,7 @@ int WorkerStreams::open(int worker, bool is_stderr, ForwarderConfig cfg, int fil
   auto s = std::make_unique<Stream>();
   s->fd = p[0];
   s->worker = worker;
-  s->is_stderr = is_stderr;
+  s->what = what;
   s->file_fd = file_fd;
   s->fwd = std::make_unique<StreamForwarder>(std::move(cfg));
   watch(epfd_, s->fd, s.get());
@@ -151,8 +154,14 @@ void WorkerStreams::close_all() {
 
 std::vector<std::string> WorkerStreams::stderr_tail(int worker) const {
   for (auto& s : streams_)
-    if (s->worker == worker && s->is_stderr) return {s->fwd->tail().begin(), s->fwd->tail().end()};
+    if (s->worker == worker && s->what != Carries::kStdout) return {s->fwd->tail().begin(), s->fwd->tail().end()};
   return {};
+}
+
+bool WorkerStreams::carries_both(int worker) const {
+  for (auto& s : streams_)
+    if (s->worker == worker && s->what == Carries::kBoth) return true;
+  return false;
 }
 
 bool WorkerStreams::trickling() {

@@ -1,5 +1,6 @@
-// The workers' output during one attempt: one pipe per stream (stdout, stderr), read in the
-// supervisor's epoll loop and forwarded line by line (output.hpp). A stream whose console is
+// The workers' output during one attempt: one pipe per stream (stdout, stderr), or one for
+// both where they go to the same place (their order kept), read in the supervisor's epoll
+// loop and forwarded line by line (output.hpp). A stream whose console is
 // behind is taken out of the epoll set (its worker then blocks on the full pipe) until the
 // console's writer drains and wakes the loop.
 #pragma once
@@ -18,12 +19,14 @@ class WorkerStreams {
  public:
   using Clock = std::chrono::steady_clock;
   struct Stream;  // the epoll tag of a stream's pipe
+  enum class Carries { kStdout, kStderr, kBoth };  // what a worker writes into a pipe
 
   explicit WorkerStreams(int epfd);
   ~WorkerStreams();
-  // A pipe for a stream of worker `worker`; returns the write end for the child (the
-  // caller closes it once the child has it). file_fd: a log file the stream owns, or -1.
-  int open(int worker, bool is_stderr, ForwarderConfig cfg, int file_fd);
+  // A pipe for what worker `worker` writes to stdout, stderr or both; returns the write end
+  // for the child (the caller closes it once the child has it). file_fd: a log file the
+  // stream owns, or -1.
+  int open(int worker, Carries what, ForwarderConfig cfg, int file_fd);
   void clear();  // a new attempt
 
   // An epoll event whose tag is a Stream.
@@ -39,8 +42,10 @@ class WorkerStreams {
   void close_all();
 
   int open_count() const { return open_; }
-  // stderr's last lines of a worker (for the failure report), once its stream closed.
+  // stderr's last lines of a worker (for the failure report), once its stream closed: with
+  // stdout's between them where one pipe carried both (carries_both).
   std::vector<std::string> stderr_tail(int worker) const;
+  bool carries_both(int worker) const;
   // Whether the reads since the last call were small (output trickling in lines): the loop
   // then pauses a moment so that a burst costs one wake-up. Resets the count.
   bool trickling();

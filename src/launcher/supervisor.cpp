@@ -128,10 +128,36 @@ class NodeOutput {
   WorkerStreams& streams() { return *streams_; }
   ConsoleWriter& err() { return *err_->writer; }
 
-  // A pipe for one worker stream (worker w, index idx), its forwarder, log file and
-  // console routing.
-  int open_stream(const WorkerResult& w, int idx, bool is_stderr, const std::string& dir) {
+  // The pipes of one worker's stdout and stderr (worker w, index idx), their forwarders,
+  // log files and console routing: their write ends. Where both streams end on one console
+  // (`2>&1`, a terminal) and in no file, one pipe takes both, so that a traceback or a log
+  // line stays where the worker wrote it among its prints.
+  std::pair<int, int> open_streams(const WorkerResult& w, int idx, const std::string& dir) {
     const int lr = w.local_rank;
+    if (err_ == &out_console_ && o_.redirects.of(lr) == 0 && o_.tee.of(lr) == 0) {
+      const int fd = open_stream(w, idx, WorkerStreams::Carries::kBoth, dir);
+      const int again = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+      if (again < 0) {
+        const int err = errno;
+        ::close(fd);
+        throw ddp::SystemError(fmt::format("cannot open the stderr of local rank {}", lr), err);
+      }
+      return {fd, again};
+    }
+    const int out = open_stream(w, idx, WorkerStreams::Carries::kStdout, dir);
+    try {
+      return {out, open_stream(w, idx, WorkerStreams::Carries::kStderr, dir)};
+    } catch (...) {
+      ::close(out);
+      throw;
+    }
+  }
+
+ private:
+  // A pipe for one worker stream, its forwarder, log file and console routing.
+  int open_stream(const WorkerResult& w, int idx, WorkerStreams::Carries what, const std::string& dir) {
+    const int lr = w.local_rank;
+    const bool is_stderr = what != WorkerStreams::Carries::kStdout;
     const int bit = is_stderr ? 2 : 1;
     const bool redirect = o_.redirects.of(lr) & bit, tee = o_.tee.of(lr) & bit;
     ForwarderConfig cfg;
@@ -149,10 +175,9 @@ class NodeOutput {
       cfg.filters = &o_.duplicate_filters[is_stderr];
       cfg.filtered_fd = filtered_file(dir, is_stderr);
     }
-    return streams_->open(idx, is_stderr, std::move(cfg), file_fd);
+    return streams_->open(idx, what, std::move(cfg), file_fd);
   }
 
- private:
   // <attempt>/filtered_std{out,err}.log, opened once an attempt (dir: a worker's folder in it)
   // and shared by its workers' forwarders, which all write on this thread, whole lines.
   int filtered_file(const std::string& dir, bool is_stderr) {
@@ -241,8 +266,8 @@ class AttemptSupervisor {
     stacks_.attempt_started();
     timers_.on_readable();  // what the last attempt's workers wrote as they ended: dropped
     timers_.clear();
-    auto open_stream = [this](int idx, bool is_stderr, const std::string& dir) {
-      return output_.open_stream(workers_.all()[static_cast<size_t>(idx)], idx, is_stderr, dir);
+    auto open_stream = [this](int idx, const std::string& dir) {
+      return output_.open_streams(workers_.all()[static_cast<size_t>(idx)], idx, dir);
     };
     auto add_env = [this](AttemptWorkers::Env& env, const WorkerResult& w) { stacks_.add_env(env, w); };
     const JobPlan& plan = job_.plan;
@@ -394,7 +419,10 @@ class AttemptSupervisor {
   void keep_tails() {
     output_.streams().close_all();
     auto& all = workers_.all();
-    for (size_t i = 0; i < all.size(); ++i) all[i].stderr_tail = output_.streams().stderr_tail(static_cast<int>(i));
+    for (size_t i = 0; i < all.size(); ++i) {
+      all[i].stderr_tail = output_.streams().stderr_tail(static_cast<int>(i));
+      all[i].tail_has_stdout = output_.streams().carries_both(static_cast<int>(i));
+    }
     for (auto& w : all)
       if (root_ && w.pid == root_->pid) root_ = w;  // now with its stderr tail
   }

@@ -103,6 +103,32 @@ def pid_alive(pid):
     return process_state(pid) not in ("", "Z", "X")
 
 
+def process_tree(root):
+    """Lines "pid ppid state wchan: command" for root and every process below it."""
+    procs = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            with open(f"/proc/{name}/wchan") as f:
+                wchan = f.read().strip() or "-"
+        except OSError:
+            continue
+        procs[int(name)] = (int(fields[1]), fields[0], wchan, cmd[:200])
+    lines, todo = [], [root]
+    while todo:
+        pid = todo.pop(0)
+        if pid in procs:
+            ppid, state, wchan, cmd = procs[pid]
+            lines.append(f"{pid} {ppid} {state} {wchan}: {cmd}")
+            todo += sorted(q for q, v in procs.items() if v[0] == pid)
+    return "\n".join(lines)
+
+
 def vm_status_kb(pid, field):
     """A size from /proc/<pid>/status ("VmHWM", "VmRSS") in kB; None when gone."""
     try:
@@ -232,6 +258,19 @@ class DdprunTestCase(unittest.TestCase):
             elapsed = time.monotonic() - t0
         with open(out_path, "rb") as o, open(err_path, "rb") as e:
             return Result(rc, o.read(), e.read(), elapsed)
+
+    def wait_exit(self, p, timeout):
+        """p's exit status within `timeout` seconds (scaled here); else fails with what is
+        left to read: ddprun's stderr, the test folder's files, and every process below p
+        (state, kernel wait channel, command line), so that a rare hang explains itself."""
+        timeout = scaled(timeout)
+        try:
+            return p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        err = read_text(self.path("ddprun.stderr")) if os.path.exists(self.path("ddprun.stderr")) else ""
+        self.fail(f"ddprun (pid {p.pid}) did not exit within {timeout}s\n--- files: {sorted(os.listdir(self.tmp))}"
+                  f"\n--- processes below it:\n{process_tree(p.pid)}\n--- stderr (end):\n{err[-3000:]}")
 
     def wait_for(self, pred, timeout=30.0, what="condition"):
         """pred()'s first true value; fails after `timeout` seconds (scaled here)."""

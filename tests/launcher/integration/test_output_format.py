@@ -288,5 +288,99 @@ class ConsoleFormatTest(DdprunTestCase):
             self.assertRegex(line, rf"^({stamp} ?\[rank0\]:|\[rank0\]:{stamp} ?)out ts r0 {i}$")
 
 
+# Alternate lines to stdout and stderr, as a script's prints and its logging (or a traceback) do.
+ALTERNATING = """
+import sys
+for i in range(int(sys.argv[1])):
+    (sys.stdout if i % 2 == 0 else sys.stderr).write("line %d\\n" % i)
+if len(sys.argv) > 2:
+    raise SystemExit(sys.argv[2])
+"""
+
+
+class OneConsoleTest(DdprunTestCase):
+    """ddprun's stdout and stderr on one file (`2>&1`, a terminal): a worker's lines arrive in
+    the order it wrote them, whichever stream each went to, as under torchrun, whose workers
+    write to that file themselves."""
+
+    def run_on_one_console(self, args, console=None):
+        """ddprun with stdout and stderr both on `console` (a file here when None): (exit
+        status, what the console got)."""
+        own = console is None
+        if own:
+            console = open(self.path("console"), "w+b")
+            self._files.append(console)
+        p = self.start(args, stdout=console, stderr=console)
+        return self.wait_exit(p, 60), read_text(self.path("console")) if own else None
+
+    def ranks_lines(self, text):
+        got = {}
+        for line in text.splitlines():
+            if line.startswith("[rank") and ":line " in line:
+                rank, n = line[len("[rank"):].split("]:line ")
+                got.setdefault(int(rank), []).append(int(n))
+        return got
+
+    def test_a_file_gets_each_workers_lines_in_order(self):
+        script = self.write_script(ALTERNATING)
+        rc, text = self.run_on_one_console(["--nproc-per-node", "2", script, "4000"])
+        self.assertEqual(rc, 0, text[-2000:])
+        self.assertEqual(self.ranks_lines(text), {0: list(range(4000)), 1: list(range(4000))})
+
+    def test_a_terminal_gets_each_workers_lines_in_order(self):
+        import pty
+        leader, follower = pty.openpty()
+        got = bytearray()
+        with os.fdopen(follower, "wb", closefd=True) as tty:
+            p = self.start(["--nproc-per-node", "2", self.write_script(ALTERNATING), "4000"], stdout=tty, stderr=tty)
+        deadline = time.monotonic() + scaled(60)
+        while time.monotonic() < deadline:
+            if select.select([leader], [], [], 0.1)[0]:
+                try:
+                    chunk = os.read(leader, 1 << 16)
+                except OSError:  # EIO: every writer closed the terminal
+                    break
+                if not chunk:
+                    break
+                got += chunk
+            elif p.poll() is not None:
+                break
+        os.close(leader)
+        self.assertEqual(self.wait_exit(p, 10), 0)
+        text = got.decode(errors="replace").replace("\r\n", "\n")
+        self.assertEqual(self.ranks_lines(text), {0: list(range(4000)), 1: list(range(4000))})
+
+    def test_the_failure_summary_shows_the_last_lines_of_both(self):
+        rc, text = self.run_on_one_console(["--nproc-per-node", "1", self.write_script(ALTERNATING), "6", "bad input"])
+        self.assertEqual(rc, 1, text)
+        def shown(lines):
+            return "".join("\n" + " " * 16 + line for line in lines)
+        summary = text[text.index("=" * 60):]
+        self.assertIn("traceback : last 7 lines of output:" + shown([f"line {i}" for i in range(6)] + ["bad input"]),
+                      summary)
+        # On two files, stderr's own.
+        res = self.run_ddprun(["--nproc-per-node", "1", self.write_script(ALTERNATING), "6", "bad input"])
+        self.assertEqual(res.rc, 1, res)
+        self.assertIn("traceback : last 4 lines of stderr:" + shown(["line 1", "line 3", "line 5", "bad input"]),
+                      res.stderr)
+
+    def test_log_files_still_get_one_stream_each(self):
+        log_dir = self.path("logs")
+        rc, text = self.run_on_one_console(["--nproc-per-node", "1", "--log-dir", log_dir, "--tee", "3",
+                                            self.write_script(ALTERNATING), "10"])
+        self.assertEqual(rc, 0, text)
+        out, = glob.glob(os.path.join(log_dir, "*", "attempt_0", "0", "stdout.log"))
+        err, = glob.glob(os.path.join(log_dir, "*", "attempt_0", "0", "stderr.log"))
+        self.assertEqual(read_text(out), "".join(f"line {i}\n" for i in range(0, 10, 2)))
+        self.assertEqual(read_text(err), "".join(f"line {i}\n" for i in range(1, 10, 2)))
+        self.assertEqual(sorted(self.ranks_lines(text)[0]), list(range(10)))
+
+    def write_script(self, text):
+        path = self.path("alternating.py")
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

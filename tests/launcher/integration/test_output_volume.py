@@ -98,10 +98,12 @@ class VolumeTest(DdprunTestCase):
         """`ddprun ... 2>&1 | tee log`: one pipe behind both of ddprun's streams, read slowly
         so that it fills. Lines of stdout and of stderr never tear each other. Before, each
         stream had a writer thread of its own whose writevs (up to 64 chunks, far over the
-        pipe's 4 KiB of atomic writes) interleaved: thousands of torn lines."""
+        pipe's 4 KiB of atomic writes) interleaved: thousands of torn lines. (--tee keeps a
+        pipe per worker stream; without it one pipe takes both, and a worker that writes
+        parts of lines to both, as this one does, mixes them itself: OneConsoleTest.)"""
         n = 20_000
-        p = self.start(["--nproc-per-node", "2", worker("flood.py"), str(n)], stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT)
+        p = self.start(["--nproc-per-node", "2", "--log-dir", self.path("logs"), "--tee", "3", worker("flood.py"),
+                        str(n)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         chunks, t0 = [], time.monotonic()
         while True:
             b = p.stdout.read1(16384)

@@ -720,7 +720,7 @@ with open(os.path.join(os.environ["OUT"], "big_" + os.environ["TORCHELASTIC_REST
         p = self.start(["--standalone", "--nproc-per-node", "2", "--preload", "json", script], env=self.env())
         self.wait_for_files([self.path("ready_0"), self.path("ready_1")])
         p.send_signal(signal.SIGTERM)
-        self.assertEqual(p.wait(timeout=scaled(30)), 143)
+        self.assertEqual(self.wait_exit(p, 30), 143)
         self.assertTrue(os.path.exists(self.path("term_0")) and os.path.exists(self.path("term_1")))
 
     # -- refused, with a clear error
