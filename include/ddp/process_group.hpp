@@ -184,7 +184,8 @@ class ProcessGroup {
   // Called once when a collective throws: tell peers (best effort) and release resources
   // that would make them wait. Must not throw.
   virtual void on_failure(const std::string& /*reason*/) noexcept {}
-  // The timeout of the collective in progress (what its timeout message names).
+  // The timeout of the collective in progress (what its timeout message names); the
+  // group's until the first collective (init_process_group's wait).
   std::chrono::milliseconds op_timeout() const { return op_timeout_; }
 
  private:
@@ -196,7 +197,7 @@ class ProcessGroup {
   int size_;
   Backend backend_;
   std::chrono::milliseconds timeout_;
-  std::chrono::milliseconds op_timeout_{0};
+  std::chrono::milliseconds op_timeout_;
   std::string failure_;
   std::atomic<bool> busy_{false};  // a call is in progress (one thread at a time)
 };

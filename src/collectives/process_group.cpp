@@ -42,7 +42,7 @@ std::string_view reduce_op_name(ReduceOp op) {
 }
 
 ProcessGroup::ProcessGroup(int rank, int size, Backend backend, std::chrono::milliseconds timeout)
-    : rank_(rank), size_(size), backend_(backend), timeout_(timeout) {}
+    : rank_(rank), size_(size), backend_(backend), timeout_(timeout), op_timeout_(timeout) {}
 
 ProcessGroup::~ProcessGroup() = default;
 

@@ -619,9 +619,7 @@ class CpuGroup final : public GroupBase {
       return;
     }
     if (now >= deadline)
-      throw TimeoutError(fmt::format(
-          "timed out after {} {}",
-          format_duration(op_timeout().count() ? op_timeout() : opts_.timeout), describe()));
+      throw TimeoutError(fmt::format("timed out after {} {}", format_duration(op_timeout()), describe()));
     if (now >= w.next_check) {
       if (seg_) {
         check_peers();
