@@ -469,6 +469,41 @@ void small_dev_shm(const char* size, const GroupConfig& c, int hosts_without_shm
   EXPECT_TRUE(contains(out, "--shm-size")) << out;
 }
 
+// A rank that destroys its group while a peer waits in a collective (it ran out of batches
+// first, say, and goes on with other work): the peer is told at once, naming it, not at its
+// timeout.
+void destroyed_peer(ddp::Transport t, size_t count) {
+  GroupConfig c;
+  c.transport = t;
+  std::string err0;
+  double waited = 0;
+  auto errors = run_ranks(c, [&](ddp::ProcessGroup& pg) {
+    if (pg.rank() == 1) {
+      std::this_thread::sleep_for(100ms);  // rank 0 waits in its call by then
+      return;                              // the group is destroyed as this returns
+    }
+    std::vector<float> v(count, 1.0f);
+    auto t0 = Clock::now();
+    try {
+      pg.all_reduce(std::span<float>(v), {.timeout = scaled(60s)});
+      err0 = "no error";
+    } catch (const ddp::CollectiveError& e) {
+      err0 = e.what();
+    } catch (const std::exception& e) {
+      err0 = std::string("not a CollectiveError: ") + e.what();
+    }
+    waited = std::chrono::duration<double>(Clock::now() - t0).count();
+  });
+  expect_no_errors(errors);
+  EXPECT_TRUE(contains(err0, "all_reduce")) << err0;
+  EXPECT_TRUE(contains(err0, "rank 1 destroyed its process group after 0 collective(s) where this rank is at #1")) << err0;
+  EXPECT_LT(waited, scaled_seconds(5)) << err0;  // told at once, not at the 60 s timeout
+}
+
+TEST(CollectiveFailures, DestroyedPeerShmFlat) { destroyed_peer(ddp::Transport::kAuto, 16); }
+TEST(CollectiveFailures, DestroyedPeerShmRing) { destroyed_peer(ddp::Transport::kAuto, 1 << 20); }
+TEST(CollectiveFailures, DestroyedPeerTcp) { destroyed_peer(ddp::Transport::kTcp, 1 << 20); }
+
 // 4 ranks with the default 2 MiB rings need 8.5 MiB (13.5 MiB with the slice areas, when
 // ranks outnumber the CPUs): the flat, slice and ring paths all become the TCP ring.
 TEST(CollectiveFailures, SmallDevShmFallsBackToTcp) {

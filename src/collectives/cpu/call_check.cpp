@@ -62,6 +62,10 @@ std::string call_mismatch(int peer, const CallDesc& theirs, const CallDesc& mine
   constexpr const char* kRule =
       "every rank must make the same collective calls on a group, with the same count, dtype, op and root, in the "
       "same order";
+  if (theirs.kind == CallDesc::kLeftGroup)
+    return fmt::format("rank {} destroyed its process group after {} collective(s) where this rank is at #{}, {}: a "
+                       "rank made fewer collective calls than the others ({})",
+                       peer, theirs.seq - 1, mine.seq, mine.describe(), kRule);
   if (theirs.seq != mine.seq)
     return fmt::format("rank {} is at its collective #{} of this group, {}, where this rank is at #{}, {}: a rank "
                        "skipped a collective or made one more ({})",

@@ -31,6 +31,11 @@ struct CallDesc {
   int32_t root = -1;  // broadcast
   uint64_t count = 0;
 
+  // What a rank that destroyed its group after `calls` collectives sends in place of the
+  // next call's header (kind kLeftGroup).
+  static constexpr uint8_t kLeftGroup = 0xff;
+  static CallDesc left(uint64_t calls) { return CallDesc{calls + 1, kLeftGroup, 0, 0, -1, 0}; }
+
   bool operator==(const CallDesc&) const = default;
   std::array<uint64_t, 3> words() const;
   static CallDesc from_words(const std::array<uint64_t, 3>& w);

@@ -129,6 +129,7 @@ class CpuGroup final : public GroupBase {
   }
 
   ~CpuGroup() override {
+    leave();
     for (auto& p : peers_)
       if (p.pidfd >= 0) close(p.pidfd);
   }
@@ -280,6 +281,7 @@ class CpuGroup final : public GroupBase {
     int idle = 0;  // attempts without progress
     TimePoint idle_since{};
     TimePoint next_check{};
+    bool saw_gone = false;  // a peer exited or left: the next check that finds it so throws
   };
 
   int mod(int x) const { return ((x % size()) + size()) % size(); }
@@ -532,9 +534,29 @@ class CpuGroup final : public GroupBase {
     return out;
   }
 
-  void fail_locally() noexcept {
+  // Destroyed between two collectives: a peer still waiting for a call (it made more) is told
+  // at once, not at its timeout: on this host through this rank's record, over TCP by a
+  // header in place of the next call's (left_ closes with the group; its sender learns from
+  // the ring's other peers, or the link).
+  void leave() noexcept {
+    if (size() == 1 || failed_) return;
     if (seg_ && my_local_ >= 0) {
-      seg_->rank(my_local_).aborted.store(1);
+      RankCtl& me = seg_->rank(my_local_);
+      me.left_after.store(calls_, std::memory_order_relaxed);
+      me.aborted.store(kRankLeft, std::memory_order_release);
+      for (int i = 0; i < seg_->nlocal(); ++i) ring_bell(seg_->rank(i).bell);
+    }
+    if (right_ && right_->fd() >= 0) {
+      CallHeader h;
+      h.words = CallDesc::left(calls_).words();
+      right_->leave(reinterpret_cast<const uint8_t*>(&h), sizeof h);
+    }
+  }
+
+  void fail_locally() noexcept {
+    failed_ = true;
+    if (seg_ && my_local_ >= 0) {
+      seg_->rank(my_local_).aborted.store(kRankFailed);
       for (int i = 0; i < seg_->nlocal(); ++i) ring_bell(seg_->rank(i).bell);
     }
     if (right_) right_->shutdown();
@@ -571,7 +593,23 @@ class CpuGroup final : public GroupBase {
   }
 
   // Dead peers first (the root cause), then peers that gave up because of something else.
-  void check_peers() {
+  // A peer that exited or destroyed its group ends the wait only if the attempt after this
+  // rank saw it made no progress: it may have left what this rank waits for just before.
+  void check_peers(Waiter& w) {
+    std::string gone = gone_peer();
+    if (!gone.empty()) {
+      if (w.saw_gone) throw CollectiveError(gone);
+      w.saw_gone = true;
+      w.next_check = {};
+      return;
+    }
+    for (auto& p : peers_)
+      if (seg_->rank(p.local).aborted.load(std::memory_order_acquire) == kRankFailed)
+        throw CollectiveError(fmt::format("peer rank {} (this host) failed", p.rank));
+  }
+
+  // The first local peer that exited, or destroyed its group (""; none).
+  std::string gone_peer() {
     const pid_t self = getpid();
     for (auto& p : peers_) {
       RankCtl& c = seg_->rank(p.local);
@@ -587,12 +625,14 @@ class CpuGroup final : public GroupBase {
       } else {
         dead = kill(p.pid, 0) != 0 && errno == ESRCH;
       }
-      if (dead)
-        throw CollectiveError(fmt::format("peer rank {} (pid {}, this host) exited", p.rank, p.pid));
+      if (dead) return fmt::format("peer rank {} (pid {}, this host) exited", p.rank, p.pid);
     }
-    for (auto& p : peers_)
-      if (seg_->rank(p.local).aborted.load(std::memory_order_acquire))
-        throw CollectiveError(fmt::format("peer rank {} (this host) failed", p.rank));
+    for (auto& p : peers_) {
+      const RankCtl& c = seg_->rank(p.local);
+      if (c.aborted.load(std::memory_order_acquire) == kRankLeft)
+        return call_mismatch(p.rank, CallDesc::left(c.left_after.load(std::memory_order_relaxed)), call_);
+    }
+    return "";
   }
 
   uint32_t bell_ticket() const {
@@ -622,7 +662,7 @@ class CpuGroup final : public GroupBase {
       throw TimeoutError(fmt::format("timed out after {} {}", format_duration(op_timeout()), describe()));
     if (now >= w.next_check) {
       if (seg_) {
-        check_peers();
+        check_peers(w);
         check_waiting_calls(recv);  // e.g. a peer whose call took another algorithm waits for this rank elsewhere
       }
       // Waiting means what is buffered cannot make progress: at EOF it never will.
@@ -935,7 +975,7 @@ class CpuGroup final : public GroupBase {
         flat_waiting_k_ = 0;
         // A peer may have posted and then given up (e.g. timed out): do not use its data.
         for (auto& p : peers_)
-          if (seg_->rank(p.local).aborted.load(std::memory_order_acquire))
+          if (seg_->rank(p.local).aborted.load(std::memory_order_acquire) == kRankFailed)
             throw CollectiveError(fmt::format("peer rank {} (this host) failed", p.rank));
         check_flat_headers(k);
         return;
@@ -1016,6 +1056,7 @@ class CpuGroup final : public GroupBase {
   size_t out_prefix_ = sizeof(CallHeader), in_prefix_ = sizeof(CallHeader);  // header + padding
   std::array<uint8_t, CallHeader::kPaddedBytes> header_prefix_{};  // zeros after the header
   bool published_ = false;     // this call is in this rank's RankCtl::call
+  bool failed_ = false;        // fail_locally ran: the group ends without leave()
   uint32_t flat_waiting_k_ = 0;  // the flat exchange this rank waits in, 0: none
   std::vector<uint8_t> tmp_[2];
 };

@@ -34,6 +34,11 @@ class Link {
   virtual int fd() const { return -1; }
   // Makes the peer see end-of-stream at once (used when this rank fails).
   virtual void shutdown() noexcept {}
+  // This rank destroys its group between two collectives: the n bytes at p (a CallHeader
+  // that says so) go to the peer if they fit at once, so that a peer still waiting for a
+  // call reads why none comes. What the peer sent is read first (a close over unread bytes
+  // would reset the connection, and the peer could lose the header).
+  virtual void leave(const uint8_t* /*p*/, size_t /*n*/) noexcept {}
   // True once the peer closed the stream (what is buffered can still be read).
   virtual bool at_eof() const { return false; }
   // Called when this rank waits on a stream at EOF: what is buffered (if anything) cannot

@@ -23,7 +23,7 @@
 namespace ddp::detail {
 namespace {
 
-constexpr uint64_t kMagic = 0x6464702d73686d33ull;  // "ddp-shm3"
+constexpr uint64_t kMagic = 0x6464702d73686d34ull;  // "ddp-shm4"
 
 struct Header {
   uint64_t magic;

@@ -23,9 +23,14 @@ struct alignas(64) Bell {
   std::atomic<uint32_t> sleepers{0};
 };
 
+// RankCtl::aborted: the rank failed (a peer must not use what it wrote since), or it destroyed
+// its group between two collectives (what it wrote holds; it writes nothing more).
+inline constexpr uint32_t kRankFailed = 1, kRankLeft = 2;
+
 struct alignas(64) RankCtl {
   std::atomic<int32_t> pid{0};
-  std::atomic<uint32_t> aborted{0};
+  std::atomic<uint32_t> aborted{0};     // kRankFailed, kRankLeft (0: in the group)
+  std::atomic<uint64_t> left_after{0};  // with kRankLeft: the collectives it made
   alignas(64) Bell bell;
   alignas(64) std::atomic<uint32_t> flat_posted{0};
   // The collective this rank waits in (CallDesc in call_check.hpp, as words), written when

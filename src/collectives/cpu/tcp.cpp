@@ -303,4 +303,13 @@ void TcpLink::shutdown() noexcept {
   if (fd_.get() >= 0) ::shutdown(fd_.get(), SHUT_RDWR);
 }
 
+void TcpLink::leave(const uint8_t* p, size_t n) noexcept {
+  const int fd = fd_.get();
+  if (fd < 0) return;
+  uint8_t sink[64 << 10];
+  for (int i = 0; i < 64 && ::recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
+  }
+  (void)::send(fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
 }  // namespace ddp::detail

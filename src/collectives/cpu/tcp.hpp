@@ -54,6 +54,7 @@ class TcpLink : public Link {
   void consume(size_t n) override;
   int fd() const override { return fd_.get(); }
   void shutdown() noexcept override;
+  void leave(const uint8_t* p, size_t n) noexcept override;
   bool at_eof() const override { return eof_; }
   [[noreturn]] void fail_at_eof() override;
   void end_message() override { msg_sent_ = 0; }
