@@ -103,6 +103,9 @@ class StreamForwarder {
   void finish(std::chrono::system_clock::time_point now);
   bool has_partial() const { return !partial_.empty(); }
   std::chrono::steady_clock::time_point last_data() const { return last_data_; }
+  // Read again after a pause (its console was behind): the worker was blocked, not idle, so
+  // an unfinished line waits kIdleFlush from now for its rest.
+  void resumed() { last_data_ = std::chrono::steady_clock::now(); }
   const std::deque<std::string>& tail() const { return tail_; }
   uint64_t lines() const { return lines_; }
   bool console_full() const { return cfg_.console && cfg_.console->writer->full(); }

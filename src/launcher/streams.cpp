@@ -123,6 +123,7 @@ void WorkerStreams::resume_paused() {
   for (auto& s : streams_) {
     if (s->fd < 0 || !s->paused || s->fwd->console_full()) continue;
     s->paused = false;
+    s->fwd->resumed();
     watch(epfd_, s->fd, s.get());
   }
 }
@@ -131,7 +132,9 @@ WorkerStreams::Clock::time_point WorkerStreams::flush_idle(Clock::time_point lim
   const auto now = Clock::now();
   auto next = limit;
   for (auto& s : streams_) {
-    if (s->fd < 0 || !s->fwd->has_partial()) continue;
+    // A paused stream is not idle: ddprun stopped reading it (its console is behind), and
+    // the rest of its line may be waiting in the pipe.
+    if (s->fd < 0 || s->paused || !s->fwd->has_partial()) continue;
     const auto due = s->fwd->last_data() + StreamForwarder::kIdleFlush;
     if (now >= due) s->fwd->flush_partial(std::chrono::system_clock::now());
     else next = std::min(next, due);

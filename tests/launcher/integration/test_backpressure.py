@@ -2,6 +2,7 @@
 memory stays bounded (< 50 MB peak RSS) while its workers write 200 MB."""
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -43,6 +44,25 @@ class BackPressureTest(DdprunTestCase):
         self.assertEqual(result["rest"], 0)
         self.assertGreater(peak_kb, 0, "could not read ddprun's VmHWM")
         self.assertLess(peak_kb, 50 * 1024, f"ddprun's peak RSS was {peak_kb} kB")
+
+
+    def test_lines_written_in_parts_stay_whole_while_the_console_stalls(self):
+        """`print(text, i)` under `python -u` writes a line in parts: while ddprun stops reading
+        (its console is behind), the part in its buffer must wait for the rest, not go out
+        as an idle line's (it did after 100 ms: one line in two, far apart)."""
+        n = 30_000
+        script = self.path("parts.py")
+        with open(script, "w") as f:
+            f.write(f"for i in range({n}):\n    print('x' * 200, i)\n")
+        p = self.start(["--nproc-per-node", "2", script], stdout=subprocess.PIPE)
+        time.sleep(2)  # a console that stalls: ddprun's bound fills, the workers block
+        out = p.stdout.read()
+        self.assertEqual(self.wait_exit(p, 60), 0, read_text(self.path("ddprun.stderr")))
+        lines = out.decode().splitlines()
+        bad = [line[:60] for line in lines if not re.fullmatch(r"\[rank[01]\]:x{200} \d+", line)]
+        self.assertEqual(bad[:5], [], f"{len(bad)} lines not whole")
+        for r in range(2):
+            self.assertEqual([int(line.split()[-1]) for line in lines if line.startswith(f"[rank{r}]")], list(range(n)))
 
 
 if __name__ == "__main__":
