@@ -187,12 +187,14 @@ bool write_summary_json(const std::string& path, const JobOutcome& o, const std:
     json j = {{"attempt", w.attempt},       {"rank", w.rank},
               {"local_rank", w.local_rank}, {"host", w.host},
               {"pid", w.pid},               {"state", state_name(w.state)},
-              {"exit_code", w.exit_code},   {"signal", w.signal ? json(signal_name(w.signal)) : json(nullptr)},
+              // -N when signal N ended it (the failure summary's exitcode, torchrun's): never 0
+              {"exit_code", w.torch_exit_code()},
+              {"signal", w.signal ? json(signal_name(w.signal)) : json(nullptr)},
               {"stopped_by_ddprun", w.stopped_by_ddprun},
               {"start", epoch_seconds(w.start)}, {"end", epoch_seconds(w.end)},
               {"duration_s", std::chrono::duration<double>(w.end - w.start).count()}};
     if (w.round >= 0) j["round"] = w.round;
-    if (!w.error_file.empty()) j["error_file"] = w.error_file;
+    if (!w.error_file.empty() && access(w.error_file.c_str(), F_OK) == 0) j["error_file"] = w.error_file;  // (written)
     if (w.failed()) j["traceback"] = traceback_of(w);
     return j;
   };

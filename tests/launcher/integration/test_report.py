@@ -143,6 +143,23 @@ class SummaryJsonTest(DdprunTestCase):
         self.assertEqual(j["signal"], "SIGTERM")
         self.assertEqual(j["exit_code"], 143)
 
+    def test_a_worker_killed_by_a_signal_has_no_exit_code_0(self):
+        """Its record says -9 for SIGKILL (the failure summary's exitcode, torchrun's); a
+        scheduler that reads exit_code == 0 as success must not count it. error_file is
+        there only where the worker wrote one."""
+        path = self.path("summary.json")
+        script = self.path("rank1_killed.sh")  # (in a file: ddprun's arguments take `$$` as `$`, as torchrun's)
+        with open(script, "w") as f:
+            f.write('if [ "$RANK" = 1 ]; then kill -KILL $$; fi; sleep 30\n')
+        res = self.run_ddprun(["--nproc-per-node", "2", "--summary-json", path, "--no-python", "sh", script])
+        self.assertEqual(res.rc, 137, res)
+        self.assertIn("exitcode  : -9 (pid: ", res.stderr)
+        ws = {w["rank"]: w for w in self.load_json(path)["workers"]}
+        self.assertEqual((ws[1]["state"], ws[1]["exit_code"], ws[1]["signal"]), ("failed", -9, "SIGKILL"), ws[1])
+        self.assertEqual((ws[0]["state"], ws[0]["exit_code"], ws[0]["signal"]), ("stopped", -15, "SIGTERM"), ws[0])
+        self.assertNotIn("error_file", ws[0])
+        self.assertNotIn("error_file", ws[1])
+
     def test_summary_json_folders_are_made(self):
         path = self.path("new", "deeper", "summary.json")
         res = self.run_ddprun(["--summary-json", path, "--no-python", "/bin/true"])
