@@ -731,7 +731,7 @@ def _path0(module, script):
 def _script_path(script):
     """The script's absolute path, as Python has it: a relative one from the folder this process
     started in (a preloaded module may have changed the working folder since)."""
-    return os.path.abspath(os.path.join(_START[0], script))
+    return os.path.join(_START[0], script)  # not tidied as text: `lnk/../x.py` is the kernel's to resolve
 
 
 def _runs_as_entry(path):

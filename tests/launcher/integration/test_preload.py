@@ -551,6 +551,21 @@ with open(os.path.join(os.environ["OUT"], "big_" + os.environ["TORCHELASTIC_REST
         self.assertTrue(warm[1]["pgid_is_pid"])
         self.assertTrue(warm[1]["sid_is_pid"])
 
+    def test_a_script_path_is_opened_as_python_opens_it(self):
+        """`lnk/../x.py` with lnk a symlink to real/deep is real/x.py to the kernel and to
+        Python, and __file__ keeps the path as given (`./x.py` too); the warm process tidied
+        it as text: another file (the one beside lnk), or none."""
+        os.makedirs(self.path("real", "deep"))
+        os.symlink(self.path("real", "deep"), self.path("lnk"))
+        self.write(os.path.join("real", "x.py"), VIEW)
+        self.write("x.py", "raise SystemExit('the wrong x.py ran')\n")
+        self.write("view.py", VIEW)
+        env = self.env()
+        for script in ("lnk/../x.py", "./view.py"):
+            cold, warm = self.view(None, env, script), self.view("json", env, script)
+            self.assertEqual(cold, warm, script)
+            self.assertEqual(warm[0]["file"], os.path.join(self.tmp, script))
+
     def test_a_worker_sees_what_python_u_m_module_shows(self):
         self.write(os.path.join("mods", "view_mod.py"), VIEW)
         env = self.env()
