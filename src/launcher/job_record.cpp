@@ -32,7 +32,7 @@ void JobRecord::end(int restarts) {
   outcome_.end = SysClock::now();
 }
 
-void JobRecord::report(const Ending& e, const std::string& run_id) {
+void JobRecord::report(const Ending& e, const std::string& run_id, const ShowText& show) {
   JobEnd end;
   end.signal = e.signals.got();
   if (e.root) {
@@ -45,7 +45,7 @@ void JobRecord::report(const Ending& e, const std::string& run_id) {
     end.remote = e.remote->describe();
     end.remote_node_only = e.remote->node_only();
   }
-  conclude(outcome_, end, o_.script);
+  conclude(outcome_, end, o_.script, show);
   // A scheduler that reads the summary must not take a missing one for a success: ddprun's
   // own failure, exit 1 (as any error of ddprun's that is not a usage error).
   if (!o_.summary_json.empty() && !write_summary_json(o_.summary_json, outcome_, run_id) && outcome_.exit_code == 0)

@@ -34,8 +34,9 @@ class JobRecord {
   // After each attempt: its workers (with the attempt's number in each).
   void keep(const std::vector<WorkerResult>& workers, int attempt);
   void end(int restarts);
-  // The summary (exit status, root cause, the report's lines) and --summary-json.
-  void report(const Ending& e, const std::string& run_id);
+  // The summary (exit status, root cause, the report's lines, through `show`) and
+  // --summary-json.
+  void report(const Ending& e, const std::string& run_id, const ShowText& show);
   // The goodbye to the rendezvous.
   void leave(const Ending& e);
   const JobOutcome& outcome() const { return outcome_; }

@@ -231,11 +231,7 @@ bool write_summary_json(const std::string& path, const JobOutcome& o, const std:
   return false;
 }
 
-void conclude(JobOutcome& outcome, const JobEnd& e, const std::string& script) {
-  auto show = [](const std::string& text) {
-    ssize_t r = write(2, text.data(), text.size());
-    (void)r;
-  };
+void conclude(JobOutcome& outcome, const JobEnd& e, const std::string& script, const ShowText& show) {
   outcome.status = "failed";
   if (e.signal) {
     outcome.status = "signaled";

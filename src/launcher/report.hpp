@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -93,8 +94,10 @@ struct JobEnd {
 };
 
 // Fills outcome's status, exit code and root cause, and shows what ended the job: torchrun's
-// summary and error file for a root cause, the hang report, or one error line.
-void conclude(JobOutcome& outcome, const JobEnd& end, const std::string& script);
+// summary (through `show`) and error file for a root cause, the hang report (`show`), or one
+// error line (spdlog).
+using ShowText = std::function<void(const std::string&)>;
+void conclude(JobOutcome& outcome, const JobEnd& end, const std::string& script, const ShowText& show);
 
 std::string format_time(std::chrono::system_clock::time_point t);  // 2026-11-29_22:18:21
 

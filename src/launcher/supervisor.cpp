@@ -385,16 +385,25 @@ class AttemptSupervisor {
 
  private:
   // The attempt is over once every worker has exited and every stream drained; 5 s after
-  // the last exit, streams still open are closed, unless one is paused on a full console.
-  // The first time no worker lives, what they left behind is killed.
+  // the last exit, streams still open are closed, unless one is paused on a full console
+  // (a reader that pauses loses nothing), but not when a signal stops ddprun: a stalled
+  // console must not keep the summary, the other nodes' news and ddprun's exit waiting for
+  // it. The first time no worker lives, what they left behind is killed.
   bool over() {
     const int live = workers_.live();
     if (live == 0 && !drain_deadline_) {
       workers_.kill_leftovers();
       drain_deadline_ = Clock::now() + std::chrono::seconds(5);
     }
-    if (live == 0 && output_.streams().open_count() == 0) return true;
-    return live == 0 && Clock::now() >= *drain_deadline_ && !output_.streams().close_unpaused();
+    if (live > 0) return false;
+    if (output_.streams().open_count() == 0) return true;
+    if (Clock::now() < *drain_deadline_) return false;
+    if (!output_.streams().close_unpaused()) return true;  // (none was paused)
+    if (!signals_.got()) return false;
+    spdlog::warn("stopping on {}: the console is behind, and what the workers wrote that it did not take is "
+                 "dropped", signal_name(signals_.got()));
+    output_.streams().close_all();
+    return true;
   }
 
   // The next deadline: the SIGKILL escalation, the drain, the hang check, an unfinished
@@ -897,11 +906,13 @@ struct Supervisor::Impl {
     guardian.disarm();
     while (waitpid(-1, nullptr, WNOHANG) > 0) {
     }
+    // The summary (queued behind the workers' output; its file written at once) and the other
+    // nodes' news before the wait for the consoles, which a stalled reader can make long.
+    const JobRecord::Ending e{signals, attempts.root(), workers.all(), stacks, attempts.remote_end(), stop_reason};
+    record.report(e, job.plan.run_id, [this](const std::string& text) { output.err().push_line(std::string(text)); });
+    record.leave(e);
     route_logging_through(nullptr);
     output.flush();
-    const JobRecord::Ending e{signals, attempts.root(), workers.all(), stacks, attempts.remote_end(), stop_reason};
-    record.report(e, job.plan.run_id);
-    record.leave(e);
     if (!tmp_root.empty() && record.outcome().status == "succeeded" && !o.redirects.any() && !o.tee.any()) {
       std::error_code ec;
       fs::remove_all(tmp_root, ec);

@@ -3,6 +3,7 @@ memory stays bounded (< 50 MB peak RSS) while its workers write 200 MB."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -63,6 +64,23 @@ class BackPressureTest(DdprunTestCase):
         self.assertEqual(bad[:5], [], f"{len(bad)} lines not whole")
         for r in range(2):
             self.assertEqual([int(line.split()[-1]) for line in lines if line.startswith(f"[rank{r}]")], list(range(n)))
+
+
+    def test_a_stop_signal_does_not_wait_for_a_stalled_console(self):
+        """SIGTERM while ddprun's stdout is a pipe nobody reads: the workers stop, and the
+        summary is written (and the other nodes told) without waiting for the reader; what
+        the console did not take is dropped, with a warning. It waited until the reader read
+        (without --summary-json written, even once the scheduler's SIGKILL came)."""
+        summary = self.path("summary.json")
+        p = self.start(["--nproc-per-node", "2", "--summary-json", summary, worker("bulk.py"), "50"],
+                       stdout=subprocess.PIPE)
+        time.sleep(2)  # the pipe and ddprun's bound fill; the workers block
+        p.send_signal(signal.SIGTERM)
+        self.wait_for_files([summary], timeout=20)
+        self.assertEqual(self.load_json(summary)["reason"], "signal")
+        p.stdout.read()  # the reader comes back: ddprun ends
+        self.assertEqual(self.wait_exit(p, 30), 143)
+        self.assertIn("stopping on SIGTERM: the console is behind", read_text(self.path("ddprun.stderr")))
 
 
 if __name__ == "__main__":
