@@ -98,6 +98,11 @@ std::pair<int, int> ephemeral_ports() {
 }
 
 // "pid 1234 (python3)" for the process listening on a TCP port, if this user can see it.
+std::string held_by(int port) {
+  const std::string holder = who_listens(port);
+  return holder.empty() ? "" : " by " + holder;
+}
+
 std::string who_listens(int port) {
   std::set<std::string> inodes;
   for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {

@@ -10,6 +10,8 @@ namespace ddprun {
 
 // "pid 1234 (python3)" for the process listening on a TCP port, if this user can see it.
 std::string who_listens(int port);
+// " by pid N (name)" for a message about port, "" when who_listens finds nobody.
+std::string held_by(int port);
 
 // Whether something accepts TCP connections at host:port (any of its addresses): a
 // connection completed, or one left pending by a full accept queue; false when refused.

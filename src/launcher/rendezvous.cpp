@@ -28,15 +28,15 @@ std::unique_ptr<ddp::detail::StoreServer> host_master_store(const Options& o) {
     server = std::make_unique<ddp::detail::StoreServer>(so);
   } catch (const ddp::SystemError& e) {
     if (e.code() != EADDRINUSE) throw;
-    std::string holder = who_listens(port);
+    const std::string holder = held_by(port);
     if (auto ep = o.given.find("rdzv-endpoint"); ep != o.given.end() && !o.rdzv_endpoint.empty())
       throw ddp::Error(fmt::format("{} {}: the port {} is already in use{}; give the endpoint another port, or use "
                                    "--standalone to pick a free one",
-                                   ep->second, o.rdzv_endpoint, port, holder.empty() ? "" : " by " + holder));
+                                   ep->second, o.rdzv_endpoint, port, holder));
     throw ddp::Error(fmt::format(
         "--master-port {}: the port is already in use{}; choose another with --master-port (or "
         "PET_MASTER_PORT), or use --standalone to pick a free one",
-        port, holder.empty() ? "" : " by " + holder));
+        port, holder));
   }
   server->start();
   return server;

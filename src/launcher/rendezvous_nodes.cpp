@@ -164,7 +164,10 @@ class NodeRendezvous : public Rendezvous {
   bool host_store(bool inferred, const std::string& why);
   void bind_store(const ddp::detail::StoreServerOptions& so, bool inferred);
   std::string blocked_port_text(int port) const;
-  std::unique_ptr<rdzv::StoreBackend> connect(bool hosting, const std::string& why);
+  // hosting: this node hosts the store. Else `why` says why this node would host it or not,
+  // and taken whether it tried but found the port in use: the hint when the store cannot be
+  // reached.
+  std::unique_ptr<rdzv::StoreBackend> connect(bool hosting, const std::string& why, bool taken = false);
   // connect_host empty: no address to publish (static: the workers' store is node 0's).
   rdzv::NodeDesc describe_me(const std::string& connect_host, int port) const;
   rdzv::DynamicConfig config(bool hosting) const;
@@ -328,10 +331,9 @@ bool NodeRendezvous::host_store(bool inferred, const std::string& why) {
   } catch (const ddp::SystemError& e) {
     if (e.code() != EADDRINUSE) throw;
     if (!inferred) {
-      std::string holder = who_listens(o_.rdzv_port);
       throw ddp::Error(fmt::format("--rdzv-endpoint {}: cannot host the rendezvous store (--rdzv-conf is_host=1): port "
                                    "{} is already in use{}; choose another port",
-                                   o_.rdzv_endpoint, o_.rdzv_port, holder.empty() ? "" : " by " + holder));
+                                   o_.rdzv_endpoint, o_.rdzv_port, held_by(o_.rdzv_port)));
     }
     // Not who_listens(): it reads every process's descriptors, and with many agents on one
     // machine (all but the first land here) that scan was most of a start.
@@ -377,7 +379,7 @@ static ddp::TcpStore::ConnectRetry still_connecting(std::string store, std::stri
   };
 }
 
-std::unique_ptr<rdzv::StoreBackend> NodeRendezvous::connect(bool hosting, const std::string& why) {
+std::unique_ptr<rdzv::StoreBackend> NodeRendezvous::connect(bool hosting, const std::string& why, bool taken) {
   rdzv::StoreBackendOptions bo;
   bo.host = hosting ? "127.0.0.1" : o_.rdzv_host;
   bo.port = static_cast<uint16_t>(port_);
@@ -395,9 +397,15 @@ std::unique_ptr<rdzv::StoreBackend> NodeRendezvous::connect(bool hosting, const 
     if (hosting) throw;
     throw ddp::NetworkError(fmt::format(
         "rendezvous: cannot reach the c10d store at {} (--rdzv-endpoint) within read_timeout {} (--rdzv-conf "
-        "read_timeout=SECONDS): {}; this node did not host it because {}: start the node that hosts it (or give it "
-        "--rdzv-conf is_host=1), or run ddp-store-server there",
-        endpoint_text(o_.rdzv_host, port_), ddp::format_duration(bo.connect_timeout), e.what(), why));
+        "read_timeout=SECONDS): {}; {}",
+        endpoint_text(o_.rdzv_host, port_), ddp::format_duration(bo.connect_timeout), e.what(),
+        taken ? fmt::format("this node should host it ({}), but port {} here is in use{}, and what holds it does not "
+                            "answer as a rendezvous store: if that is not an agent of this job, stop it or choose "
+                            "another port",
+                            why, port_, held_by(port_))
+              : fmt::format("this node did not host it because {}: start the node that hosts it (or give it "
+                            "--rdzv-conf is_host=1), or run ddp-store-server there",
+                            why)));
   }
 }
 
@@ -469,9 +477,12 @@ std::unique_ptr<rdzv::Backend> NodeRendezvous::open_c10d(bool& hosting) {
     throw ddp::UsageError(fmt::format("--rdzv-endpoint {}: port 0 picks a free port for the store this node "
                                       "hosts, but {}: name this machine (localhost:0)",
                                       o_.rdzv_endpoint, why));
-  if (hosting) hosting = host_store(!o_.rdzv_conf.is_host.has_value(), why);
-  else spdlog::info("rendezvous: joining the c10d store at {} (not hosting it: {})", endpoint_text(o_.rdzv_host, port_), why);
-  return connect(hosting, why);
+  if (hosting) {
+    hosting = host_store(!o_.rdzv_conf.is_host.has_value(), why);
+    return connect(hosting, why, !hosting);
+  }
+  spdlog::info("rendezvous: joining the c10d store at {} (not hosting it: {})", endpoint_text(o_.rdzv_host, port_), why);
+  return connect(false, why);
 }
 
 // etcd: nobody hosts the rendezvous. The node lease is keep_alive_interval x

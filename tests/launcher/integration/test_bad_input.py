@@ -163,6 +163,27 @@ class PortInUseTest(DdprunTestCase):
                     self.assertEqual(len(res.stderr.splitlines()), 1, res)
                     self.assertFalse(os.path.exists(self.path("marker")), "a worker was started")
 
+    def test_a_c10d_endpoint_port_held_by_another_program_is_named(self):
+        """The endpoint is this machine's, so this node hosts the store; its port is taken by
+        a program that accepts connections and never answers. The node joins it as a client
+        (another agent of the job hosts it, as a rule), and when no answer comes it names the
+        holder: before, it said it had not hosted the store *because* the endpoint is loopback
+        and to start the node that hosts it."""
+        port = free_port()
+        with socket.socket() as held:
+            held.bind(("0.0.0.0", port))
+            held.listen()
+            res = self.run_ddprun(["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                                   "--rdzv-id", "x", "--rdzv-conf", "read_timeout=2", worker("marker.py"),
+                                   self.path("marker")])
+        self.assertEqual(res.rc, 1, res)
+        self.assertIn(f"this node should host it ('127.0.0.1' is this machine's loopback), but port {port} here is in "
+                      f"use by pid {os.getpid()} ", res.stderr)
+        self.assertIn("does not answer as a rendezvous store: if that is not an agent of this job, stop it or choose "
+                      "another port", res.stderr)
+        self.assertNotIn("start the node that hosts it", res.stderr)
+        self.assertFalse(os.path.exists(self.path("marker")), "a worker was started")
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
