@@ -35,7 +35,9 @@ DynamicRendezvous::DynamicRendezvous(DynamicConfig c, std::unique_ptr<Backend> m
       gatherer_(std::make_unique<DumpGatherer>(signal_)) {
   // The lease: when this node dies or falls silent, "lost <id>" is written into the events.
   keeper_ = std::make_unique<LeaseKeeper>(
-      std::move(lease), LeaseKeeper::Settings{c_.me.id, backend_name_, c_.keep_alive_interval, c_.keep_alive_max_attempt},
+      std::move(lease),
+      LeaseKeeper::Settings{c_.me.id, backend_name_, c_.keep_alive_interval, c_.keep_alive_max_attempt,
+                            c_.worker_store.has_value()},
       signal_);
   joiner_.set_lease_check([k = keeper_.get()] { k->check_alive(); });
   try {

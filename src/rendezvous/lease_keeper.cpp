@@ -109,10 +109,11 @@ void LeaseKeeper::loop() {
       signal_.notify_end(-1, RoundEnd{RoundEnd::Kind::kPartitioned, s_.me,
                                       fmt::format("this node lost contact with {} for the keep-alive window and "
                                                   "one interval more ({} = keep_alive_interval {} x "
-                                                  "(keep_alive_max_attempt {} + 1)): {}{}; the other nodes go on "
-                                                  "without it",
+                                                  "(keep_alive_max_attempt {} + 1)): {}{}; {}",
                                                   s_.backend, seconds_text(patience), seconds_text(s_.interval),
-                                                  s_.max_attempt, why, stopped_text(stopped, s_.interval))});
+                                                  s_.max_attempt, why, stopped_text(stopped, s_.interval),
+                                                  s_.fixed ? "a static job cannot go on without a node: it stops"
+                                                           : "the other nodes go on without it")});
       return;
     }
     auto pause = why.empty() ? s_.interval : std::min<milliseconds>(s_.interval, 500ms);

@@ -24,6 +24,7 @@ class LeaseKeeper {
     std::string backend;  // describe() of the backend
     milliseconds interval{5000};
     int max_attempt = 3;
+    bool fixed = false;  // static membership: nobody goes on without this node
   };
   // Opens the lease (its lost line registered on "events") and starts renewing it.
   LeaseKeeper(std::unique_ptr<Backend> lease, Settings s, RoundSignal& signal);

@@ -259,6 +259,28 @@ class EdgeTest(DdprunTestCase):
         self.assertEqual(n0.rc, 1, self.describe())
         self.assertLess(n0.exited_at - thawed, scaled(8), self.describe())
 
+    def test_static_a_store_host_frozen_past_the_window_stops_the_other_node(self):
+        """Node 0's ddprun (the store's host) frozen past the keep-alive window while every
+        worker works: node 1 stops within the window and a few seconds, saying that the static
+        job cannot go on (it said the other nodes go on without it); thawed, node 0 stops too."""
+        args = [worker("edge_worker.py"), self.tmp, "--sleep", "300"]
+        n0, n1 = (self.static_node(r, args, conf=f"join_timeout=300,{BEAT}") for r in (0, 1))
+        self.wait_for(lambda: all(self.stamp(f"start_{r}") for r in range(4)), scaled(30), "4 workers to start")
+        self.track_pid(n0.proc.pid)
+        os.kill(n0.proc.pid, signal.SIGSTOP)
+        try:
+            t0 = time.time()
+            self.assertEqual(jobwatch.wait_exited([n1], scaled(20)), [], self.describe())
+        finally:
+            os.kill(n0.proc.pid, signal.SIGCONT)
+        self.assertEqual(n1.rc, 1, self.describe())
+        self.assertLess(n1.exited_at - t0, scaled(8), self.describe())
+        err1 = read_text(n1.err_path)
+        self.assertIn("a static job cannot go on without a node: it stops", err1, self.describe())
+        self.assertNotIn("go on without it", err1, self.describe())
+        self.assertEqual(jobwatch.wait_exited([n0], scaled(15)), [], self.describe())
+        self.assertEqual(n0.rc, 1, self.describe())
+
     def test_static_a_machine_paused_past_the_window_goes_on(self):
         self.check_machine_paused_past_the_window(lambda i, args: self.static_node(i, args))
 
