@@ -33,10 +33,13 @@ std::unique_ptr<ddp::detail::StoreServer> host_master_store(const Options& o) {
       throw ddp::Error(fmt::format("{} {}: the port {} is already in use{}; give the endpoint another port, or use "
                                    "--standalone to pick a free one",
                                    ep->second, o.rdzv_endpoint, port, holder));
-    throw ddp::Error(fmt::format(
-        "--master-port {}: the port is already in use{}; choose another with --master-port (or "
-        "PET_MASTER_PORT), or use --standalone to pick a free one",
-        port, holder));
+    // One node may pick a free port; nodes of a job must agree on theirs.
+    throw ddp::Error(fmt::format("--master-port {}: the port is already in use{}; {}", port, holder,
+                                 o.max_nodes > 1 ? "is node 0 of this job running here already (two nodes with "
+                                                   "--node-rank 0)? Else choose another port with --master-port (or "
+                                                   "PET_MASTER_PORT) on every node"
+                                                 : "choose another with --master-port (or PET_MASTER_PORT), or use "
+                                                   "--standalone to pick a free one"));
   }
   server->start();
   return server;

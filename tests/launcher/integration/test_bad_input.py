@@ -154,9 +154,13 @@ class PortInUseTest(DdprunTestCase):
             for args, expect in (
                     (["--nnodes", "1", "--master-port", str(port)],
                      f"--master-port {port}: the port is already in use by pid {os.getpid()} "),
+                    # A second node 0 of a job (not --standalone: nodes must agree on the port).
+                    (["--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port", str(port)],
+                     f"--master-port {port}: the port is already in use by pid {os.getpid()} (python3); is node 0 of "
+                     "this job running here already (two nodes with --node-rank 0)?"),
                     (["--nnodes", "1", "--rdzv-endpoint", f"localhost:{port}"],
                      f"--rdzv-endpoint localhost:{port}: the port {port} is already in use by pid {os.getpid()} ")):
-                with self.subTest(args[2]):
+                with self.subTest(" ".join(args[:4])):
                     res = self.run_ddprun(args + [worker("marker.py"), self.path("marker")])
                     self.assertEqual(res.rc, 1, res)
                     self.assertIn(expect, res.stderr, res)

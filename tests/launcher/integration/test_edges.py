@@ -152,6 +152,9 @@ class EdgeTest(DdprunTestCase):
         self.assertEqual(jobwatch.wait_exited([n0], scaled(10)), [], self.describe())
         self.assertEqual(n0.rc, 128 + signal.SIGTERM, self.describe())
         self.assertLess(n0.exited_at - t0, scaled(3), "a signal must not wait for the join" + self.describe())
+        # (It said it forwarded the signal to the workers, and SIGKILL would follow: there were none.)
+        self.assertIn("received SIGTERM while no worker runs (this node waits to start them): stopping",
+                      read_text(n0.err_path), self.describe())
 
     def check_signal_while_the_store_host_is_frozen(self, host, start_other):
         """The store's host is frozen (SIGSTOP) before another node starts: the kernel still
