@@ -111,7 +111,7 @@ int parse_int(const Given& g, long lo, long hi, const char* what) {
 double parse_seconds(const Given& g, bool allow_zero) {
   double v = 0;
   if (!parse_number(g.value, v) || v < 0 || (!allow_zero && v == 0) || v > 1e9)
-    throw UsageError(fmt::format("{}: expected a {} number of seconds, got '{}'", g.source,
+    throw UsageError(fmt::format("{}: expected a {} number of seconds (at most 1e9), got '{}'", g.source,
                                  allow_zero ? "non-negative" : "positive", g.value));
   return v;
 }
@@ -483,17 +483,31 @@ void check_duplicate_filters(Options& o, const Flags& g) {
   }
 }
 
+// "this node has 2 workers (local ranks 0..1), no local rank 7" for local ranks a flag names
+// that this node lacks.
+std::string ranks_this_node_lacks(const Options& o, const std::vector<int>& missing) {
+  const int n = o.nproc_per_node;
+  return fmt::format("this node has {} worker{} ({}), no local rank{} {}", n, n > 1 ? "s" : "",
+                     n > 1 ? fmt::format("local ranks 0..{}", n - 1) : "local rank 0", missing.size() > 1 ? "s" : "",
+                     fmt::join(missing, ","));
+}
+
 void check_output(Options& o, const Flags& g) {
   check_duplicate_filters(o, g);
+  for (auto [map, name] : {std::pair{&o.tee, "tee"}, std::pair{&o.redirects, "redirects"}}) {
+    std::vector<int> missing;
+    for (const auto& [lr, bits] : map->per_rank)
+      if (lr >= o.nproc_per_node) missing.push_back(lr);
+    if (!missing.empty())
+      o.warnings.push_back(fmt::format("{}: {}: what it says for {} is unused", g.source(name),
+                                       ranks_this_node_lacks(o, missing), missing.size() > 1 ? "them" : "it"));
+  }
   if (!o.local_ranks_filter) return;
   std::vector<int> missing, shown;
   for (int r : *o.local_ranks_filter) (r < o.nproc_per_node ? shown : missing).push_back(r);
   if (missing.empty()) return;
-  int n = o.nproc_per_node;
   o.warnings.push_back(fmt::format(
-      "{}: this node has {} worker{} ({}), no local rank{} {}: {}", g.source("local-ranks-filter"), n,
-      n > 1 ? "s" : "", n > 1 ? fmt::format("local ranks 0..{}", n - 1) : "local rank 0",
-      missing.size() > 1 ? "s" : "", fmt::join(missing, ","),
+      "{}: {}: {}", g.source("local-ranks-filter"), ranks_this_node_lacks(o, missing),
       shown.empty() ? std::string("no worker's output reaches the console")
                     : fmt::format("the console shows local rank{} {} only", shown.size() > 1 ? "s" : "",
                                   fmt::join(shown, ","))));

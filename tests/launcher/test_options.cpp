@@ -750,6 +750,20 @@ TEST_F(LauncherOptions, HangTimeout) {
   EXPECT_DOUBLE_EQ(parse_with_script({}, {{"PET_HANG_TIMEOUT", "2.5"}}).hang_timeout, 2.5);
   EXPECT_NE(usage_error_with_script({"--hang-timeout", "-1"}).find("--hang-timeout"), std::string::npos);
   EXPECT_NE(usage_error_with_script({"--hang-timeout", "soon"}).find("'soon'"), std::string::npos);
+  // Too large for a deadline: the bound is named, not "a non-negative number" (1e12 is one).
+  EXPECT_NE(usage_error_with_script({"--hang-timeout", "1e12"}).find("(at most 1e9), got '1e12'"), std::string::npos);
+}
+
+// torchrun ignores a --tee/--redirects entry for a local rank the node lacks; so does ddprun,
+// but it says so, as it does for --local-ranks-filter.
+TEST_F(LauncherOptions, TeeAndRedirectsOfLocalRanksThisNodeLacksAreNamed) {
+  auto o = parse_with_script({"--nproc-per-node", "2", "--tee", "7:1", "--redirects", "0:3,5:2,6:1"});
+  ASSERT_EQ(o.warnings.size(), 2u);
+  EXPECT_EQ(o.warnings[0], "--tee: this node has 2 workers (local ranks 0..1), no local rank 7: what it says for it is "
+                           "unused");
+  EXPECT_EQ(o.warnings[1], "--redirects: this node has 2 workers (local ranks 0..1), no local ranks 5,6: what it says "
+                           "for them is unused");
+  EXPECT_TRUE(parse_with_script({"--nproc-per-node", "2", "--tee", "1:1"}).warnings.empty());
 }
 
 TEST_F(LauncherOptions, DumpStacksCommand) {
