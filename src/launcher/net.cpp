@@ -97,12 +97,12 @@ std::pair<int, int> ephemeral_ports() {
   return r;
 }
 
-// "pid 1234 (python3)" for the process listening on a TCP port, if this user can see it.
 std::string held_by(int port) {
   const std::string holder = who_listens(port);
   return holder.empty() ? "" : " by " + holder;
 }
 
+// "pid 1234 (python3)" for the process listening on a TCP port, if this user can see it.
 std::string who_listens(int port) {
   std::set<std::string> inodes;
   for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {

@@ -42,8 +42,8 @@ void NodeSignals::take(const signalfd_siginfo& si) {
   got_ = sig;
   at_ = Clock::now();
   const int forward = o_.forwarded(sig);
-  if (workers_.live() == 0)  // between attempts: in the rendezvous, or the warm process's import
-    spdlog::warn("received {} while no worker runs (this node waits to start them): stopping", signal_name(sig));
+  if (workers_.live() == 0)  // in the rendezvous, the warm process's import, or after the workers ended
+    spdlog::warn("received {} while no worker runs: stopping", signal_name(sig));
   else if (forward == sig)
     spdlog::warn("received {}: forwarding it to the workers, SIGKILL after {} s", signal_name(sig), o_.shutdown_timeout);
   else

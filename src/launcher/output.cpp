@@ -320,8 +320,11 @@ void StreamForwarder::feed(const char* data, size_t n, std::chrono::system_clock
     if (partial_.empty() && static_cast<size_t>(line_end - p) + open_bytes() <= kMaxLine) {
       emit_piece(out, p, static_cast<size_t>(line_end - p), true, st);
     } else {
-      partial_.append(p, static_cast<size_t>(line_end - p));
+      // Split by what the line holds, not counting its end: one of exactly kMaxLine goes whole
+      // (its '\n' was cut off before, as an empty line of its own).
+      partial_.append(p, static_cast<size_t>(q - p));
       split_overlong(out, st);
+      partial_.append(q, term);
       emit_piece(out, partial_.data(), partial_.size(), true, st);
       partial_.clear();
       if (partial_.capacity() > kKeepCapacity) partial_.shrink_to_fit();  // one long line holds no MiB for good

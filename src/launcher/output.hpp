@@ -1,5 +1,8 @@
-// Forwarding of worker output: every line of every worker reaches ddprun's stdout or
-// stderr whole, prefixed, never torn, never dropped, with bounded memory.
+// Forwarding of worker output: every line of every worker stream reaches ddprun's stdout or
+// stderr whole, prefixed, never torn by another worker's, with bounded memory; nothing is
+// dropped but what a console that failed (or stalled past a stop signal) could not take.
+// (Where one pipe carries a worker's stdout and stderr, a line that the worker itself writes
+// in parts to both at once, from two threads, mixes as it would on a terminal.)
 //
 //   ConsoleWriter   one per console stream; a thread that owns the blocking write(2)s, so
 //                   that a stalled console never stalls ddprun's event loop. When more than

@@ -307,11 +307,10 @@ void NodeRendezvous::bind_store(const ddp::detail::StoreServerOptions& so, bool 
 
 std::string NodeRendezvous::blocked_port_text(int port) const {
   const auto [low, high] = ephemeral_ports();
-  const std::string holder = who_listens(port);
   return fmt::format(
       "--rdzv-endpoint {}: this machine should host the rendezvous store, but port {} is in use here{} and nobody "
       "accepts connections on it{}; choose another port{}",
-      o_.rdzv_endpoint, port, holder.empty() ? "" : " (by " + holder + ")",
+      o_.rdzv_endpoint, port, held_by(port),
       port >= low && port <= high
           ? fmt::format(": a closed connection (TIME_WAIT) holds a port of the ephemeral range ({}-{}) for up to a "
                         "minute",

@@ -417,10 +417,13 @@ class AttemptSupervisor {
   }
 
   Clock::time_point next_due() {
-    auto next = Clock::now() + std::chrono::seconds(3600);
+    const auto now = Clock::now();
+    auto next = now + std::chrono::seconds(3600);
     if (workers_.live() > 0) next = std::min(next, next_stray_look_);
-    for (auto& d : {workers_.kill_deadline(), drain_deadline_, stacks_.next_hang_check(), timers_.next_expiry()})
+    for (auto& d : {workers_.kill_deadline(), stacks_.next_hang_check(), timers_.next_expiry()})
       if (d) next = std::min(next, *d);
+    // Once passed, streams still paused wait for their console's wake-up, not in a busy loop.
+    if (drain_deadline_ && *drain_deadline_ > now) next = std::min(next, *drain_deadline_);
     return output_.streams().flush_idle(next);
   }
 
@@ -906,8 +909,11 @@ struct Supervisor::Impl {
     guardian.disarm();
     while (waitpid(-1, nullptr, WNOHANG) > 0) {
     }
-    // The summary (queued behind the workers' output; its file written at once) and the other
-    // nodes' news before the wait for the consoles, which a stalled reader can make long.
+    // The summary after the workers' output (on both consoles: stdout may be another file),
+    // unless a signal stops ddprun: then the summary (queued behind the output on its own
+    // console; its file written at once) and the other nodes' news come before the wait for
+    // the consoles, which a stalled reader can make long.
+    if (!signals.got()) output.flush();
     const JobRecord::Ending e{signals, attempts.root(), workers.all(), stacks, attempts.remote_end(), stop_reason};
     record.report(e, job.plan.run_id, [this](const std::string& text) { output.err().push_line(std::string(text)); });
     record.leave(e);

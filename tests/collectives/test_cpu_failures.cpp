@@ -504,6 +504,31 @@ TEST(CollectiveFailures, DestroyedPeerShmFlat) { destroyed_peer(ddp::Transport::
 TEST(CollectiveFailures, DestroyedPeerShmRing) { destroyed_peer(ddp::Transport::kAuto, 1 << 20); }
 TEST(CollectiveFailures, DestroyedPeerTcp) { destroyed_peer(ddp::Transport::kTcp, 1 << 20); }
 
+// Ranks that finish their last collective and destroy their groups at once, while a later
+// rank is still in it: on the ring broadcast 0 -> 1 -> 2 -> 3 with rank 3 late, rank 0 is
+// done once its data is on its way, and leaves, while rank 1 still waits to pass the rest on
+// (the small rings are full until rank 3 takes its part). Rank 0 must not look gone to rank
+// 1, which no longer needs it; marked as left, it did ("rank 0 destroyed its process group
+// after 1 collective(s) where this rank is at #1"), and every rank failed.
+void finish_then_destroy(ddp::Transport t) {
+  GroupConfig c;
+  c.n = 4;
+  c.transport = t;
+  c.ring = 1024;
+  c.chunk = 512;
+  c.small = 256;  // the ring broadcast, not the flat one
+  auto errors = run_ranks(c, [&](ddp::ProcessGroup& pg) {
+    std::vector<float> v(4 << 10, pg.rank() == 0 ? 7.0f : 0.0f);
+    if (pg.rank() == 3) std::this_thread::sleep_for(200ms);
+    pg.broadcast(std::span<float>(v), {.root = 0});
+    if (v.front() != 7.0f || v.back() != 7.0f) throw std::runtime_error("wrong data");
+  });
+  expect_no_errors(errors);
+}
+
+TEST(CollectiveFailures, FinishThenDestroyShmRing) { finish_then_destroy(ddp::Transport::kAuto); }
+TEST(CollectiveFailures, FinishThenDestroyTcp) { finish_then_destroy(ddp::Transport::kTcp); }
+
 // 4 ranks with the default 2 MiB rings need 8.5 MiB (13.5 MiB with the slice areas, when
 // ranks outnumber the CPUs): the flat, slice and ring paths all become the TCP ring.
 TEST(CollectiveFailures, SmallDevShmFallsBackToTcp) {

@@ -299,6 +299,27 @@ TEST(LauncherOutput, MegabyteLineSplitAtUtf8BoundariesFedWhole) {
   EXPECT_LE(pieces, line.size() / StreamForwarder::kMaxLine + 2);
 }
 
+// A line of exactly kMaxLine bytes goes whole, and one of twice that in two pieces: the
+// cut counts what the line holds, not its end (which went out as an empty line of its own,
+// whole or in reads that end before it).
+TEST(LauncherOutput, LinesOfExactlyTheLimitEndWithoutAnEmptyLine) {
+  for (size_t reads : {1, 2}) {
+    Capture cap;
+    auto f = make_fwd(cap.console(), "[r0]:");
+    const std::string one(StreamForwarder::kMaxLine, 'a'), two(2 * StreamForwarder::kMaxLine, 'b');
+    if (reads == 1) {
+      feed(f, one + "\n" + two + "\n");
+    } else {
+      feed(f, one);
+      feed(f, "\n" + two);
+      feed(f, "\n");
+    }
+    const std::string half(StreamForwarder::kMaxLine, 'b');
+    EXPECT_EQ(cap.finish(), "[r0]:" + one + "\n[r0]:" + half + StreamForwarder::kContinuation + "[r0]:" + half + "\n")
+        << "fed in " << reads << " read(s)";
+  }
+}
+
 TEST(LauncherOutput, MegabyteLineSplitAtUtf8BoundariesFedInPipeSizedReads) {
   // ddprun reads worker pipes 64 KiB at a time: the line arrives in 64 KiB feeds, and a
   // feed can end in the middle of a character.

@@ -538,13 +538,12 @@ class CpuGroup final : public GroupBase {
   // at once, not at its timeout: on this host through this rank's record, over TCP by a
   // header in place of the next call's (left_ closes with the group; its sender learns from
   // the ring's other peers, or the link).
+  // (Not in a forked child that ends: the group, its record and its links are the parent's.)
   void leave() noexcept {
-    if (size() == 1 || failed_) return;
+    if (size() == 1 || failed_ || getpid() != owner_) return;
     if (seg_ && my_local_ >= 0) {
-      RankCtl& me = seg_->rank(my_local_);
-      me.left_after.store(calls_, std::memory_order_relaxed);
-      me.aborted.store(kRankLeft, std::memory_order_release);
-      for (int i = 0; i < seg_->nlocal(); ++i) ring_bell(seg_->rank(i).bell);
+      seg_->rank(my_local_).left_after.store(calls_, std::memory_order_relaxed);
+      mark_and_wake(kRankLeft);
     }
     if (right_ && right_->fd() >= 0) {
       CallHeader h;
@@ -553,12 +552,16 @@ class CpuGroup final : public GroupBase {
     }
   }
 
+  // This rank's record says how it ended (release: what it wrote before is visible with it),
+  // and every rank of the host wakes to read it.
+  void mark_and_wake(uint32_t state) noexcept {
+    seg_->rank(my_local_).aborted.store(state, std::memory_order_release);
+    for (int i = 0; i < seg_->nlocal(); ++i) ring_bell(seg_->rank(i).bell);
+  }
+
   void fail_locally() noexcept {
     failed_ = true;
-    if (seg_ && my_local_ >= 0) {
-      seg_->rank(my_local_).aborted.store(kRankFailed);
-      for (int i = 0; i < seg_->nlocal(); ++i) ring_bell(seg_->rank(i).bell);
-    }
+    if (seg_ && my_local_ >= 0) mark_and_wake(kRankFailed);
     if (right_) right_->shutdown();
     if (left_) left_->shutdown();
   }
@@ -600,7 +603,6 @@ class CpuGroup final : public GroupBase {
     if (!gone.empty()) {
       if (w.saw_gone) throw CollectiveError(gone);
       w.saw_gone = true;
-      w.next_check = {};
       return;
     }
     for (auto& p : peers_)
@@ -608,9 +610,15 @@ class CpuGroup final : public GroupBase {
         throw CollectiveError(fmt::format("peer rank {} (this host) failed", p.rank));
   }
 
-  // The first local peer that exited, or destroyed its group (""; none).
+  // The first local peer that exited, or destroyed its group (""; none), unless it did so
+  // after this rank's call: it finished the call and owes nothing more (its right neighbour
+  // may still be sending its last part to the next rank, a stall that is not the peer's).
   std::string gone_peer() {
     const pid_t self = getpid();
+    auto left_after_this_call = [&](const RankCtl& c) {
+      return c.aborted.load(std::memory_order_acquire) == kRankLeft &&
+             c.left_after.load(std::memory_order_relaxed) >= call_.seq;
+    };
     for (auto& p : peers_) {
       RankCtl& c = seg_->rank(p.local);
       if (p.pid == 0) {
@@ -625,11 +633,11 @@ class CpuGroup final : public GroupBase {
       } else {
         dead = kill(p.pid, 0) != 0 && errno == ESRCH;
       }
-      if (dead) return fmt::format("peer rank {} (pid {}, this host) exited", p.rank, p.pid);
+      if (dead && !left_after_this_call(c)) return fmt::format("peer rank {} (pid {}, this host) exited", p.rank, p.pid);
     }
     for (auto& p : peers_) {
       const RankCtl& c = seg_->rank(p.local);
-      if (c.aborted.load(std::memory_order_acquire) == kRankLeft)
+      if (c.aborted.load(std::memory_order_acquire) == kRankLeft && !left_after_this_call(c))
         return call_mismatch(p.rank, CallDesc::left(c.left_after.load(std::memory_order_relaxed)), call_);
     }
     return "";
@@ -1057,6 +1065,7 @@ class CpuGroup final : public GroupBase {
   std::array<uint8_t, CallHeader::kPaddedBytes> header_prefix_{};  // zeros after the header
   bool published_ = false;     // this call is in this rank's RankCtl::call
   bool failed_ = false;        // fail_locally ran: the group ends without leave()
+  const pid_t owner_ = getpid();  // the process that made the group (leave() is its alone)
   uint32_t flat_waiting_k_ = 0;  // the flat exchange this rank waits in, 0: none
   std::vector<uint8_t> tmp_[2];
 };

@@ -153,7 +153,7 @@ class EdgeTest(DdprunTestCase):
         self.assertEqual(n0.rc, 128 + signal.SIGTERM, self.describe())
         self.assertLess(n0.exited_at - t0, scaled(3), "a signal must not wait for the join" + self.describe())
         # (It said it forwarded the signal to the workers, and SIGKILL would follow: there were none.)
-        self.assertIn("received SIGTERM while no worker runs (this node waits to start them): stopping",
+        self.assertIn("received SIGTERM while no worker runs: stopping",
                       read_text(n0.err_path), self.describe())
 
     def check_signal_while_the_store_host_is_frozen(self, host, start_other):
