@@ -318,9 +318,8 @@ srun --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node gpu --no-pyth
         self.assert_example_trained("ex_c10d", "c10d.sbatch",
                                     port=lib.derived_port(self.cluster.first_job_id + 97, 5), NPROC=2)
 
-    @lib.torch_workers
-    def test_example_preempt_requeue_resumes(self):
-        name = "ex_preempt"
+    def run_preempted(self, name):
+        """The preempt example, signalled once it trains: (its job id, its final state, its output)."""
         worker = os.path.join(lib.SOURCE_DIR, "examples", "slurm", "checkpoint_train.py")
         job = self.submit_example(name, "preempt.sbatch", NPROC=2, EPOCHS=30, WORKER=worker,
                                   WORKER_ARGS="--epoch-seconds 0.3")
@@ -336,7 +335,21 @@ srun --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node gpu --no-pyth
                 break
             self.assertLess(time.monotonic(), deadline, f"{info}\n{self.job_output(name)}")
             time.sleep(0.5)
-        out = self.job_output(name)
+        return job, info, self.job_output(name)
+
+    @lib.torch_workers
+    def test_example_preempt_requeue_resumes(self):
+        """Run once more when the resumed run failed only by torch's exit race (as
+        assert_example_trained: a rank aborted in torch's exit after `done: 30 epochs`)."""
+        name = "ex_preempt"
+        job, info, out = self.run_preempted(name)
+        if (info["ExitCode"] == "134:0" and lib.torch_runtime.TORCH_EXIT_ABORT in out
+                and "done: 30 epochs" in out):
+            print(f"\n{self.id()}: a worker aborted in torch's exit after the job was done; running it "
+                  f"again:\n{out}", file=sys.stderr)
+            self.assert_nothing_left(name)
+            name += "_again"
+            job, info, out = self.run_preempted(name)
         self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
         saved = re.search(r"SIGUSR1: saved epoch (\d+)", out)
         self.assertTrue(saved, out)
