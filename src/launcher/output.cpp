@@ -86,7 +86,7 @@ void ConsoleWriter::lost(int err) {
 // The thread starts with the first output: a job whose workers print nothing never pays
 // for it. Called with mu_ held.
 void ConsoleWriter::start_locked() {
-  if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  if (!thread_.joinable() && !stop_) thread_ = std::thread([this] { run(); });
 }
 
 void ConsoleWriter::push(std::string&& chunk) {
@@ -140,6 +140,20 @@ void ConsoleWriter::push_line(std::string&& line) {
 void ConsoleWriter::flush() {
   std::unique_lock lk(mu_);
   drained_.wait(lk, [&] { return pending_.load() == 0; });
+}
+
+bool ConsoleWriter::flush_until(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock lk(mu_);
+  return drained_.wait_until(lk, deadline, [&] { return pending_.load() == 0; });
+}
+
+void ConsoleWriter::abandon() {
+  lost_.store(true);  // said already by whoever abandons it
+  std::lock_guard lk(mu_);
+  stop_ = true;
+  queue_.clear();
+  if (thread_.joinable()) thread_.detach();
+  cv_.notify_all();
 }
 
 void ConsoleWriter::run() {

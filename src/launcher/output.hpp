@@ -40,6 +40,12 @@ class ConsoleWriter {
   uint64_t interruptions() const { return interruptions_.load(std::memory_order_relaxed); }
   bool full() const { return pending_.load(std::memory_order_relaxed) >= bound_; }
   void flush();  // blocks until everything queued is written
+  // Waits until everything queued is written or the deadline passes: whether it was.
+  bool flush_until(std::chrono::steady_clock::time_point deadline);
+  // Leaves a stalled writer behind for good: what is queued (and whatever comes) is dropped
+  // once its blocked write returns, and the destructor no longer waits for its thread. For a
+  // ddprun on its way out (the object must outlive the thread: the owner leaks it).
+  void abandon();
   // ddprun's own log goes through this writer (route_logging_through): a failed write is
   // not logged, it would come back here.
   void carry_log() { carries_log_ = true; }
@@ -56,8 +62,8 @@ class ConsoleWriter {
   std::atomic<uint64_t> interruptions_{0};
   std::atomic<bool> lost_{false};  // a write failed: said once
   std::atomic<bool> carries_log_{false};
-  bool at_line_start_ = true;
-  bool direct_ = false;  // a file or /dev/null: written by the caller, no thread  // the last byte queued was '\n' (guarded by mu_)
+  bool at_line_start_ = true;  // the last byte queued was '\n' (guarded by mu_)
+  bool direct_ = false;        // a file or /dev/null: written by the caller, no thread
   std::mutex mu_;
   std::condition_variable cv_, drained_;
   std::deque<std::string> queue_;

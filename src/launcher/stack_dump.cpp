@@ -220,7 +220,11 @@ std::vector<RankStack> with_ended(std::vector<RankStack> stacks, const std::vect
   using S = WorkerResult::State;
   for (const auto& w : workers) {
     if (w.state == S::kRunning || (skip && w.pid == skip->pid)) continue;
-    RankStack s{w.rank, w.local_rank, w.pid, RankStack::Kind::kExited};
+    RankStack s;
+    s.rank = w.rank;
+    s.local_rank = w.local_rank;
+    s.pid = w.pid;
+    s.kind = RankStack::Kind::kExited;
     s.given = w.signal ? fmt::format("not running: killed by {}", signal_name(w.signal))
                        : fmt::format("not running: exited with code {}", w.exit_code);
     stacks.push_back(std::move(s));

@@ -124,6 +124,21 @@ class NodeOutput {
     if (out_writer_) out_writer_->flush();
     if (err_writer_) err_writer_->flush();
   }
+  // The last flush when a signal stops ddprun: a console whose reader does not take the rest
+  // within `limit` is left behind (its output dropped), so that ddprun exits.
+  void flush_within(std::chrono::seconds limit) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    bool behind[2] = {false, false};
+    for (auto* w : {&out_writer_, &err_writer_})
+      if (*w && !(*w)->flush_until(deadline)) {
+        (*w)->abandon();
+        (void)w->release();  // its thread may still be in a write: the writer outlives ddprun
+        behind[w == &err_writer_] = true;
+      }
+    if (behind[0] && !behind[1] && err_ == &err_console_)  // (nowhere to say it when stderr is behind)
+      spdlog::warn("the console did not take the workers' last output within {} s: exiting without it",
+                   limit.count());
+  }
 
   WorkerStreams& streams() { return *streams_; }
   ConsoleWriter& err() { return *err_->writer; }
@@ -912,13 +927,16 @@ struct Supervisor::Impl {
     // The summary after the workers' output (on both consoles: stdout may be another file),
     // unless a signal stops ddprun: then the summary (queued behind the output on its own
     // console; its file written at once) and the other nodes' news come before the wait for
-    // the consoles, which a stalled reader can make long.
+    // the consoles, which a stalled reader could make endless: it ends after 5 s.
     if (!signals.got()) output.flush();
     const JobRecord::Ending e{signals, attempts.root(), workers.all(), stacks, attempts.remote_end(), stop_reason};
     record.report(e, job.plan.run_id, [this](const std::string& text) { output.err().push_line(std::string(text)); });
     record.leave(e);
     route_logging_through(nullptr);
-    output.flush();
+    if (signals.got())
+      output.flush_within(std::chrono::seconds(5));
+    else
+      output.flush();
     if (!tmp_root.empty() && record.outcome().status == "succeeded" && !o.redirects.any() && !o.tee.any()) {
       std::error_code ec;
       fs::remove_all(tmp_root, ec);
