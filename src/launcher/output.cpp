@@ -236,6 +236,13 @@ void StreamForwarder::remember(const char* p, size_t n) {
   tail_partial_.append(p, n <= room ? n : utf8_cut(p, room));
 }
 
+void StreamForwarder::end_tail_line() {
+  tail_.push_back(std::move(tail_partial_));
+  tail_partial_.clear();
+  tail_overwrite_ = false;
+  if (tail_.size() > cfg_.tail_lines) tail_.pop_front();
+}
+
 void StreamForwarder::duplicate(const char* p, size_t n, bool terminated, const std::string& stamp) {
   if (cfg_.filtered_fd < 0 || filtered_lost_) return;
   // A line is matched on its first MiB (raw output sends an overlong line unfinished).
@@ -261,20 +268,26 @@ void StreamForwarder::duplicate(const char* p, size_t n, bool terminated, const 
 void StreamForwarder::emit_piece(std::string& out, const char* p, size_t n, bool terminated,
                                  const std::string& stamp) {
   duplicate(p, n, terminated, stamp);
+  // A piece ended by a lone '\r' (a progress bar's state; "\r\n" ends with '\n').
+  const bool overwritable = terminated && n > 0 && p[n - 1] == '\r';
   if (cfg_.tail_lines) {
     size_t body = n;
     while (body > 0 && (p[body - 1] == '\n' || p[body - 1] == '\r')) --body;
+    // The tail keeps what a terminal shows: what follows a '\r' on its line replaces it.
+    if (tail_overwrite_ && body > 0) tail_partial_.clear();
+    if (body > 0) tail_overwrite_ = false;
     remember(p, body);
-    if (terminated) {
-      tail_.push_back(std::move(tail_partial_));
-      tail_partial_.clear();
-      if (tail_.size() > cfg_.tail_lines) tail_.pop_front();
-    }
+    if (overwritable)
+      tail_overwrite_ = true;
+    else if (terminated)
+      end_tail_line();
   }
   if (terminated) ++lines_;
   Console* c = cfg_.console;
   if (!c) return;
   const void* open = c->open_line();
+  // A bar's leading '\r' alone: a prefixed empty piece would show nothing (raw output keeps it).
+  if (overwritable && n == 1 && open != this && !raw()) return;
   if (open && open != this) out += '\n';  // close another worker's unfinished line
   if (open != this) {
     out += stamp;
@@ -312,6 +325,7 @@ void StreamForwarder::feed(const char* data, size_t n, std::chrono::system_clock
   if (after_cr_ && p < end && *p == '\n') {
     // "\r\n" split across reads: the '\n' ends the line already sent with its '\r'.
     if (cfg_.console) out += '\n';
+    if (tail_overwrite_) end_tail_line();
     ++p;
   }
   after_cr_ = false;
@@ -360,7 +374,7 @@ size_t StreamForwarder::open_bytes() const {
 // kMaxLine piece goes out as an idle flush's does, unfinished, and only another worker's
 // line in between ends it with a newline (a 200 kB JSON line reaches `| jq` whole).
 void StreamForwarder::split_overlong(std::string& out, const std::string& stamp) {
-  if (cfg_.prefix.empty() && !cfg_.timestamps) {
+  if (raw()) {
     while (partial_.size() > kMaxLine) {
       const size_t cut = utf8_cut(partial_.data(), kMaxLine);
       emit_piece(out, partial_.data(), cut, false, stamp);
@@ -386,22 +400,26 @@ void StreamForwarder::flush_partial(std::chrono::system_clock::time_point now) {
   send(out);
 }
 
+// Raw output keeps the worker's bytes: its unfinished last line stays unfinished (another
+// worker's line or ddprun's own still starts on a line of its own).
 void StreamForwarder::finish(std::chrono::system_clock::time_point now) {
   if (partial_.empty()) {
-    if (!filtered_line_.empty()) duplicate("\n", 1, true, stamp(now));  // flushed while idle, never ended
     // A line flushed while idle and never finished is ended, so the console stays tidy.
-    if (cfg_.console && cfg_.console->open_line() == this) {
+    if (!raw() && cfg_.console && cfg_.console->open_line() == this) {
       std::string nl = "\n";
       cfg_.console->dangling = nullptr;
       send(nl);
     }
-    return;
+  } else {
+    if (!raw()) partial_ += '\n';
+    std::string out;
+    emit_piece(out, partial_.data(), partial_.size(), !raw(), stamp(now));
+    partial_.clear();
+    send(out);
   }
-  partial_ += '\n';
-  std::string out;
-  emit_piece(out, partial_.data(), partial_.size(), true, stamp(now));
-  partial_.clear();
-  send(out);
+  // A last line that never ended (flushed while idle, or raw) or a bar's last state.
+  if (!filtered_line_.empty()) duplicate("\n", 1, true, stamp(now));
+  if (cfg_.tail_lines && !tail_partial_.empty()) end_tail_line();
 }
 
 // Python's string.Template.safe_substitute: `$name` and `${name}` become value(name) where

@@ -108,7 +108,7 @@ class StreamForwarder {
   void feed(const char* data, size_t n, std::chrono::system_clock::time_point now);
   // Sends an unfinished line (a prompt, a progress bar) after it sat idle.
   void flush_partial(std::chrono::system_clock::time_point now);
-  // End of stream: the unfinished line goes out with a newline.
+  // End of stream: the unfinished line goes out with a newline (raw output: as it is).
   void finish(std::chrono::system_clock::time_point now);
   bool has_partial() const { return !partial_.empty(); }
   std::chrono::steady_clock::time_point last_data() const { return last_data_; }
@@ -122,6 +122,9 @@ class StreamForwarder {
  private:
   void emit_piece(std::string& out, const char* p, size_t n, bool terminated, const std::string& stamp);
   void remember(const char* p, size_t n);
+  void end_tail_line();
+  // No prefix, no time stamps: the worker's bytes go to the console as they are.
+  bool raw() const { return cfg_.prefix.empty() && !cfg_.timestamps; }
   void duplicate(const char* p, size_t n, bool terminated, const std::string& stamp);
   void split_overlong(std::string& out, const std::string& stamp);
   size_t open_bytes() const;
@@ -134,6 +137,7 @@ class StreamForwarder {
   bool after_cr_ = false;       // the last piece ended with '\r' (a following '\n' belongs to it)
   std::deque<std::string> tail_;
   std::string tail_partial_;
+  bool tail_overwrite_ = false;  // tail_partial_ ended with a lone '\r': what follows replaces it
   std::string filtered_line_;  // the line being read, for the filters (idle flushes split it)
   uint64_t lines_ = 0;
   bool file_lost_ = false;      // a write to the log file failed (said once)

@@ -117,7 +117,9 @@ std::string traceback_of(const WorkerResult& w) {
   if (!w.killed_for.empty()) out += (out.empty() ? "" : ": ") + w.killed_for;
   if (!w.stderr_tail.empty()) {
     if (!out.empty()) out += "\n";
-    out += fmt::format("last {} lines of {}:", w.stderr_tail.size(), w.tail_has_stdout ? "output" : "stderr");
+    const size_t n = w.stderr_tail.size();
+    out += fmt::format("last {} of {}:", n == 1 ? "line" : fmt::format("{} lines", n),
+                       w.tail_has_stdout ? "output" : "stderr");
     for (auto& l : w.stderr_tail) out += "\n  " + l;
   }
   if (out.empty()) out = w.tail_has_stdout ? "(no error file and no output)" : "(no error file and no output on stderr)";

@@ -439,6 +439,58 @@ TEST(LauncherOutput, TailKeepsLastLines) {
   EXPECT_EQ(f.tail()[2], "l5");
 }
 
+// The tail keeps what a terminal showed: a progress bar's states, each ended by '\r', are
+// replaced by what follows on their line (a report full of "10%", "20%"... before), and
+// the lone '\r' a bar starts with makes no empty line.
+TEST(LauncherOutput, TailKeepsAProgressBarsLastState) {
+  Capture cap;
+  auto f = make_fwd(cap.console(), "[p]", 4);
+  feed(f, "start\n\r 0%|\r 50%|\r 100%|\r");
+  feed(f, "\ndone\n\rnext 1\rnext 2\r\nfailed: x\n");
+  f.finish(now());
+  EXPECT_EQ(std::vector<std::string>(f.tail().begin(), f.tail().end()),
+            (std::vector<std::string>{" 100%|", "done", "next 2", "failed: x"}));
+  EXPECT_EQ(cap.finish(), "[p]start\n[p] 0%|\r[p] 50%|\r[p] 100%|\r\n[p]done\n[p]next 1\r[p]next 2\r\n[p]failed: x\n");
+}
+
+// A bar's last state before the stream ends (no newline after it) stays in the tail.
+TEST(LauncherOutput, TailKeepsABarLeftOpenAtTheEnd) {
+  auto f = make_fwd(nullptr, "[p]", 3);
+  feed(f, "\r10%\r99%\r");
+  f.finish(now());
+  EXPECT_EQ(std::vector<std::string>(f.tail().begin(), f.tail().end()), std::vector<std::string>{"99%"});
+}
+
+// A last line without a newline that an idle flush sent is in the tail (the report said
+// "no output" for a worker whose last words were "fatal: ..." without a newline).
+TEST(LauncherOutput, TailKeepsALastLineSentByAnIdleFlush) {
+  Capture cap;
+  auto f = make_fwd(cap.console(), "[p]", 3);
+  feed(f, "one\nfatal: no newline");
+  f.flush_partial(now());
+  f.finish(now());
+  EXPECT_EQ(std::vector<std::string>(f.tail().begin(), f.tail().end()),
+            (std::vector<std::string>{"one", "fatal: no newline"}));
+  EXPECT_EQ(cap.finish(), "[p]one\n[p]fatal: no newline\n");
+}
+
+// Raw output keeps the worker's bytes to the end: no newline added to an unfinished last
+// line (whether an idle flush sent part of it or not), the lone '\r' kept; another
+// worker's line still starts on a line of its own.
+TEST(LauncherOutput, RawOutputAddsNoNewlineAtTheEnd) {
+  Capture cap;
+  auto f = make_fwd(cap.console(), "", 2);
+  auto g = make_fwd(cap.console(), "");
+  feed(f, "\rbar\rdone");
+  f.flush_partial(now());
+  feed(f, " now");
+  f.finish(now());
+  EXPECT_EQ(cap.snapshot(), "\rbar\rdone now");
+  EXPECT_EQ(std::vector<std::string>(f.tail().begin(), f.tail().end()), std::vector<std::string>{"done now"});
+  feed(g, "other\n");
+  EXPECT_EQ(cap.finish(), "\rbar\rdone now\nother\n");
+}
+
 TEST(LauncherOutput, TailWithoutConsole) {
   auto f = make_fwd(nullptr, "[p]", 2);
   feed(f, "a\nb\nc\n");

@@ -64,6 +64,33 @@ class ProgressAndLinesTest(DdprunTestCase):
         self.assertEqual(res.rc, 0, res)
         self.assertEqual(res.out, b"[rank0]:progress 100%\n")
 
+    def test_a_failure_after_a_progress_bar_reports_what_the_terminal_showed(self):
+        """A tqdm-style bar (each state begins with '\\r') on stderr, then a last word without
+        a newline and a failure: the summary's tail holds the bar's last state and that last
+        word (it held every state of the bar, and said "no output" for an unfinished last
+        line that an idle flush had sent), and the console has no empty piece for a bar's
+        leading '\\r'."""
+        bar = ("import sys, time\n"
+               "for i in range(0, 101, 10):\n"
+               "    sys.stderr.write(f'\\rtrain {i}%|'); sys.stderr.flush(); time.sleep(0.01)\n"
+               "sys.stderr.write('\\n'); sys.stderr.write('fatal: disk full'); sys.stderr.flush()\n"
+               "time.sleep(0.5); sys.exit(3)\n")
+        script = self.path("bar.py")
+        with open(script, "w") as f:
+            f.write(bar)
+        res = self.run_ddprun(["--standalone", script])
+        self.assertEqual(res.rc, 3, res)
+        self.assertIn("traceback : last 2 lines of stderr:\n" + " " * 16 + "train 100%|\n" + " " * 16 +
+                      "fatal: disk full\n", res.stderr)
+        self.assertNotIn("[rank0]:\r", res.stderr)
+        self.assertIn("[rank0]:train 0%|\r[rank0]:train 10%|\r", res.stderr)
+
+    def test_raw_output_keeps_an_unfinished_last_line_as_it_is(self):
+        res = self.run_ddprun(["--standalone", "--log-line-prefix-template", "", "--no-python", "sh", "-c",
+                               "printf 'a\\rb'"])
+        self.assertEqual(res.rc, 0, res)
+        self.assertEqual(res.out, b"a\rb")
+
     def test_unfinished_last_line_ended_without_idle_flush(self):
         res = self.run_ddprun(["--standalone", "--no-python", "sh", "-c", "printf 'no newline'"])
         self.assertEqual(res.rc, 0, res)
