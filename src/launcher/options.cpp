@@ -340,7 +340,9 @@ void read_supervision(Options& o, const Flags& g) {
   if (g.has("hang-timeout")) o.hang_timeout = parse_seconds(g.at("hang-timeout"), true);
   // torchrun stops on SIGQUIT too; ddprun shows every rank's stack instead (docs/stacks.md)
   // unless the list is given or stack dumps are off.
-  const char* default_signals = o.stack_dumps ? "SIGTERM,SIGINT,SIGHUP" : "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  // Under nohup (SIGHUP ignored at start), SIGHUP stays ignored unless the list names it.
+  std::string default_signals = sighup_ignored_at_start() ? "SIGTERM,SIGINT" : "SIGTERM,SIGINT,SIGHUP";
+  if (!o.stack_dumps) default_signals += ",SIGQUIT";
   o.signals_to_handle = parse_signal_list(g.source("signals-to-handle"), g.has("signals-to-handle")
                                                                              ? g.value("signals-to-handle")
                                                                              : default_signals);

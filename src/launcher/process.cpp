@@ -54,7 +54,15 @@ struct CpuMask {
   size_t size = 0;
 };
 
+// Read as the program loads, before ddprun installs any handler.
+const bool g_sighup_ignored = [] {
+  struct sigaction a {};
+  return sigaction(SIGHUP, nullptr, &a) == 0 && !(a.sa_flags & SA_SIGINFO) && a.sa_handler == SIG_IGN;
+}();
+
 }  // namespace
+
+bool sighup_ignored_at_start() { return g_sighup_ignored; }
 
 SpawnResult spawn(const SpawnSpec& spec) {
   // Everything the child needs is prepared here: after vfork only async-signal-safe calls,
@@ -64,6 +72,7 @@ SpawnResult spawn(const SpawnSpec& spec) {
   const char* path = spec.path.c_str();
   const int in_fd = spec.stdin_fd, out_fd = spec.stdout_fd, err_fd = spec.stderr_fd, keep_fd = spec.inherit_fd;
   const pid_t parent = getpid();
+  const bool hup_ignored = g_sighup_ignored;
   sigset_t none;
   sigemptyset(&none);
   const CpuMask cpus(spec.cpus);
@@ -78,11 +87,13 @@ SpawnResult spawn(const SpawnSpec& spec) {
     setsid();  // a session and group of its own, no controlling terminal (as torchrun 2.x's)
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(128 + SIGKILL);  // ddprun died before the signal was armed
-    // Dispositions ddprun changed must not leak into the worker (ignored ones survive exec).
-    struct sigaction dfl {};
+    // Dispositions ddprun changed must not leak into the worker (ignored ones survive exec);
+    // nohup's ignored SIGHUP is the worker's too.
+    struct sigaction dfl {}, ign {};
     dfl.sa_handler = SIG_DFL;
+    ign.sa_handler = SIG_IGN;
     for (int s = 1; s < NSIG; ++s)
-      if (s != SIGKILL && s != SIGSTOP) sigaction(s, &dfl, nullptr);
+      if (s != SIGKILL && s != SIGSTOP) sigaction(s, s == SIGHUP && hup_ignored ? &ign : &dfl, nullptr);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     if (keep_fd >= 0) fcntl(keep_fd, F_SETFD, 0);  // the child's descriptor table is its own
     if (cpus.set && sched_setaffinity(0, cpus.size, cpus.set) != 0) {  // before exec: every thread inherits it

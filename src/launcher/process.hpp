@@ -31,6 +31,10 @@ struct SpawnResult {
   bool bind_failed = false;  // with exec_errno: sched_setaffinity to spec.cpus failed (no exec)
 };
 
+// Whether SIGHUP was ignored when ddprun started (`nohup ddprun ...`): ddprun then leaves it
+// ignored, and its workers start with it ignored too, as they would under nohup themselves.
+bool sighup_ignored_at_start();
+
 // vfork + exec. The child leads its own session and process group (no controlling
 // terminal) and gets SIGKILL if ddprun dies.
 // Returns once the child has exec'd (or failed to). Throws ddp::SystemError if vfork fails.

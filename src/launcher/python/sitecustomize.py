@@ -74,13 +74,19 @@ def _notice_failures(ddprun_pid, sig):
     previous = sys.excepthook
     me = os.getpid()
 
+    # A Ctrl-C while the hook runs (the job stops on it, a rank failed) must not print
+    # "Error in sys.excepthook" with a traceback through this file: it is the user's exception
+    # that matters (Python's own hook, written in C, is not interrupted that way).
     def excepthook(*exc_info):
         try:
             if os.getpid() == me:  # not in a forked child
                 os.kill(ddprun_pid, sig)
-        except Exception:  # noqa: BLE001
+        except BaseException:  # noqa: BLE001
             pass
-        previous(*exc_info)
+        try:
+            previous(*exc_info)
+        except KeyboardInterrupt:
+            pass
 
     sys.excepthook = excepthook
 

@@ -70,6 +70,24 @@ class SignalForwardingTest(DdprunTestCase):
         for pid in pids:
             self.assertFalse(pid_alive(pid))
 
+    def test_under_nohup_sighup_stays_ignored(self):
+        """`nohup ddprun ...`: SIGHUP was ignored when ddprun started, so it stays ignored, by
+        ddprun and by its workers (it stopped the job with 129, as torchrun's agent does)."""
+        p = self.start(["--nproc-per-node", "2", worker("signals.py"), self.tmp, "usr1"], cmd_prefix=("nohup",))
+        self.wait_for_files([self.path(f"ready_{r}") for r in range(2)])
+        pids = [self.read_pid(self.path(f"pid_{r}")) for r in range(2)]
+        for pid in pids:
+            with open(f"/proc/{pid}/status") as f:
+                ignored = int(next(line for line in f if line.startswith("SigIgn:")).split()[1], 16)
+            self.assertTrue(ignored & (1 << (signal.SIGHUP - 1)), f"worker {pid} does not ignore SIGHUP")
+        os.kill(p.pid, signal.SIGHUP)
+        time.sleep(1)
+        self.assertIsNone(p.poll(), read_text(self.path("ddprun.stderr")))
+        self.assertTrue(all(pid_alive(pid) for pid in pids))
+        os.kill(p.pid, signal.SIGUSR1)
+        self.assertEqual(self.wait_exit(p, 60), 0, read_text(self.path("ddprun.stderr")))
+        self.assertNotIn("SIGHUP", read_text(self.path("ddprun.stderr")))
+
     def test_sigusr1_forwarded_without_stopping(self):
         p, pids = self.start_signals("usr1")
         os.kill(p.pid, signal.SIGUSR1)

@@ -600,6 +600,21 @@ class Stacks(StacksTest):
         self.assertNotIn("SIGURG", self.stderr_text())  # nor is a worker's notice a dump on demand
         self.assertIn("KeyboardInterrupt", self.stderr_text())
 
+    def test_a_keyboard_interrupt_inside_the_bootstraps_hook_is_not_shown(self):
+        """A Ctrl-C that lands while the bootstrap's excepthook runs (here: in its notice to
+        ddprun, made to raise KeyboardInterrupt) printed "Error in sys.excepthook" with a
+        traceback through ddprun's sitecustomize.py; the user's own traceback is what shows."""
+        script = self.write("hooked.py", "import os\n"
+                                         "def interrupted(*a):\n"
+                                         "    raise KeyboardInterrupt\n"
+                                         "os.kill = interrupted\n"
+                                         "raise ValueError('the real failure')\n")
+        res = self.run_ddprun(["--standalone", script])
+        self.assertEqual(res.rc, 1, res)
+        self.assertIn("[rank0]:ValueError: the real failure", res.stderr)
+        self.assertNotIn("Error in sys.excepthook", res.stderr)
+        self.assertNotIn("sitecustomize", res.stderr)
+
     def test_a_hang_is_a_failed_attempt_that_max_restarts_restarts(self):
         script = self.write("blocker.py", BLOCKER)
         for _ in range(3):
