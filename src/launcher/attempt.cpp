@@ -162,10 +162,6 @@ std::vector<WorkerResult*> AttemptWorkers::reap() {
       w.state = WorkerResult::State::kStopped;
     } else {
       w.state = WorkerResult::State::kFailed;
-      // A line a person can read while the rest shuts down.
-      spdlog::warn("rank {} (local_rank {}, pid {}) {}", w.rank, w.local_rank, w.pid,
-                   w.signal ? fmt::format("was killed by {}", signal_name(w.signal))
-                            : fmt::format("exited with code {}", w.exit_code));
       failed.push_back(&w);
     }
   }

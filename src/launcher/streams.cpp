@@ -102,6 +102,11 @@ void WorkerStreams::on_readable(Stream& s) {
   }
 }
 
+void WorkerStreams::read_worker(int worker) {
+  for (auto& s : streams_)
+    if (s->worker == worker && s->fd >= 0 && !s->paused) on_readable(*s);
+}
+
 void WorkerStreams::close(Stream& s) {
   if (s.fd < 0) return;
   s.fwd->finish(std::chrono::system_clock::now());

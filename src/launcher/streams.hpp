@@ -31,6 +31,9 @@ class WorkerStreams {
 
   // An epoll event whose tag is a Stream.
   void on_readable(Stream& s);
+  // Reads what worker `worker` left in its pipes (it exited: all of it is there), as far as
+  // its consoles take it.
+  void read_worker(int worker);
   // The console writers drained: streams paused on them are read again.
   void resume_paused();
   // Unfinished lines idle for StreamForwarder::kIdleFlush go out; the earliest time the

@@ -467,8 +467,16 @@ class AttemptSupervisor {
     look_ahead(RoundEnd{RoundEnd::Kind::kFailed, "", what});
   }
 
+  // A failed rank's last output (all in its pipes now) comes before the line that says it
+  // failed, a line a person can read while the rest shuts down.
   void reap() {
-    for (WorkerResult* w : workers_.reap()) fail(*w);
+    for (WorkerResult* w : workers_.reap()) {
+      output_.streams().read_worker(static_cast<int>(w - workers_.all().data()));
+      spdlog::warn("rank {} (local_rank {}, pid {}) {}", w->rank, w->local_rank, w->pid,
+                   w->signal ? fmt::format("was killed by {}", signal_name(w->signal))
+                             : fmt::format("exited with code {}", w->exit_code));
+      fail(*w);
+    }
     prefer_announced_root();
   }
 
