@@ -54,6 +54,7 @@ std::vector<WorkerResult*> AttemptWorkers::start(const JobPlan& plan, int attemp
     WorkerResult& w = workers_[i];
     const std::string wdir = fmt::format("{}/{}", dir, w.local_rank);
     WorkerCommand cmd = worker_command(o_, w.local_rank, base_env);
+    w.interpreter = cmd.interpreter;
     Env env = worker_environment(o_, plan, w.local_rank, w.error_file, base_env);
     if (env_hook) env_hook(env, w);
     const auto [out_fd, err_fd] = open_stream(static_cast<int>(i), wdir);

@@ -77,11 +77,19 @@ bool mentions(const WorkerResult& w, std::string_view text) {
 
 std::string failure_hints(const WorkerResult& root, const std::vector<WorkerResult>& others) {
   std::string out;
-  for (const auto& cause : kKnownCauses) {
-    bool seen = mentions(root, cause.text);
-    for (size_t i = 0; !seen && i < others.size(); ++i) seen = mentions(others[i], cause.text);
-    if (seen) out += fmt::format("{}\n", cause.hint);
-  }
+  auto seen = [&](std::string_view text) {
+    bool any = mentions(root, text);
+    for (size_t i = 0; !any && i < others.size(); ++i) any = mentions(others[i], text);
+    return any;
+  };
+  for (const auto& cause : kKnownCauses)
+    if (seen(cause.text)) out += fmt::format("{}\n", cause.hint);
+  // torchrun's workers run the Python torchrun was installed into; ddprun's run PYTHON_EXEC,
+  // else the first python3 on PATH, which may be another (a pyenv shim, a system Python).
+  if (!root.interpreter.empty() && seen("ModuleNotFoundError: No module named"))
+    out += fmt::format("hint: the workers ran {} ($PYTHON_EXEC, else the first python3 on PATH): if the module "
+                       "is installed for another Python, set PYTHON_EXEC to that interpreter (a venv's bin/python)\n",
+                       root.interpreter);
   return out;
 }
 

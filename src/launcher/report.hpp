@@ -29,6 +29,7 @@ struct WorkerResult {
   std::string killed_for;  // why ddprun signalled it while it ran (an expired file timer)
   std::vector<std::string> stderr_tail;
   bool tail_has_stdout = false;  // stdout's lines among them (one pipe carried both)
+  std::string interpreter;       // the Python that ran its script ("" when it ran directly)
 
   bool failed() const { return state == State::kFailed || state == State::kExecFailed; }
   // torchrun's exit code: negative signal number when killed.

@@ -41,6 +41,7 @@ WorkerCommand worker_command(const Options& o, int local_rank, const std::map<st
     c.path = find_executable(python, path_env);
     if (c.path.empty()) c.path = python;  // execve reports ENOENT, which ddprun explains
     c.argv = {python, "-u"};
+    c.interpreter = c.path;
     if (o.module) c.argv.push_back("-m");
     c.argv.push_back(o.script);
   }

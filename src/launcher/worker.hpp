@@ -29,6 +29,7 @@ struct JobPlan {
 struct WorkerCommand {
   std::string path;               // what execve runs
   std::vector<std::string> argv;  // argv[0] first
+  std::string interpreter;        // the Python it runs the script with ("" when run directly)
 };
 
 // [$PYTHON_EXEC|python3, -u, (-m), script, args] or [script, args] for --no-python and

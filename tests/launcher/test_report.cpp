@@ -210,6 +210,20 @@ TEST(LauncherReport, NoHintForOtherErrors) {
   EXPECT_EQ(ddprun::failure_hints(root, {}), "");
 }
 
+// A module the workers' Python lacks (often: python3 from PATH is not the one with torch):
+// the hint names the interpreter that ran and PYTHON_EXEC; none for a worker run directly.
+TEST(LauncherReport, MissingModuleHintNamesTheInterpreter) {
+  WorkerResult root = failed_worker(0, 1);
+  root.stderr_tail = {"  File \"train.py\", line 1, in <module>", "ModuleNotFoundError: No module named 'torch'"};
+  root.interpreter = "/root/.pyenv/shims/python3";
+  auto hints = hint_lines(ddprun::failure_summary("train.py", root, {}));
+  ASSERT_EQ(hints.size(), 1u);
+  EXPECT_NE(hints[0].find("the workers ran /root/.pyenv/shims/python3"), std::string::npos) << hints[0];
+  EXPECT_NE(hints[0].find("set PYTHON_EXEC"), std::string::npos) << hints[0];
+  root.interpreter.clear();  // --no-python, an executable
+  EXPECT_EQ(ddprun::failure_hints(root, {}), "");
+}
+
 TEST(LauncherReport, RootCauseErrorFileFromWorkerRecord) {
   ddprun_test::TempDir dir;
   WorkerResult root = failed_worker(0, 1);
