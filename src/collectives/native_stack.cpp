@@ -1,5 +1,6 @@
 // A C++ worker's stacks for ddprun (docs/stacks.md): under ddprun ($DDPRUN_STACK_FILE set,
-// and SIGURG still at its default, ignored, so nobody else's handler is replaced), libddp
+// DDP_NATIVE_STACKS not 0, and SIGURG still at its default, ignored, so nobody else's
+// handler is replaced), libddp
 // announces itself in that file the way the Python bootstrap does, and on SIGURG writes the
 // native backtrace of every thread: the thread the signal reached writes its own, then
 // sends SIGURG to each other thread of the process (tgkill; the thread list read with raw
@@ -105,6 +106,9 @@ void arm_native_stack_dump() noexcept {
   std::call_once(once, [] {
     const char* path = std::getenv("DDPRUN_STACK_FILE");
     if (!path || !*path) return;
+    // Off: the handler interrupts the program's own blocking calls that no SA_RESTART
+    // restarts (poll, epoll_wait, sleep, nanosleep...) with EINTR, in every thread.
+    if (const char* off = std::getenv("DDP_NATIVE_STACKS"); off && std::strcmp(off, "0") == 0) return;
     struct sigaction old {};
     if (sigaction(SIGURG, nullptr, &old) != 0 || (old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) return;
     int fd = ::open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);

@@ -29,7 +29,30 @@ int cuda_device_count() {
   return n;
 }
 
+namespace {
+
+// A device number the caller may use: a clear error for a negative one, none visible, or
+// one past the last (CUDA's own errors name a driver version when there is no GPU at all).
+void need_device(int device, const char* who) {
+  if (device < 0) throw UsageError(fmt::format("{}: device {} is no CUDA device number", who, device));
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
+    throw CollectiveError(fmt::format("{}: no CUDA device is visible (cudaGetDeviceCount returned 0 or failed)", who));
+  if (device >= count)
+    throw UsageError(fmt::format("{}: device {}, but {} CUDA device{} visible", who, device, count,
+                                 count == 1 ? " is" : "s are"));
+}
+
+void need_range(const char* who, size_t offset, size_t n, size_t bytes) {
+  if (offset > bytes || n > bytes - offset)
+    throw UsageError(fmt::format("{}: {} bytes at offset {} do not fit in the buffer's {} bytes", who, n, offset,
+                                 bytes));
+}
+
+}  // namespace
+
 DeviceBuffer::DeviceBuffer(size_t bytes, int device) : bytes_(bytes), device_(device) {
+  need_device(device, "DeviceBuffer");
   DDP_CUDA_CHECK(cudaSetDevice(device));
   if (bytes) DDP_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
 }
@@ -59,7 +82,8 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   return *this;
 }
 void DeviceBuffer::copy_from_host(const void* src, size_t n, size_t offset) {
-  if (offset + n > bytes_) throw CollectiveError("DeviceBuffer::copy_from_host: out of range");
+  need_range("DeviceBuffer::copy_from_host", offset, n, bytes_);
+  if (n == 0) return;  // (an empty buffer has no device to set)
   DDP_CUDA_CHECK(cudaSetDevice(device_));
   DDP_CUDA_CHECK(cudaMemcpy(static_cast<char*>(ptr_) + offset, src, n, cudaMemcpyHostToDevice));
   // From pageable memory cudaMemcpy may return before the DMA lands, and the groups' streams
@@ -67,13 +91,15 @@ void DeviceBuffer::copy_from_host(const void* src, size_t n, size_t offset) {
   DDP_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 }
 void DeviceBuffer::copy_to_host(void* dst, size_t n, size_t offset) const {
-  if (offset + n > bytes_) throw CollectiveError("DeviceBuffer::copy_to_host: out of range");
+  need_range("DeviceBuffer::copy_to_host", offset, n, bytes_);
+  if (n == 0) return;
   DDP_CUDA_CHECK(cudaSetDevice(device_));
   DDP_CUDA_CHECK(cudaMemcpy(dst, static_cast<const char*>(ptr_) + offset, n, cudaMemcpyDeviceToHost));
 }
 void DeviceBuffer::fill_zero() {
+  if (bytes_ == 0) return;
   DDP_CUDA_CHECK(cudaSetDevice(device_));
-  if (bytes_) DDP_CUDA_CHECK(cudaMemset(ptr_, 0, bytes_));
+  DDP_CUDA_CHECK(cudaMemset(ptr_, 0, bytes_));
   DDP_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // cudaMemset is asynchronous
 }
 

@@ -124,12 +124,14 @@ void need(bool ok, int rank, const char* op, const char* what) {
 }
 
 // A known dtype, and count elements (times `blocks`: all_gather's output, reduce_scatter's
-// input) whose bytes fit in a size_t.
+// input) whose bytes fit in an address space (64-bit Linux gives a process 128 TiB at most:
+// a larger count is a caller's mistake, which would read past its buffer).
 void need_elements(size_t count, DType dtype, size_t blocks, int rank, const char* op) {
+  constexpr size_t kAddressable = size_t(1) << 47;
   const size_t bytes = dtype_size(dtype);
   if (bytes == 0) refuse(rank, op, fmt::format("unknown dtype {}", static_cast<int>(dtype)));
   size_t total = 0;  // (bytes * blocks cannot overflow: 8 x an int's ranks at most)
-  if (__builtin_mul_overflow(count, bytes * blocks, &total))
+  if (__builtin_mul_overflow(count, bytes * blocks, &total) || total > kAddressable)
     refuse(rank, op, fmt::format("{} elements of {} (x {} ranks) do not fit in memory", count, dtype_name(dtype),
                                  blocks));
 }
@@ -208,6 +210,13 @@ std::unique_ptr<ProcessGroup> init_process_group(ProcessGroupOptions o) {
                                  o.world_size));
   if (o.world_size > 1 && !o.store)
     throw UsageError("ddp::init_process_group: a store is required when world_size > 1");
+  if (o.backend != Backend::kCpu && o.backend != Backend::kNccl)
+    throw UsageError(fmt::format("ddp::init_process_group: backend {} is none of Backend::kCpu, Backend::kNccl",
+                                 static_cast<int>(o.backend)));
+  if (o.transport != Transport::kAuto && o.transport != Transport::kTcp)
+    throw UsageError(fmt::format("ddp::init_process_group: transport {} is none of Transport::kAuto, "
+                                 "Transport::kTcp",
+                                 static_cast<int>(o.transport)));
   // A group made again under a name used before on this store (destroy and re-init, as
   // torch allows) takes keys of its own: the store still holds the last one's (its shared
   // memory segment's name, its ports), which it would read. Each rank counts its own groups

@@ -559,11 +559,37 @@ std::string StackDumps::failure_stacks(const std::vector<WorkerResult>& workers,
   auto ts = targets(workers, root);
   if (ts.empty()) return "";
   auto stacks = with_ended(take_stacks(ts, Clock::now() + kAtFailure, [this] { return stop_pending(); }), workers, root);
-  std::string file = save(attempt_dir, "stacks_at_failure.txt", full_dump(stacks, prefixes(stacks)));
+  failure_file_ = save(attempt_dir, "stacks_at_failure.txt", full_dump(stacks, prefixes(stacks)));
+  failure_title_ = title;
   at_end_ = stacks;
   failure_table_ = collectives(workers);
-  return fmt::format("{} (main thread, innermost frame first{}):\n{}{}", title,
-                     file.empty() ? "" : "; every thread: " + file, where_lines(stacks), failure_table_);
+  return failure_text(stacks);
+}
+
+std::string StackDumps::failure_text(const std::vector<RankStack>& stacks) const {
+  return fmt::format("{} (main thread, innermost frame first{}):\n{}{}", failure_title_,
+                     failure_file_.empty() ? "" : "; every thread: " + failure_file_, where_lines(stacks),
+                     failure_table_);
+}
+
+void StackDumps::settle_root(const std::vector<WorkerResult>& workers, const WorkerResult& root) {
+  // (Not a job-wide note: the other nodes' answers were composed with it.)
+  if (failing_ <= 0 || failing_ == root.pid || !at_end_ || !failure_what_.empty()) return;
+  std::vector<RankStack>& stacks = *at_end_;
+  std::erase_if(stacks, [&](const RankStack& s) { return s.pid == root.pid; });
+  auto announcer = std::find_if(workers.begin(), workers.end(), [&](const WorkerResult& w) { return w.pid == failing_; });
+  if (announcer != workers.end()) {
+    RankStack s;
+    s.rank = announcer->rank;
+    s.local_rank = announcer->local_rank;
+    s.pid = announcer->pid;
+    s.kind = RankStack::Kind::kExited;
+    s.given = kFailingOnAnException;
+    stacks.push_back(std::move(s));
+    std::stable_sort(stacks.begin(), stacks.end(), [](const RankStack& a, const RankStack& b) { return a.rank < b.rank; });
+  }
+  failing_ = root.pid;
+  failure_note_ = failure_text(stacks);
 }
 
 void StackDumps::attempt_started() {

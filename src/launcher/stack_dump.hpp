@@ -126,6 +126,10 @@ class StackDumps {
   // stopped (for the line that says the job failed elsewhere).
   void at_remote_failure(const std::vector<WorkerResult>& workers, const std::string& attempt_dir);
   const std::string& failure_note() const { return failure_note_; }
+  // The attempt's root cause is final: if it is not the rank whose announced failure the
+  // stacks were taken for (a rank that died without an exception, reaped after the notice
+  // of a peer failing because of it), the note leaves it out and shows that peer failing.
+  void settle_root(const std::vector<WorkerResult>& workers, const WorkerResult& root);
   // The worker that announced an uncaught exception this attempt (-1: none): it failed first.
   pid_t announced_failure() const { return failing_ > 0 ? failing_ : -1; }
 
@@ -189,6 +193,7 @@ class StackDumps {
   // The survivors' stacks at a failure (all but root), saved, as the summary's block.
   std::string failure_stacks(const std::vector<WorkerResult>& workers, const WorkerResult* root,
                              const std::string& attempt_dir, const std::string& title);
+  std::string failure_text(const std::vector<RankStack>& stacks) const;  // the note on these stacks
   // A signal that stops the job is pending (blocked, not yet read from the signalfd).
   bool stop_pending() const;
 
@@ -212,6 +217,7 @@ class StackDumps {
   std::string hang_what_;  // the dump a hang asked of the other nodes
   std::string failure_what_;  // the dump this node's failure asked of the other nodes
   std::string failure_table_;  // the libddp collectives when the failure's stacks were taken
+  std::string failure_title_, failure_file_;  // this node's failure note's title and saved dump
   HangView hang_view_;
   std::optional<std::vector<RankStack>> at_end_;  // taken as this node began to stop (answer_while_stopping)
   // The last on-demand dump's stacks, for another dump within kShared.

@@ -137,8 +137,14 @@ std::string RankStack::signature(size_t depth) const {
   // thread, the oldest, is then not among them.
   if (main == threads.end() && (text.starts_with("...\n") || text.find("\n...\n") != std::string::npos))
     return "(main thread not in the dump: faulthandler shows 100 threads at most)";
-  std::string s = innermost(main != threads.end() ? *main : threads.back(), depth);
-  return s.empty() ? "<no Python frame>" : s;
+  const ThreadStack& m = main != threads.end() ? *main : threads.back();
+  // In the bootstrap's excepthook: the rank fails on an uncaught exception, whose traceback
+  // (not the hook's frame) is what tells where, and that is in its output.
+  if (!m.frames.empty() && m.frames[0].func == "excepthook" &&
+      m.frames[0].file.ends_with("/ddprun/python/sitecustomize.py"))
+    return kFailingOnAnException;
+  std::string s = innermost(m, depth);
+  return s.empty() ? "<no Python frame: its Python starts or exits>" : s;
 }
 
 std::string rank_ranges(std::vector<int> ranks) {

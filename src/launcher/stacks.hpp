@@ -24,6 +24,8 @@ inline constexpr int kWorkerSignal = SIGURG;
 
 // The first line the bootstrap writes into its file: "ddprun-stacks pid=<pid>\n".
 inline constexpr const char* kAnnounce = "ddprun-stacks pid=";
+// Where a rank is that fails on an uncaught exception (its traceback tells where, in its output).
+inline constexpr const char* kFailingOnAnException = "failing: an uncaught exception (its traceback is in its output)";
 
 struct Frame {
   std::string file, func;

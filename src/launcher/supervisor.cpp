@@ -452,6 +452,7 @@ class AttemptSupervisor {
     }
     for (auto& w : all)
       if (root_ && w.pid == root_->pid) root_ = w;  // now with its stderr tail
+    if (root_) stacks_.settle_root(all, *root_);
   }
 
   // The first failure is the root cause: the workers are stopped first, then the other
@@ -495,12 +496,18 @@ class AttemptSupervisor {
   }
 
   // A stack-dump trigger from `sender`: a worker about to fail, or a dump asked for.
+  // A rank that already died (killed, os._exit) but is not reaped yet failed first: its
+  // peers' exceptions follow from it, so it is the root cause, and the announcer's stack is
+  // among the others' (before, the summary showed the dead rank as "exited before it
+  // answered" and left the announcer out).
   void on_trigger(int sig, pid_t sender) {
     const WorkerResult* failing = nullptr;
-    if (!stacks_.failure_notice(sig, sender, workers_.all(), workers_.stopping(), failing))
+    if (!stacks_.failure_notice(sig, sender, workers_.all(), workers_.stopping(), failing)) {
       dump_stacks(signal_name(sig));
-    else if (failing)
-      take_failure_stacks(*failing);
+    } else if (failing) {
+      reap();
+      if (!stacks_.failure_seen()) take_failure_stacks(*failing);
+    }
   }
 
   // Where the other ranks were at this node's first failure (bounded). With several nodes,

@@ -398,6 +398,9 @@ TEST(Collectives, BadArgumentsLeaveTheGroupUsable) {
     refused("rs op", [&] { pg.reduce_scatter(std::span<const float>(out), std::span<float>(v), {.op = static_cast<ReduceOp>(9)}); },
             "unknown reduce op 9");
     refused("overflow", [&] { pg.all_reduce(v.data(), SIZE_MAX / 2, DType::kFloat32); }, "do not fit in memory");
+    // 4 PiB: no overflow, but more than any process can address (it crashed every rank).
+    refused("beyond memory", [&] { pg.all_reduce(v.data(), size_t(1) << 50, DType::kFloat32); },
+            "do not fit in memory");
     refused("gather overflow", [&] { pg.all_gather(v.data(), out.data(), SIZE_MAX / 4, DType::kFloat32); },
             "do not fit in memory");
     refused("null", [&] { pg.all_reduce(nullptr, 3, DType::kFloat32); }, "null buffer");

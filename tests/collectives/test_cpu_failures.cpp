@@ -104,8 +104,51 @@ TEST(CollectiveFailures, BootstrapTimesOutNamingMissingRank) {
     FAIL() << "no exception";
   } catch (const ddp::TimeoutError& e) {
     EXPECT_TRUE(contains(e.what(), "init_process_group")) << e.what();
-    EXPECT_TRUE(contains(e.what(), "host/1")) << e.what();
+    // Every missing rank, by rank (it named the first key it waited for: 'pg/host/1' alone).
+    EXPECT_TRUE(contains(e.what(), "ranks 1, 2 of 3 did not join within the timeout (200 ms)")) << e.what();
   }
+}
+
+// A rank given another world size than rank 0's is told at once, not at the timeout.
+TEST(CollectiveFailures, AWorldSizeOtherThanRankZerosIsAnErrorAtOnce) {
+  auto store = std::make_shared<ddp::MemoryStore>();
+  std::string err1;
+  std::thread r0([&] {
+    ddp::ProcessGroupOptions o;
+    o.rank = 0;
+    o.world_size = 2;
+    o.store = store;
+    o.timeout = 3s;
+    try {
+      ddp::init_process_group(o);
+    } catch (const ddp::Error&) {
+    }
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  ddp::ProcessGroupOptions o;
+  o.rank = 1;
+  o.world_size = 3;
+  o.store = store;
+  o.timeout = 3s;
+  try {
+    ddp::init_process_group(o);
+  } catch (const ddp::Error& e) {
+    err1 = e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  r0.join();
+  EXPECT_TRUE(contains(err1, "rank 0 has world size 2, this rank (1) 3")) << err1;
+}
+
+TEST(CollectiveFailures, UnknownBackendOrTransportIsAUsageError) {
+  ddp::ProcessGroupOptions o;
+  o.rank = 0;
+  o.world_size = 1;
+  o.backend = static_cast<ddp::Backend>(7);
+  EXPECT_THROW(ddp::init_process_group(o), ddp::UsageError);
+  o.backend = ddp::Backend::kCpu;
+  o.transport = static_cast<ddp::Transport>(9);
+  EXPECT_THROW(ddp::init_process_group(o), ddp::UsageError);
 }
 
 // Forks n ranks (FileStore rendezvous); `victim` SIGKILLs itself 300 ms into a loop of
@@ -251,6 +294,46 @@ TEST(CollectiveFailures, KilledPeerShmSliceFourRanks) {
 TEST(CollectiveFailures, KilledPeerShmSliceThreeRanksFirst) {
   killed_peer(3, 0, ddp::Transport::kAuto, 1);
 }
+// Rank 1 (a process) destroys its group and exits at once; rank 0 then calls all_reduce: it
+// is told that rank 1 made fewer calls (over shared memory it said "exited", as of a crash).
+TEST(CollectiveFailures, APeerThatLeftAndExitedMadeFewerCalls) {
+  namespace fs = std::filesystem;
+  const std::string dir = fs::temp_directory_path() / ("ddp-left-" + std::to_string(getpid()));
+  fs::create_directories(dir + "/store");
+  pid_t pids[2];
+  for (int r = 0; r < 2; ++r) {
+    pids[r] = fork();
+    ASSERT_GE(pids[r], 0);
+    if (pids[r] > 0) continue;
+    std::string result = "no error";
+    try {
+      ddp::ProcessGroupOptions o;
+      o.rank = r;
+      o.world_size = 2;
+      o.store = std::make_shared<ddp_testing::FileStore>(dir + "/store");
+      o.timeout = scaled(30s);
+      auto pg = ddp::init_process_group(o);
+      if (r == 1) {  // leaves, then is gone
+        pg.reset();
+        _exit(0);
+      }
+      std::this_thread::sleep_for(300ms);  // rank 1 has exited by then
+      std::vector<float> v(16, 1.0f);
+      pg->all_reduce(std::span<float>(v), {.timeout = scaled(30s)});
+    } catch (const std::exception& e) {
+      result = e.what();
+    }
+    std::ofstream(dir + "/result." + std::to_string(r)) << result;
+    _exit(0);
+  }
+  for (pid_t p : pids) waitpid(p, nullptr, 0);
+  std::ifstream in(dir + "/result.0");
+  const std::string err0((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  fs::remove_all(dir);
+  EXPECT_TRUE(contains(err0, "rank 1 destroyed its process group after 0 collective(s) where this rank is at #1"))
+      << err0;
+}
+
 TEST(CollectiveFailures, KilledPeerShmTwoRanks) { killed_peer(2, 0, ddp::Transport::kAuto); }
 // Rank 0 hosted the store (no launcher) and is killed: the others fail at once too. Their
 // abort notice to that store retried for its connect timeout (a minute) before they reported.

@@ -154,6 +154,36 @@ TEST_F(NcclLogic, EveryCollectiveIsCorrectOnFourRanksAndShutsDownCleanly) {
   expect_clean(c);
 }
 
+// DeviceBuffer's bad input: a clear error of libddp's own, not CUDA's (which, with no GPU
+// at all, names a driver version); empty buffers' copies and fills do nothing.
+TEST_F(NcclLogic, DeviceBufferChecksItsDeviceAndRanges) {
+  auto what = [](auto&& f) {
+    try {
+      f();
+    } catch (const ddp::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  fake::Script none;
+  none.device_count = 0;
+  fake::reset(none);
+  EXPECT_EQ(what([] { ddp::DeviceBuffer b(64, 0); }),
+            "DeviceBuffer: no CUDA device is visible (cudaGetDeviceCount returned 0 or failed)");
+  fake::reset();  // one device
+  EXPECT_THROW(ddp::DeviceBuffer(64, -1), ddp::UsageError);
+  EXPECT_EQ(what([] { ddp::DeviceBuffer b(64, 1); }), "DeviceBuffer: device 1, but 1 CUDA device is visible");
+  ddp::DeviceBuffer b(64, 0);
+  char host[80] = {};
+  EXPECT_EQ(what([&] { b.copy_from_host(host, 80); }),
+            "DeviceBuffer::copy_from_host: 80 bytes at offset 0 do not fit in the buffer's 64 bytes");
+  EXPECT_THROW(b.copy_to_host(host, 8, SIZE_MAX - 4), ddp::UsageError);  // (offset + n wraps)
+  ddp::DeviceBuffer empty;
+  EXPECT_NO_THROW(empty.fill_zero());
+  EXPECT_NO_THROW(empty.copy_to_host(host, 0));
+  EXPECT_NO_THROW(empty.copy_from_host(host, 0));
+}
+
 TEST_F(NcclLogic, MapsEveryDtypeAndOpToNccl) {
   auto errors = run_ranks(1, [](ddp::ProcessGroup& pg) {
     ddp::DeviceBuffer b(64, 0);
@@ -484,10 +514,10 @@ TEST_F(NcclLogic, CudaFailureNamesTheCallSiteAndCudasMessage) {
     EXPECT_THAT(e.what(), HasSubstr("out of memory"));
   }
   try {
-    ddp::DeviceBuffer b(16, 5);
+    ddp::DeviceBuffer b(16, 5);  // (libddp's own check, before CUDA's "invalid device ordinal")
     FAIL() << "no exception";
-  } catch (const ddp::CollectiveError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("cudaSetDevice(device) failed: invalid device ordinal"));
+  } catch (const ddp::UsageError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("DeviceBuffer: device 5, but 1 CUDA device is visible"));
   }
   expect_clean(fake::counters());
 }

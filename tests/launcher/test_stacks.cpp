@@ -77,7 +77,7 @@ TEST(LauncherStacks, TheWarmProcessFramesUnderAPreloadedScriptAreNotTheRanks) {
   RankStack starting = stack(0, Kind::kStack,
                              "Current thread 0x2 (most recent call first):\n"
                              "  File \"/usr/share/ddprun/python/ddprun_preload.py\", line 308 in _run_script\n");
-  EXPECT_EQ(starting.signature(), "<no Python frame>");  // as a cold worker's before its script runs
+  EXPECT_EQ(starting.signature(), "<no Python frame: its Python starts or exits>");  // as a cold worker's
 }
 
 // A rank inside `import torch`: the import system's frames between the importing line and
@@ -109,7 +109,13 @@ TEST(LauncherStacks, SignatureIsTheMainThreadOrWhyNone) {
   EXPECT_NE(stack(0, Kind::kNoBootstrap).signature().find("no Python stack"), std::string::npos);
   EXPECT_EQ(stack(0, Kind::kStack, "garbage\n").signature(), "(empty dump)");
   EXPECT_EQ(stack(0, Kind::kStack, "Thread 0x1 (most recent call first):\n  <no Python frame>\n").signature(),
-            "<no Python frame>");
+            "<no Python frame: its Python starts or exits>");
+  // A rank in the bootstrap's excepthook is failing: not "where it is" in the script.
+  EXPECT_EQ(stack(0, Kind::kStack,
+                  "Current thread 0x1 (most recent call first):\n"
+                  "  File \"/usr/share/ddprun/python/sitecustomize.py\", line 83 in excepthook\n")
+                .signature(),
+            "failing: an uncaught exception (its traceback is in its output)");
   // Over 100 threads: the dump ends with "..." before the main thread (the oldest); the last
   // thread shown is a helper, not where the rank is.
   EXPECT_EQ(stack(0, Kind::kStack,

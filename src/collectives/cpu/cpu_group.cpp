@@ -315,9 +315,10 @@ class CpuGroup final : public GroupBase {
     if (r == 0) {
       std::random_device rd;
       tag_ = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
-      // With the tag, rank 0's small_message_bytes: every rank must choose the flat
-      // algorithm for the same calls, and its slots are sized by the segment's creator.
-      store_->set(key("tag"), fmt::format("{} {}", tag_, small_));
+      // With the tag, rank 0's small_message_bytes (every rank must choose the flat
+      // algorithm for the same calls, and its slots are sized by the segment's creator) and
+      // its world size (a rank given another one is told at once, not after the timeout).
+      store_->set(key("tag"), fmt::format("{} {} {}", tag_, small_, n));
     }
     bool all_same = true;
     std::vector<bool> shm = find_local_ranks(deadline, all_same);
@@ -343,22 +344,13 @@ class CpuGroup final : public GroupBase {
     const std::string me = opts_.host_id.empty() ? host_identity() : opts_.host_id;
     const bool tcp_only = opts_.transport == Transport::kTcp;
     store_->set(key(fmt::format("host/{}", r)), tcp_only ? me + std::string(kTcpOnly) : me);
-    if (r != 0) {
-      const std::string v = store_get("tag", deadline);
-      const char* end = v.data() + v.size();
-      auto got = std::from_chars(v.data(), end, tag_);
-      const bool tagged = got.ec == std::errc() && got.ptr < end && *got.ptr == ' ';
-      if (tagged) got = std::from_chars(got.ptr + 1, end, small_);
-      if (!tagged || got.ec != std::errc() || got.ptr != end)
-        throw CollectiveError(fmt::format("rank 0 published '{}' as the group's tag: is rank 0 running another "
-                                          "version of libddp? every rank needs the same one",
-                                          v.substr(0, 64)));
-    }
+    if (r != 0) read_tag(store_get("tag", deadline));
+    wait_for_ranks(deadline);
     std::vector<bool> same(n), shm(n);
     for (int i = 0; i < n; ++i) {
       bool peer_tcp_only = tcp_only;
       if (i != r) {
-        std::string v = store_get(fmt::format("host/{}", i), deadline);
+        std::string v = store_->get(key(fmt::format("host/{}", i)));
         peer_tcp_only = v.ends_with(kTcpOnly);
         if (peer_tcp_only) v.resize(v.size() - kTcpOnly.size());
         same[i] = v == me;
@@ -374,6 +366,46 @@ class CpuGroup final : public GroupBase {
     }
     all_local_ = local_.size() > 1 && static_cast<int>(local_.size()) == n;
     return shm;
+  }
+
+  // Rank 0's "<tag> <small_message_bytes> <world size>".
+  void read_tag(const std::string& v) {
+    const char* end = v.data() + v.size();
+    int n0 = 0;
+    auto got = std::from_chars(v.data(), end, tag_);
+    bool ok = got.ec == std::errc() && got.ptr < end && *got.ptr == ' ';
+    if (ok) got = std::from_chars(got.ptr + 1, end, small_);
+    ok = ok && got.ec == std::errc() && got.ptr < end && *got.ptr == ' ';
+    if (ok) got = std::from_chars(got.ptr + 1, end, n0);
+    if (!ok || got.ec != std::errc() || got.ptr != end)
+      throw CollectiveError(fmt::format("rank 0 published '{}' as the group's tag: is rank 0 running another "
+                                        "version of libddp? every rank needs the same one",
+                                        v.substr(0, 64)));
+    if (n0 != size())
+      throw UsageError(fmt::format("rank 0 has world size {}, this rank ({}) {}: every rank needs the same "
+                                   "WORLD_SIZE (world_size)",
+                                   n0, rank(), size()));
+  }
+
+  // Every other rank has published its host: at the deadline, which have not (a rank that
+  // never started, started late, or was given another MASTER_ADDR, MASTER_PORT or name).
+  void wait_for_ranks(TimePoint deadline) {
+    std::vector<std::string> keys;
+    for (int i = 0; i < size(); ++i)
+      if (i != rank()) keys.push_back(key(fmt::format("host/{}", i)));
+    try {
+      wait_for_keys(*store_, keys, deadline, "waiting for the other ranks to join", [&] { return peer_failed(); });
+    } catch (const TimeoutError&) {
+      std::vector<int> missing;
+      for (int i = 0; i < size(); ++i)
+        if (i != rank() && !store_->check({key(fmt::format("host/{}", i))})) missing.push_back(i);
+      if (missing.empty()) throw;
+      throw TimeoutError(fmt::format("rank{} {} of {} did not join within the timeout ({} ms): no '{}' key in the "
+                                     "store (not started yet, or started with another MASTER_ADDR, MASTER_PORT "
+                                     "or group name)",
+                                     missing.size() == 1 ? "" : "s", fmt::join(missing, ", "), size(),
+                                     opts_.timeout.count(), key("host/N")));
+    }
   }
 
   // The ring's two links (one when n == 2): shared memory with the neighbours in shm, TCP
@@ -633,7 +665,9 @@ class CpuGroup final : public GroupBase {
       } else {
         dead = kill(p.pid, 0) != 0 && errno == ESRCH;
       }
-      if (dead && !left_after_this_call(c)) return fmt::format("peer rank {} (pid {}, this host) exited", p.rank, p.pid);
+      // (One that left its group first and then exited is told below: it made fewer calls.)
+      if (dead && c.aborted.load(std::memory_order_acquire) != kRankLeft)
+        return fmt::format("peer rank {} (pid {}, this host) exited", p.rank, p.pid);
     }
     for (auto& p : peers_) {
       const RankCtl& c = seg_->rank(p.local);

@@ -392,6 +392,30 @@ class Stacks(StacksTest):
         os.kill(p.pid, signal.SIGTERM)
         self.assertEqual(self.finish(p, 60), 128 + signal.SIGTERM)
 
+    def test_ddp_native_stacks_0_keeps_libddp_out_of_the_workers_signals(self):
+        """DDP_NATIVE_STACKS=0: libddp installs no SIGURG handler (a dump would interrupt the
+        program's own poll or sleep with EINTR); the dump shows the kernel's view of each
+        rank's threads instead, and the table of collectives still."""
+        p = self.start(["--standalone", "--nproc-per-node", "2", "--no-python", SKIP_COLLECTIVE, "1", "3", "60",
+                        self.tmp], env=clean_env(DDP_NATIVE_STACKS="0"))
+        self.wait_markers(["skipped"])
+        time.sleep(0.3)
+        with open(f"/proc/{p.pid}/task/{p.pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+        workers = [c for c in children if read_text(f"/proc/{c}/comm").startswith("ddp-test-skip")]
+        self.assertEqual(len(workers), 2, children)
+        for pid in workers:
+            with open(f"/proc/{pid}/status") as f:
+                caught = int(next(line for line in f if line.startswith("SigCgt:")).split()[1], 16)
+            self.assertFalse(caught & (1 << (signal.SIGURG - 1)), f"worker {pid} catches SIGURG")
+        os.kill(p.pid, signal.SIGQUIT)
+        m = self.wait_stderr(r"^\[ddprun\] where each rank is.*\n(?:  .*\n)+", 30)
+        self.assertIn("no Python stack (no ddprun bootstrap in this worker, or not yet)", m.group(0))
+        self.assertNotIn("Native thread", self.stderr_text())
+        self.assertIn("[ddprun] libddp collectives", self.stderr_text())
+        os.kill(p.pid, signal.SIGTERM)
+        self.assertEqual(self.finish(p, 60), 128 + signal.SIGTERM)
+
     def test_libddp_collectives_are_progress_for_the_hang_timeout(self):
         """No output, but an all_reduce every 0.2 s for about 4 s: --hang-timeout 2 sees
         progress and the job succeeds (without the collectives it would stop, exit 124)."""
@@ -614,6 +638,29 @@ class Stacks(StacksTest):
         self.assertIn("[rank0]:ValueError: the real failure", res.stderr)
         self.assertNotIn("Error in sys.excepthook", res.stderr)
         self.assertNotIn("sitecustomize", res.stderr)
+
+    def test_a_root_cause_reaped_after_a_peers_notice_is_not_among_the_other_ranks(self):
+        """Rank 0's uncaught exception is announced (the others' stacks are taken then), and
+        rank 1 exits with 3 before rank 0 has exited; rank 0 ends on the stop's SIGTERM, so
+        rank 1 is the root cause. "Where the other ranks were" showed rank 1 (where it was at
+        the notice) and left rank 0 out; now rank 0 is shown failing, and rank 1 is not there."""
+        script = self.write("late_root.py", "import atexit, os, time\n"
+                                            "if os.environ['RANK'] == '0':\n"
+                                            "    def linger():\n"
+                                            "        open('announced', 'w').close()\n"
+                                            "        time.sleep(60)\n"
+                                            "    atexit.register(linger)\n"
+                                            "    raise ValueError('rank 0 fails first')\n"
+                                            "while not os.path.exists('announced'):\n"
+                                            "    time.sleep(0.01)\n"
+                                            "os._exit(3)\n")
+        res = self.run_ddprun(["--standalone", "--nproc-per-node", "2", script])
+        self.assertEqual(res.rc, 3, res)
+        summary = res.stderr[res.stderr.index("Root Cause"):]
+        self.assertIn("rank      : 1 (local_rank: 1)", summary)
+        where = summary[summary.index("Where the other ranks were"):]
+        self.assertIn("  rank 0: failing: an uncaught exception (its traceback is in its output)\n", where)
+        self.assertNotIn("rank 1:", where)
 
     def test_a_hang_is_a_failed_attempt_that_max_restarts_restarts(self):
         script = self.write("blocker.py", BLOCKER)
