@@ -57,7 +57,8 @@ size_t utf8_cut(const char* p, size_t max) {
 
 // ---------------------------------------------------------------- ConsoleWriter
 
-ConsoleWriter::ConsoleWriter(int fd, size_t bound, int wake_fd) : fd_(fd), bound_(bound), wake_fd_(wake_fd) {
+ConsoleWriter::ConsoleWriter(int fd, size_t bound, int wake_fd)
+    : fd_(fd), bound_(bound), wake_fd_(wake_fd), terminal_(isatty(fd) == 1) {
   // A regular file or /dev/null never blocks a writer: no thread, no hand-off.
   struct stat st {};
   if (fstat(fd, &st) == 0 && (S_ISREG(st.st_mode) || (S_ISCHR(st.st_mode) && st.st_rdev == makedev(1, 3))))
@@ -287,16 +288,33 @@ void StreamForwarder::emit_piece(std::string& out, const char* p, size_t n, bool
   if (!c) return;
   const void* open = c->open_line();
   // A bar's leading '\r' alone: a prefixed empty piece would show nothing (raw output keeps it).
-  if (overwritable && n == 1 && open != this && !raw()) return;
-  if (open && open != this) out += '\n';  // close another worker's unfinished line
+  if (overwritable && n == 1 && open != this && !raw()) {
+    bar_line_ = true;
+    bar_shown_.clear();
+    return;
+  }
+  // Another worker's unfinished line is closed: on a terminal, a bar's state is erased (the
+  // bars of several ranks take turns on one line, as under torchrun, instead of scrolling).
+  const bool terminal = c->writer->terminal() && !raw();
+  if (open && open != this) out += terminal && c->dangling_bar ? "\r\x1b[K" : "\n";
   if (open != this) {
+    // This worker's own bar, erased by another's line (not ended by a log line): drawn again.
+    const bool redraw = terminal && bar_line_ && flushed_ > 0 && c->dangling != this;
     out += stamp;
     out += cfg_.prefix;
-    flushed_ = 0;
+    if (redraw) out += bar_shown_;
+    flushed_ = redraw ? bar_shown_.size() : 0;
   }
   out.append(p, n);
   flushed_ = terminated ? 0 : flushed_ + n;
+  if (terminated) {
+    bar_line_ = overwritable;
+    bar_shown_.clear();
+  } else if (bar_line_ && bar_shown_.size() < 4096) {
+    bar_shown_.append(p, n);
+  }
   c->dangling = terminated ? nullptr : this;
+  c->dangling_bar = !terminated && bar_line_;
   if (!terminated) c->dangling_epoch = c->writer->interruptions();
 }
 
@@ -404,11 +422,17 @@ void StreamForwarder::flush_partial(std::chrono::system_clock::time_point now) {
 // worker's line or ddprun's own still starts on a line of its own).
 void StreamForwarder::finish(std::chrono::system_clock::time_point now) {
   if (partial_.empty()) {
-    // A line flushed while idle and never finished is ended, so the console stays tidy.
-    if (!raw() && cfg_.console && cfg_.console->open_line() == this) {
+    // A line flushed while idle and never finished is ended, so the console stays tidy; a
+    // bar that another worker's line erased from the terminal shows its last state again.
+    Console* c = cfg_.console;
+    if (!raw() && c && c->open_line() == this) {
       std::string nl = "\n";
-      cfg_.console->dangling = nullptr;
+      c->dangling = nullptr;
       send(nl);
+    } else if (!raw() && c && c->writer->terminal() && bar_line_ && flushed_ > 0 && c->dangling != this) {
+      std::string out;
+      emit_piece(out, "\n", 1, true, stamp(now));
+      send(out);
     }
   } else {
     if (!raw()) partial_ += '\n';

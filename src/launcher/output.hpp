@@ -49,6 +49,10 @@ class ConsoleWriter {
   // ddprun's own log goes through this writer (route_logging_through): a failed write is
   // not logged, it would come back here.
   void carry_log() { carries_log_ = true; }
+  // A terminal (isatty when made; settable for tests): a progress bar that another worker's
+  // line interrupts is erased and drawn again below it, not left as a line of its own.
+  bool terminal() const { return terminal_; }
+  void set_terminal(bool on) { terminal_ = on; }
 
  private:
   void run();
@@ -64,6 +68,7 @@ class ConsoleWriter {
   std::atomic<bool> carries_log_{false};
   bool at_line_start_ = true;  // the last byte queued was '\n' (guarded by mu_)
   bool direct_ = false;        // a file or /dev/null: written by the caller, no thread
+  bool terminal_ = false;
   std::mutex mu_;
   std::condition_variable cv_, drained_;
   std::deque<std::string> queue_;
@@ -75,6 +80,7 @@ struct Console {
   ConsoleWriter* writer = nullptr;
   const void* dangling = nullptr;  // forwarder whose last line on this console is unfinished
   uint64_t dangling_epoch = 0;     // writer->interruptions() when it was left unfinished
+  bool dangling_bar = false;       // that line is a progress bar's state (it follows a '\r')
   // The unfinished line, if it is still open (no log line ended it since).
   const void* open_line() const {
     return dangling && writer->interruptions() == dangling_epoch ? dangling : nullptr;
@@ -138,6 +144,8 @@ class StreamForwarder {
   std::deque<std::string> tail_;
   std::string tail_partial_;
   bool tail_overwrite_ = false;  // tail_partial_ ended with a lone '\r': what follows replaces it
+  bool bar_line_ = false;        // this line follows a lone '\r': a progress bar's state
+  std::string bar_shown_;        // what of it is on the console (to draw it again once erased)
   std::string filtered_line_;  // the line being read, for the filters (idle flushes split it)
   uint64_t lines_ = 0;
   bool file_lost_ = false;      // a write to the log file failed (said once)

@@ -491,6 +491,45 @@ TEST(LauncherOutput, RawOutputAddsNoNewlineAtTheEnd) {
   EXPECT_EQ(cap.finish(), "\rbar\rdone now\nother\n");
 }
 
+// On a terminal, the bars of several workers (each state after a '\r') take turns on one
+// line: another worker's line erases a bar's state rather than ending it with a newline (4
+// ranks' bars scrolled the terminal, a line per state), and a bar erased so is drawn again
+// when its worker goes on with that line or its stream ends. A line that is no bar is
+// still ended with a newline; elsewhere than on a terminal, every line is.
+TEST(LauncherOutput, BarsOfSeveralWorkersTakeTurnsOnATerminal) {
+  Capture cap;
+  cap.writer()->set_terminal(true);
+  auto f = make_fwd(cap.console(), "[0]");
+  auto g = make_fwd(cap.console(), "[1]");
+  feed(f, "\r10%");
+  f.flush_partial(now());
+  feed(g, "\r20%");
+  g.flush_partial(now());
+  feed(f, "\r50%");
+  f.flush_partial(now());
+  feed(g, "done\n");
+  f.finish(now());
+  g.finish(now());
+  EXPECT_EQ(cap.snapshot(), "[0]10%\r\x1b[K[1]20%\r\x1b[K[0]50%\r\x1b[K[1]20%done\n[0]50%\n");
+  feed(f, "Password: ");  // no bar: ended with a newline
+  f.flush_partial(now());
+  feed(g, "x\n");
+  EXPECT_EQ(cap.finish(), "[0]10%\r\x1b[K[1]20%\r\x1b[K[0]50%\r\x1b[K[1]20%done\n[0]50%\n[0]Password: \n[1]x\n");
+}
+
+TEST(LauncherOutput, BarsAreEndedWithANewlineElsewhere) {
+  Capture cap;  // a pipe
+  auto f = make_fwd(cap.console(), "[0]");
+  auto g = make_fwd(cap.console(), "[1]");
+  feed(f, "\r10%");
+  f.flush_partial(now());
+  feed(g, "\r20%");
+  g.flush_partial(now());
+  f.finish(now());
+  g.finish(now());
+  EXPECT_EQ(cap.finish(), "[0]10%\n[1]20%\n");
+}
+
 TEST(LauncherOutput, TailWithoutConsole) {
   auto f = make_fwd(nullptr, "[p]", 2);
   feed(f, "a\nb\nc\n");
