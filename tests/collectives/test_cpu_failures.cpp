@@ -92,13 +92,19 @@ TEST(CollectiveFailures, TimeoutShmRing) { timeout_names_peer(ddp::Transport::kA
 TEST(CollectiveFailures, TimeoutShmSlice) { timeout_names_peer(ddp::Transport::kAuto, 1 << 20, 1); }
 TEST(CollectiveFailures, TimeoutTcp) { timeout_names_peer(ddp::Transport::kTcp, 1 << 20); }
 
-TEST(CollectiveFailures, BootstrapTimesOutNamingMissingRank) {
-  auto store = std::make_shared<ddp::MemoryStore>();
+// Options of rank `rank` of `world` on `store`, bootstrap bounded by `timeout`.
+ddp::ProcessGroupOptions rank_of(int rank, int world, std::shared_ptr<ddp::Store> store,
+                                 std::chrono::milliseconds timeout) {
   ddp::ProcessGroupOptions o;
-  o.rank = 0;
-  o.world_size = 3;
-  o.store = store;
-  o.timeout = 200ms;
+  o.rank = rank;
+  o.world_size = world;
+  o.store = std::move(store);
+  o.timeout = timeout;
+  return o;
+}
+
+TEST(CollectiveFailures, BootstrapTimesOutNamingMissingRank) {
+  auto o = rank_of(0, 3, std::make_shared<ddp::MemoryStore>(), 200ms);
   try {
     ddp::init_process_group(o);
     FAIL() << "no exception";
@@ -114,24 +120,14 @@ TEST(CollectiveFailures, AWorldSizeOtherThanRankZerosIsAnErrorAtOnce) {
   auto store = std::make_shared<ddp::MemoryStore>();
   std::string err1;
   std::thread r0([&] {
-    ddp::ProcessGroupOptions o;
-    o.rank = 0;
-    o.world_size = 2;
-    o.store = store;
-    o.timeout = 3s;
     try {
-      ddp::init_process_group(o);
+      ddp::init_process_group(rank_of(0, 2, store, 3s));
     } catch (const ddp::Error&) {
     }
   });
   const auto t0 = std::chrono::steady_clock::now();
-  ddp::ProcessGroupOptions o;
-  o.rank = 1;
-  o.world_size = 3;
-  o.store = store;
-  o.timeout = 3s;
   try {
-    ddp::init_process_group(o);
+    ddp::init_process_group(rank_of(1, 3, store, 3s));
   } catch (const ddp::Error& e) {
     err1 = e.what();
   }

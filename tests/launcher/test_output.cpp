@@ -496,15 +496,20 @@ TEST(LauncherOutput, RawOutputAddsNoNewlineAtTheEnd) {
 // ranks' bars scrolled the terminal, a line per state), and a bar erased so is drawn again
 // when its worker goes on with that line or its stream ends. A line that is no bar is
 // still ended with a newline; elsewhere than on a terminal, every line is.
+// Two workers' bar states, each sent by an idle flush, one after the other.
+void two_bars(StreamForwarder& f, StreamForwarder& g) {
+  feed(f, "\r10%");
+  f.flush_partial(now());
+  feed(g, "\r20%");
+  g.flush_partial(now());
+}
+
 TEST(LauncherOutput, BarsOfSeveralWorkersTakeTurnsOnATerminal) {
   Capture cap;
   cap.writer()->set_terminal(true);
   auto f = make_fwd(cap.console(), "[0]");
   auto g = make_fwd(cap.console(), "[1]");
-  feed(f, "\r10%");
-  f.flush_partial(now());
-  feed(g, "\r20%");
-  g.flush_partial(now());
+  two_bars(f, g);
   feed(f, "\r50%");
   f.flush_partial(now());
   feed(g, "done\n");
@@ -521,10 +526,7 @@ TEST(LauncherOutput, BarsAreEndedWithANewlineElsewhere) {
   Capture cap;  // a pipe
   auto f = make_fwd(cap.console(), "[0]");
   auto g = make_fwd(cap.console(), "[1]");
-  feed(f, "\r10%");
-  f.flush_partial(now());
-  feed(g, "\r20%");
-  g.flush_partial(now());
+  two_bars(f, g);
   f.finish(now());
   g.finish(now());
   EXPECT_EQ(cap.finish(), "[0]10%\n[1]20%\n");
