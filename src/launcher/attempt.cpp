@@ -59,6 +59,7 @@ std::vector<WorkerResult*> AttemptWorkers::start(const JobPlan& plan, int attemp
     if (env_hook) env_hook(env, w);
     const auto [out_fd, err_fd] = open_stream(static_cast<int>(i), wdir);
     specs.push_back(SpawnSpec{cmd.path, cmd.argv, to_envp(env), stdin_fd, out_fd, err_fd});
+    specs.back().ignore_sighup = workers_ignore_sighup(o_.signals_to_handle);
     if (!o_.worker_cpus.empty()) specs.back().cpus = o_.worker_cpus.at(static_cast<size_t>(w.local_rank));
   }
   // --preload: forked by the warm process, all at once; what it could not, cold.

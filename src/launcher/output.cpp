@@ -105,6 +105,7 @@ void ConsoleWriter::push(std::string&& chunk) {
   }
   {
     std::lock_guard lk(mu_);
+    if (stop_) return;  // abandoned: dropped
     at_line_start_ = chunk.back() == '\n';
     queue_.push_back(std::move(chunk));
     start_locked();
@@ -120,6 +121,7 @@ void ConsoleWriter::push_line(std::string&& line) {
   int err = 0;
   {
     std::lock_guard lk(mu_);
+    if (stop_ && !direct_) return;  // abandoned: dropped
     if (!at_line_start_) {
       line.insert(line.begin(), '\n');
       interruptions_.fetch_add(1, std::memory_order_relaxed);
@@ -200,7 +202,8 @@ void ConsoleWriter::run() {
     }
     batch.clear();
     size_t now = pending_.load(std::memory_order_relaxed);
-    if (waiting_for_room_.load(std::memory_order_relaxed) && now < bound_ / 2) {
+    // (Not once abandoned: the loop that owns the eventfd may have closed it.)
+    if (waiting_for_room_.load(std::memory_order_relaxed) && now < bound_ / 2 && !lost_.load()) {
       waiting_for_room_.store(false, std::memory_order_relaxed);
       uint64_t one = 1;
       ssize_t r = ::write(wake_fd_, &one, sizeof one);
@@ -291,15 +294,18 @@ void StreamForwarder::emit_piece(std::string& out, const char* p, size_t n, bool
   if (overwritable && n == 1 && open != this && !raw()) {
     bar_line_ = true;
     bar_shown_.clear();
+    flushed_ = 0;
+    cr_dropped_ = true;
     return;
   }
+  cr_dropped_ = false;
   // Another worker's unfinished line is closed: on a terminal, a bar's state is erased (the
   // bars of several ranks take turns on one line, as under torchrun, instead of scrolling).
   const bool terminal = c->writer->terminal() && !raw();
   if (open && open != this) out += terminal && c->dangling_bar ? "\r\x1b[K" : "\n";
-  if (open != this) {
+  if (open != this || at_column0_) {
     // This worker's own bar, erased by another's line (not ended by a log line): drawn again.
-    const bool redraw = terminal && bar_line_ && flushed_ > 0 && c->dangling != this;
+    const bool redraw = open != this && terminal && bar_line_ && flushed_ > 0 && c->dangling != this;
     out += stamp;
     out += cfg_.prefix;
     if (redraw) out += bar_shown_;
@@ -310,12 +316,16 @@ void StreamForwarder::emit_piece(std::string& out, const char* p, size_t n, bool
   if (terminated) {
     bar_line_ = overwritable;
     bar_shown_.clear();
-  } else if (bar_line_ && bar_shown_.size() < 4096) {
-    bar_shown_.append(p, n);
+  } else if (bar_line_ && bar_shown_.size() < kBarShownMax) {
+    bar_shown_.append(p, std::min(n, kBarShownMax - bar_shown_.size()));
   }
-  c->dangling = terminated ? nullptr : this;
-  c->dangling_bar = !terminated && bar_line_;
-  if (!terminated) c->dangling_epoch = c->writer->interruptions();
+  // On a terminal a state ended by '\r' stays this worker's line, the cursor at its start:
+  // another worker's line erases it, this one's next piece starts with the prefix.
+  const bool keep_open = !terminated || (terminal && overwritable);
+  at_column0_ = terminated && keep_open;
+  c->dangling = keep_open ? this : nullptr;
+  c->dangling_bar = keep_open && bar_line_;
+  if (keep_open) c->dangling_epoch = c->writer->interruptions();
 }
 
 void StreamForwarder::send(std::string& out) {
@@ -341,8 +351,13 @@ void StreamForwarder::feed(const char* data, size_t n, std::chrono::system_clock
   const char* p = data;
   const char* end = data + n;
   if (after_cr_ && p < end && *p == '\n') {
-    // "\r\n" split across reads: the '\n' ends the line already sent with its '\r'.
-    if (cfg_.console) out += '\n';
+    // "\r\n" split across reads: the '\n' ends the line already sent with its '\r' (none
+    // was sent when the '\r' began a line: nothing to end).
+    if (cfg_.console && !cr_dropped_) {
+      out += '\n';
+      if (cfg_.console->dangling == this) cfg_.console->dangling = nullptr;
+      at_column0_ = bar_line_ = false;
+    }
     if (tail_overwrite_) end_tail_line();
     ++p;
   }

@@ -108,6 +108,7 @@ class StreamForwarder {
   static constexpr size_t kKeepCapacity = 64 * 1024;  // what a stream's line buffer keeps after a longer line
   static constexpr std::chrono::milliseconds kIdleFlush{100};
   static constexpr const char* kContinuation = "\\\n";  // ends each piece of a split line
+  static constexpr size_t kBarShownMax = 4096;  // what an erased bar's redraw shows at most
 
   explicit StreamForwarder(ForwarderConfig cfg);
   // Feeds bytes read from the worker. Complete lines go out at once.
@@ -146,6 +147,8 @@ class StreamForwarder {
   bool tail_overwrite_ = false;  // tail_partial_ ended with a lone '\r': what follows replaces it
   bool bar_line_ = false;        // this line follows a lone '\r': a progress bar's state
   std::string bar_shown_;        // what of it is on the console (to draw it again once erased)
+  bool at_column0_ = false;      // its '\r' is on the terminal: the next piece needs the prefix
+  bool cr_dropped_ = false;      // the last piece was a lone '\r' that began a line: not sent
   std::string filtered_line_;  // the line being read, for the filters (idle flushes split it)
   uint64_t lines_ = 0;
   bool file_lost_ = false;      // a write to the log file failed (said once)

@@ -184,6 +184,7 @@ void WarmPython::start(const Env& env) {
   // [-m] SCRIPT ARGS: local rank 0's, what its preloaded modules see in sys.argv
   spec.argv.insert(spec.argv.end(), py.argv.begin() + 2, py.argv.end());
   spec.inherit_fd = sv[1];
+  spec.ignore_sighup = workers_ignore_sighup(o_.signals_to_handle);  // (its forks' too)
   spec.stdout_fd = 2;  // what it prints (an import's warning) goes to ddprun's stderr
   spec.stdin_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   SpawnResult r = ddprun::spawn(spec);

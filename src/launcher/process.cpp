@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
@@ -64,6 +65,11 @@ const bool g_sighup_ignored = [] {
 
 bool sighup_ignored_at_start() { return g_sighup_ignored; }
 
+bool workers_ignore_sighup(const std::vector<int>& signals_to_handle) {
+  return g_sighup_ignored && std::find(signals_to_handle.begin(), signals_to_handle.end(), SIGHUP) ==
+                                 signals_to_handle.end();
+}
+
 SpawnResult spawn(const SpawnSpec& spec) {
   // Everything the child needs is prepared here: after vfork only async-signal-safe calls,
   // and no writes to memory but exec_err (the child borrows ddprun's memory until exec).
@@ -72,7 +78,7 @@ SpawnResult spawn(const SpawnSpec& spec) {
   const char* path = spec.path.c_str();
   const int in_fd = spec.stdin_fd, out_fd = spec.stdout_fd, err_fd = spec.stderr_fd, keep_fd = spec.inherit_fd;
   const pid_t parent = getpid();
-  const bool hup_ignored = g_sighup_ignored;
+  const bool hup_ignored = spec.ignore_sighup;
   sigset_t none;
   sigemptyset(&none);
   const CpuMask cpus(spec.cpus);

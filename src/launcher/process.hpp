@@ -14,6 +14,11 @@
 
 namespace ddprun {
 
+// Whether SIGHUP was ignored when ddprun started (`nohup ddprun ...`): ddprun then leaves it
+// ignored (unless --signals-to-handle lists it), and so do its workers, as they would under
+// nohup themselves.
+bool sighup_ignored_at_start();
+
 struct SpawnSpec {
   std::string path;               // resolved executable
   std::vector<std::string> argv;  // argv[0] included
@@ -23,7 +28,12 @@ struct SpawnSpec {
   int stderr_fd = -1;             // dup2'ed onto 2 in the child; -1 inherits
   int inherit_fd = -1;            // a close-on-exec descriptor the child keeps (same number)
   std::set<int> cpus{};           // the CPUs it may run on (--numa-binding); empty: ddprun's
+  bool ignore_sighup = false;     // starts with SIGHUP ignored (nohup's; else every signal at its default)
 };
+
+// Whether the workers start with SIGHUP ignored: under nohup, unless ddprun handles SIGHUP
+// (then it passes it on, and they must not ignore it).
+bool workers_ignore_sighup(const std::vector<int>& signals_to_handle);
 
 struct SpawnResult {
   pid_t pid = -1;
@@ -31,9 +41,6 @@ struct SpawnResult {
   bool bind_failed = false;  // with exec_errno: sched_setaffinity to spec.cpus failed (no exec)
 };
 
-// Whether SIGHUP was ignored when ddprun started (`nohup ddprun ...`): ddprun then leaves it
-// ignored, and its workers start with it ignored too, as they would under nohup themselves.
-bool sighup_ignored_at_start();
 
 // vfork + exec. The child leads its own session and process group (no controlling
 // terminal) and gets SIGKILL if ddprun dies.

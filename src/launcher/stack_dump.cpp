@@ -574,7 +574,9 @@ std::string StackDumps::failure_text(const std::vector<RankStack>& stacks) const
 
 void StackDumps::settle_root(const std::vector<WorkerResult>& workers, const WorkerResult& root) {
   // (Not a job-wide note: the other nodes' answers were composed with it.)
-  if (failing_ <= 0 || failing_ == root.pid || !at_end_ || !failure_what_.empty()) return;
+  // (Only a note taken for an announcer: an expired timer's, say, stays as it is.)
+  if (announcer_ <= 0 || failing_ != announcer_ || root.pid == announcer_ || !at_end_ || !failure_what_.empty())
+    return;
   std::vector<RankStack>& stacks = *at_end_;
   std::erase_if(stacks, [&](const RankStack& s) { return s.pid == root.pid; });
   auto announcer = std::find_if(workers.begin(), workers.end(), [&](const WorkerResult& w) { return w.pid == failing_; });
@@ -598,6 +600,7 @@ void StackDumps::attempt_started() {
   heartbeats_seen_.clear();
   failure_note_.clear();
   failing_ = -1;
+  announcer_ = -1;
   hang_.reset();
   hang_report_.clear();
   hang_what_.clear();

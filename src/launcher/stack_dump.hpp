@@ -130,6 +130,8 @@ class StackDumps {
   // stacks were taken for (a rank that died without an exception, reaped after the notice
   // of a peer failing because of it), the note leaves it out and shows that peer failing.
   void settle_root(const std::vector<WorkerResult>& workers, const WorkerResult& root);
+  // The worker whose uncaught exception's notice is about to take the others' stacks.
+  void announced_by(pid_t pid) { announcer_ = pid; }
   // The worker that announced an uncaught exception this attempt (-1: none): it failed first.
   pid_t announced_failure() const { return failing_ > 0 ? failing_ : -1; }
 
@@ -208,6 +210,7 @@ class StackDumps {
   std::optional<Clock::time_point> next_check_;
   std::string failure_note_;
   pid_t failing_ = -1;  // the worker whose announced failure failure_note_ is about
+  pid_t announcer_ = -1;  // the worker that announced an uncaught exception (announced_by)
   std::optional<int64_t> job_seen_;  // the job-wide progress count at the last check
   std::map<pid_t, uint64_t> collectives_seen_;  // libddp collectives each worker had finished (--hang-timeout)
   std::map<pid_t, int64_t> heartbeats_seen_;     // each worker's heartbeat mtime (ns) at the last look

@@ -138,7 +138,15 @@ class NodeOutput {
     if (behind[0] && !behind[1] && err_ == &err_console_)  // (nowhere to say it when stderr is behind)
       spdlog::warn("the console did not take the workers' last output within {} s: exiting without it",
                    limit.count());
+    // ddprun's own last lines would wait for a stderr that is behind: they are dropped.
+    if (behind[1] || (behind[0] && err_ == &out_console_)) {
+      abandoned_err_ = err_->writer;
+      route_logging_through(abandoned_err_);
+    }
   }
+  // Where ddprun's log goes once the workers' output is done: straight to fd 2, or nowhere
+  // when stderr's writer was left behind (flush_within).
+  void log_to_stderr() { route_logging_through(abandoned_err_); }
 
   WorkerStreams& streams() { return *streams_; }
   ConsoleWriter& err() { return *err_->writer; }
@@ -227,6 +235,7 @@ class NodeOutput {
   std::unique_ptr<ConsoleWriter> out_writer_, err_writer_;
   Console out_console_, err_console_;
   Console* err_ = &err_console_;  // &out_console_ when stdout and stderr are one file
+  ConsoleWriter* abandoned_err_ = nullptr;  // stderr's writer, left behind by flush_within
   std::unique_ptr<WorkerStreams> streams_;  // this attempt's output pipes
   std::string filtered_attempt_;            // the attempt folder filtered_ belong to
   int filtered_[2] = {-1, -1};              // its filtered_stdout.log, filtered_stderr.log
@@ -506,7 +515,9 @@ class AttemptSupervisor {
       dump_stacks(signal_name(sig));
     } else if (failing) {
       reap();
-      if (!stacks_.failure_seen()) take_failure_stacks(*failing);
+      if (stacks_.failure_seen()) return;
+      stacks_.announced_by(failing->pid);
+      take_failure_stacks(*failing);
     }
   }
 
@@ -724,7 +735,7 @@ struct Supervisor::Impl {
 
   ~Impl() {
     // Also on an exception out of run(): spdlog must not write through a dead writer.
-    route_logging_through(nullptr);
+    output.log_to_stderr();
     output.close_streams();  // its pipes leave the epoll set before it closes
     output.flush();
     loop.close();

@@ -115,6 +115,16 @@ TEST(CollectiveFailures, BootstrapTimesOutNamingMissingRank) {
   }
 }
 
+// A rank whose rank 0 never came names it (it named the key 'pg/tag').
+TEST(CollectiveFailures, BootstrapTimesOutNamingAMissingRankZero) {
+  try {
+    ddp::init_process_group(rank_of(1, 3, std::make_shared<ddp::MemoryStore>(), 200ms));
+    FAIL() << "no exception";
+  } catch (const ddp::TimeoutError& e) {
+    EXPECT_TRUE(contains(e.what(), "rank 0 of 3 did not join within the timeout (200 ms)")) << e.what();
+  }
+}
+
 // A rank given another world size than rank 0's is told at once, not at the timeout.
 TEST(CollectiveFailures, AWorldSizeOtherThanRankZerosIsAnErrorAtOnce) {
   auto store = std::make_shared<ddp::MemoryStore>();
@@ -128,8 +138,10 @@ TEST(CollectiveFailures, AWorldSizeOtherThanRankZerosIsAnErrorAtOnce) {
   const auto t0 = std::chrono::steady_clock::now();
   try {
     ddp::init_process_group(rank_of(1, 3, store, 3s));
-  } catch (const ddp::Error& e) {
+  } catch (const ddp::UsageError& e) {  // (the caller's to fix)
     err1 = e.what();
+  } catch (const ddp::Error& e) {
+    err1 = std::string("not a UsageError: ") + e.what();
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
   r0.join();
@@ -258,8 +270,9 @@ void killed_peer(int n, int victim, ddp::Transport transport, size_t slice = 0, 
     // With the store gone too, only the victim's neighbours can name it: the others learn
     // from a closed link, with no notice to quote.
     const bool neighbour = r == (victim + 1) % n || (r + 1) % n == victim;
-    if (!env_store || neighbour)
+    if (!env_store || neighbour) {
       EXPECT_TRUE(contains(res, "rank " + std::to_string(victim))) << "rank " << r << ": " << res;
+    }
     EXPECT_TRUE(contains(res, "all_reduce")) << "rank " << r << ": " << res;
     // Over TCP the rank the victim sent to (its connection accepted from the victim) names
     // the victim's address, not "accepted connection".

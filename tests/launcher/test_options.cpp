@@ -12,6 +12,7 @@
 
 #include "ddp/error.hpp"
 #include "launcher/options.hpp"
+#include "launcher/process.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -20,6 +21,15 @@ using ddprun::Options;
 using ddprun::parse_options;
 using Env = std::map<std::string, std::string>;
 using Args = std::vector<std::string>;
+
+// The signals that stop the job by default, then `more`: SIGHUP among them unless this test
+// runs under nohup (ddprun then leaves SIGHUP ignored).
+std::vector<int> stop_signals(std::initializer_list<int> more = {}) {
+  std::vector<int> v{SIGTERM, SIGINT};
+  if (!ddprun::sighup_ignored_at_start()) v.push_back(SIGHUP);
+  v.insert(v.end(), more);
+  return v;
+}
 
 class LauncherOptions : public ::testing::Test {
  protected:
@@ -69,7 +79,7 @@ TEST_F(LauncherOptions, Defaults) {
   EXPECT_EQ(o.max_restarts, 0);
   EXPECT_DOUBLE_EQ(o.shutdown_timeout, 30.0);
   // SIGQUIT asks for every rank's stack (docs/stacks.md) instead of stopping, as torchrun's.
-  EXPECT_EQ(o.signals_to_handle, (std::vector<int>{SIGTERM, SIGINT, SIGHUP}));
+  EXPECT_EQ(o.signals_to_handle, stop_signals());
   EXPECT_TRUE(o.stack_dumps);
   EXPECT_EQ(o.hang_timeout, 0);
   EXPECT_EQ(o.dump_stacks, -1);
@@ -291,7 +301,9 @@ TEST_F(LauncherOptions, WhatRunsDirectly) {
   EXPECT_FALSE(direct("train_noext", "print(1)\n"));  // no #!: Python's (was: Exec format error)
   EXPECT_FALSE(direct("run2.sh", "#!/bin/sh\n", 0644));  // not executable
   EXPECT_FALSE(direct("x.py", "#!/bin/sh\n"));
-  if (::geteuid() != 0) EXPECT_TRUE(direct("xonly", "#!/usr/bin/env python3\n", 0111));  // unreadable: only exec runs it
+  if (::geteuid() != 0) {
+    EXPECT_TRUE(direct("xonly", "#!/usr/bin/env python3\n", 0111));  // unreadable: only exec runs it
+  }
   EXPECT_TRUE(ddprun::runs_directly(parse({"--no-python", "sh", "-c", "true"}, {{"PATH", "/usr/bin:/bin"}})));
 }
 
@@ -738,7 +750,7 @@ TEST_F(LauncherOptions, ArgsAfterBadScriptNotParsed) {
 TEST_F(LauncherOptions, StackDumpsOffStopsOnSigquitAsTorchrun) {
   Options o = parse_with_script({"--no-stack-dumps"});
   EXPECT_FALSE(o.stack_dumps);
-  EXPECT_EQ(o.signals_to_handle, (std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT}));
+  EXPECT_EQ(o.signals_to_handle, stop_signals({SIGQUIT}));
   EXPECT_FALSE(parse_with_script({}, {{"PET_NO_STACK_DUMPS", "1"}}).stack_dumps);
   // A list given keeps SIGQUIT a stop signal (ddprun --dump-stacks sends SIGURG then).
   EXPECT_EQ(parse_with_script({"--signals-to-handle", "SIGTERM,SIGQUIT"}).signals_to_handle,

@@ -522,6 +522,32 @@ TEST(LauncherOutput, BarsOfSeveralWorkersTakeTurnsOnATerminal) {
   EXPECT_EQ(cap.finish(), "[0]10%\r\x1b[K[1]20%\r\x1b[K[0]50%\r\x1b[K[1]20%done\n[0]50%\n[0]Password: \n[1]x\n");
 }
 
+// A bar whose own '\r' came (its next state not yet): another worker's line still erases it
+// (it overwrote the state from its first column, leaving the rest of it behind).
+TEST(LauncherOutput, ABarBetweenItsCarriageReturnAndItsNextStateIsErasedToo) {
+  Capture cap;
+  cap.writer()->set_terminal(true);
+  auto f = make_fwd(cap.console(), "[0]");
+  auto g = make_fwd(cap.console(), "[1]");
+  feed(f, "\r10%");
+  f.flush_partial(now());
+  feed(f, "\r20%");
+  feed(g, "line\n");
+  f.finish(now());
+  EXPECT_EQ(cap.finish(), "[0]10%\r\r\x1b[K[1]line\n[0]20%\n");
+}
+
+// A state ended by '\r' on a terminal: the next state gets its prefix, and the last one stays
+// on its line when the stream ends.
+TEST(LauncherOutput, StatesEndedByCarriageReturnOnATerminal) {
+  Capture cap;
+  cap.writer()->set_terminal(true);
+  auto f = make_fwd(cap.console(), "[p]");
+  feed(f, "10%\r20%\r");
+  f.finish(now());
+  EXPECT_EQ(cap.finish(), "[p]10%\r[p]20%\r\n");
+}
+
 TEST(LauncherOutput, BarsAreEndedWithANewlineElsewhere) {
   Capture cap;  // a pipe
   auto f = make_fwd(cap.console(), "[0]");

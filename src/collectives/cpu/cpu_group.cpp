@@ -121,6 +121,10 @@ class CpuGroup final : public GroupBase {
       on_failure(e.what());
       throw TimeoutError(fmt::format("ddp init_process_group (cpu) on rank {} of {}: {}", rank(),
                                      size(), e.what()));
+    } catch (const UsageError& e) {  // (a world size other than rank 0's: the caller's to fix)
+      on_failure(e.what());
+      throw UsageError(fmt::format("ddp init_process_group (cpu) on rank {} of {}: {}", rank(), size(),
+                                   e.what()));
     } catch (const Error& e) {
       on_failure(e.what());
       throw CollectiveError(fmt::format("ddp init_process_group (cpu) on rank {} of {}: {}",
@@ -344,8 +348,15 @@ class CpuGroup final : public GroupBase {
     const std::string me = opts_.host_id.empty() ? host_identity() : opts_.host_id;
     const bool tcp_only = opts_.transport == Transport::kTcp;
     store_->set(key(fmt::format("host/{}", r)), tcp_only ? me + std::string(kTcpOnly) : me);
-    if (r != 0) read_tag(store_get("tag", deadline));
-    wait_for_ranks(deadline);
+    // Rank 0 published the tag before its host: a missing rank 0 is named as any other.
+    std::vector<int> others;
+    for (int i = 1; i < n; ++i)
+      if (i != r) others.push_back(i);
+    if (r != 0) {
+      wait_for_ranks({0}, deadline);
+      read_tag(store_->get(key("tag")));
+    }
+    wait_for_ranks(others, deadline);
     std::vector<bool> same(n), shm(n);
     for (int i = 0; i < n; ++i) {
       bool peer_tcp_only = tcp_only;
@@ -387,18 +398,18 @@ class CpuGroup final : public GroupBase {
                                    n0, rank(), size()));
   }
 
-  // Every other rank has published its host: at the deadline, which have not (a rank that
+  // These ranks have published their hosts: at the deadline, which have not (a rank that
   // never started, started late, or was given another MASTER_ADDR, MASTER_PORT or name).
-  void wait_for_ranks(TimePoint deadline) {
+  void wait_for_ranks(const std::vector<int>& ranks, TimePoint deadline) {
+    if (ranks.empty()) return;
     std::vector<std::string> keys;
-    for (int i = 0; i < size(); ++i)
-      if (i != rank()) keys.push_back(key(fmt::format("host/{}", i)));
+    for (int i : ranks) keys.push_back(key(fmt::format("host/{}", i)));
     try {
       wait_for_keys(*store_, keys, deadline, "waiting for the other ranks to join", [&] { return peer_failed(); });
     } catch (const TimeoutError&) {
       std::vector<int> missing;
-      for (int i = 0; i < size(); ++i)
-        if (i != rank() && !store_->check({key(fmt::format("host/{}", i))})) missing.push_back(i);
+      for (size_t k = 0; k < keys.size(); ++k)
+        if (!store_->check({keys[k]})) missing.push_back(ranks[k]);
       if (missing.empty()) throw;
       throw TimeoutError(fmt::format("rank{} {} of {} did not join within the timeout ({} ms): no '{}' key in the "
                                      "store (not started yet, or started with another MASTER_ADDR, MASTER_PORT "

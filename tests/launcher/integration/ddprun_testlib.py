@@ -63,6 +63,8 @@ def read_text(path):
 def _no_core_dumps():
     # Workers that die of SIGSEGV must not leave core files behind (limits are inherited).
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    # A test runner under nohup must not make every ddprun ignore SIGHUP (ddprun keeps nohup's).
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def clean_env(**extra):

@@ -37,6 +37,31 @@ SKIP_COLLECTIVE = os.environ.get("DDP_TEST_SKIP_COLLECTIVE") or os.path.join(
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(DDPRUN))), "share", "ddprun", "python")
 
 
+# Rank 0 raises once rank 1 is ready (its notice takes rank 1's stack) and lingers in an
+# atexit handler; rank 1 exits with 3 once its stack was written (its dump file grew),
+# before rank 0 has exited.
+LATE_ROOT = """import atexit, os, time
+def dump_size():  # the bootstrap's stack file: a descriptor above 900
+    for fd in os.listdir('/proc/self/fd'):
+        if int(fd) >= 900 and os.readlink(f'/proc/self/fd/{fd}').endswith('/stacks'):
+            return os.fstat(int(fd)).st_size
+    raise SystemExit('no stack file')
+if os.environ['RANK'] == '0':
+    def linger():
+        open('announced', 'w').close()
+        time.sleep(60)
+    atexit.register(linger)
+    while not os.path.exists('ready'):
+        time.sleep(0.01)
+    raise ValueError('rank 0 fails first')
+size = dump_size()
+open('ready', 'w').close()
+while not os.path.exists('announced') or dump_size() == size:
+    time.sleep(0.01)
+os._exit(3)
+"""
+
+
 class StacksTest(DdprunTestCase):
     def stderr_text(self):
         return read_text(self.path("ddprun.stderr"))
@@ -644,16 +669,7 @@ class Stacks(StacksTest):
         rank 1 exits with 3 before rank 0 has exited; rank 0 ends on the stop's SIGTERM, so
         rank 1 is the root cause. "Where the other ranks were" showed rank 1 (where it was at
         the notice) and left rank 0 out; now rank 0 is shown failing, and rank 1 is not there."""
-        script = self.write("late_root.py", "import atexit, os, time\n"
-                                            "if os.environ['RANK'] == '0':\n"
-                                            "    def linger():\n"
-                                            "        open('announced', 'w').close()\n"
-                                            "        time.sleep(60)\n"
-                                            "    atexit.register(linger)\n"
-                                            "    raise ValueError('rank 0 fails first')\n"
-                                            "while not os.path.exists('announced'):\n"
-                                            "    time.sleep(0.01)\n"
-                                            "os._exit(3)\n")
+        script = self.write("late_root.py", LATE_ROOT)
         res = self.run_ddprun(["--standalone", "--nproc-per-node", "2", script])
         self.assertEqual(res.rc, 3, res)
         summary = res.stderr[res.stderr.index("Root Cause"):]
