@@ -496,6 +496,14 @@ TEST(LauncherOutput, RawOutputAddsNoNewlineAtTheEnd) {
 // ranks' bars scrolled the terminal, a line per state), and a bar erased so is drawn again
 // when its worker goes on with that line or its stream ends. A line that is no bar is
 // still ended with a newline; elsewhere than on a terminal, every line is.
+// Two workers, [0] and [1], on one console (a terminal, or a pipe).
+struct TwoOnOneConsole {
+  explicit TwoOnOneConsole(bool terminal) { cap.writer()->set_terminal(terminal); }
+  Capture cap;
+  StreamForwarder f = make_fwd(cap.console(), "[0]");
+  StreamForwarder g = make_fwd(cap.console(), "[1]");
+};
+
 // Two workers' bar states, each sent by an idle flush, one after the other.
 void two_bars(StreamForwarder& f, StreamForwarder& g) {
   feed(f, "\r10%");
@@ -505,10 +513,8 @@ void two_bars(StreamForwarder& f, StreamForwarder& g) {
 }
 
 TEST(LauncherOutput, BarsOfSeveralWorkersTakeTurnsOnATerminal) {
-  Capture cap;
-  cap.writer()->set_terminal(true);
-  auto f = make_fwd(cap.console(), "[0]");
-  auto g = make_fwd(cap.console(), "[1]");
+  TwoOnOneConsole t(true);
+  auto& [cap, f, g] = t;
   two_bars(f, g);
   feed(f, "\r50%");
   f.flush_partial(now());
@@ -525,10 +531,8 @@ TEST(LauncherOutput, BarsOfSeveralWorkersTakeTurnsOnATerminal) {
 // A bar whose own '\r' came (its next state not yet): another worker's line still erases it
 // (it overwrote the state from its first column, leaving the rest of it behind).
 TEST(LauncherOutput, ABarBetweenItsCarriageReturnAndItsNextStateIsErasedToo) {
-  Capture cap;
-  cap.writer()->set_terminal(true);
-  auto f = make_fwd(cap.console(), "[0]");
-  auto g = make_fwd(cap.console(), "[1]");
+  TwoOnOneConsole t(true);
+  auto& [cap, f, g] = t;
   feed(f, "\r10%");
   f.flush_partial(now());
   feed(f, "\r20%");
@@ -549,9 +553,8 @@ TEST(LauncherOutput, StatesEndedByCarriageReturnOnATerminal) {
 }
 
 TEST(LauncherOutput, BarsAreEndedWithANewlineElsewhere) {
-  Capture cap;  // a pipe
-  auto f = make_fwd(cap.console(), "[0]");
-  auto g = make_fwd(cap.console(), "[1]");
+  TwoOnOneConsole t(false);
+  auto& [cap, f, g] = t;
   two_bars(f, g);
   f.finish(now());
   g.finish(now());
