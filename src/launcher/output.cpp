@@ -290,22 +290,30 @@ void StreamForwarder::emit_piece(std::string& out, const char* p, size_t n, bool
   Console* c = cfg_.console;
   if (!c) return;
   const void* open = c->open_line();
+  const bool terminal = c->writer->terminal() && !raw();
+  // This worker's line, left open, was ended (or erased) by another's line since.
+  const bool cut = line_open_ && open != this;
+  if (cut) line_open_ = false;
   // A bar's leading '\r' alone: a prefixed empty piece would show nothing (raw output keeps it).
   if (overwritable && n == 1 && open != this && !raw()) {
-    bar_line_ = true;
-    bar_shown_.clear();
-    flushed_ = 0;
-    cr_dropped_ = true;
+    bar_line_ = bar_restart_ = cr_dropped_ = true;
     return;
   }
   cr_dropped_ = false;
+  // This worker's bar, erased from the terminal by another's line (not ended by a log line):
+  // drawn again when its state goes on, or its line ends. Else a '\n' alone, its line ended
+  // already, would only add an empty line.
+  const bool redraw = cut && terminal && bar_line_ && c->dangling != this && !bar_shown_.empty() &&
+                      (!bar_restart_ || (n == 1 && *p == '\n'));
+  if (cut && !redraw && n == 1 && *p == '\n' && !raw()) {
+    bar_line_ = bar_restart_ = false;
+    bar_shown_.clear();
+    return;
+  }
   // Another worker's unfinished line is closed: on a terminal, a bar's state is erased (the
   // bars of several ranks take turns on one line, as under torchrun, instead of scrolling).
-  const bool terminal = c->writer->terminal() && !raw();
   if (open && open != this) out += terminal && c->dangling_bar ? "\r\x1b[K" : "\n";
   if (open != this || at_column0_) {
-    // This worker's own bar, erased by another's line (not ended by a log line): drawn again.
-    const bool redraw = open != this && terminal && bar_line_ && flushed_ > 0 && c->dangling != this;
     out += stamp;
     out += cfg_.prefix;
     if (redraw) out += bar_shown_;
@@ -313,19 +321,33 @@ void StreamForwarder::emit_piece(std::string& out, const char* p, size_t n, bool
   }
   out.append(p, n);
   flushed_ = terminated ? 0 : flushed_ + n;
-  if (terminated) {
-    bar_line_ = overwritable;
-    bar_shown_.clear();
-  } else if (bar_line_ && bar_shown_.size() < kBarShownMax) {
-    bar_shown_.append(p, std::min(n, kBarShownMax - bar_shown_.size()));
-  }
-  // On a terminal a state ended by '\r' stays this worker's line, the cursor at its start:
-  // another worker's line erases it, this one's next piece starts with the prefix.
-  const bool keep_open = !terminated || (terminal && overwritable);
+  remember_bar(p, n, terminated, overwritable);
+  // A state ended by '\r' stays this worker's line (the cursor at its start): another
+  // worker's line ends it (erases it, on a terminal), and this one's next piece is prefixed.
+  const bool keep_open = !terminated || (overwritable && !raw());
   at_column0_ = terminated && keep_open;
+  line_open_ = keep_open;
   c->dangling = keep_open ? this : nullptr;
   c->dangling_bar = keep_open && bar_line_;
   if (keep_open) c->dangling_epoch = c->writer->interruptions();
+}
+
+// What of this worker's bar the console shows: its last state (what followed the last '\r'),
+// to draw it again once another worker's line erased it.
+void StreamForwarder::remember_bar(const char* p, size_t n, bool terminated, bool overwritable) {
+  if (terminated && !overwritable) {
+    bar_line_ = bar_restart_ = false;
+    bar_shown_.clear();
+    return;
+  }
+  if (!bar_line_ && !overwritable) return;
+  const size_t body = overwritable ? n - 1 : n;
+  if (bar_restart_ && body > 0) {
+    bar_shown_.clear();
+    bar_restart_ = false;
+  }
+  bar_shown_.append(p, std::min(body, kMaxLine - std::min(kMaxLine, bar_shown_.size())));
+  if (overwritable) bar_line_ = bar_restart_ = true;
 }
 
 void StreamForwarder::send(std::string& out) {
@@ -353,11 +375,12 @@ void StreamForwarder::feed(const char* data, size_t n, std::chrono::system_clock
   if (after_cr_ && p < end && *p == '\n') {
     // "\r\n" split across reads: the '\n' ends the line already sent with its '\r' (none
     // was sent when the '\r' began a line: nothing to end).
-    if (cfg_.console && !cr_dropped_) {
+    if (cfg_.console && !cr_dropped_ && cfg_.console->open_line() == this) {
       out += '\n';
-      if (cfg_.console->dangling == this) cfg_.console->dangling = nullptr;
-      at_column0_ = bar_line_ = false;
+      cfg_.console->dangling = nullptr;
     }
+    at_column0_ = line_open_ = bar_line_ = bar_restart_ = false;
+    bar_shown_.clear();
     if (tail_overwrite_) end_tail_line();
     ++p;
   }
@@ -444,7 +467,8 @@ void StreamForwarder::finish(std::chrono::system_clock::time_point now) {
       std::string nl = "\n";
       c->dangling = nullptr;
       send(nl);
-    } else if (!raw() && c && c->writer->terminal() && bar_line_ && flushed_ > 0 && c->dangling != this) {
+    } else if (!raw() && c && c->writer->terminal() && line_open_ && bar_line_ && !bar_shown_.empty() &&
+               c->dangling != this) {
       std::string out;
       emit_piece(out, "\n", 1, true, stamp(now));
       send(out);

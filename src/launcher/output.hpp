@@ -108,7 +108,6 @@ class StreamForwarder {
   static constexpr size_t kKeepCapacity = 64 * 1024;  // what a stream's line buffer keeps after a longer line
   static constexpr std::chrono::milliseconds kIdleFlush{100};
   static constexpr const char* kContinuation = "\\\n";  // ends each piece of a split line
-  static constexpr size_t kBarShownMax = 4096;  // what an erased bar's redraw shows at most
 
   explicit StreamForwarder(ForwarderConfig cfg);
   // Feeds bytes read from the worker. Complete lines go out at once.
@@ -130,6 +129,7 @@ class StreamForwarder {
   void emit_piece(std::string& out, const char* p, size_t n, bool terminated, const std::string& stamp);
   void remember(const char* p, size_t n);
   void end_tail_line();
+  void remember_bar(const char* p, size_t n, bool terminated, bool overwritable);
   // No prefix, no time stamps: the worker's bytes go to the console as they are.
   bool raw() const { return cfg_.prefix.empty() && !cfg_.timestamps; }
   void duplicate(const char* p, size_t n, bool terminated, const std::string& stamp);
@@ -145,9 +145,11 @@ class StreamForwarder {
   std::deque<std::string> tail_;
   std::string tail_partial_;
   bool tail_overwrite_ = false;  // tail_partial_ ended with a lone '\r': what follows replaces it
-  bool bar_line_ = false;        // this line follows a lone '\r': a progress bar's state
-  std::string bar_shown_;        // what of it is on the console (to draw it again once erased)
-  bool at_column0_ = false;      // its '\r' is on the terminal: the next piece needs the prefix
+  bool bar_line_ = false;        // this line is a progress bar's (a '\r' ended a state of it)
+  std::string bar_shown_;        // its last state, as the console shows it (remember_bar)
+  bool bar_restart_ = false;     // a '\r' came after it: what follows is the next state
+  bool line_open_ = false;       // this worker left its line open on the console (c->dangling)
+  bool at_column0_ = false;      // its '\r' was sent: the next piece needs the prefix
   bool cr_dropped_ = false;      // the last piece was a lone '\r' that began a line: not sent
   std::string filtered_line_;  // the line being read, for the filters (idle flushes split it)
   uint64_t lines_ = 0;

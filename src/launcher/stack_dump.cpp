@@ -533,6 +533,7 @@ void StackDumps::at_failure(const std::vector<WorkerResult>& workers, const Work
   if (failing_ > 0) return;  // taken when a rank announced its failure (the root cause)
   failing_ = root.pid;
   failure_note_ = failure_stacks(workers, &root, attempt_dir, "Where the other ranks were");
+  root_note_ = true;
   if (!failure_note_.empty()) spdlog::info("rank {} failed; {}", root.rank, failure_note_);
   if (what.empty() || !o_.stack_dumps) return;
   failure_what_ = what;
@@ -573,14 +574,22 @@ std::string StackDumps::failure_text(const std::vector<RankStack>& stacks) const
 }
 
 void StackDumps::settle_root(const std::vector<WorkerResult>& workers, const WorkerResult& root) {
-  // (Not a job-wide note: the other nodes' answers were composed with it.)
-  // (Only a note taken for an announcer: an expired timer's, say, stays as it is.)
-  if (announcer_ <= 0 || failing_ != announcer_ || root.pid == announcer_ || !at_end_ || !failure_what_.empty())
-    return;
+  // Only this node's note on its root cause (an expired timer's shows every rank, and a
+  // job-wide note was composed with the other nodes' answers).
+  if (!root_note_ || !at_end_ || !failure_what_.empty()) return;
   std::vector<RankStack>& stacks = *at_end_;
-  std::erase_if(stacks, [&](const RankStack& s) { return s.pid == root.pid; });
-  auto announcer = std::find_if(workers.begin(), workers.end(), [&](const WorkerResult& w) { return w.pid == failing_; });
-  if (announcer != workers.end()) {
+  // The root cause and the ranks the summary lists as failures are not "the other ranks".
+  auto failed = [&](pid_t pid) {
+    return pid == root.pid ||
+           std::any_of(workers.begin(), workers.end(), [&](const WorkerResult& w) { return w.pid == pid && w.failed(); });
+  };
+  const size_t before = stacks.size();
+  std::erase_if(stacks, [&](const RankStack& s) { return failed(s.pid); });
+  bool changed = stacks.size() != before;
+  // The rank whose notice took the stacks, when it is not the root cause: its own was not
+  // taken, and it is failing.
+  auto announcer = std::find_if(workers.begin(), workers.end(), [&](const WorkerResult& w) { return w.pid == announcer_; });
+  if (announcer_ > 0 && failing_ == announcer_ && announcer != workers.end() && !failed(announcer_)) {
     RankStack s;
     s.rank = announcer->rank;
     s.local_rank = announcer->local_rank;
@@ -589,9 +598,10 @@ void StackDumps::settle_root(const std::vector<WorkerResult>& workers, const Wor
     s.given = kFailingOnAnException;
     stacks.push_back(std::move(s));
     std::stable_sort(stacks.begin(), stacks.end(), [](const RankStack& a, const RankStack& b) { return a.rank < b.rank; });
+    failing_ = root.pid;
+    changed = true;
   }
-  failing_ = root.pid;
-  failure_note_ = failure_text(stacks);
+  if (changed) failure_note_ = stacks.empty() && failure_table_.empty() ? "" : failure_text(stacks);
 }
 
 void StackDumps::attempt_started() {
@@ -601,6 +611,7 @@ void StackDumps::attempt_started() {
   failure_note_.clear();
   failing_ = -1;
   announcer_ = -1;
+  root_note_ = false;
   hang_.reset();
   hang_report_.clear();
   hang_what_.clear();

@@ -126,9 +126,10 @@ class StackDumps {
   // stopped (for the line that says the job failed elsewhere).
   void at_remote_failure(const std::vector<WorkerResult>& workers, const std::string& attempt_dir);
   const std::string& failure_note() const { return failure_note_; }
-  // The attempt's root cause is final: if it is not the rank whose announced failure the
-  // stacks were taken for (a rank that died without an exception, reaped after the notice
-  // of a peer failing because of it), the note leaves it out and shows that peer failing.
+  // The attempt's root cause is final: the note on where the other ranks were leaves out the
+  // root and the ranks listed as failures; if the root is not the rank whose announced
+  // failure the stacks were taken for (a rank that died without an exception, reaped after
+  // the notice of a peer failing because of it), that peer is shown failing.
   void settle_root(const std::vector<WorkerResult>& workers, const WorkerResult& root);
   // The worker whose uncaught exception's notice is about to take the others' stacks.
   void announced_by(pid_t pid) { announcer_ = pid; }
@@ -211,6 +212,7 @@ class StackDumps {
   std::string failure_note_;
   pid_t failing_ = -1;  // the worker whose announced failure failure_note_ is about
   pid_t announcer_ = -1;  // the worker that announced an uncaught exception (announced_by)
+  bool root_note_ = false;  // failure_note_ is at_failure's: where the others were at a root cause
   std::optional<int64_t> job_seen_;  // the job-wide progress count at the last check
   std::map<pid_t, uint64_t> collectives_seen_;  // libddp collectives each worker had finished (--hang-timeout)
   std::map<pid_t, int64_t> heartbeats_seen_;     // each worker's heartbeat mtime (ns) at the last look

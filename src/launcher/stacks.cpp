@@ -122,7 +122,7 @@ std::string RankStack::signature(size_t depth) const {
   if (!given.empty()) return given;
   switch (kind) {
     case Kind::kNoAnswer: return "no answer";
-    case Kind::kNoBootstrap: return "no Python stack (no ddprun bootstrap in this worker, or not yet)";
+    case Kind::kNoBootstrap: return "no stack (no ddprun bootstrap or libddp in this worker, or not yet)";
     case Kind::kExited: return "exited before it answered";
     case Kind::kStack:
     case Kind::kIncomplete: break;

@@ -552,6 +552,49 @@ TEST(LauncherOutput, StatesEndedByCarriageReturnOnATerminal) {
   EXPECT_EQ(cap.finish(), "[p]10%\r[p]20%\r\n");
 }
 
+// A bar state over 4 KiB, erased, comes back whole (the redraw cut it at 4096 bytes).
+TEST(LauncherOutput, ALongBarStateIsDrawnAgainWhole) {
+  TwoOnOneConsole t(true);
+  auto& [cap, f, g] = t;
+  const std::string state = std::string(6000, 'y') + " END";
+  feed(f, "\r" + state);
+  f.flush_partial(now());
+  feed(g, "plain\n");
+  feed(f, "\n");
+  EXPECT_EQ(cap.finish(), "[0]" + state + "\r\x1b[K[1]plain\n[0]" + state + "\n");
+}
+
+// States ended by '\r' ("state\r"), erased, and a stream that ends without a newline: its
+// last state is drawn again (it vanished); the other bar's too, which that redraw erased.
+TEST(LauncherOutput, AnErasedStateEndedByCarriageReturnIsDrawnAgainAtTheEnd) {
+  TwoOnOneConsole t(true);
+  auto& [cap, f, g] = t;
+  feed(f, "1/3\r");
+  feed(g, "\r5/8");
+  g.flush_partial(now());
+  f.finish(now());
+  g.finish(now());
+  EXPECT_EQ(cap.finish(), "[0]1/3\r\r\x1b[K[1]5/8\r\x1b[K[0]1/3\n[1]5/8\n");
+}
+
+// In a file or pipe, another worker's line starts a line of its own after a state ended by
+// '\r' too (it ran into it), and an interrupted line's '\n' adds no empty prefixed line.
+TEST(LauncherOutput, ElsewhereAnotherWorkersLineStartsALineOfItsOwn) {
+  TwoOnOneConsole t(false);
+  auto& [cap, f, g] = t;
+  feed(f, "1/5\r");
+  feed(g, "log\n");
+  feed(f, "2/5\r");
+  f.finish(now());
+  EXPECT_EQ(cap.snapshot(), "[0]1/5\r\n[1]log\n[0]2/5\r\n");
+  auto h = make_fwd(cap.console(), "[2]");
+  feed(h, "\r10%");
+  h.flush_partial(now());
+  feed(g, "x\n");
+  feed(h, "\n");
+  EXPECT_EQ(cap.finish(), "[0]1/5\r\n[1]log\n[0]2/5\r\n[2]10%\n[1]x\n");
+}
+
 TEST(LauncherOutput, BarsAreEndedWithANewlineElsewhere) {
   TwoOnOneConsole t(false);
   auto& [cap, f, g] = t;
