@@ -263,16 +263,6 @@ TEST(LauncherOutput, IdleFlushThenContinuationWithoutSecondPrefix) {
   EXPECT_EQ(cap.finish(), "[p]Password: ok\n");
 }
 
-TEST(LauncherOutput, AnotherStreamClosesDanglingLine) {
-  Capture cap;
-  auto a = make_fwd(cap.console(), "[a]");
-  auto b = make_fwd(cap.console(), "[b]");
-  feed(a, "progress");
-  a.flush_partial(now());
-  feed(b, "line from b\n");
-  feed(a, " done\n");
-  EXPECT_EQ(cap.finish(), "[a]progress\n[b]line from b\n[a] done\n");
-}
 
 TEST(LauncherOutput, SameStreamTwoIdleFlushesOnePrefix) {
   Capture cap;
@@ -503,6 +493,16 @@ struct TwoOnOneConsole {
   StreamForwarder f = make_fwd(cap.console(), "[0]");
   StreamForwarder g = make_fwd(cap.console(), "[1]");
 };
+
+TEST(LauncherOutput, AnotherStreamClosesDanglingLine) {
+  TwoOnOneConsole t(false);
+  auto& [cap, a, b] = t;
+  feed(a, "progress");
+  a.flush_partial(now());
+  feed(b, "line from b\n");
+  feed(a, " done\n");
+  EXPECT_EQ(cap.finish(), "[0]progress\n[1]line from b\n[0] done\n");
+}
 
 // Two workers' bar states, each sent by an idle flush, one after the other.
 void two_bars(StreamForwarder& f, StreamForwarder& g) {
