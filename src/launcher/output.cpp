@@ -291,28 +291,38 @@ void StreamForwarder::emit_piece(std::string& out, const char* p, size_t n, bool
   if (!c) return;
   const void* open = c->open_line();
   const bool terminal = c->writer->terminal() && !raw();
-  // This worker's line, left open, was ended (or erased) by another's line since.
-  const bool cut = line_open_ && open != this;
-  if (cut) line_open_ = false;
-  // A bar's leading '\r' alone: a prefixed empty piece would show nothing (raw output keeps it).
-  if (overwritable && n == 1 && open != this && !raw()) {
-    bar_line_ = bar_restart_ = cr_dropped_ = true;
+  // A bar's '\r' alone where the cursor is at a line's start already (a line of another
+  // worker's, or after this one's own '\r'): a prefixed empty piece would show nothing (raw
+  // output keeps it). The state it ends stays the last one this worker's bar showed.
+  if (overwritable && n == 1 && !raw() && (open != this || at_column0_)) {
+    bar_line_ = bar_restart_ = true;
+    cr_dropped_ = open != this;
     return;
   }
   cr_dropped_ = false;
+  // This worker's line, left open, was ended (or erased) by another's line since.
+  const bool cut = line_open_ && open != this;
+  if (cut) line_open_ = false;
+  const bool erased = std::erase(c->erased, this) > 0;
   // This worker's bar, erased from the terminal by another's line (not ended by a log line):
-  // drawn again when its state goes on, or its line ends. Else a '\n' alone, its line ended
-  // already, would only add an empty line.
-  const bool redraw = cut && terminal && bar_line_ && c->dangling != this && !bar_shown_.empty() &&
-                      (!bar_restart_ || (n == 1 && *p == '\n'));
-  if (cut && !redraw && n == 1 && *p == '\n' && !raw()) {
-    bar_line_ = bar_restart_ = false;
-    bar_shown_.clear();
+  // drawn again when its state goes on, or its line ends. Else a bare line end, its line
+  // ended already, would only add an empty line.
+  const bool bare_end = (n == 1 && p[0] == '\n') || (n == 2 && p[0] == '\r' && p[1] == '\n');
+  const bool redraw = cut && erased && bar_line_ && !bar_shown_.empty() && (!bar_restart_ || bare_end);
+  if (cut && !redraw && bare_end && !raw()) {
+    forget_bar();
     return;
   }
   // Another worker's unfinished line is closed: on a terminal, a bar's state is erased (the
   // bars of several ranks take turns on one line, as under torchrun, instead of scrolling).
-  if (open && open != this) out += terminal && c->dangling_bar ? "\r\x1b[K" : "\n";
+  if (open && open != this) {
+    if (terminal && c->dangling_bar) {
+      out += "\r\x1b[K";
+      c->erased.push_back(open);
+    } else {
+      out += '\n';
+    }
+  }
   if (open != this || at_column0_) {
     out += stamp;
     out += cfg_.prefix;
@@ -335,12 +345,8 @@ void StreamForwarder::emit_piece(std::string& out, const char* p, size_t n, bool
 // What of this worker's bar the console shows: its last state (what followed the last '\r'),
 // to draw it again once another worker's line erased it.
 void StreamForwarder::remember_bar(const char* p, size_t n, bool terminated, bool overwritable) {
-  if (terminated && !overwritable) {
-    bar_line_ = bar_restart_ = false;
-    bar_shown_.clear();
-    return;
-  }
-  if (!bar_line_ && !overwritable) return;
+  if (terminated && !overwritable) return forget_bar();
+  // (Any unfinished line: a '\r' may make it a bar's state yet.)
   const size_t body = overwritable ? n - 1 : n;
   if (bar_restart_ && body > 0) {
     bar_shown_.clear();
@@ -348,6 +354,12 @@ void StreamForwarder::remember_bar(const char* p, size_t n, bool terminated, boo
   }
   bar_shown_.append(p, std::min(body, kMaxLine - std::min(kMaxLine, bar_shown_.size())));
   if (overwritable) bar_line_ = bar_restart_ = true;
+}
+
+void StreamForwarder::forget_bar() {
+  bar_line_ = bar_restart_ = false;
+  bar_shown_.clear();
+  if (bar_shown_.capacity() > kKeepCapacity) bar_shown_.shrink_to_fit();  // no MiB kept for good
 }
 
 void StreamForwarder::send(std::string& out) {
@@ -375,12 +387,15 @@ void StreamForwarder::feed(const char* data, size_t n, std::chrono::system_clock
   if (after_cr_ && p < end && *p == '\n') {
     // "\r\n" split across reads: the '\n' ends the line already sent with its '\r' (none
     // was sent when the '\r' began a line: nothing to end).
-    if (cfg_.console && !cr_dropped_ && cfg_.console->open_line() == this) {
+    Console* c = cfg_.console;
+    if (c && !cr_dropped_ && (raw() || c->open_line() == this)) {
       out += '\n';
-      cfg_.console->dangling = nullptr;
+      if (c->dangling == this) c->dangling = nullptr;
+    } else if (c && !cr_dropped_ && line_open_) {
+      emit_piece(out, "\n", 1, true, st);  // ended by another's line: redrawn, or nothing
     }
-    at_column0_ = line_open_ = bar_line_ = bar_restart_ = false;
-    bar_shown_.clear();
+    at_column0_ = line_open_ = false;
+    forget_bar();
     if (tail_overwrite_) end_tail_line();
     ++p;
   }
@@ -467,8 +482,8 @@ void StreamForwarder::finish(std::chrono::system_clock::time_point now) {
       std::string nl = "\n";
       c->dangling = nullptr;
       send(nl);
-    } else if (!raw() && c && c->writer->terminal() && line_open_ && bar_line_ && !bar_shown_.empty() &&
-               c->dangling != this) {
+    } else if (!raw() && c && line_open_ && bar_line_ && !bar_shown_.empty() &&
+               std::find(c->erased.begin(), c->erased.end(), this) != c->erased.end()) {
       std::string out;
       emit_piece(out, "\n", 1, true, stamp(now));
       send(out);
@@ -480,6 +495,7 @@ void StreamForwarder::finish(std::chrono::system_clock::time_point now) {
     partial_.clear();
     send(out);
   }
+  if (cfg_.console) std::erase(cfg_.console->erased, this);  // (its address may be a later one's)
   // A last line that never ended (flushed while idle, or raw) or a bar's last state.
   if (!filtered_line_.empty()) duplicate("\n", 1, true, stamp(now));
   if (cfg_.tail_lines && !tail_partial_.empty()) end_tail_line();

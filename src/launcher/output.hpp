@@ -81,6 +81,7 @@ struct Console {
   const void* dangling = nullptr;  // forwarder whose last line on this console is unfinished
   uint64_t dangling_epoch = 0;     // writer->interruptions() when it was left unfinished
   bool dangling_bar = false;       // that line is a progress bar's state (it follows a '\r')
+  std::vector<const void*> erased;  // forwarders whose bar another's line erased (a terminal)
   // The unfinished line, if it is still open (no log line ended it since).
   const void* open_line() const {
     return dangling && writer->interruptions() == dangling_epoch ? dangling : nullptr;
@@ -130,6 +131,7 @@ class StreamForwarder {
   void remember(const char* p, size_t n);
   void end_tail_line();
   void remember_bar(const char* p, size_t n, bool terminated, bool overwritable);
+  void forget_bar();
   // No prefix, no time stamps: the worker's bytes go to the console as they are.
   bool raw() const { return cfg_.prefix.empty() && !cfg_.timestamps; }
   void duplicate(const char* p, size_t n, bool terminated, const std::string& stamp);

@@ -595,6 +595,65 @@ TEST(LauncherOutput, ElsewhereAnotherWorkersLineStartsALineOfItsOwn) {
   EXPECT_EQ(cap.finish(), "[0]1/5\r\n[1]log\n[0]2/5\r\n[2]10%\n[1]x\n");
 }
 
+// Review cases, on a terminal: a state ended by '\r', erased, whose '\n' comes later; a
+// lone '\r' after the erase, then the stream's end; a state that a log line ended (it is
+// on the screen: not drawn twice); a state begun before an idle flush (drawn whole).
+TEST(LauncherOutput, ErasedBarsAreDrawnAgainOnceAndWhole) {
+  auto on_terminal = [](auto&& steps) {
+    TwoOnOneConsole t(true);
+    steps(t.cap, t.f, t.g);
+    return t.cap.finish();
+  };
+  EXPECT_EQ(on_terminal([](Capture&, StreamForwarder& f, StreamForwarder& g) {
+              feed(f, "loss 0.5\r");
+              feed(g, "x\n");
+              feed(f, "\n");
+            }),
+            "[0]loss 0.5\r\r\x1b[K[1]x\n[0]loss 0.5\n");
+  EXPECT_EQ(on_terminal([](Capture&, StreamForwarder& f, StreamForwarder& g) {
+              two_bars(f, g);
+              feed(f, "\r");
+              f.finish(now());
+            }),
+            "[0]10%\r\x1b[K[1]20%\r\x1b[K[0]10%\n");
+  EXPECT_EQ(on_terminal([](Capture& cap, StreamForwarder& f, StreamForwarder& g) {
+              feed(f, "\r10%");
+              f.flush_partial(now());
+              cap.writer()->push_line("log\n");
+              feed(g, "x\n");
+              f.finish(now());
+            }),
+            "[0]10%\nlog\n[1]x\n");
+  EXPECT_EQ(on_terminal([](Capture&, StreamForwarder& f, StreamForwarder& g) {
+              feed(f, "abc");
+              f.flush_partial(now());
+              feed(f, "def\r");
+              feed(g, "x\n");
+              f.finish(now());
+            }),
+            "[0]abcdef\r\r\x1b[K[1]x\n[0]abcdef\n");
+}
+
+// Review cases elsewhere: raw output keeps a "\r\n" split across reads; a repeated '\r' adds
+// no empty prefixed piece; an interrupted line's bare "\r\n" adds no empty line.
+TEST(LauncherOutput, CarriageReturnsInAPipeAddNothing) {
+  {
+    Capture cap;
+    auto f = make_fwd(cap.console(), "");
+    feed(f, "one\r");
+    feed(f, "\ntwo\n");
+    EXPECT_EQ(cap.finish(), "one\r\ntwo\n");
+  }
+  TwoOnOneConsole t(false);
+  auto& [cap, f, g] = t;
+  feed(f, "\r10%\r\r20%\r\n");
+  feed(f, "abc");
+  f.flush_partial(now());
+  feed(g, "x\n");
+  feed(f, "\r\n");
+  EXPECT_EQ(cap.finish(), "[0]10%\r[0]20%\r\n[0]abc\n[1]x\n");
+}
+
 TEST(LauncherOutput, BarsAreEndedWithANewlineElsewhere) {
   TwoOnOneConsole t(false);
   auto& [cap, f, g] = t;
