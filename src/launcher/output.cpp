@@ -303,7 +303,7 @@ void StreamForwarder::emit_piece(std::string& out, const char* p, size_t n, bool
   // This worker's line, left open, was ended (or erased) by another's line since.
   const bool cut = line_open_ && open != this;
   if (cut) line_open_ = false;
-  const bool erased = std::erase(c->erased, this) > 0;
+  const bool erased = !c->erased.empty() && std::erase(c->erased, this) > 0;
   // This worker's bar, erased from the terminal by another's line (not ended by a log line):
   // drawn again when its state goes on, or its line ends. Else a bare line end, its line
   // ended already, would only add an empty line.
@@ -345,7 +345,10 @@ void StreamForwarder::emit_piece(std::string& out, const char* p, size_t n, bool
 // What of this worker's bar the console shows: its last state (what followed the last '\r'),
 // to draw it again once another worker's line erased it.
 void StreamForwarder::remember_bar(const char* p, size_t n, bool terminated, bool overwritable) {
-  if (terminated && !overwritable) return forget_bar();
+  if (terminated && !overwritable) {  // (a line's end: the common case costs a test)
+    if (bar_line_ || !bar_shown_.empty()) forget_bar();
+    return;
+  }
   // (Any unfinished line: a '\r' may make it a bar's state yet.)
   const size_t body = overwritable ? n - 1 : n;
   if (bar_restart_ && body > 0) {
