@@ -58,6 +58,11 @@ std::vector<WorkerResult*> AttemptWorkers::start(const JobPlan& plan, int attemp
     Env env = worker_environment(o_, plan, w.local_rank, w.error_file, base_env);
     if (env_hook) env_hook(env, w);
     const auto [out_fd, err_fd] = open_stream(static_cast<int>(i), wdir);
+    // A worker writing into a terminal of ddprun's (streams.hpp) has no keyboard on it: a
+    // pager (`git log`, pydoc's help(), psql) would wait there for keys that never come, the
+    // one a user's shell exports too. Its pager is cat.
+    if (isatty(out_fd) == 1 || isatty(err_fd) == 1)
+      for (const char* pager : {"PAGER", "GIT_PAGER", "MANPAGER", "SYSTEMD_PAGER"}) env[pager] = "cat";
     specs.push_back(SpawnSpec{cmd.path, cmd.argv, to_envp(env), stdin_fd, out_fd, err_fd});
     specs.back().ignore_sighup = workers_ignore_sighup(o_.signals_to_handle);
     if (!o_.worker_cpus.empty()) specs.back().cpus = o_.worker_cpus.at(static_cast<size_t>(w.local_rank));

@@ -99,6 +99,10 @@ const FlagSpec kFlags[] = {
      "prefix of every forwarded line; ${rank} ${local_rank} ${role_name} ${hostname}; empty = raw",
      "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "", "TEMPLATE"},
     {"log-timestamps", 0, K::kFlag, "", "Output", "prefix forwarded lines with the time they were read"},
+    {"no-worker-tty", 0, K::kFlag, "", "Output",
+     "workers write into pipes also when ddprun's output is a terminal (by default each worker then writes into "
+     "a pseudo-terminal of its own: isatty() is true, C stdio flushes each line, the width is the terminal's less "
+     "the prefix)"},
     {"duplicate-stdout-filters", 0, K::kValue, "", "Output",
      "copy the --tee'd stdout lines that contain any of these strings (',,' is a comma) into the attempt's "
      "filtered_stdout.log",

@@ -420,6 +420,7 @@ std::string parse_log_level(const Given& g) {
 
 void read_output(Options& o, const Flags& g) {
   o.log_timestamps = g.flag("log-timestamps");
+  o.worker_tty = !g.flag("no-worker-tty");
   if (g.has("log-dir")) o.log_dir = g.value("log-dir");
   if (g.has("redirects")) o.redirects = parse_std_map(g.source("redirects"), g.value("redirects"));
   if (g.has("tee")) o.tee = parse_std_map(g.source("tee"), g.value("tee"));

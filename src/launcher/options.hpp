@@ -98,6 +98,7 @@ struct Options {
   std::optional<std::set<int>> local_ranks_filter;
   std::optional<std::string> log_line_prefix_template;
   bool log_timestamps = false;
+  bool worker_tty = true;  // a worker stream shown on a terminal is a pseudo-terminal (not --no-worker-tty)
   // --duplicate-std{out,err}-filters: [0] stdout's, [1] stderr's ("" items dropped).
   std::vector<std::string> duplicate_filters[2];
   std::string log_level = "warning";

@@ -4,10 +4,12 @@
 #include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <unistd.h>
+#include <wchar.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <clocale>
 #include <cstring>
 #include <ctime>
 #include <optional>
@@ -53,7 +55,78 @@ size_t utf8_cut(const char* p, size_t max) {
   return cut;
 }
 
+// A line as a terminal shows its text: its escape sequences (ECMA-48: colours, cursor
+// moves; a window title's or a hyperlink's string) taken out. A worker writing to a
+// terminal colours its traceback (Python 3.13) or its log; the report wants the words.
+void strip_escapes(std::string& s) {
+  if (s.find('\x1b') == std::string::npos) return;
+  const auto in = [&](size_t j, unsigned char lo, unsigned char hi) {
+    return j < s.size() && static_cast<unsigned char>(s[j]) >= lo && static_cast<unsigned char>(s[j]) <= hi;
+  };
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    if (s[i] == '\a') {  // a bell rings, and shows nothing
+      ++i;
+      continue;
+    }
+    if (s[i] != '\x1b') {
+      out += s[i++];
+      continue;
+    }
+    size_t j = i + 1;
+    if (j < s.size() && std::string_view("]P_^X").find(s[j]) != std::string_view::npos) {
+      // A string (OSC, DCS...): up to BEL or ESC '\'.
+      while (j < s.size() && s[j] != '\a' && s[j] != '\x1b') ++j;
+      i = j + (j < s.size() && s[j] == '\a' ? 1 : j + 1 < s.size() && s[j + 1] == '\\' ? 2 : 0);
+      continue;
+    }
+    if (j < s.size() && s[j] == '[') {  // CSI: parameter and intermediate bytes
+      ++j;
+      while (in(j, 0x20, 0x3F)) ++j;
+    } else {
+      while (in(j, 0x20, 0x2F)) ++j;  // intermediate bytes
+    }
+    i = in(j, 0x30, 0x7E) ? j + 1 : j;  // the final byte
+  }
+  s = std::move(out);
+}
+
+// The columns code point c takes on a terminal: wcwidth() in a UTF-8 locale (two for CJK
+// and emoji, none for a combining mark), whatever locale ddprun runs in; one where there
+// is no such locale, or c has no width.
+int columns_of(char32_t c) {
+  static const locale_t utf8 = newlocale(LC_CTYPE_MASK, "C.UTF-8", static_cast<locale_t>(nullptr));
+  if (!utf8) return 1;
+  const locale_t was = uselocale(utf8);
+  const int w = wcwidth(static_cast<wchar_t>(c));
+  uselocale(was);
+  return w < 0 ? 1 : w;
+}
+
 }  // namespace
+
+size_t terminal_columns(std::string_view text) {
+  std::string shown(text);
+  strip_escapes(shown);
+  size_t columns = 0;
+  for (size_t i = 0; i < shown.size();) {
+    const auto b = static_cast<unsigned char>(shown[i]);
+    size_t len = b < 0x80 ? 1 : (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : (b & 0xF8) == 0xF0 ? 4 : 1;
+    char32_t c = len == 1 ? b : b & (0x3F >> (len - 1));
+    for (size_t k = 1; k < len; ++k) {
+      if (i + k >= shown.size() || (shown[i + k] & 0xC0) != 0x80) {  // not UTF-8: a byte a column
+        len = 1;
+        c = b;
+        break;
+      }
+      c = (c << 6) | (shown[i + k] & 0x3F);
+    }
+    if (c >= 0x20 && c != 0x7F) columns += static_cast<size_t>(columns_of(c));  // control characters take none
+    i += len;
+  }
+  return columns;
+}
 
 // ---------------------------------------------------------------- ConsoleWriter
 
@@ -241,6 +314,12 @@ void StreamForwarder::remember(const char* p, size_t n) {
 }
 
 void StreamForwarder::end_tail_line() {
+  const bool had_text = !tail_partial_.empty();
+  strip_escapes(tail_partial_);
+  if (had_text && tail_partial_.empty()) {  // escapes alone (a colour reset): nothing shown
+    tail_overwrite_ = false;
+    return;
+  }
   tail_.push_back(std::move(tail_partial_));
   tail_partial_.clear();
   tail_overwrite_ = false;
@@ -274,21 +353,30 @@ void StreamForwarder::emit_piece(std::string& out, const char* p, size_t n, bool
   duplicate(p, n, terminated, stamp);
   // A piece ended by a lone '\r' (a progress bar's state; "\r\n" ends with '\n').
   const bool overwritable = terminated && n > 0 && p[n - 1] == '\r';
-  if (cfg_.tail_lines) {
-    size_t body = n;
-    while (body > 0 && (p[body - 1] == '\n' || p[body - 1] == '\r')) --body;
-    // The tail keeps what a terminal shows: what follows a '\r' on its line replaces it.
-    if (tail_overwrite_ && body > 0) tail_partial_.clear();
-    if (body > 0) tail_overwrite_ = false;
-    remember(p, body);
-    if (overwritable)
-      tail_overwrite_ = true;
-    else if (terminated)
-      end_tail_line();
-  }
+  if (cfg_.tail_lines) tail_piece(p, n, terminated, overwritable);
   if (terminated) ++lines_;
-  Console* c = cfg_.console;
-  if (!c) return;
+  if (cfg_.console) show_piece(*cfg_.console, out, p, n, terminated, overwritable, stamp);
+}
+
+// The tail keeps what a terminal shows: what follows a '\r' on its line replaces it.
+void StreamForwarder::tail_piece(const char* p, size_t n, bool terminated, bool overwritable) {
+  size_t body = n;
+  while (body > 0 && (p[body - 1] == '\n' || p[body - 1] == '\r')) --body;
+  if (tail_overwrite_ && body > 0) tail_partial_.clear();
+  if (body > 0) tail_overwrite_ = false;
+  remember(p, body);
+  if (overwritable)
+    tail_overwrite_ = true;
+  else if (terminated)
+    end_tail_line();
+}
+
+// A piece for the console (into `out`): prefixed where it starts a line, after another
+// worker's unfinished line is ended (or its bar erased, on a terminal), this worker's erased
+// bar drawn again before it.
+void StreamForwarder::show_piece(Console& console, std::string& out, const char* p, size_t n, bool terminated,
+                                 bool overwritable, const std::string& stamp) {
+  Console* const c = &console;
   const void* open = c->open_line();
   const bool terminal = c->writer->terminal() && !raw();
   // A bar's '\r' alone where the cursor is at a line's start already (a line of another

@@ -52,6 +52,7 @@ class ConsoleWriter {
   // A terminal (isatty when made; settable for tests): a progress bar that another worker's
   // line interrupts is erased and drawn again below it, not left as a line of its own.
   bool terminal() const { return terminal_; }
+  int fd() const { return fd_; }
   void set_terminal(bool on) { terminal_ = on; }
 
  private:
@@ -75,6 +76,10 @@ class ConsoleWriter {
   bool stop_ = false;
   std::thread thread_;
 };
+
+// The columns `text` takes on a terminal: its escape sequences none, a wide character
+// (CJK, emoji) two (the prefix's width, taken from a worker's terminal).
+size_t terminal_columns(std::string_view text);
 
 struct Console {
   ConsoleWriter* writer = nullptr;
@@ -128,6 +133,9 @@ class StreamForwarder {
 
  private:
   void emit_piece(std::string& out, const char* p, size_t n, bool terminated, const std::string& stamp);
+  void tail_piece(const char* p, size_t n, bool terminated, bool overwritable);
+  void show_piece(Console& console, std::string& out, const char* p, size_t n, bool terminated, bool overwritable,
+                  const std::string& stamp);
   void remember(const char* p, size_t n);
   void end_tail_line();
   void remember_bar(const char* p, size_t n, bool terminated, bool overwritable);

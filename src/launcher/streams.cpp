@@ -2,12 +2,16 @@
 
 #include <fcntl.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <optional>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "ddp/error.hpp"
 
@@ -26,6 +30,46 @@ void watch(int epfd, int fd, void* tag) {
   if (epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) != 0) throw ddp::SystemError("epoll_ctl", errno);
 }
 
+// The size of a worker's pseudo-terminal (0x0, unknown, where the console's is).
+winsize window_of(const WorkerStreams::Terminal& t) {
+  winsize ws{};
+  if (ioctl(t.console_fd, TIOCGWINSZ, &ws) != 0) return winsize{};
+  constexpr size_t kNarrowest = 20;  // a terminal too narrow for the prefix keeps its own width
+  if (ws.ws_col >= t.lead + kNarrowest) ws.ws_col = static_cast<unsigned short>(ws.ws_col - t.lead);
+  return ws;
+}
+
+// A pseudo-terminal of size ws: {ddprun's end (non-blocking), the worker's end}, both
+// close-on-exec; false where none can be had (no /dev/ptmx in a container, the kernel's
+// pty limit). The worker's end is raw: its bytes come through as written ("\n" stays "\n").
+// Opened O_NOCTTY, it is no one's controlling terminal (unless the worker, which leads a
+// session of its own, opens it again without).
+bool open_pty(const winsize& ws, int fds[2]) {
+  const int m = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (m < 0) return false;
+  int s = -1;
+  if (unlockpt(m) == 0) {
+    s = ioctl(m, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
+    char name[64];
+    if (s < 0 && ptsname_r(m, name, sizeof name) == 0) s = ::open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
+  }
+  termios t{};
+  if (s < 0 || tcgetattr(s, &t) != 0) {
+    const int err = errno;  // (what the message says)
+    ::close(m);
+    if (s >= 0) ::close(s);
+    errno = err;
+    return false;
+  }
+  cfmakeraw(&t);
+  tcsetattr(s, TCSANOW, &t);
+  ioctl(s, TIOCSWINSZ, &ws);
+  fcntl(m, F_SETFL, O_NONBLOCK);
+  fds[0] = m;
+  fds[1] = s;
+  return true;
+}
+
 }  // namespace
 
 struct WorkerStreams::Stream {
@@ -33,6 +77,7 @@ struct WorkerStreams::Stream {
   int worker = 0;
   Carries what = Carries::kStdout;
   bool paused = false;
+  std::optional<Terminal> tty;  // fd is a pseudo-terminal's (else a pipe's)
   std::unique_ptr<StreamForwarder> fwd;
   int file_fd = -1;
 };
@@ -40,9 +85,15 @@ struct WorkerStreams::Stream {
 WorkerStreams::WorkerStreams(int epfd) : epfd_(epfd) {}
 WorkerStreams::~WorkerStreams() { close_all(); }
 
-int WorkerStreams::open(int worker, Carries what, ForwarderConfig cfg, int file_fd) {
+int WorkerStreams::open(int worker, Carries what, ForwarderConfig cfg, int file_fd, const Terminal* tty) {
   int p[2];
-  if (pipe2(p, O_CLOEXEC) != 0) {
+  const bool pty = tty && open_pty(window_of(*tty), p);
+  if (tty && !pty && !said_no_pty_) {
+    said_no_pty_ = true;
+    spdlog::info("no pseudo-terminal for the workers' output ({}): they write into pipes",
+                 ddp::errno_text(errno));
+  }
+  if (!pty && pipe2(p, O_CLOEXEC) != 0) {
     const int err = errno;
     rlimit rl{};
     std::string why;
@@ -57,10 +108,13 @@ int WorkerStreams::open(int worker, Carries what, ForwarderConfig cfg, int file_
                                        worker, why),
                            err);
   }
-  fcntl(p[0], F_SETFL, O_NONBLOCK);
-  // A deeper pipe: a chatty worker blocks less often and ddprun reads bigger batches.
-  fcntl(p[0], F_SETPIPE_SZ, kPipeBytes);
+  if (!pty) {
+    fcntl(p[0], F_SETFL, O_NONBLOCK);
+    // A deeper pipe: a chatty worker blocks less often and ddprun reads bigger batches.
+    fcntl(p[0], F_SETPIPE_SZ, kPipeBytes);
+  }
   auto s = std::make_unique<Stream>();
+  if (pty) s->tty = *tty;
   s->fd = p[0];
   s->worker = worker;
   s->what = what;
@@ -72,34 +126,48 @@ int WorkerStreams::open(int worker, Carries what, ForwarderConfig cfg, int file_
   return p[1];
 }
 
+void WorkerStreams::resize() {
+  for (auto& s : streams_)
+    if (s->fd >= 0 && s->tty) {
+      const winsize ws = window_of(*s->tty);
+      ioctl(s->fd, TIOCSWINSZ, &ws);
+    }
+}
+
 void WorkerStreams::clear() {
   close_all();
   streams_.clear();
   open_ = 0;
 }
 
-void WorkerStreams::on_readable(Stream& s) {
+bool WorkerStreams::on_readable(Stream& s) {
   // Not value-initialised: its pages are touched only as output arrives.
   static thread_local std::unique_ptr<char[]> buf(new char[kReadChunk]);
-  for (int i = 0; i < 4; ++i) {
+  // A pseudo-terminal gives at most a few KiB a read: a short read does not mean it is empty.
+  const int reads = s.tty ? 32 : 4;
+  for (int i = 0; i < reads; ++i) {
     if (s.fwd->console_full()) {
       epoll_ctl(epfd_, EPOLL_CTL_DEL, s.fd, nullptr);
       s.paused = true;  // the console is behind: the worker blocks on its pipe
-      return;
+      return false;
     }
     ssize_t n = read(s.fd, buf.get(), kReadChunk);
     if (n > 0) {
-      ++cycle_reads_;
+      // (a pseudo-terminal's reads, a few KiB each, count as one: trickling is judged by
+      // what one wake-up found, as for a pipe)
+      if (i == 0 || !s.tty) ++cycle_reads_;
       last_read_ = Clock::now();
       cycle_bytes_ += static_cast<size_t>(n);
       s.fwd->feed(buf.get(), static_cast<size_t>(n), std::chrono::system_clock::now());
-      if (static_cast<size_t>(n) < kReadChunk) return;
+      if (static_cast<size_t>(n) < kReadChunk && !s.tty) return false;
       continue;
     }
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-    close(s);
-    return;
+    if (n < 0 && errno == EINTR) return true;
+    if (n < 0 && errno == EAGAIN) return false;
+    close(s);  // the end of a pipe, or EIO: a pseudo-terminal that no process holds open
+    return false;
   }
+  return true;
 }
 
 void WorkerStreams::read_worker(int worker) {
@@ -149,9 +217,14 @@ WorkerStreams::Clock::time_point WorkerStreams::flush_idle(Clock::time_point lim
 
 bool WorkerStreams::close_unpaused() {
   bool any_paused = false;
-  for (auto& s : streams_)
+  for (auto& s : streams_) {
+    // What an unpaused stream holds is read first (its console may have just caught up and
+    // resumed it): only an empty one, whose writer outlived its worker, is closed unread
+    // (and one that such a writer keeps full, after a bound).
+    for (int i = 0; i < 64 && s->fd >= 0 && !s->paused && on_readable(*s);) ++i;
     if (s->fd >= 0 && !s->paused) close(*s);
     else if (s->fd >= 0) any_paused = true;
+  }
   return any_paused;
 }
 

@@ -4,10 +4,12 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <sys/stat.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <functional>
@@ -43,7 +45,7 @@ sigset_t supervised_set(const Options& o) {
   sigset_t set;
   sigemptyset(&set);
   for (int s : o.stop_signals()) sigaddset(&set, s);
-  for (int s : {SIGCHLD, SIGUSR1, SIGUSR2, SIGTSTP}) sigaddset(&set, s);
+  for (int s : {SIGCHLD, SIGUSR1, SIGUSR2, SIGTSTP, SIGWINCH}) sigaddset(&set, s);
   for (int s : StackDumps::trigger_signals(o)) sigaddset(&set, s);
   return set;
 }
@@ -198,7 +200,16 @@ class NodeOutput {
       cfg.filters = &o_.duplicate_filters[is_stderr];
       cfg.filtered_fd = filtered_file(dir, is_stderr);
     }
-    return streams_->open(idx, what, std::move(cfg), file_fd);
+    const auto tty = terminal_of(cfg);
+    return streams_->open(idx, what, std::move(cfg), file_fd, tty ? &*tty : nullptr);
+  }
+
+  // A stream shown on a terminal, and written to no file, is a pseudo-terminal sized from
+  // that terminal; nullopt: a pipe.
+  std::optional<WorkerStreams::Terminal> terminal_of(const ForwarderConfig& cfg) const {
+    if (!o_.worker_tty || !cfg.console || cfg.file_fd >= 0 || !cfg.console->writer->terminal()) return std::nullopt;
+    const size_t stamp = cfg.timestamps ? 27 : 0;  // "YYYY-mm-dd HH:MM:SS.uuuuuu "
+    return WorkerStreams::Terminal{cfg.console->writer->fd(), stamp + terminal_columns(cfg.prefix)};
   }
 
   // <attempt>/filtered_std{out,err}.log, opened once an attempt (dir: a worker's folder in it)
@@ -274,8 +285,26 @@ class AttemptSupervisor {
   void setup_stdin() {
     const int flags = fcntl(0, F_GETFD);
     const bool own = flags < 0 || (flags & FD_CLOEXEC);
-    if (!own && (!isatty(0) || tcgetpgrp(0) == getpgrp())) return;
+    const bool terminal = isatty(0) == 1;
+    if (!own && (!terminal || tcgetpgrp(0) == getpgrp())) {
+      termios modes{};
+      if (terminal && tcgetattr(0, &modes) == 0) terminal_modes_ = modes;
+      return;
+    }
     stdin_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  }
+
+  // A worker that reads the terminal may change its modes (pdb's readline: no echo, no
+  // line editing; getpass: no echo) and be killed before it puts them back: once an
+  // attempt's workers are gone, the terminal gets the modes it had (from the foreground
+  // only: a background group's change would stop ddprun, SIGTTOU).
+  void restore_terminal() const {
+    termios now{};
+    if (!terminal_modes_ || tcgetpgrp(0) != getpgrp() || tcgetattr(0, &now) != 0) return;
+    const termios& was = *terminal_modes_;
+    if (now.c_iflag != was.c_iflag || now.c_oflag != was.c_oflag || now.c_lflag != was.c_lflag ||
+        now.c_cflag != was.c_cflag || std::memcmp(now.c_cc, was.c_cc, sizeof was.c_cc) != 0)
+      tcsetattr(0, TCSANOW, &was);
   }
 
   // Starts the running attempt's workers (an exec that failed is a failure at once).
@@ -333,6 +362,7 @@ class AttemptSupervisor {
     }
     await_answers();
     keep_tails();
+    restore_terminal();
   }
 
   void on_ready(void* tag) {
@@ -357,10 +387,17 @@ class AttemptSupervisor {
       const int sig = static_cast<int>(si.ssi_signo);
       if (sig == SIGCHLD) reap();
       else if (sig == SIGTSTP && !signals_.stops(sig)) suspend();
+      else if (sig == SIGWINCH && !signals_.stops(sig)) resized();
       else if (stacks_.is_trigger(sig)) on_trigger(sig, static_cast<pid_t>(si.ssi_pid));
       else signals_.take(si);
     }
   }
+
+  // The terminal's size changed (SIGWINCH; or perhaps while the job was stopped): so do the
+  // workers' terminals. A program that asks for its size sees the new one; none is sent
+  // SIGWINCH (as under torchrun, whose workers' sessions get none): a handler that
+  // readline installs would otherwise make a blocking call in C fail with EINTR.
+  void resized() { output_.streams().resize(); }
 
   // Ctrl-Z: the job stops as a whole, as a shell's job does. Workers lead sessions of their
   // own, so the terminal's SIGTSTP reaches ddprun alone (and would be discarded in their
@@ -388,6 +425,7 @@ class AttemptSupervisor {
     kill(getpid(), SIGSTOP);  // returns once continued
     if (warm > 0) kill(-warm, SIGCONT);
     workers_.signal_live(SIGCONT, false);
+    resized();
     const auto stopped = Clock::now() - t0;
     stopped_for_ += stopped;
     stacks_.suspended(stopped);
@@ -686,6 +724,7 @@ class AttemptSupervisor {
   FileTimers& timers_;      // its fd's epoll tag is its address
   const void* notify_tag_;  // the epoll tag of the rendezvous's notify fd
   int stdin_fd_ = -1;
+  std::optional<termios> terminal_modes_;  // the terminal's, when ddprun passes it on (restore_terminal)
   std::optional<Clock::time_point> drain_deadline_;
   Clock::duration stopped_for_{};
   std::optional<WorkerResult> root_;

@@ -443,6 +443,33 @@ TEST(LauncherOutput, TailKeepsAProgressBarsLastState) {
   EXPECT_EQ(cap.finish(), "[p]start\n[p] 0%|\r[p] 50%|\r[p] 100%|\r\n[p]done\n[p]next 1\r[p]next 2\r\n[p]failed: x\n");
 }
 
+// The tail keeps a line's words without its escape sequences (a worker writing to a
+// terminal colours its traceback): colours, a title, a hyperlink, a cut sequence at the end.
+TEST(LauncherOutput, TailLeavesOutEscapeSequences) {
+  Capture cap;
+  auto f = make_fwd(cap.console(), "[p]", 4);
+  const std::string coloured = "\x1b[1;35mModuleNotFoundError\x1b[0m: \x1b[35mNo module named 'x'\x1b[0m\n";
+  feed(f, coloured);
+  feed(f, "\x1b]0;title\x07see \x1b]8;;http://a\x1b\\docs\x1b]8;;\x1b\\ \x1b(Bok\x1b[?25h\a\n");
+  feed(f, "cut \x1b[3");
+  f.finish(now());
+  EXPECT_EQ(std::vector<std::string>(f.tail().begin(), f.tail().end()),
+            (std::vector<std::string>{"ModuleNotFoundError: No module named 'x'", "see docs ok", "cut "}));
+  EXPECT_EQ(cap.finish().substr(0, coloured.size() + 3), "[p]" + coloured);  // the console keeps them
+}
+
+// A prefix's width on a terminal (a worker's terminal is that much narrower): colours take
+// no column, a CJK character or an emoji two.
+TEST(LauncherOutput, TerminalColumnsOfAPrefix) {
+  EXPECT_EQ(ddprun::terminal_columns("[rank0]:"), 8u);
+  EXPECT_EQ(ddprun::terminal_columns("\x1b[32m[rank0]\x1b[0m:"), 8u);
+  EXPECT_EQ(ddprun::terminal_columns("[\u30e9\u30f3\u30af0]:"), 10u);  // [ランク0]:
+  EXPECT_EQ(ddprun::terminal_columns("[\U0001F680 0]"), 6u);
+  EXPECT_EQ(ddprun::terminal_columns("\u2705e\u0301"), 3u);  // ✅ é (e and a combining accent)
+  EXPECT_EQ(ddprun::terminal_columns("\xe9t\xe9"), 3u);  // not UTF-8: a column a byte
+  EXPECT_EQ(ddprun::terminal_columns(""), 0u);
+}
+
 // A bar's last state before the stream ends (no newline after it) stays in the tail.
 TEST(LauncherOutput, TailKeepsABarLeftOpenAtTheEnd) {
   auto f = make_fwd(nullptr, "[p]", 3);

@@ -47,6 +47,24 @@ class BackPressureTest(DdprunTestCase):
         self.assertLess(peak_kb, 50 * 1024, f"ddprun's peak RSS was {peak_kb} kB")
 
 
+    def test_a_slow_reader_loses_nothing_after_the_workers_exit(self):
+        """8 workers each write 1 MiB (it fits their pipes) and exit at once; the console
+        reads on, slowly (16 KiB every 20 ms, about 10 s for all): 5 s after the last exit,
+        the streams it had not taken yet were closed unread (5 ranks of 8 lost every line,
+        exit 0, no warning)."""
+        ranks = 8
+        reader = subprocess.Popen([PYTHON, worker("count_reader.py"), "0", str(ranks), "16384", "0.02"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=self.tmp)
+        self._procs.append(reader)
+        p = self.start(["--nproc-per-node", str(ranks), worker("bulk.py"), "1"], stdout=reader.stdin)
+        reader.stdin.close()
+        reader.stdin = None
+        self.assertEqual(self.wait_exit(p, 120), 0, read_text(self.path("ddprun.stderr")))
+        out, _ = reader.communicate(timeout=scaled(120))
+        result = json.loads(out)
+        self.assertEqual(result["counts"], [1024] * ranks, result)
+        self.assertEqual(result["rest"], 0)
+
     def test_lines_written_in_parts_stay_whole_while_the_console_stalls(self):
         """`print(text, i)` under `python -u` writes a line in parts: while ddprun stops reading
         (its console is behind), the part in its buffer must wait for the rest, not go out

@@ -1,9 +1,12 @@
-"""Workers and stdin: a piped stdin reaches the workers; a terminal reaches them when ddprun
-is its foreground job (workers lead sessions of their own, so a terminal never stops them),
-and /dev/null replaces it when ddprun runs in the background."""
+"""Workers and the terminal: a piped stdin reaches the workers; a terminal reaches them when
+ddprun is its foreground job (workers lead sessions of their own, so a terminal never stops
+them), and /dev/null replaces it when ddprun runs in the background. On a terminal, each
+worker writes into a pseudo-terminal of its own."""
 import fcntl
 import os
 import select
+import socket
+import struct
 import subprocess
 import sys
 import termios
@@ -53,7 +56,15 @@ class StdinTest(DdprunTestCase):
         t.expect("[rank0]:-> print(\"x is\", x + 1)")
         t.expect("(Pdb) ")
         t.send(b"p x\n")
-        t.expect("p x\r\n41\r\n")
+        t.expect("[rank0]:(Pdb) p x\r\n[rank0]:41\r\n")
+        # Line editing: the worker's stdout is a terminal (of its own), so pdb has readline:
+        # the up arrow brings `p x` back, a backspace edits it.
+        t.expect("[rank0]:41\r\n[rank0]:(Pdb) ")
+        mark = len(t.out)
+        t.send(b"\x1b[A")
+        t.expect("p x", since=mark)
+        t.send(b"\x7fx + 1\n")
+        t.expect("[rank0]:42\r\n", since=mark)
         t.send(b"c\n")
         t.expect("x is 42")
         self.assertEqual(t.finish(), 0, t.text())
@@ -205,13 +216,110 @@ class StdinTest(DdprunTestCase):
         for r in (0, 1):
             self.assertIn(f"[rank{r}]:rc=1 line=", t.text())
 
-    def script(self, text):
-        path = os.path.join(self.tmp, "worker.py")
+    def script(self, text, name="worker.py"):
+        path = os.path.join(self.tmp, name)
         with open(path, "w") as f:
             f.write(text)
         return path
 
 
+class WorkerTerminalTest(DdprunTestCase):
+    """On a terminal, each worker writes into a pseudo-terminal of its own, as wide as the
+    terminal less the prefix: isatty() is true and C stdio flushes each line, as where
+    torchrun's workers write to the terminal themselves. Elsewhere, pipes."""
+    script = StdinTest.script
+
+    def test_a_worker_on_a_terminal_writes_into_a_terminal_its_own_width(self):
+        for extra, cols in (([], 100 - len("[rank0]:")), (["--log-line-prefix-template", "[${hostname}]"], None)):
+            with self.subTest(flags=extra):
+                t = Terminal(self, [DDPRUN, *extra, self.script(SIZES)], size=(30, 100))
+                t.expect("tty True True")
+                self.assertEqual(t.finish(), 0, t.text())
+                want = cols or 100 - len(f"[{socket.gethostname()}]")
+                self.assertIn(f"tty True True {want}x30\r\n", t.text())
+
+    def test_a_resized_terminal_resizes_the_workers(self):
+        t = Terminal(self, [DDPRUN, "--nproc-per-node", "2", self.script(RESIZED)], size=(30, 100))
+        t.expect("[rank0]:from 92x30")
+        t.expect("[rank1]:from 92x30")
+        t.resize(40, 60)  # the terminal sends ddprun SIGWINCH
+        self.assertEqual(t.finish(), 0, t.text())
+        # No SIGWINCH (as under torchrun): readline's handler would make C calls fail, EINTR.
+        self.assertIn("[rank0]:to 52x40 not told", t.text())
+        self.assertIn("[rank1]:to 52x40 not told", t.text())
+
+    def test_a_programs_lines_show_as_it_prints_them(self):
+        # A program whose stdio buffers a pipe (Perl here; C and C++ programs, a shell's
+        # commands alike) printed nothing until it exited; its "ready" is shown at once now.
+        t = Terminal(self, [DDPRUN, "--no-python", "perl", "-e", 'print "ready\\n"; sleep 600'])
+        t.expect("[rank0]:ready", timeout=15)
+        t.send(b"\x03")
+        self.assertEqual(t.finish(), 130, t.text())
+
+    def test_a_worker_stopped_at_a_pdb_prompt_leaves_the_terminal_as_it_was(self):
+        # pdb's readline turns the terminal's echo and line editing off while it waits; rank
+        # 1's failure kills rank 0 there: the terminal was left so after ddprun exited.
+        go = os.path.join(self.tmp, "go")
+        t = Terminal(self, [DDPRUN, "--nproc-per-node", "2", self.script(PDB_THEN_PEER_FAILS), go], size=(30, 100))
+        before = termios.tcgetattr(t.master)  # (a pty's master reads its terminal's modes)
+        t.expect("(Pdb) ")
+        time.sleep(0.5)
+        self.assertNotEqual(termios.tcgetattr(t.master)[3], before[3], "readline did not change the modes")
+        open(go, "w").close()
+        self.assertEqual(t.finish(), 1, t.text())
+        self.assertEqual(termios.tcgetattr(t.master), before)
+
+    def test_a_pager_in_a_worker_does_not_wait_for_keys(self):
+        # pydoc's help() (git log, man alike) starts a pager on a terminal: on the worker's,
+        # which has no keyboard, it waited for ever (Ctrl-C, 30 s, SIGKILL). Pagers are cat
+        # there, also the one a user's shell exports.
+        t = Terminal(self, ["env", "-u", "MANPAGER", "PAGER=less", DDPRUN, "--no-python", PYTHON, "-c",
+                            "help(len)"], size=(30, 100))
+        t.expect("Return the number of items in a container", timeout=30)
+        self.assertEqual(t.finish(timeout=30), 0, t.text())
+
+    def test_pipes_where_the_output_is_no_terminal_or_a_file_or_not_wanted(self):
+        script = self.script(SIZES)
+        cases = (("a pipe", [], subprocess.PIPE), ("--no-worker-tty", ["--no-worker-tty"], None),
+                 ("--tee", ["--tee", "3", "--log-dir", os.path.join(self.tmp, "logs")], None))
+        for name, extra, stdout in cases:
+            with self.subTest(name):
+                argv = [DDPRUN, *extra, script]
+                if stdout:
+                    p = subprocess.run(argv, stdout=stdout, stderr=subprocess.STDOUT, env=clean_env(TMPDIR=self.tmp),
+                                       cwd=self.tmp, timeout=scaled(60))
+                    rc, text = p.returncode, p.stdout.decode()
+                else:
+                    t = Terminal(self, argv, size=(30, 100))
+                    rc, text = t.finish(), t.text()
+                self.assertEqual(rc, 0, text)
+                self.assertIn("[rank0]:tty False False", text)
+
+    def test_a_flood_on_a_terminal_loses_nothing(self):
+        # Two workers write 20000 lines each and exit; one worker writes them and fails at
+        # once: every line is read from its terminal, and the summary has the traceback.
+        for nproc, fail in ((2, []), (1, ["fail"])):
+            with self.subTest(nproc=nproc, fail=fail):
+                t = Terminal(self, [DDPRUN, "--nproc-per-node", str(nproc), self.script(FLOOD), *fail], size=(30, 100))
+                rc = t.finish(timeout=120)
+                self.assertEqual(rc, 1 if fail else 0, t.text()[-2000:])
+                for r in range(nproc):
+                    self.assertEqual(t.text().count(f"[rank{r}]:line "), 20000)
+                    self.assertIn(f"[rank{r}]:line 19999 {'x' * 60}\r\n", t.text())
+                if fail:
+                    self.assertIn("ValueError: after the flood", t.text().split("ddprun: error")[-1])
+
+SIZES = ('import os, sys\ntry:\n    size = "%dx%d" % tuple(os.get_terminal_size())\nexcept OSError:\n    size = "none"\n'
+         'print("tty", sys.stdout.isatty(), sys.stderr.isatty(), size)\n')
+PDB_THEN_PEER_FAILS = ('import os, sys, time\nif os.environ["RANK"] == "0":\n    breakpoint()\n'
+                       'while not os.path.exists(sys.argv[1]):\n    time.sleep(0.05)\n'
+                       'raise SystemExit("rank 1 fails")\n')
+RESIZED = ('import os, signal, time\ntold = []\nsignal.signal(signal.SIGWINCH, lambda *_: told.append(1))\n'
+           'first = os.get_terminal_size()\nprint("from %dx%d" % tuple(first))\ndeadline = time.monotonic() + 20\n'
+           'while os.get_terminal_size() == first and time.monotonic() < deadline:\n    time.sleep(0.05)\n'
+           'time.sleep(0.2)\nprint("to %dx%d" % tuple(os.get_terminal_size()), "told" if told else "not told")\n')
+FLOOD = ('import sys\nfor i in range(20000):\n    print("line", i, "x" * 60)\n'
+         'if sys.argv[1:]:\n    raise ValueError("after the flood")\n')
 ASK = 'import sys\nprint("isatty", sys.stdin.isatty(), flush=True)\nprint("got", input("name? "))\n'
 TICKER = ('import os, time\nfor i in range(40):\n    print("tick", i, os.getpid(), flush=True)\n'
           '    time.sleep(0.05)\n')
@@ -259,9 +367,12 @@ class Terminal:
     """A new pseudo-terminal, and argv leading a session whose controlling terminal it is, in
     its foreground, as a shell runs a job; what it shows is read as the test goes."""
 
-    def __init__(self, test, argv):
+    def __init__(self, test, argv, size=None):
         master, slave = os.openpty()
         test.addCleanup(os.close, master)
+        self.master, self.out = master, b""
+        if size:  # (rows, columns)
+            self.resize(*size)
 
         def own_it():  # after the child's setsid and dup2s
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
@@ -275,6 +386,9 @@ class Terminal:
     def text(self):
         return self.out.decode(errors="replace")
 
+    def resize(self, rows, columns):
+        fcntl.ioctl(self.master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+
     def read(self, timeout):
         """Adds what the terminal shows within timeout to out: False once it has closed."""
         if not select.select([self.master], [], [], max(0.0, timeout))[0]:
@@ -286,9 +400,10 @@ class Terminal:
         self.out += chunk
         return bool(chunk)
 
-    def expect(self, text, timeout=30):
+    def expect(self, text, timeout=30, since=0):
+        """Waits until text is on the terminal (shown after out[:since], when given)."""
         deadline = time.monotonic() + scaled(timeout)
-        while text.encode() not in self.out:
+        while text.encode() not in self.out[since:]:
             if time.monotonic() > deadline or not self.read(deadline - time.monotonic()):
                 raise AssertionError(f"{text!r} not on the terminal within {timeout} s: {self.text()!r}")
 
