@@ -14,6 +14,7 @@ to stdout and as many to stderr in writes of random sizes; with --print, a print
 ratio, and checks that every line reached the terminal.
 """
 import argparse
+import fcntl
 import os
 import pty
 import select
@@ -22,7 +23,6 @@ import struct
 import subprocess
 import sys
 import termios
-import fcntl
 import time
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")

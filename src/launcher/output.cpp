@@ -37,13 +37,17 @@ int write_all(int fd, const char* p, size_t n) {
   return 0;
 }
 
+// The length of the UTF-8 sequence that byte c leads (1 for ASCII, or a byte that leads none).
+size_t utf8_length(unsigned char c) {
+  return (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+}
+
 // Bytes at the end of [p, p+n) that start a UTF-8 sequence which is not complete yet.
 size_t incomplete_utf8_tail(const char* p, size_t n) {
   for (size_t back = 1; back <= 3 && back <= n; ++back) {
     auto c = static_cast<unsigned char>(p[n - back]);
     if ((c & 0xC0) == 0x80) continue;  // continuation byte: look further back
-    size_t len = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
-    return len > back ? back : 0;
+    return utf8_length(c) > back ? back : 0;
   }
   return 0;
 }
@@ -59,7 +63,8 @@ size_t utf8_cut(const char* p, size_t max) {
 // moves; a window title's or a hyperlink's string) taken out. A worker writing to a
 // terminal colours its traceback (Python 3.13) or its log; the report wants the words.
 void strip_escapes(std::string& s) {
-  if (s.find('\x1b') == std::string::npos) return;
+  // (two memchr scans: every line of a tail passes here)
+  if (s.find('\x1b') == std::string::npos && s.find('\a') == std::string::npos) return;
   const auto in = [&](size_t j, unsigned char lo, unsigned char hi) {
     return j < s.size() && static_cast<unsigned char>(s[j]) >= lo && static_cast<unsigned char>(s[j]) <= hi;
   };
@@ -112,7 +117,7 @@ size_t terminal_columns(std::string_view text) {
   size_t columns = 0;
   for (size_t i = 0; i < shown.size();) {
     const auto b = static_cast<unsigned char>(shown[i]);
-    size_t len = b < 0x80 ? 1 : (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : (b & 0xF8) == 0xF0 ? 4 : 1;
+    size_t len = utf8_length(b);
     char32_t c = len == 1 ? b : b & (0x3F >> (len - 1));
     for (size_t k = 1; k < len; ++k) {
       if (i + k >= shown.size() || (shown[i + k] & 0xC0) != 0x80) {  // not UTF-8: a byte a column

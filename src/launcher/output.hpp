@@ -114,6 +114,7 @@ class StreamForwarder {
   static constexpr size_t kKeepCapacity = 64 * 1024;  // what a stream's line buffer keeps after a longer line
   static constexpr std::chrono::milliseconds kIdleFlush{100};
   static constexpr const char* kContinuation = "\\\n";  // ends each piece of a split line
+  static constexpr size_t kStampColumns = 27;  // --log-timestamps' "YYYY-mm-dd HH:MM:SS.uuuuuu " (stamp)
 
   explicit StreamForwarder(ForwarderConfig cfg);
   // Feeds bytes read from the worker. Complete lines go out at once.

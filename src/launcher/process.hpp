@@ -41,7 +41,6 @@ struct SpawnResult {
   bool bind_failed = false;  // with exec_errno: sched_setaffinity to spec.cpus failed (no exec)
 };
 
-
 // vfork + exec. The child leads its own session and process group (no controlling
 // terminal) and gets SIGKILL if ddprun dies.
 // Returns once the child has exec'd (or failed to). Throws ddp::SystemError if vfork fails.

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <functional>
@@ -208,7 +207,7 @@ class NodeOutput {
   // that terminal; nullopt: a pipe.
   std::optional<WorkerStreams::Terminal> terminal_of(const ForwarderConfig& cfg) const {
     if (!o_.worker_tty || !cfg.console || cfg.file_fd >= 0 || !cfg.console->writer->terminal()) return std::nullopt;
-    const size_t stamp = cfg.timestamps ? 27 : 0;  // "YYYY-mm-dd HH:MM:SS.uuuuuu "
+    const size_t stamp = cfg.timestamps ? StreamForwarder::kStampColumns : 0;
     return WorkerStreams::Terminal{cfg.console->writer->fd(), stamp + terminal_columns(cfg.prefix)};
   }
 
@@ -299,12 +298,7 @@ class AttemptSupervisor {
   // attempt's workers are gone, the terminal gets the modes it had (from the foreground
   // only: a background group's change would stop ddprun, SIGTTOU).
   void restore_terminal() const {
-    termios now{};
-    if (!terminal_modes_ || tcgetpgrp(0) != getpgrp() || tcgetattr(0, &now) != 0) return;
-    const termios& was = *terminal_modes_;
-    if (now.c_iflag != was.c_iflag || now.c_oflag != was.c_oflag || now.c_lflag != was.c_lflag ||
-        now.c_cflag != was.c_cflag || std::memcmp(now.c_cc, was.c_cc, sizeof was.c_cc) != 0)
-      tcsetattr(0, TCSANOW, &was);
+    if (terminal_modes_ && tcgetpgrp(0) == getpgrp()) tcsetattr(0, TCSANOW, &*terminal_modes_);
   }
 
   // Starts the running attempt's workers (an exec that failed is a failure at once).

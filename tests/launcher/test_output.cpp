@@ -451,10 +451,11 @@ TEST(LauncherOutput, TailLeavesOutEscapeSequences) {
   const std::string coloured = "\x1b[1;35mModuleNotFoundError\x1b[0m: \x1b[35mNo module named 'x'\x1b[0m\n";
   feed(f, coloured);
   feed(f, "\x1b]0;title\x07see \x1b]8;;http://a\x1b\\docs\x1b]8;;\x1b\\ \x1b(Bok\x1b[?25h\a\n");
+  feed(f, "ding\a\n\x1b[0m\n");  // a bell alone; a line of escapes alone is no line
   feed(f, "cut \x1b[3");
   f.finish(now());
   EXPECT_EQ(std::vector<std::string>(f.tail().begin(), f.tail().end()),
-            (std::vector<std::string>{"ModuleNotFoundError: No module named 'x'", "see docs ok", "cut "}));
+            (std::vector<std::string>{"ModuleNotFoundError: No module named 'x'", "see docs ok", "ding", "cut "}));
   EXPECT_EQ(cap.finish().substr(0, coloured.size() + 3), "[p]" + coloured);  // the console keeps them
 }
 
