@@ -119,10 +119,11 @@ void div_loop(T* __restrict d, size_t n, int k) {
     for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(d[i] / kk);
   }
 }
+
 template <class H>
-void div_half(H* d, size_t n, int k) {
-  const float kk = static_cast<float>(k);
-  for (size_t i = 0; i < n; ++i) d[i] = H::from_float(d[i].to_float() / kk);
+void scale_half(H* o, const H* in, size_t n, int k) {
+  const float by = 1.0f / static_cast<float>(k);
+  for (size_t i = 0; i < n; ++i) o[i] = H::from_float(in[i].to_float() * by);
 }
 
 }  // namespace
@@ -146,9 +147,21 @@ void avg_finish(DType t, void* data, size_t count, int n) {
     case DType::kInt32: div_loop(static_cast<int32_t*>(data), count, n); return;
     case DType::kInt64: div_loop(static_cast<int64_t*>(data), count, n); return;
     case DType::kUInt8: div_loop(static_cast<uint8_t*>(data), count, n); return;
-    case DType::kFloat16: div_half(static_cast<Half*>(data), count, n); return;
-    case DType::kBFloat16: div_half(static_cast<BFloat16*>(data), count, n); return;
+    case DType::kFloat16:
+    case DType::kBFloat16: break;  // scaled before the sum: scale_for_avg
   }
+  throw Error("reduce: 16-bit floats are averaged by scale_for_avg, not avg_finish");
+}
+
+bool avg_scales_first(DType t) { return t == DType::kFloat16 || t == DType::kBFloat16; }
+
+void scale_for_avg(DType t, void* out, const void* in, size_t count, int n) {
+  if (t == DType::kFloat16)
+    scale_half(static_cast<Half*>(out), static_cast<const Half*>(in), count, n);
+  else if (t == DType::kBFloat16)
+    scale_half(static_cast<BFloat16*>(out), static_cast<const BFloat16*>(in), count, n);
+  else
+    throw Error("reduce: only 16-bit floats are scaled before an average");
 }
 
 }  // namespace ddp::detail

@@ -253,6 +253,39 @@ TEST(Collectives, BitwiseIdenticalAcrossRanks) {
   }
 }
 
+// An average of float16 values near its largest (65504) is as large as they are, on every
+// algorithm: each rank's values are scaled by 1/n before the sum, as NCCL does (their sum
+// would overflow to inf). The input of a reduce-scatter, the caller's, is left as it was.
+TEST(Collectives, AFloat16AverageDoesNotOverflowWhereItsSumWould) {
+  GroupConfig tcp = ring_cfg(4, ddp::Transport::kTcp), shm = ring_cfg(4, ddp::Transport::kAuto);
+  for (const GroupConfig& c : {flat_cfg(4), shm, tcp, slice_cfg(4)}) {
+    auto errors = run_ranks(c, [&](ddp::ProcessGroup& pg) {
+      const size_t count = 1001;
+      // 59904 .. 56832 (sum 233472); a quarter of each, and every partial sum of those,
+      // is a multiple of 32: exact in float16 in any order
+      const double big = 59904 - 1024.0 * pg.rank();
+      const double want = 59904 - 1024.0 * 1.5;
+      std::vector<ddp::Half> v(count), in(count * 4), out(count);
+      for (size_t i = 0; i < count; ++i) put(DType::kFloat16, v.data(), i, big);
+      for (size_t i = 0; i < in.size(); ++i) put(DType::kFloat16, in.data(), i, big);
+      const std::vector<ddp::Half> in_before = in;
+      pg.all_reduce(v.data(), count, DType::kFloat16, {.op = ReduceOp::kAvg});
+      pg.reduce_scatter(in.data(), out.data(), count, DType::kFloat16, {.op = ReduceOp::kAvg});
+      for (size_t i = 0; i < count; ++i) {
+        if (get(DType::kFloat16, v.data(), i) != want)
+          throw std::runtime_error(fmt::format("all_reduce avg [{}] = {}, want {}", i,
+                                               get(DType::kFloat16, v.data(), i), want));
+        if (get(DType::kFloat16, out.data(), i) != want)
+          throw std::runtime_error(fmt::format("reduce_scatter avg [{}] = {}, want {}", i,
+                                               get(DType::kFloat16, out.data(), i), want));
+      }
+      if (std::memcmp(in.data(), in_before.data(), in.size() * sizeof(ddp::Half)) != 0)
+        throw std::runtime_error("reduce_scatter avg changed its input");
+    });
+    expect_no_errors(errors);
+  }
+}
+
 TEST(Collectives, ManyGroupsAndInterleavedAlgorithms) {
   GroupConfig c;
   c.n = 4;

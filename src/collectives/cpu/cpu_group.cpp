@@ -143,6 +143,10 @@ class CpuGroup final : public GroupBase {
     begin_call(ProgressRecord::kAllReduce, dt, op, -1, count);
     if (size() == 1 || count == 0) return;
     const size_t bytes = count * dtype_size(dt);
+    if (op == ReduceOp::kAvg && avg_scales_first(dt)) {
+      scale_for_avg(dt, data, data, count, size());
+      op = ReduceOp::kSum;
+    }
     guarded([&] {
       if (all_local_ && bytes <= small_)
         flat_all_reduce(static_cast<uint8_t*>(data), count, dt, op, dl);
@@ -208,6 +212,12 @@ class CpuGroup final : public GroupBase {
       return;
     }
     if (bytes == 0) return;
+    if (op == ReduceOp::kAvg && avg_scales_first(dt)) {  // the input is the caller's: a copy
+      scaled_.resize(bytes * size());
+      scale_for_avg(dt, scaled_.data(), in, count * size(), size());
+      in = scaled_.data();
+      op = ReduceOp::kSum;
+    }
     guarded([&] {
       const int n = size(), r = rank();
       if (all_local_ && bytes * n <= small_) {
@@ -1113,6 +1123,7 @@ class CpuGroup final : public GroupBase {
   const pid_t owner_ = getpid();  // the process that made the group (leave() is its alone)
   uint32_t flat_waiting_k_ = 0;  // the flat exchange this rank waits in, 0: none
   std::vector<uint8_t> tmp_[2];
+  std::vector<uint8_t> scaled_;  // a reduce-scatter's input, scaled for an average
 };
 
 }  // namespace
