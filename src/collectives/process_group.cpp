@@ -3,11 +3,14 @@
 #include "ddp/process_group.hpp"
 
 #include <charconv>
+#include <map>
+#include <mutex>
 #include <cstdint>
 #include <cstdlib>
 #include <utility>
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include "backends.hpp"
 #include "progress.hpp"
@@ -298,28 +301,64 @@ std::shared_ptr<TcpStore> connect_store(const LaunchEnv& e, const std::string& h
                                                     connect_timeout, WireGeneration::kAuto});
 }
 
+// The servers rank 0 hosts, by port, each kept from the process's first group on it to the
+// process's exit: a group made again after one was destroyed, or a second beside it, finds
+// the store where the other ranks still are, with its counters (the made_by_rank keys that
+// give a group made again keys of its own) and its failure notices. Before, each group
+// started and stopped a server of its own: the others' calls on the old one failed with
+// "Connection reset" as it stopped, and a second group beside the first could not listen
+// (EADDRINUSE on rank 0's own port). Stopped at exit by the process that started them; a
+// forked child, where no thread serves them, neither uses nor stops its parent's.
+struct HostedServers {
+  struct Entry {
+    std::shared_ptr<detail::StoreServer> server;
+    pid_t pid;
+  };
+  std::mutex mu;
+  std::map<uint16_t, Entry> by_port;
+};
+
+HostedServers& hosted_servers() {
+  static auto* h = new HostedServers;  // never destroyed: stop_hosted_servers runs at exit
+  return *h;
+}
+
+void stop_hosted_servers() {
+  auto& h = hosted_servers();
+  std::lock_guard lock(h.mu);
+  for (auto& [port, entry] : h.by_port)
+    if (entry.pid == getpid()) entry.server->stop();
+}
+
+std::shared_ptr<detail::StoreServer> hosted_server(uint16_t port) {
+  auto& h = hosted_servers();
+  std::lock_guard lock(h.mu);
+  auto found = h.by_port.find(port);
+  if (found != h.by_port.end() && found->second.pid == getpid()) return found->second.server;
+  if (found != h.by_port.end())  // the parent's, forked: not served here, and not ours to stop
+    new std::shared_ptr<detail::StoreServer>(std::move(found->second.server));
+  auto server = std::make_shared<detail::StoreServer>(detail::StoreServerOptions{.host = "", .port = port});
+  server->start();
+  static const bool at_exit = std::atexit(stop_hosted_servers) == 0;  // after the server's statics
+  (void)at_exit;
+  h.by_port[port] = {server, getpid()};
+  return server;
+}
+
 // No launcher shares its store with the workers (TORCHELASTIC_USE_AGENT_STORE not True:
 // torchrun's c10d before torch 2.4, or a job started without a launcher, every rank given
 // RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT): rank 0 serves the store on MASTER_PORT of
-// every interface, as PyTorch's env:// does, for as long as the returned store lives.
+// every interface, as PyTorch's env:// does, from its first group to its exit (hosted_server).
 std::shared_ptr<TcpStore> host_store(const LaunchEnv& e, std::chrono::milliseconds timeout) {
-  struct Hosted {
-    std::unique_ptr<detail::StoreServer> server;
-    std::shared_ptr<TcpStore> client;  // destroyed before the server
-  };
-  auto hosted = std::make_shared<Hosted>();
   try {
-    hosted->server = std::make_unique<detail::StoreServer>(
-        detail::StoreServerOptions{.host = "", .port = static_cast<uint16_t>(e.master_port)});
+    (void)hosted_server(static_cast<uint16_t>(e.master_port));
   } catch (const SystemError& err) {
     throw SystemError(fmt::format("rank 0 hosts the job's store (TORCHELASTIC_USE_AGENT_STORE is not "
                                   "True) but cannot listen on MASTER_PORT={}",
                                   e.master_port),
                       err.code());
   }
-  hosted->server->start();
-  hosted->client = connect_store(e, "127.0.0.1", timeout);
-  return {hosted, hosted->client.get()};  // shares ownership of the server
+  return connect_store(e, "127.0.0.1", timeout);
 }
 
 }  // namespace

@@ -297,6 +297,9 @@ class StoreServer::Impl {
 // Listening, accepting, stopping
 
 StoreServer::Impl::Impl(StoreServerOptions o) : opt_(std::move(o)) {
+  // The logger is made before any server: one stopped at exit (libddp's hosted servers)
+  // is then stopped before the logger is destroyed.
+  (void)spdlog::default_logger_raw();
   limits_.max_key_bytes = opt_.max_key_bytes;
   limits_.max_payload_bytes = opt_.max_payload_bytes;
   limits_.max_keys_per_request = opt_.max_keys_per_request;

@@ -119,19 +119,27 @@ void set_env_rank(int rank, int world, int port) {
   setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
 }
 
+// Whether a group's all-reduce summed every rank's rank + 1.
+bool sums(ddp::ProcessGroup& pg) {
+  std::vector<double> v{double(pg.rank() + 1)};
+  pg.all_reduce(std::span<double>(v));
+  return v[0] == pg.size() * (pg.size() + 1) / 2.0;
+}
+
 // One rank of a job started without a launcher, in a child process: the environment
-// PyTorch's env:// reads and nothing else. Exits 0 when the all-reduce summed every rank.
-pid_t start_rank(int rank, int world, int port) {
+// PyTorch's env:// reads and nothing else. Exits 0 when `body` (by default: one group's
+// all-reduce summed every rank) returned true.
+pid_t start_rank(int rank, int world, int port, const std::function<bool()>& body = {}) {
   pid_t pid = fork();
   if (pid != 0) return pid;
   int rc = 1;
   try {
     EnvGuard g;
     set_env_rank(rank, world, port);
-    auto pg = ddp::init_process_group_from_env(with_timeout(std::chrono::seconds(30)));
-    std::vector<double> v{double(rank + 1)};
-    pg->all_reduce(std::span<double>(v));
-    rc = v[0] == world * (world + 1) / 2.0 ? 0 : 3;
+    if (body)
+      rc = body() ? 0 : 3;
+    else
+      rc = sums(*ddp::init_process_group_from_env(with_timeout(std::chrono::seconds(30)))) ? 0 : 3;
   } catch (const std::exception& e) {
     fprintf(stderr, "rank %d: %s\n", rank, e.what());
   }
@@ -153,6 +161,30 @@ TEST(LaunchEnv, WithoutAgentStoreRankZeroHostsTheStore) {
   for (int r : {2, 1}) ranks.push_back(start_rank(r, 3, port));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // they retry until rank 0 listens
   ranks.push_back(start_rank(0, 3, port));
+  for (pid_t pid : ranks) EXPECT_EQ(exit_code(pid), 0);
+}
+
+// Without a launcher a group is destroyed and made again (as after a caught error), and two
+// groups live side by side: rank 0's store outlives its groups. Before, each
+// group served a store of its own on MASTER_PORT: the others' calls to the old one failed
+// ("Connection reset by peer") as it stopped under them, and rank 0's second group could
+// not listen on its own port (EADDRINUSE).
+TEST(LaunchEnv, WithoutAgentStoreGroupsAreMadeAgainAndSideBySide) {
+  const int port = ddp::test::free_port();
+  auto body = [] {
+    for (int round = 0; round < 5; ++round) {
+      auto pg = ddp::init_process_group_from_env(with_timeout(std::chrono::seconds(30)));
+      if (!sums(*pg)) return false;
+    }
+    auto grads = with_timeout(std::chrono::seconds(30)), metrics = grads;
+    grads.name = "grads";
+    metrics.name = "metrics";
+    auto a = ddp::init_process_group_from_env(grads);
+    auto b = ddp::init_process_group_from_env(metrics);
+    return sums(*a) && sums(*b);
+  };
+  std::vector<pid_t> ranks;
+  for (int r : {0, 1, 2}) ranks.push_back(start_rank(r, 3, port, body));
   for (pid_t pid : ranks) EXPECT_EQ(exit_code(pid), 0);
 }
 
