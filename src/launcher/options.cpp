@@ -412,9 +412,12 @@ std::string parse_log_level(const Given& g) {
   std::transform(l.begin(), l.end(), l.begin(), [](unsigned char c) { return std::tolower(c); });
   if (l == "warn") l = "warning";
   if (l == "critical" || l == "fatal") l = "error";
+  if (l == "notset") l = "debug";  // Python's logging: everything (LOGLEVEL is torchrun's, and often the script's too)
   static const std::set<std::string> levels{"trace", "debug", "info", "warning", "error", "off"};
   if (!levels.count(l))
-    throw UsageError(fmt::format("{}: expected debug, info, warning or error, got '{}'", g.source, g.value));
+    throw UsageError(fmt::format("{}: expected debug, info, warning or error (or Python's names: NOTSET, WARN, "
+                                 "CRITICAL, FATAL; or trace, off), got '{}'",
+                                 g.source, g.value));
   return l;
 }
 
@@ -704,6 +707,10 @@ void check_target(const Options& o, const std::map<std::string, std::string>& en
     if (resolved.empty() || (o.script.find('/') != std::string::npos && ::access(o.script.c_str(), F_OK) != 0))
       throw UsageError(fmt::format("training script '{}' not found{}", o.script,
                                    o.script.find('/') == std::string::npos ? " in PATH" : ""));
+    struct stat st {};
+    if (::stat(resolved.c_str(), &st) == 0 && (S_ISDIR(st.st_mode) || ::access(resolved.c_str(), X_OK) != 0))
+      throw UsageError(fmt::format("training script '{}' is {}: --no-python runs it as a program", o.script,
+                                   S_ISDIR(st.st_mode) ? "a directory" : "not executable (chmod +x)"));
   } else if (!o.module && !direct) {
     struct stat st {};
     if (::stat(o.script.c_str(), &st) != 0)

@@ -104,7 +104,7 @@ TEST_F(LauncherOptions, DashAndUnderscoreSpellings) {
   EXPECT_EQ(parse_with_script({"--nproc_per_node", "5"}).nproc_per_node, 5);
   EXPECT_EQ(parse_with_script({"--master_port", "1234"}).master_port, 1234);
   EXPECT_EQ(parse_with_script({"--max_restarts", "3"}).max_restarts, 3);
-  EXPECT_TRUE(parse_with_script({"--no_python"}).no_python);
+  EXPECT_TRUE(parse({"--no_python", dir_.write("run.sh", "echo hi\n", 0755)}).no_python);
 }
 
 TEST_F(LauncherOptions, EqualsAndSpaceForms) {
@@ -705,6 +705,17 @@ TEST_F(LauncherOptions, NoPythonNonexistentCommand) {
   EXPECT_NE(msg.find("definitely-not-a-command-xyz"), std::string::npos) << msg;
 }
 
+// A path that --no-python cannot run is refused before any worker starts (it failed in
+// every worker, with a failure summary and exit 126), as a missing one is.
+TEST_F(LauncherOptions, NoPythonUnrunnablePath) {
+  const std::string plain = dir_.write("train.sh", "echo hi\n", 0644);
+  std::string msg = usage_error({"--no-python", plain});
+  EXPECT_NE(msg.find("'" + plain + "' is not executable (chmod +x)"), std::string::npos) << msg;
+  msg = usage_error({"--no-python", dir_.file("")});
+  EXPECT_NE(msg.find("is a directory"), std::string::npos) << msg;
+  EXPECT_TRUE(parse({"--no-python", dir_.write("run.sh", "echo hi\n", 0755)}).no_python);
+}
+
 TEST(FilterList, CommasSplitAndTwoCommasAreOne) {
   using V = std::vector<std::string>;
   EXPECT_EQ(ddprun::parse_filter_list("loss,a,,b"), (V{"loss", "a,b"}));
@@ -792,3 +803,17 @@ TEST_F(LauncherOptions, DumpStacksCommand) {
 
 }  // namespace
 
+
+// LOGLEVEL is torchrun's and often the script's own: every name Python's logging takes is
+// taken (NOTSET: everything), in any case; a value it does not take is refused and named.
+TEST_F(LauncherOptions, LogLevelTakesPythonsNames) {
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"NOTSET", "debug"}, {"DEBUG", "debug"}, {"info", "info"},      {"WARN", "warning"},
+      {"WARNING", "warning"}, {"ERROR", "error"}, {"CRITICAL", "error"}, {"FATAL", "error"}};
+  for (const auto& [given, want] : cases)
+    EXPECT_EQ(parse_with_script({}, {{"LOGLEVEL", given}}).log_level, want) << given;
+  const std::string e = usage_error_with_script({}, {{"LOGLEVEL", "loud"}});
+  EXPECT_NE(e.find("LOGLEVEL"), std::string::npos) << e;
+  EXPECT_NE(e.find("NOTSET"), std::string::npos) << e;
+  EXPECT_NE(e.find("'loud'"), std::string::npos) << e;
+}
