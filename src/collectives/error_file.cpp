@@ -20,9 +20,34 @@
 namespace ddp {
 namespace {
 
+// The length of the well-formed UTF-8 sequence at s[i], 0 if there is none (a stray
+// continuation byte, a cut sequence, an overlong form, a surrogate, past U+10FFFF).
+size_t utf8_sequence(const std::string& s, size_t i) {
+  const auto at = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = at(i);
+  if (c < 0x80) return 1;
+  const size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k)
+    if ((at(i + k) & 0xc0) != 0x80) return 0;
+  const unsigned char d = at(i + 1);
+  if ((c == 0xe0 && d < 0xa0) || (c == 0xed && d >= 0xa0) || (c == 0xf0 && d < 0x90) || (c == 0xf4 && d >= 0x90))
+    return 0;
+  return n;
+}
+
+// A JSON string: what is not UTF-8 becomes U+FFFD, as Python's errors="replace" (a raw byte
+// made the whole file unreadable to json.load, and ddprun's summary showed no error file).
 std::string json_string(const std::string& s) {
   std::string out = "\"";
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x80) {
+      const size_t n = utf8_sequence(s, i);
+      out += n ? s.substr(i, n) : "\\ufffd";
+      i += n ? n - 1 : 0;
+      continue;
+    }
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -35,7 +60,7 @@ std::string json_string(const std::string& s) {
         if (c < 0x20)
           out += fmt::format("\\u{:04x}", c);
         else
-          out += static_cast<char>(c);  // UTF-8 passes through
+          out += static_cast<char>(c);
     }
   }
   return out + "\"";

@@ -89,6 +89,16 @@ TEST(ErrorFile, JsonEscapesControlCharacters) {
   EXPECT_EQ(j["message"]["extraInfo"]["timestamp"], "12");
 }
 
+// Bytes that are not UTF-8 become U+FFFD (Python's json.load refused the whole file);
+// UTF-8 passes as it is, up to four bytes long.
+TEST(ErrorFile, JsonReplacesWhatIsNotUtf8) {
+  const std::string ok = "\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80";  // é € 😀
+  const std::string bad = "\xff\xfe|\xc3|\xed\xa0\x80|\xc0\xaf|\xe2\x82";  // stray, cut, surrogate, overlong, cut at the end
+  auto j = nlohmann::json::parse(ddp::error_file_json("T", ok + " " + bad, "cs", 1));
+  const std::string r = "\xef\xbf\xbd";
+  EXPECT_EQ(j["message"]["message"], "T: " + ok + " " + r + r + "|" + r + "|" + r + r + r + "|" + r + r + "|" + r + r);
+}
+
 struct EnvGuard {
   std::vector<std::string> names{"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                  "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
