@@ -7,8 +7,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <filesystem>
+#include <map>
+#include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "ddp/error.hpp"
@@ -201,11 +204,45 @@ void AttemptWorkers::watch_strays() {
   }
 }
 
+namespace {
+
+// "1234 (sleep 300)": a pid and the start of its command line.
+std::string leftover_name(pid_t p) {
+  std::string cmd = cmdline_of(p);
+  if (cmd.size() > 60) cmd = cmd.substr(0, 57) + "...";
+  return fmt::format("{} ({})", p, cmd.empty() ? "gone" : cmd);
+}
+
+}  // namespace
+
 void AttemptWorkers::kill_leftovers() {
   for (auto& g : groups_) g.signal(SIGKILL);  // (a group long empty: not by its number, process.hpp)
+  std::set<pid_t> known{::getpgrp()};
+  for (const auto& g : groups_)
+    if (g.id() > 0) known.insert(g.id());
+  // What the workers left in groups of their own was likely left running on purpose: say so,
+  // a group a line (its leader, or the first found, and how many more).
+  std::map<pid_t, std::pair<std::string, size_t>> own_groups;
   // (Not the warm process's own children: its spare workers wait there for the next attempt.)
-  for (pid_t p : descendants(warm_ ? warm_->pid() : -1))
-    if (p != guardian_.pid()) kill(p, SIGKILL);
+  for (pid_t p : descendants(warm_ ? warm_->pid() : -1)) {
+    if (p == guardian_.pid()) continue;
+    if (const pid_t g = ::getpgid(p); g > 0 && !known.count(g)) {
+      auto& [name, count] = own_groups[g];
+      if (name.empty() || p == g) name = leftover_name(p);
+      ++count;
+    }
+    kill(p, SIGKILL);
+  }
+  if (!own_groups.empty()) {
+    std::vector<std::string> names;
+    for (const auto& [g, left] : own_groups)
+      names.push_back(left.second > 1 ? fmt::format("{} and {} more in its group", left.first, left.second - 1)
+                                      : left.first);
+    spdlog::warn("the workers have exited, and what they left running in process groups of their own (setsid, "
+                 "start_new_session) is killed: {}. A worker's processes never outlive its attempt: "
+                 "start what must go on outside ddprun",
+                 fmt::join(names, "; "));
+  }
   for (auto& g : groups_) {  // each is gone, or has its SIGKILL (the empty ones were forgotten when reaped)
     if (!g.empty()) guardian_.forget(g.id());
     g = WorkerGroup();

@@ -316,4 +316,12 @@ std::string find_executable(const std::string& name, const std::string& path_env
   return "";
 }
 
+std::string cmdline_of(pid_t pid) {
+  std::string raw = read_file(fmt::format("/proc/{}/cmdline", pid), 4096).value_or("");
+  while (!raw.empty() && raw.back() == '\0') raw.pop_back();
+  for (char& c : raw)
+    if (c == '\0') c = ' ';
+  return raw;
+}
+
 }  // namespace ddprun

@@ -109,6 +109,9 @@ unsigned long long status_mask(pid_t pid, std::string_view field);
 // not `skip` nor anything below it.
 std::vector<pid_t> descendants(pid_t skip = -1, pid_t root = -1);
 
+// A process's command line, its arguments joined by spaces (the first 4 KiB; "" once gone).
+std::string cmdline_of(pid_t pid);
+
 // Resolves a command like execvp would; "" if not found.
 std::string find_executable(const std::string& name, const std::string& path_env);
 

@@ -29,14 +29,6 @@ struct Job {
   std::string cmdline;
 };
 
-std::string cmdline_of(pid_t pid) {
-  std::string raw = read_file(fmt::format("/proc/{}/cmdline", pid), 4096).value_or("");
-  while (!raw.empty() && raw.back() == '\0') raw.pop_back();
-  for (char& c : raw)
-    if (c == '\0') c = ' ';
-  return raw;
-}
-
 // A ddprun started under another name (a `torchrun` symlink or copy, the drop-in use): its
 // executable is named ddprun, or is this very binary (looked up once).
 bool runs_ddprun(pid_t pid) {

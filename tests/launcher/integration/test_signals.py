@@ -269,6 +269,20 @@ class NoOrphansTest(DdprunTestCase):
         p.wait(timeout=scaled(30))
         self.assert_all_gone("kill -9 of ddprun", workers, grandchildren)
 
+    def test_a_session_child_left_at_a_successful_end_is_killed_and_named(self):
+        """Workers that exit 0 leaving a child in a session of its own (a daemon, an upload
+        started with start_new_session): it is killed as every leftover is, and ddprun says so,
+        naming it (before, silently)."""
+        res = self.run_ddprun(["--nproc-per-node", "2", worker("new_session_child.py"), self.tmp, "exit"])
+        self.assertEqual(res.rc, 0, res)
+        grandchildren = [self.read_pid(self.path(f"gc_{r}")) for r in range(2)]
+        self.assert_all_gone("the workers' exit", [], grandchildren)
+        warnings = [line for line in res.stderr.splitlines() if "process groups of their own" in line]
+        self.assertEqual(len(warnings), 1, res.stderr)
+        for gc in grandchildren:
+            self.assertIn(f"{gc} (sleep 1000)", warnings[0])
+        self.assertIn("never outlive its attempt", warnings[0])
+
     def test_a_ddprun_that_crashes_leaves_no_worker_or_grandchild(self):
         # SIGABRT is not one ddprun handles: it dies as an abort() would, through the kernel's
         # core-dump path (which, before Linux 5.16, also killed every process sharing the
