@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -196,6 +197,32 @@ TEST(LaunchEnv, WithoutAgentStoreGroupsAreMadeAgainAndSideBySide) {
   std::vector<pid_t> ranks;
   for (int r : {0, 1, 2}) ranks.push_back(start_rank(r, 3, port, body));
   for (pid_t pid : ranks) EXPECT_EQ(exit_code(pid), 0);
+}
+
+// Two processes started with the same RANK: one of them fails at once, saying so; the other
+// forms the group with the rest. Before, the second was renamed into a group of its own and
+// waited out the timeout, then blamed rank 0 for not joining.
+TEST(LaunchEnv, TwoProcessesWithTheSameRankAreTold) {
+  const int port = ddp::test::free_port();
+  auto body = [] {
+    try {
+      auto pg = ddp::init_process_group_from_env(with_timeout(std::chrono::seconds(60)));
+      const bool ok = sums(*pg);
+      // rank 0 serves the store: for the late one of the pair too
+      if (pg->rank() == 0) std::this_thread::sleep_for(ddp::test::scaled(std::chrono::seconds(5)));
+      return ok;
+    } catch (const ddp::UsageError& e) {
+      if (std::string(e.what()).find("two processes were started with RANK=1") != std::string::npos) _exit(4);
+      throw;
+    }
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  const pid_t zero = start_rank(0, 2, port, body);
+  const pid_t one = start_rank(1, 2, port, body), again = start_rank(1, 2, port, body);
+  EXPECT_EQ(exit_code(zero), 0);
+  std::multiset<int> ones{exit_code(one), exit_code(again)};
+  EXPECT_EQ(ones, (std::multiset<int>{0, 4}));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, ddp::test::scaled(std::chrono::seconds(20)));
 }
 
 TEST(LaunchEnv, WithoutAgentStoreRankZeroSaysItsPortIsTaken) {
