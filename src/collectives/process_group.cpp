@@ -397,7 +397,13 @@ std::unique_ptr<ProcessGroup> init_process_group_from_env(ProcessGroupOptions o)
                                    e.master_addr, e.master_port));
     std::shared_ptr<TcpStore> tcp;
     if (e.use_agent_store) {
-      tcp = connect_store(e, e.master_addr, o.timeout);
+      try {
+        tcp = connect_store(e, e.master_addr, o.timeout);
+      } catch (const NetworkError& err) {
+        throw NetworkError(fmt::format("rank {}: the launcher's store (TORCHELASTIC_USE_AGENT_STORE=True, "
+                                       "MASTER_ADDR:MASTER_PORT) never answered: is the launcher still running? {}",
+                                       e.rank, err.what()));
+      }
     } else if (e.rank == 0) {
       tcp = host_store(e, o.timeout);
     } else {

@@ -317,6 +317,24 @@ TEST(LaunchEnv, ReadsWhatDdprunSets) {
   EXPECT_THROW(ddp::read_launch_env(), ddp::UsageError);
 }
 
+// The launcher's store (TORCHELASTIC_USE_AGENT_STORE=True) that never answers: the error
+// names the rank and what to check, as it does when rank 0 hosts the store.
+TEST(LaunchEnv, ALauncherStoreThatNeverAnswersIsNamed) {
+  EnvGuard g;
+  set_env_rank(1, 2, ddp::test::free_port());  // nothing listens there
+  setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+  try {
+    ddp::init_process_group_from_env(with_timeout(std::chrono::seconds(1)));
+    ADD_FAILURE() << "no exception";
+  } catch (const ddp::NetworkError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rank 1: the launcher's store (TORCHELASTIC_USE_AGENT_STORE=True, MASTER_ADDR:MASTER_PORT) "
+                        "never answered: is the launcher still running? cannot connect"),
+              std::string::npos)
+        << what;
+  }
+}
+
 // A group timeout that is not positive is refused before any store is reached (before: a
 // 0 ms handshake with the launcher's store failed as "sent no reply ... within 5 ms").
 TEST(LaunchEnv, ANonPositiveTimeoutIsRefusedBeforeTheStoreIsReached) {
