@@ -286,43 +286,51 @@ TEST(Collectives, AFloat16AverageDoesNotOverflowWhereItsSumWould) {
   }
 }
 
-// float16 reductions give what ddp::Half's own conversions give (the CPU's F16C
-// instructions do the work where it has them): every bit pattern through a max against
-// -inf, and the sums of random pairs (subnormals, ties, overflow to inf among them).
-TEST(Collectives, Float16ReductionsRoundAsHalfDoes) {
+// 16-bit float reductions give what ddp::Half's and ddp::BFloat16's own conversions give
+// (the CPU's F16C or AVX2 instructions do the work where it has them): every bit pattern
+// through a max against -inf, and the sums of random pairs (subnormals, ties, overflow to
+// inf among them).
+template <class H>
+void reduces_as_its_type_rounds(DType t) {
   GroupConfig c = ring_cfg(2, ddp::Transport::kAuto);
   const size_t all = 65536;
   auto errors = run_ranks(c, [&](ddp::ProcessGroup& pg) {
     const bool first = pg.rank() == 0;
-    std::vector<ddp::Half> v(all);
-    for (size_t i = 0; i < all; ++i)
-      v[i] = first ? ddp::Half{static_cast<uint16_t>(i)} : ddp::Half{0xfc00};  // -inf
-    pg.all_reduce(v.data(), all, DType::kFloat16, {.op = ReduceOp::kMax});
+    const H minus_inf = H::from_float(-std::numeric_limits<float>::infinity());
+    std::vector<H> v(all);
+    for (size_t i = 0; i < all; ++i) v[i] = first ? H{static_cast<uint16_t>(i)} : minus_inf;
+    pg.all_reduce(v.data(), all, t, {.op = ReduceOp::kMax});
     for (size_t i = 0; i < all; ++i) {
-      const ddp::Half want{static_cast<uint16_t>(i)};
+      const H want{static_cast<uint16_t>(i)};
       const bool nan = std::isnan(want.to_float());
       if (nan ? !std::isnan(v[i].to_float()) : !(v[i] == want))
-        throw std::runtime_error(fmt::format("max(0x{:04x}, -inf) = 0x{:04x}", i, v[i].bits));
+        throw std::runtime_error(fmt::format("{}: max(0x{:04x}, -inf) = 0x{:04x}", ddp::dtype_name(t), i, v[i].bits));
     }
-    std::vector<ddp::Half> x(all), y(all), sum(all);
+    std::vector<H> x(all), y(all), sum(all);
     uint32_t seed = 12345;
     auto next = [&] { return seed = seed * 1664525u + 1013904223u; };
+    const uint16_t exponent = std::is_same_v<H, ddp::Half> ? 0xfc00u : 0xff80u;
     for (size_t i = 0; i < all; ++i) {
-      x[i] = ddp::Half{static_cast<uint16_t>(next() >> 16)};
-      y[i] = ddp::Half{static_cast<uint16_t>(next() >> 16)};
-      if (i % 4 == 0) y[i] = ddp::Half{static_cast<uint16_t>((x[i].bits & 0xfc00u) | (next() >> 22))};
+      x[i] = H{static_cast<uint16_t>(next() >> 16)};
+      y[i] = H{static_cast<uint16_t>(next() >> 16)};
+      if (i % 4 == 0) y[i] = H{static_cast<uint16_t>((x[i].bits & exponent) | ((next() >> 16) & ~exponent & 0x7fffu))};
       sum[i] = first ? x[i] : y[i];
     }
-    pg.all_reduce(sum.data(), all, DType::kFloat16, {.op = ReduceOp::kSum});
+    pg.all_reduce(sum.data(), all, t, {.op = ReduceOp::kSum});
     for (size_t i = 0; i < all; ++i) {
-      const ddp::Half want = ddp::Half::from_float(x[i].to_float() + y[i].to_float());
+      const H want = H::from_float(x[i].to_float() + y[i].to_float());
       const bool nan = std::isnan(want.to_float());
       if (nan ? !std::isnan(sum[i].to_float()) : !(sum[i] == want))
-        throw std::runtime_error(fmt::format("0x{:04x} + 0x{:04x} = 0x{:04x}, want 0x{:04x}",
+        throw std::runtime_error(fmt::format("{}: 0x{:04x} + 0x{:04x} = 0x{:04x}, want 0x{:04x}", ddp::dtype_name(t),
                                              x[i].bits, y[i].bits, sum[i].bits, want.bits));
     }
   });
   expect_no_errors(errors);
+}
+
+TEST(Collectives, Float16ReductionsRoundAsHalfDoes) { reduces_as_its_type_rounds<ddp::Half>(DType::kFloat16); }
+TEST(Collectives, BFloat16ReductionsRoundAsBFloat16Does) {
+  reduces_as_its_type_rounds<ddp::BFloat16>(DType::kBFloat16);
 }
 
 TEST(Collectives, ManyGroupsAndInterleavedAlgorithms) {
