@@ -157,37 +157,42 @@ TEST(CallCheck, AnotherCollectiveOpOrDtype) {
   }
 }
 
-// One rank's call is a call ahead of the other's: caught by the call numbers, on the ring
-// by the headers, and on one host when the flat exchange pairs calls of different numbers.
-TEST(CallCheck, ARankThatSkippedACall) {
-  for (Path p : {Path::kFlat, Path::kTcp}) {
+// A call with nothing to send meets its peers' calls: a count of 0 against a peer's count
+// fails in that call, on every path, naming both. Before, the empty call returned at once
+// (no error on that rank), and the mismatch surfaced at the next call, as one rank a call
+// ahead ("a rank skipped a collective or made one more"), or, after a last call, only as
+// "destroyed its process group".
+TEST(CallCheck, ACallWithNothingToSendMeetsItsPeers) {
+  for (Path p : kPaths) {
     SCOPED_TRACE(name(p));
     expect_caught(p, 2, [](ddp::ProcessGroup& pg, size_t count) {
-      std::vector<float> v(count, 1.0f);
-      std::vector<float> none;
-      if (pg.rank() == 0) pg.all_reduce(std::span<float>(none));  // a call with nothing to send still counts
+      std::vector<float> v(pg.rank() == 0 ? 0 : count, 1.0f);
       pg.all_reduce(std::span<float>(v));
-    }, {"a rank skipped a collective or made one more"});
+    }, {"all_reduce (sum, 0 x float32)", "all_reduce (sum, " + std::to_string(count_for(p)) + " x float32)",
+        "(collective #2 of this group)"});
   }
-  // On one host, the calls out of step take different algorithms: rank 1 waits in the flat
-  // exchange of its call #2, rank 0 on the ring in its #3.
+  for (Path p : {Path::kFlat, Path::kTcp}) {
+    SCOPED_TRACE(name(p));
+    expect_caught(p, 3, [](ddp::ProcessGroup& pg, size_t count) {  // the other collectives
+      std::vector<float> none, in(count * 3, 1.0f), out(count * 3);
+      if (pg.rank() == 1) pg.all_gather(std::span<const float>(none), std::span<float>(none));
+      else pg.all_gather(std::span<const float>(in.data(), count), std::span<float>(out));
+    }, {"all_gather (0 x float32 per rank)"});
+    expect_caught(p, 3, [](ddp::ProcessGroup& pg, size_t count) {
+      std::vector<float> none, in(count * 3, 1.0f), out(count);
+      if (pg.rank() == 1) pg.reduce_scatter(std::span<const float>(none), std::span<float>(none));
+      else pg.reduce_scatter(std::span<const float>(in), std::span<float>(out));
+    }, {"reduce_scatter (sum, 0 x float32 per rank)"});
+    expect_caught(p, 3, [](ddp::ProcessGroup& pg, size_t count) {
+      std::vector<float> none, v(count, 1.0f);
+      pg.broadcast(pg.rank() == 1 ? std::span<float>(none) : std::span<float>(v));
+    }, {"broadcast (root 0, 0 x float32)"}, Ends::kByTheNextCall);
+  }
+  // On one host the empty call meets a peer's call that took the ring, not the flat exchange.
   expect_caught(Path::kShmRing, 2, [](ddp::ProcessGroup& pg, size_t count) {
-    std::vector<float> none, small(1000, 1.0f), big(count, 1.0f);
-    if (pg.rank() == 0) pg.all_reduce(std::span<float>(none));
-    else pg.all_reduce(std::span<float>(small));
-    pg.all_reduce(std::span<float>(big));
-  }, {"a rank skipped a collective or made one more"});
-  // The mirror: the rank behind waits on the ring for a header that never comes, the rank
-  // ahead in the flat exchange of its call #3.
-  expect_caught(Path::kShmRing, 2, [](ddp::ProcessGroup& pg, size_t count) {
-    std::vector<float> none, small(1000, 1.0f), big(count, 1.0f);
-    if (pg.rank() == 0) {
-      pg.all_reduce(std::span<float>(none));
-      pg.all_reduce(std::span<float>(small));
-    } else {
-      pg.all_reduce(std::span<float>(big));
-    }
-  }, {"a rank skipped a collective or made one more"});
+    std::vector<float> none, big(count, 1.0f);
+    pg.all_reduce(pg.rank() == 0 ? std::span<float>(none) : std::span<float>(big));
+  }, {"all_reduce (sum, 0 x float32)", "(collective #2 of this group)"});
 }
 
 // Counts that take different algorithms on one host (flat against ring): both ranks used to

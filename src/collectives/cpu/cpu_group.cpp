@@ -141,7 +141,8 @@ class CpuGroup final : public GroupBase {
  protected:
   void do_all_reduce(void* data, size_t count, DType dt, ReduceOp op, TimePoint dl) override {
     begin_call(ProgressRecord::kAllReduce, dt, op, -1, count);
-    if (size() == 1 || count == 0) return;
+    if (size() == 1) return;
+    if (count == 0) return calls_only(dl);
     const size_t bytes = count * dtype_size(dt);
     if (op == ReduceOp::kAvg && avg_scales_first(dt)) {
       scale_for_avg(dt, data, data, count, size());
@@ -160,7 +161,8 @@ class CpuGroup final : public GroupBase {
   void do_broadcast(void* data, size_t count, DType dt, int root, TimePoint dl) override {
     begin_call(ProgressRecord::kBroadcast, dt, ReduceOp::kSum, root, count);
     size_t bytes = count * dtype_size(dt);
-    if (size() == 1 || bytes == 0) return;
+    if (size() == 1) return;
+    if (bytes == 0) return calls_only(dl);
     guarded([&] {
       auto* d = static_cast<uint8_t*>(data);
       if (all_local_ && bytes <= small_) {
@@ -178,7 +180,7 @@ class CpuGroup final : public GroupBase {
     size_t bytes = count * dtype_size(dt);
     auto* out = static_cast<uint8_t*>(output);
     auto* in = static_cast<const uint8_t*>(input);
-    if (bytes == 0) return;
+    if (bytes == 0) return size() == 1 ? void() : calls_only(dl);
     if (out + rank() * bytes != in) std::memmove(out + rank() * bytes, in, bytes);
     if (size() == 1) return;
     guarded([&] {
@@ -211,7 +213,7 @@ class CpuGroup final : public GroupBase {
       if (bytes && in != out) std::memmove(out, in, bytes);
       return;
     }
-    if (bytes == 0) return;
+    if (bytes == 0) return calls_only(dl);
     if (op == ReduceOp::kAvg && avg_scales_first(dt)) {  // the input is the caller's: a copy
       scaled_.resize(bytes * size());
       scale_for_avg(dt, scaled_.data(), in, count * size(), size());
@@ -248,6 +250,13 @@ class CpuGroup final : public GroupBase {
   void do_barrier(TimePoint dl) override {
     begin_call(ProgressRecord::kBarrier, DType::kUInt8, ReduceOp::kSum, -1, 0);
     if (size() == 1) return;
+    calls_only(dl);
+  }
+
+  // The calls meet, and nothing else crosses: a barrier, and a call with nothing to send,
+  // which a peer's call with a count must still meet (before, a count of 0 returned at once,
+  // and the mismatch was found only at the next call, as one rank a call ahead).
+  void calls_only(TimePoint dl) {
     guarded([&] {
       if (all_local_) {
         flat_wait_all(flat_post(nullptr, 0, 0), dl);
