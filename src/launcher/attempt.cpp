@@ -215,7 +215,7 @@ std::string leftover_name(pid_t p) {
 
 }  // namespace
 
-void AttemptWorkers::kill_leftovers() {
+void AttemptWorkers::kill_leftovers(pid_t helper) {
   for (auto& g : groups_) g.signal(SIGKILL);  // (a group long empty: not by its number, process.hpp)
   std::set<pid_t> known{::getpgrp()};
   for (const auto& g : groups_)
@@ -226,7 +226,7 @@ void AttemptWorkers::kill_leftovers() {
   // (Not the warm process's own children: its spare workers wait there for the next attempt.)
   for (pid_t p : descendants(warm_ ? warm_->pid() : -1)) {
     if (p == guardian_.pid()) continue;
-    if (const pid_t g = ::getpgid(p); g > 0 && !known.count(g)) {
+    if (const pid_t g = ::getpgid(p); g > 0 && !known.count(g) && p != helper) {
       auto& [name, count] = own_groups[g];
       if (name.empty() || p == g) name = leftover_name(p);
       ++count;

@@ -57,8 +57,9 @@ class AttemptWorkers {
   // the warm process's exit is told to it.
   std::vector<WorkerResult*> reap();
   // Kills whatever the workers left behind: their groups, then every other descendant
-  // (the guardian and the warm process excepted).
-  void kill_leftovers();
+  // (the guardian and the warm process excepted). What was in groups of their own is named
+  // in a warning, but not `helper` (ddprun's own process: Slurm's probe; -1: none).
+  void kill_leftovers(pid_t helper = -1);
   // Hands the guardian the process groups of descendants that left their worker's group (a
   // new session: setsid, Popen(start_new_session=True)), which a SIGKILLed ddprun's guardian
   // would otherwise miss, and forgets those that emptied. Called about once a second while

@@ -19,6 +19,8 @@ void NodeSignals::attempt_starting() {
   if (slurm_) slurm_->attempt_starting();
 }
 
+pid_t NodeSignals::helper_pid() const { return slurm_ ? slurm_->probe_pid() : -1; }
+
 bool NodeSignals::stops(int sig) const {
   const auto stop_signals = o_.stop_signals();
   return std::find(stop_signals.begin(), stop_signals.end(), sig) != stop_signals.end();

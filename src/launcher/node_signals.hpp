@@ -33,6 +33,7 @@ class NodeSignals {
 
   void start();             // inside a Slurm job: its signals are taken from now on
   void attempt_starting();  // before an attempt's workers start (Slurm's probe)
+  pid_t helper_pid() const;  // the process ddprun runs for its signals (Slurm's probe), else -1
   // A signal read from the signalfd, neither SIGCHLD nor a stack-dump trigger.
   void take(const signalfd_siginfo& si);
   // Whether sig stops the job (--signals-to-handle).

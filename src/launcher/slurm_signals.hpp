@@ -58,6 +58,8 @@ class SlurmSignals {
   // Before an attempt's workers start: a probe runs (ddprun kills all it started at the end
   // of each attempt, the probe too).
   void attempt_starting();
+  // The probe's pid while it runs, else -1: ddprun's own, not a worker's leftover.
+  pid_t probe_pid() const { return probe_; }
 
   enum class Act {
     kNotSlurm,   // not from Slurm: ddprun's usual rules apply

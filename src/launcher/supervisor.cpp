@@ -448,7 +448,7 @@ class AttemptSupervisor {
   bool over() {
     const int live = workers_.live();
     if (live == 0 && !drain_deadline_) {
-      workers_.kill_leftovers();
+      workers_.kill_leftovers(signals_.helper_pid());
       drain_deadline_ = Clock::now() + std::chrono::seconds(5);
     }
     if (live > 0) return false;

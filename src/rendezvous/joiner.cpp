@@ -102,6 +102,9 @@ void Joiner::say_forming(const State& t, Clock::time_point now, Clock::time_poin
   say_forming_at_ = now + say_forming_every_;
   const auto& j = c_.job;
   const std::vector<NodeDesc> came = joined(t);
+  // Enough came: the round forms when the last call ends (last_call_timeout), not at
+  // join_timeout, which the line would name (a re-forming job's nodes said "waits 45 s more").
+  if (came.size() >= static_cast<size_t>(j.min_nodes)) return;
   const std::vector<int> ranks = c_.me.rank >= 0 ? missing_ranks(came) : std::vector<int>{};
   const std::string missing =
       ranks.empty() ? "" : fmt::format("; missing: node rank{} {}", ranks.size() == 1 ? "" : "s",

@@ -30,6 +30,19 @@ std::string RoundWatcher::without_address(std::string what) const {
   return what;
 }
 
+// A lost line about this node itself (frozen or cut off past the keep-alive window, it
+// reads the line once it hears from the backend again): this node alone stops, and says
+// it was the one lost. Before, it reported "the job failed on another node: node <itself>
+// was lost".
+RoundEnd RoundWatcher::as_seen_here(RoundEnd end) const {
+  if (end.kind != RoundEnd::Kind::kLost || end.node != names_.me) return end;
+  end.kind = RoundEnd::Kind::kPartitioned;
+  end.text = fmt::format("this {}; {}", end.text,
+                         names_.fixed ? "a static job cannot go on without a node: it stops"
+                                      : "the other nodes go on without it");
+  return end;
+}
+
 // Round r's dump lines from other nodes among `lines`: handed to the caller.
 void RoundWatcher::note_dumps(int64_t r, const std::vector<std::string>& lines) {
   std::vector<std::string> asked;
@@ -59,7 +72,7 @@ void RoundWatcher::loop() {
   auto judge = [&] {
     if (signal_.ended(r)) return;  // (the first end counts)
     if (reader.needs_exited()) reader.set_exited(exited_before_lost(*events_, r));
-    if (auto end = reader.end()) signal_.notify_end(r, *end);
+    if (auto end = reader.end()) signal_.notify_end(r, as_seen_here(*end));
   };
   for (;;) {
     auto watch = signal_.await(r);

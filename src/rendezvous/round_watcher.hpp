@@ -18,6 +18,7 @@ class RoundWatcher {
     std::string me;            // this node's id (its own dump requests are not for it)
     std::string backend;       // describe() of the backend, for the store-lost end
     std::string lost_hint;     // appended to "lost the rendezvous at ..."
+    bool fixed = false;        // static membership: nobody goes on without this node
   };
   RoundWatcher(std::unique_ptr<Backend> events, Names names, RoundSignal& signal);
   // Stops the thread: call signal.stop() first.
@@ -29,6 +30,7 @@ class RoundWatcher {
   void loop();
   void note_dumps(int64_t round, const std::vector<std::string>& lines);
   std::string without_address(std::string what) const;
+  RoundEnd as_seen_here(RoundEnd end) const;
 
   std::unique_ptr<Backend> events_;
   Names names_;

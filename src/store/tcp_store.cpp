@@ -137,7 +137,8 @@ struct TcpStore::Impl {
         find_gen(o.generation == WireGeneration::kAuto),
         addr(o.host.find(':') != std::string::npos ? fmt::format("[{}]:{}", o.host, o.port)
                                                    : fmt::format("{}:{}", o.host, o.port)),
-        wake_fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+        wake_fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
+        stop_fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
 
   TcpStoreOptions opt;
   TcpStore::ConnectRetry retrying;  // told of each failed connection attempt (may be empty)
@@ -150,13 +151,15 @@ struct TcpStore::Impl {
   ConnFd fd;
   std::atomic<bool> interrupted{false};
   Fd wake_fd;             // wake(): readable until a wakeable wait took it
+  Fd stop_fd;             // interrupt(): readable for ever after (ends connecting, and its pauses)
   bool wakeable = false;  // the reply awaited now is a wakeable wait's (under mu)
 
   // ---- connection -------------------------------------------------------------------
 
   // One connect attempt to one resolved address, bounded by the deadline. Returns the
   // connected socket or sets err.
-  static Fd try_connect(const addrinfo* ai, Clock::time_point deadline, int& err) {
+  // An interrupt() (stop, readable) ends the attempt at once: err ECANCELED.
+  static Fd try_connect(const addrinfo* ai, Clock::time_point deadline, int& err, int stop) {
     Fd s(::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol));
     if (!s) {
       err = errno;
@@ -167,13 +170,17 @@ struct TcpStore::Impl {
         err = errno;
         return {};
       }
-      pollfd p{s.get(), POLLOUT, 0};
+      pollfd p[2] = {{s.get(), POLLOUT, 0}, {stop, POLLIN, 0}};
       int r;
       do {
-        r = ::poll(&p, 1, poll_ms(deadline));
+        r = ::poll(p, stop >= 0 ? 2 : 1, poll_ms(deadline));
       } while (r < 0 && errno == EINTR);
       if (r == 0) {
         err = ETIMEDOUT;
+        return {};
+      }
+      if (r > 0 && !p[0].revents) {
+        err = ECANCELED;
         return {};
       }
       if (r < 0) {
@@ -209,6 +216,7 @@ struct TcpStore::Impl {
     int attempts = 0;
     std::string last_error = "no attempt made";
     for (;;) {
+      if (interrupted) shut_down();
       ++attempts;
       if (auto res = resolve(last_error))
         for (addrinfo* ai = res.get(); ai; ai = ai->ai_next)
@@ -223,7 +231,7 @@ struct TcpStore::Impl {
       std::uniform_int_distribution<int64_t> jitter(backoff.count() / 2, backoff.count() * 3 / 2);
       auto sleep = milliseconds(jitter(rng));
       auto left = std::chrono::duration_cast<milliseconds>(deadline - now);
-      std::this_thread::sleep_for(std::min(sleep, left));
+      sleep_unless_stopped(std::min(sleep, left));
       backoff = std::min(backoff * 2, milliseconds(1000));
     }
   }
@@ -249,7 +257,8 @@ struct TcpStore::Impl {
     int err = 0;
     // One attempt waits at most kConnectAttempt: a host that drops SYNs (a firewall, a
     // full accept queue) is tried afresh, and `retrying` hears of it meanwhile.
-    Fd s = try_connect(ai, std::min(deadline, Clock::now() + kConnectAttempt), err);
+    Fd s = try_connect(ai, std::min(deadline, Clock::now() + kConnectAttempt), err, stop_fd.get());
+    if (err == ECANCELED) shut_down();
     if (!s) {
       last_error = errno_text(err);
       return false;
@@ -369,7 +378,7 @@ struct TcpStore::Impl {
   // a server that just closed a connection of ours answers at once).
   Fd generation1_answers(const addrinfo* ai, Clock::time_point deadline) {
     int err = 0;
-    Fd s = try_connect(ai, deadline, err);
+    Fd s = try_connect(ai, deadline, err, stop_fd.get());
     if (!s) return {};
     proto::Request check;
     check.op = proto::Op::kCheck;
@@ -390,7 +399,7 @@ struct TcpStore::Impl {
   // false, answered (fd is that connection); nullopt, no connection.
   std::optional<bool> handshake_closed_again(const addrinfo* ai, Clock::time_point t0) {
     int err = 0;
-    Fd s = try_connect(ai, call_deadline(milliseconds(2000)), err);
+    Fd s = try_connect(ai, call_deadline(milliseconds(2000)), err, stop_fd.get());
     if (!s) return std::nullopt;
     fd = std::move(s);
     try {
@@ -412,7 +421,7 @@ struct TcpStore::Impl {
     const auto deadline = call_deadline(milliseconds(500));
     for (addrinfo* ai = res; ai; ai = ai->ai_next) {
       int err = 0;
-      if (Fd s = try_connect(ai, deadline, err)) return stays_open(s, milliseconds(200));
+      if (Fd s = try_connect(ai, deadline, err, stop_fd.get())) return stays_open(s, milliseconds(200));
     }
     return false;
   }
@@ -429,9 +438,22 @@ struct TcpStore::Impl {
     return r == 0;
   }
 
+  // interrupt() was called: no connection, nor an attempt at one, any more.
+  [[noreturn]] void shut_down() const {
+    throw NetworkError(fmt::format("store at {}: the connection was shut down", addr));
+  }
+
+  // Sleeps for d, or until interrupt().
+  void sleep_unless_stopped(milliseconds d) const {
+    pollfd p{stop_fd.get(), POLLIN, 0};
+    const auto until = Clock::now() + d;
+    while (::poll(&p, 1, poll_ms(until)) < 0 && errno == EINTR) {
+    }
+  }
+
   void ensure_connected() {
     if (fd) return;
-    if (interrupted) throw NetworkError(fmt::format("store at {}: the connection was shut down", addr));
+    if (interrupted) shut_down();
     if (leased) throw NetworkError(fmt::format("store at {}: the lease connection was lost", addr));
     connect();
   }
@@ -838,6 +860,10 @@ auto extension_call(const Impl& impl, const char* what, F f) {
 
 void TcpStore::interrupt() {
   impl_->interrupted = true;
+  if (impl_->stop_fd) {
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(impl_->stop_fd.get(), &one, sizeof one);
+  }
   impl_->fd.shutdown();
 }
 

@@ -17,6 +17,9 @@ the c10d line.
   tunnel (as an SSH port forward would): no address of it is usable for MASTER_ADDR, and
   both nodes fail at once with an error that says so. Before: the round formed with
   MASTER_ADDR=127.0.0.1, and the other host's workers connected to their own machine.
+- A node cut off for good (its link down) stops its workers within the keep-alive window
+  and exits. Before, it lingered until join_timeout (600 s static, 60 s c10d), deaf to
+  SIGTERM: its store watcher kept connecting, and ddprun joined that thread.
 
 Needs root (skipped otherwise). Only the processes started here are signalled, by pid.
 """
@@ -97,6 +100,41 @@ class RdzvEdgesNetns(NetnsHosts):
         self.check_signal_beats_a_silent_store(lambda i: [
             "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.topo.addr(0)}:{PORT}",
             "--rdzv-id", "edges", "--local-addr", self.topo.addr(i), "--rdzv-conf", "last_call_timeout=0.3"])
+
+    # ------------------------------------------------------------------ a node cut off
+
+    def check_a_cut_off_node_exits(self, line, rc, says, interval):
+        """line(i, conf): node i's ddprun arguments; a keep-alive window of 3 intervals. Node
+        1's link goes down for good: it finds itself cut off within the window and one interval
+        more, stops its workers, says `says` and exits `rc` at once. Before, its store watcher,
+        reconnecting to the silent store host by then (the default 5 s interval: 20 s), kept
+        at it until join_timeout (600 s static, read_timeout 60 s c10d), and ddprun, joining
+        that thread, read no signal meanwhile."""
+        self.make_topology(2)
+        conf = f"keep_alive_interval={interval},keep_alive_max_attempt=3"
+        nodes = [self.start_node(i, [*line(i, conf), "--nproc-per-node", "1", EDGE_WORKER, self.tmp,
+                                     "--sleep", "300"]) for i in range(2)]
+        self.wait_files([f"start_{r}" for r in range(2)], 60)
+        self.topo.cut(1)
+        cut = time.time()
+        running = jobwatch.wait_exited([nodes[1]], 4 * interval + lib.scaled(20))
+        self.assertEqual(running, [], "the cut-off node must exit soon after it stops" + self.describe())
+        self.assertEqual(nodes[1].rc, rc, self.describe())
+        self.assertIn(says, nodes[1].stderr(), self.describe())
+        self.assertNotIn("still connecting", nodes[1].stderr(), self.describe())
+        self.assertLess(nodes[1].exited_at - cut, 4 * interval + lib.scaled(20), self.describe())
+
+    def test_static_a_node_cut_off_for_good_exits(self):
+        self.check_a_cut_off_node_exits(lambda i, conf: [
+            "--nnodes", "2", "--node-rank", str(i), "--master-addr", self.topo.addr(0), "--master-port", str(PORT),
+            "--local-addr", self.topo.addr(i), "--rdzv-conf", conf], 1, "a static job cannot go on without a node: it stops",
+            interval=5)
+
+    def test_c10d_a_node_cut_off_for_good_exits(self):
+        self.check_a_cut_off_node_exits(lambda i, conf: [
+            "--nnodes", "1:2", "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+            f"{self.topo.addr(0)}:{PORT}", "--rdzv-id", "edges", "--local-addr", self.topo.addr(i),
+            "--rdzv-conf", "last_call_timeout=0.3," + conf], 1, "the other nodes go on without it", interval=1)
 
     # ------------------------------------------------------------------ stacks across hosts
 

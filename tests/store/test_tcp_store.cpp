@@ -384,6 +384,36 @@ TEST(StoreDeadlines, AScopedDeadlineBoundsReconnecting) {
   EXPECT_EQ(ddp::detail::StoreCallDeadline::current(), std::chrono::steady_clock::time_point::max());
 }
 
+// interrupt() from another thread ends a call that is reconnecting to a store that is gone
+// (the attempts and the pauses between them), not only one waiting on a connection: a
+// watcher thread reconnecting to a silent store host held ddprun's exit until its
+// connect_timeout (join_timeout, 600 s), deaf to signals.
+TEST(StoreDeadlines, InterruptEndsReconnecting) {
+  auto server = start_server();
+  auto o = client_options(server->port(), WireGeneration::kV2);
+  o.connect_timeout = 60s;
+  ddp::TcpStore s(o);
+  s.set("k", "v");
+  server->stop();
+  server.reset();
+  std::string what;
+  std::thread caller([&] {
+    for (int call = 0; call < 2; ++call) {  // the first may fail on the dead connection itself
+      try {
+        s.add("n", 1);
+      } catch (const ddp::Error& e) {
+        what = e.what();
+      }
+    }
+  });
+  std::this_thread::sleep_for(500ms);  // reconnecting by now (refused, with pauses up to 1 s)
+  const auto t0 = std::chrono::steady_clock::now();
+  s.interrupt();
+  caller.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, scaled(1s));
+  EXPECT_NE(what.find("the connection was shut down"), std::string::npos) << what;
+}
+
 // The handshake's own grace (up to 5 s for a server that accepted and says nothing) is
 // bounded by the scope too (it was not: 5.01 s for a 2 s notice).
 TEST(StoreDeadlines, AScopedDeadlineBoundsTheHandshake) {
