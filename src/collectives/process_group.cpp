@@ -2,15 +2,16 @@
 // the bootstrap from ddprun's environment.
 #include "ddp/process_group.hpp"
 
+#include <unistd.h>
+
 #include <charconv>
-#include <map>
-#include <mutex>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <utility>
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include "backends.hpp"
 #include "progress.hpp"
@@ -200,9 +201,6 @@ void need_sane_sizes(const ProcessGroupOptions& o) {
     if (v > kMax)
       throw UsageError(fmt::format("ddp::init_process_group: {} = {} is more than 1 TiB", name, v));
 }
-}  // namespace
-
-namespace {
 
 // How many groups of this name and rank this process made before this one: a
 // store that counts more was reached by another process claiming the same rank.

@@ -64,12 +64,13 @@ void loop_into(T* __restrict o, const T* __restrict a, const T* __restrict b, si
 // all-reduce 10-25x slower per byte than float32's. bfloat16's conversion is a shift and a
 // rounding add that the compiler vectorises, with AVX2 where the CPU has it (twice SSE2's
 // width). All round to nearest even.
+// (Inlined always: compiled into a caller built for AVX2, the loop is AVX2's.)
 template <class H>
-void widen_portable(float* __restrict o, const H* __restrict in, size_t n) {
+[[gnu::always_inline]] inline void widen_portable(float* __restrict o, const H* __restrict in, size_t n) {
   for (size_t i = 0; i < n; ++i) o[i] = in[i].to_float();
 }
 template <class H>
-void narrow_portable(H* __restrict o, const float* __restrict in, size_t n) {
+[[gnu::always_inline]] inline void narrow_portable(H* __restrict o, const float* __restrict in, size_t n) {
   for (size_t i = 0; i < n; ++i) o[i] = H::from_float(in[i]);
 }
 
@@ -87,12 +88,8 @@ __attribute__((target("avx,f16c"))) void narrow_f16c(Half* o, const float* in, s
                      _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
   narrow_portable(o + i, in + i, n - i);
 }
-__attribute__((target("avx2"))) void widen_avx2(float* __restrict o, const BFloat16* __restrict in, size_t n) {
-  for (size_t i = 0; i < n; ++i) o[i] = in[i].to_float();
-}
-__attribute__((target("avx2"))) void narrow_avx2(BFloat16* __restrict o, const float* __restrict in, size_t n) {
-  for (size_t i = 0; i < n; ++i) o[i] = BFloat16::from_float(in[i]);
-}
+__attribute__((target("avx2"))) void widen_avx2(float* o, const BFloat16* in, size_t n) { widen_portable(o, in, n); }
+__attribute__((target("avx2"))) void narrow_avx2(BFloat16* o, const float* in, size_t n) { narrow_portable(o, in, n); }
 struct CpuHas {
   bool f16c, avx2;
 };
