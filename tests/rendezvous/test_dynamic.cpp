@@ -572,6 +572,36 @@ TEST(DynamicRendezvous, ASilentNodeIsLostAfterTheKeepAliveWindowAndKnowsIt) {
   EXPECT_NE(b->restart_refused(*eb), "");
 }
 
+// A node that reads a lost line about itself (the backend declared it lost while it was
+// frozen or cut off, and it hears from the backend again before its keeper gives up) ends
+// as this node alone, saying so; the others go on without it. Before, it reported another
+// node's loss, naming itself ("the job failed on another node: node b ... was lost").
+TEST(DynamicRendezvous, ANodeThatReadsItsOwnLostLineSaysItWasTheOneLost) {
+  for (bool fixed : {false, true}) {
+    SCOPED_TRACE(fixed ? "static" : "dynamic");
+    Cluster c;
+    c.last_call = 50ms;
+    if (fixed) {
+      c.job = {2, 2, 0};
+      c.worker_store = DynamicConfig::Endpoint{"127.0.0.1", 1};
+    }
+    auto a = c.node("a", 2, fixed ? 0 : -1), b = c.node("b", 2, fixed ? 1 : -1);
+    all_next_round({a.get(), b.get()});
+    c.world->backend("w")->append("events", lost_event("b_1_0") + " no keep-alive for 15 s");
+    auto eb = end_within(*b);
+    ASSERT_TRUE(eb);
+    EXPECT_EQ(eb->kind, K::kPartitioned) << eb->text;
+    EXPECT_EQ(eb->text.rfind("this node b", 0), 0u) << eb->text;
+    EXPECT_NE(eb->text.find(fixed ? "a static job cannot go on without a node: it stops"
+                                  : "the other nodes go on without it"),
+              std::string::npos)
+        << eb->text;
+    auto ea = end_within(*a);
+    ASSERT_TRUE(ea);
+    EXPECT_EQ(ea->kind, K::kLost) << ea->text;  // the others: b was lost
+  }
+}
+
 TEST(DynamicRendezvous, EveryNodeArrivingEndsTheRoundDoneAndTheJobCloses) {
   Cluster c;
   c.job = {2, 2, 0};
