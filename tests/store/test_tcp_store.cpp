@@ -363,16 +363,22 @@ TEST(StoreDeadlines, TheLongestTimeoutsMeanNoDeadline) {
   EXPECT_EQ(s.get("later"), "1");
 }
 
-// A StoreCallDeadline bounds a thread's calls, reconnecting included: a notice to a store
-// that is gone gives up by it, not after the client's connect_timeout.
-TEST(StoreDeadlines, AScopedDeadlineBoundsReconnecting) {
+// A client (connect_timeout 60 s) that was connected to a server that has stopped since.
+std::unique_ptr<ddp::TcpStore> client_of_a_stopped_server() {
   auto server = start_server();
   auto o = client_options(server->port(), WireGeneration::kV2);
   o.connect_timeout = 60s;
-  ddp::TcpStore s(o);
-  s.set("k", "v");
+  auto s = std::make_unique<ddp::TcpStore>(o);
+  s->set("k", "v");
   server->stop();
-  server.reset();
+  return s;
+}
+
+// A StoreCallDeadline bounds a thread's calls, reconnecting included: a notice to a store
+// that is gone gives up by it, not after the client's connect_timeout.
+TEST(StoreDeadlines, AScopedDeadlineBoundsReconnecting) {
+  auto client = client_of_a_stopped_server();
+  ddp::TcpStore& s = *client;
   const auto t0 = std::chrono::steady_clock::now();
   {
     ddp::detail::StoreCallDeadline bounded(300ms);
@@ -389,13 +395,8 @@ TEST(StoreDeadlines, AScopedDeadlineBoundsReconnecting) {
 // watcher thread reconnecting to a silent store host held ddprun's exit until its
 // connect_timeout (join_timeout, 600 s), deaf to signals.
 TEST(StoreDeadlines, InterruptEndsReconnecting) {
-  auto server = start_server();
-  auto o = client_options(server->port(), WireGeneration::kV2);
-  o.connect_timeout = 60s;
-  ddp::TcpStore s(o);
-  s.set("k", "v");
-  server->stop();
-  server.reset();
+  auto client = client_of_a_stopped_server();
+  ddp::TcpStore& s = *client;
   std::string what;
   std::thread caller([&] {
     for (int call = 0; call < 2; ++call) {  // the first may fail on the dead connection itself
