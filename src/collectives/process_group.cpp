@@ -202,15 +202,6 @@ void need_sane_sizes(const ProcessGroupOptions& o) {
       throw UsageError(fmt::format("ddp::init_process_group: {} = {} is more than 1 TiB", name, v));
 }
 
-// How many groups of this name and rank this process made before this one: a
-// store that counts more was reached by another process claiming the same rank.
-int64_t made_here(const std::string& name, int rank) {
-  static std::mutex mu;
-  static std::map<std::pair<std::string, int>, int64_t> made;
-  std::lock_guard lock(mu);
-  return made[{name, rank}]++;
-}
-
 }  // namespace
 
 std::unique_ptr<ProcessGroup> init_process_group(ProcessGroupOptions o) {
@@ -237,12 +228,6 @@ std::unique_ptr<ProcessGroup> init_process_group(ProcessGroupOptions o) {
   // of a name in the store itself (ranks may be threads of one process).
   if (o.world_size > 1) {
     const int64_t before = o.store->add(fmt::format("{}/made_by_rank_{}", o.name, o.rank), 1) - 1;
-    if (before > made_here(o.name, o.rank))
-      throw UsageError(fmt::format(
-          "ddp::init_process_group: rank {} of group '{}' was taken by another process before this one: two "
-          "processes were started with RANK={}, or this rank was started again while the job's store lived on "
-          "(start every rank again)",
-          o.rank, o.name, o.rank));
     if (before > 0) o.name += fmt::format("#{}", before);
   }
   if (o.backend == Backend::kNccl) return detail::make_nccl_group(o);

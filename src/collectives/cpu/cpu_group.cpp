@@ -417,6 +417,16 @@ class CpuGroup final : public GroupBase {
                                    n0, rank(), size()));
   }
 
+  // A group made again under its name on this store is "name#k" (init_process_group): every
+  // rank must make it as often, and a second process started with the same RANK lands here.
+  std::string made_again_hint() const {
+    const size_t hash = opts_.name.rfind('#');
+    if (hash == std::string::npos) return "";
+    return fmt::format("; this rank's group is '{}' made again (#{} of that name by rank {} on this store): every "
+                       "rank must make it as often, so two processes started with RANK={} also land here",
+                       opts_.name.substr(0, hash), opts_.name.substr(hash + 1), rank(), rank());
+  }
+
   // These ranks have published their hosts: at the deadline, which have not (a rank that
   // never started, started late, or was given another MASTER_ADDR, MASTER_PORT or name).
   void wait_for_ranks(const std::vector<int>& ranks, TimePoint deadline) {
@@ -432,9 +442,9 @@ class CpuGroup final : public GroupBase {
       if (missing.empty()) throw;
       throw TimeoutError(fmt::format("rank{} {} of {} did not join within the timeout ({} ms): no '{}' key in the "
                                      "store (not started yet, or started with another MASTER_ADDR, MASTER_PORT "
-                                     "or group name)",
+                                     "or group name){}",
                                      missing.size() == 1 ? "" : "s", fmt::join(missing, ", "), size(),
-                                     opts_.timeout.count(), key("host/N")));
+                                     opts_.timeout.count(), key("host/N"), made_again_hint()));
     }
   }
 
