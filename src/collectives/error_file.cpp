@@ -36,7 +36,7 @@ size_t utf8_sequence(const std::string& s, size_t i) {
   return n;
 }
 
-// A JSON string: what is not UTF-8 becomes U+FFFD, as Python's errors="replace" (a raw byte
+// A JSON string: each byte that is not part of well-formed UTF-8 becomes U+FFFD (a raw byte
 // made the whole file unreadable to json.load, and ddprun's summary showed no error file).
 std::string json_string(const std::string& s) {
   std::string out = "\"";

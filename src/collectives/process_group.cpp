@@ -384,7 +384,7 @@ std::unique_ptr<ProcessGroup> init_process_group_from_env(ProcessGroupOptions o)
         tcp = connect_store(e, e.master_addr, o.timeout);
       } catch (const NetworkError& err) {
         throw NetworkError(fmt::format("rank {}: the launcher's store (TORCHELASTIC_USE_AGENT_STORE=True, "
-                                       "MASTER_ADDR:MASTER_PORT) never answered: is the launcher still running? {}",
+                                       "MASTER_ADDR:MASTER_PORT) could not be reached: is the launcher still running? {}",
                                        e.rank, err.what()));
       }
     } else if (e.rank == 0) {

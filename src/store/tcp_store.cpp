@@ -335,7 +335,7 @@ struct TcpStore::Impl {
       await_reply(deadline, t0);
       recv_exact(&echo, sizeof echo, deadline, "handshake");
     } catch (const NetworkError&) {
-      if (fd) throw;
+      if (fd || interrupted) throw;
       throw PingRefused{};  // closed (EOF or reset) before the echo
     } catch (const IoTimeout&) {
       fd.reset();
@@ -465,14 +465,19 @@ struct TcpStore::Impl {
     throw NetworkError(fmt::format("store at {}: {} failed: {}", addr, what, errno_text(err)));
   }
 
-  // A wake() (another thread) ends a wakeable wait as its deadline would.
+  // A wake() (another thread) ends a wakeable wait as its deadline would; an interrupt()
+  // ends any wait (also a handshake's on a socket that interrupt() could not shut down yet).
   void wait_fd(short events, Clock::time_point deadline, const std::string& what) {
-    pollfd p[2] = {{fd.get(), events, 0}, {wake_fd.get(), POLLIN, 0}};
-    const nfds_t n = wakeable && wake_fd ? 2 : 1;
+    pollfd p[3] = {{fd.get(), events, 0}, {stop_fd.get(), POLLIN, 0}, {wake_fd.get(), POLLIN, 0}};
+    const nfds_t n = wakeable && wake_fd ? 3 : 2;
     for (;;) {
       int ms = poll_ms(deadline);
       if (ms == 0) throw IoTimeout{};
       int r = ::poll(p, n, ms);
+      if (r > 0 && p[1].revents) {
+        fd.reset();
+        shut_down();
+      }
       if (r > 0 && p[0].revents) return;
       if (r > 0) {
         uint64_t count;

@@ -333,7 +333,7 @@ TEST(LaunchEnv, ALauncherStoreThatNeverAnswersIsNamed) {
   } catch (const ddp::NetworkError& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("rank 1: the launcher's store (TORCHELASTIC_USE_AGENT_STORE=True, MASTER_ADDR:MASTER_PORT) "
-                        "never answered: is the launcher still running? cannot connect"),
+                        "could not be reached: is the launcher still running? cannot connect"),
               std::string::npos)
         << what;
   }

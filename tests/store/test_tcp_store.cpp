@@ -439,6 +439,39 @@ TEST(StoreDeadlines, AScopedDeadlineBoundsTheHandshake) {
   ::close(lfd);
 }
 
+// interrupt() also ends a handshake with a server that accepted and says nothing (its
+// wait polls the interrupt too: an interrupt() just before the socket became the
+// connection's had nothing to shut down, and the handshake waited out connect_timeout).
+TEST(StoreDeadlines, InterruptEndsAHandshakeThatGetsNoReply) {
+  const int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(lfd, 8), 0);  // accepts (the kernel's queue), never answers
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  auto o = client_options(ntohs(a.sin_port), WireGeneration::kV2);
+  o.lazy = true;
+  o.connect_timeout = 60s;
+  ddp::TcpStore s(o);
+  std::string what;
+  std::thread caller([&] {
+    try {
+      s.add("k", 1);
+    } catch (const ddp::Error& e) {
+      what = e.what();
+    }
+  });
+  std::this_thread::sleep_for(300ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  s.interrupt();
+  caller.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, scaled(1s));
+  EXPECT_NE(what.find("the connection was shut down"), std::string::npos) << what;
+  ::close(lfd);
+}
+
 // ---------------------------------------------------------------------------------------
 // Generation 1 specifics
 

@@ -245,6 +245,7 @@ class CpuGroup final : public GroupBase {
       }
       if (op == ReduceOp::kAvg) avg_finish(dt, out, count, n);
     });
+    if (scaled_.capacity() > (size_t{64} << 20)) std::vector<uint8_t>().swap(scaled_);  // not held for the group's life
   }
 
   void do_barrier(TimePoint dl) override {
@@ -1142,7 +1143,7 @@ class CpuGroup final : public GroupBase {
   const pid_t owner_ = getpid();  // the process that made the group (leave() is its alone)
   uint32_t flat_waiting_k_ = 0;  // the flat exchange this rank waits in, 0: none
   std::vector<uint8_t> tmp_[2];
-  std::vector<uint8_t> scaled_;  // a reduce-scatter's input, scaled for an average
+  std::vector<uint8_t> scaled_;  // a reduce-scatter's input, scaled for an average (kept up to 64 MiB)
 };
 
 }  // namespace
