@@ -415,46 +415,45 @@ TEST(StoreDeadlines, InterruptEndsReconnecting) {
   EXPECT_NE(what.find("the connection was shut down"), std::string::npos) << what;
 }
 
+// A listener on loopback that accepts (the kernel's queue) and never answers, and a lazy
+// client's options for it (connect_timeout 60 s).
+struct SilentServer {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ddp::TcpStoreOptions client;
+  SilentServer() {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    EXPECT_EQ(::listen(fd, 8), 0);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    client = client_options(ntohs(a.sin_port), WireGeneration::kV2);
+    client.lazy = true;
+    client.connect_timeout = 60s;
+  }
+  ~SilentServer() { ::close(fd); }
+};
+
 // The handshake's own grace (up to 5 s for a server that accepted and says nothing) is
 // bounded by the scope too (it was not: 5.01 s for a 2 s notice).
 TEST(StoreDeadlines, AScopedDeadlineBoundsTheHandshake) {
-  const int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(lfd, 8), 0);  // accepts (the kernel's queue), never answers
-  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
-  auto o = client_options(ntohs(a.sin_port), WireGeneration::kV2);
-  o.lazy = true;
-  o.connect_timeout = 60s;
-  ddp::TcpStore s(o);
+  const SilentServer silent;
+  ddp::TcpStore s(silent.client);
   const auto t0 = std::chrono::steady_clock::now();
   {
     ddp::detail::StoreCallDeadline bounded(300ms);
     EXPECT_THROW(s.set("k", "v"), ddp::Error);
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, scaled(2s));
-  ::close(lfd);
 }
 
 // interrupt() also ends a handshake with a server that accepted and says nothing (its
 // wait polls the interrupt too: an interrupt() just before the socket became the
 // connection's had nothing to shut down, and the handshake waited out connect_timeout).
 TEST(StoreDeadlines, InterruptEndsAHandshakeThatGetsNoReply) {
-  const int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(lfd, 8), 0);  // accepts (the kernel's queue), never answers
-  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
-  auto o = client_options(ntohs(a.sin_port), WireGeneration::kV2);
-  o.lazy = true;
-  o.connect_timeout = 60s;
-  ddp::TcpStore s(o);
+  const SilentServer silent;
+  ddp::TcpStore s(silent.client);
   std::string what;
   std::thread caller([&] {
     try {
@@ -469,7 +468,6 @@ TEST(StoreDeadlines, InterruptEndsAHandshakeThatGetsNoReply) {
   caller.join();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, scaled(1s));
   EXPECT_NE(what.find("the connection was shut down"), std::string::npos) << what;
-  ::close(lfd);
 }
 
 // ---------------------------------------------------------------------------------------
