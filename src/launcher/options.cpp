@@ -519,6 +519,10 @@ void check_output(Options& o, const Flags& g) {
                                   fmt::join(shown, ","))));
 }
 
+// Whether a flag was typed on the command line (not given by a PET_* variable, which a
+// scheduler often sets for every job: warning about those would be noise).
+bool typed(const Flags& g, const char* f) { return g.has(f) && g.at(f).source.starts_with("-"); }
+
 // --standalone: one node, a store on localhost at a free port, a random run id (set later).
 void check_standalone(Options& o, const Flags& g) {
   if (o.max_nodes > 1)
@@ -526,6 +530,13 @@ void check_standalone(Options& o, const Flags& g) {
                                  g.value("nnodes")));
   if (o.node_rank != 0)
     throw UsageError(fmt::format("--standalone runs one node, but {} is {}", g.source("node-rank"), o.node_rank));
+  // As torchrun, --standalone replaces the rendezvous flags; typed ones are named.
+  std::vector<std::string> ignored;
+  for (const char* f : {"rdzv-backend", "rdzv-endpoint", "rdzv-id", "master-addr", "master-port"})
+    if (typed(g, f)) ignored.push_back(g.source(f));
+  if (!ignored.empty())
+    o.warnings.push_back(fmt::format("--standalone ignores {}: it hosts its own store on localhost at a free port",
+                                     fmt::join(ignored, ", ")));
   o.rdzv_backend = "static";
 }
 
@@ -626,15 +637,13 @@ void check_dynamic(Options& o, const Flags& g) {
     check_c10d_endpoint(o, g);
   else
     throw UsageError(fmt::format("{}: expected static, c10d, etcd or etcd-v2, got '{}'", src, o.rdzv_backend));
-  // Warned only when typed on the command line: PET_* variables are often set for every
-  // backend by a scheduler (Kubeflow's PyTorchJob), and saying so each time would be noise.
-  auto typed = [&](const char* f) { return g.has(f) && g.at(f).source.starts_with("-"); };
-  if (typed("node-rank"))
+  // Warned only when typed on the command line (typed()).
+  if (typed(g, "node-rank"))
     o.warnings.push_back(fmt::format("{} is ignored with {} rendezvous: node ranks come from the rendezvous "
                                      "(sorted by address, then a random id)",
                                      g.source("node-rank"), o.rdzv_backend));
   for (const char* f : {"master-addr", "master-port"})
-    if (typed(f))
+    if (typed(g, f))
       o.warnings.push_back(fmt::format("{} is only used by static rendezvous; {} rendezvous ignores it",
                                        g.source(f), o.rdzv_backend));
   const RdzvConf& c = o.rdzv_conf;

@@ -88,9 +88,9 @@ void LeaseKeeper::loop() {
     auto left = std::chrono::duration_cast<milliseconds>(patience - (Clock::now() - last_ok));
     bool ended = false;
     std::string why;
+    const auto sent = Clock::now();
     try {
       std::lock_guard lk(mu_);
-      const auto sent = Clock::now();
       lease_->keep_alive(std::max({left, stalled, milliseconds(100)}));
       last_ok = Clock::now();
       renewed_at_ = sent.time_since_epoch().count();
@@ -116,9 +116,11 @@ void LeaseKeeper::loop() {
                                                            : "the other nodes go on without it")});
       return;
     }
-    auto pause = why.empty() ? s_.interval : std::min<milliseconds>(s_.interval, 500ms);
-    auto wake_at = Clock::now() + pause;
-    if (signal_.sleep(pause)) return;
+    // The next renewal an interval after this one was sent: one whose answer came late (a
+    // partition that healed) is followed at once, as the backend counts from its arrival.
+    const auto now = Clock::now();
+    const auto wake_at = std::max(now, why.empty() ? sent + s_.interval : now + std::min<milliseconds>(s_.interval, 500ms));
+    if (signal_.sleep(std::chrono::duration_cast<milliseconds>(wake_at - now))) return;
     stopped = std::max(std::chrono::duration_cast<milliseconds>(Clock::now() - wake_at), milliseconds(0));
     stalled = std::min(stopped, ttl());
   }

@@ -36,6 +36,7 @@
 
 #include "ddp/error.hpp"
 #include "store/protocol.hpp"
+#include "store/socket_util.hpp"
 
 namespace ddp::detail {
 
@@ -945,6 +946,7 @@ void StoreServer::Impl::start_lease(Conn& c, int64_t ttl_ms) {
   c.lease_ttl = std::chrono::milliseconds(std::max<int64_t>(ttl_ms, 0));
   heard(c);
   if (c.lease_ttl.count() == 0) return;
+  detail::bound_lease_retransmits(c.sock.native_handle(), c.lease_ttl);  // its replies too
   arm_stall_tick();
   if (!c.lease_timer) c.lease_timer = std::make_unique<asio::steady_timer>(io_);
   arm_lease_timer(c.shared_from_this(), c.lease_ttl);

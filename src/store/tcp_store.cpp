@@ -887,6 +887,7 @@ void TcpStore::lease(std::chrono::milliseconds ttl) {
     return impl_->call(r, timeout(), [&](auto d, const std::string& w) { return impl_->recv_value<uint8_t>(d, w); });
   });
   impl_->leased = true;
+  if (ttl.count() > 0) detail::bound_lease_retransmits(impl_->fd.get(), ttl);
 }
 
 void TcpStore::release_lease() {

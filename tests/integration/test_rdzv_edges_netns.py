@@ -17,6 +17,9 @@ the c10d line.
   tunnel (as an SSH port forward would): no address of it is usable for MASTER_ADDR, and
   both nodes fail at once with an error that says so. Before: the round formed with
   MASTER_ADDR=127.0.0.1, and the other host's workers connected to their own machine.
+- A partition shorter than the keep-alive window (less an interval and a second) that
+  heals: no node is lost and the job goes on. Before, TCP's retransmission backoff kept the
+  renewal sent during it from the store until after the window had passed.
 - A node cut off for good (its link down) stops its workers within the keep-alive window
   and exits. Before, it lingered until join_timeout (600 s static, 60 s c10d), deaf to
   SIGTERM: its store watcher kept connecting, and ddprun joined that thread.
@@ -135,6 +138,51 @@ class RdzvEdgesNetns(NetnsHosts):
             "--nnodes", "1:2", "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint",
             f"{self.topo.addr(0)}:{PORT}", "--rdzv-id", "edges", "--local-addr", self.topo.addr(i),
             "--rdzv-conf", "last_call_timeout=0.3," + conf], 1, "the other nodes go on without it", interval=1)
+
+    # ------------------------------------------------------------------ a partition that heals
+
+    def partition(self, i, on):
+        """Every packet between node i and the others lost on the way, as in a switch: each
+        side's sends leave and get no answer (INPUT rules on both sides; a rule on the
+        sender's own output, or its link down, fails the send locally, and TCP does not back
+        off from a local failure)."""
+        verb = "-I" if on else "-D"
+        for ns, rule in [(self.topo.nodes[i], []), *[(self.topo.nodes[j], ["-s", self.topo.addr(i)])
+                                                     for j in range(len(self.topo.nodes)) if j != i]]:
+            subprocess.run(["ip", "netns", "exec", ns, "iptables", "-w", verb, "INPUT", *rule, "-j", "DROP"],
+                           check=True)
+
+    def test_c10d_a_partition_shorter_than_the_window_leaves_the_job_running(self):
+        """A keep-alive window of 12 s (1 s x 12) and node 1 partitioned for 9 s: within the
+        window less an interval and the second a retransmission may wait, so no node is lost,
+        no worker restarts, and the job ends 0. Before, TCP's doubling retransmission backoff
+        held the renewal sent during the partition until 13.6 s after the last one got
+        through, past the window: the store ended node 1's lease although the network had
+        come back 3 s earlier."""
+        self.make_topology(2)
+        line = lambda i: [  # noqa: E731
+            "--nnodes", "2", "--max-restarts", "0", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+            f"{self.topo.addr(0)}:{PORT}", "--rdzv-id", "edges", "--local-addr", self.topo.addr(i),
+            "--rdzv-conf", "last_call_timeout=0.3,keep_alive_interval=1,keep_alive_max_attempt=12"]
+        nodes = [self.start_node(i, [*line(i), "--nproc-per-node", "1", EDGE_WORKER, self.tmp, "--sleep", "16"])
+                 for i in range(2)]
+        starts = self.wait_files([f"start_{r}" for r in range(2)], 60)
+        self.partition(1, True)
+        cut = time.time()
+        try:
+            time.sleep(9)
+        finally:
+            self.partition(1, False)
+        self.assertLess(time.time() - cut, 10.5, "the partition must have lasted less than the window")
+        running = jobwatch.wait_exited(nodes, 16 + lib.scaled(30))
+        self.assertEqual(running, [], self.describe())
+        self.assertEqual([n.rc for n in nodes], [0, 0], self.describe())
+        for n in nodes:
+            self.assertNotIn("lost", n.stderr(), self.describe())
+        ends = self.wait_files([f"end_{r}" for r in range(2)], 5)
+        self.assertEqual(starts, [float(read_stamp(os.path.join(self.tmp, f"start_{r}"))) for r in range(2)],
+                         "no worker may have started again" + self.describe())
+        self.assertGreater(min(ends), cut + 9, self.describe())
 
     # ------------------------------------------------------------------ stacks across hosts
 

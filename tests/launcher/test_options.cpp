@@ -475,6 +475,19 @@ TEST_F(LauncherOptions, C10dIgnoresNodeRankAndMasterWithOneWarningEach) {
   EXPECT_NE(n.warnings[0].find("--rdzv-id"), std::string::npos);
 }
 
+TEST_F(LauncherOptions, StandaloneNamesTheRendezvousFlagsItIgnores) {
+  Options o = parse_with_script({"--standalone", "--rdzv-backend=c10d", "--rdzv-endpoint", "head:29400",
+                                 "--master-port=1234"});
+  ASSERT_EQ(o.warnings.size(), 1u);
+  EXPECT_NE(o.warnings[0].find("--standalone ignores --rdzv-backend, --rdzv-endpoint, --master-port"),
+            std::string::npos)
+      << o.warnings[0];
+  EXPECT_EQ(o.rdzv_backend, "static");
+  // A scheduler's PET_* variables are not named, as for the other backends.
+  EXPECT_TRUE(parse_with_script({"--standalone"}, {{"PET_RDZV_ENDPOINT", "head:29400"}}).warnings.empty());
+  EXPECT_TRUE(parse_with_script({"--standalone"}).warnings.empty());
+}
+
 TEST_F(LauncherOptions, EtcdEndpointsAndConf) {
   for (const char* backend : {"etcd", "etcd-v2"}) {  // both names: etcd's v3 API
     Options a = parse_with_script({"--rdzv-backend", backend, "--rdzv-endpoint", "e1:2379,e2,[::1]:3000", "--nnodes",

@@ -5,6 +5,7 @@
 // Beast closes the socket when the expiry passes, so no call outlives its deadline.
 #include "rendezvous/etcd/http.hpp"
 #include "rendezvous/etcd/transport.hpp"
+#include "store/socket_util.hpp"
 
 #include <sys/socket.h>
 
@@ -292,6 +293,9 @@ struct Session {
       throw ExchangeError(Kind::connect, false, fmt::format("no connection to {} within {}", ep.str(), remaining_text(start, d)));
     if (ec) throw ExchangeError(Kind::connect, false, fmt::format("cannot connect to {}: {}", ep.str(), ec.message()));
     lowest().socket().set_option(tcp::no_delay(true), ec);
+    // A renewal of this node's lease sent during a short partition gets through within a
+    // second of the network's return (socket_util.hpp); every call keeps its own deadline.
+    ddp::detail::bound_retransmit_backoff(lowest().socket().native_handle(), std::chrono::minutes(10));
     if (secure) handshake(start, d);
     open = true;
   }
