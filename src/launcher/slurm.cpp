@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -189,6 +190,26 @@ std::string Env::step_name() const { return step_id ? fmt::format("{}.{}", job_i
 
 std::vector<std::string> Env::nodes() const { return expand_hostlist(nodelist, nodelist_var); }
 
+// A heterogeneous step's SLURM_NODEID counts the nodes of its first component first, each
+// component's in its own list's order (`srun --het-group=0,1` on components n3 and n[1-2]:
+// n3 is 0, while SLURM_STEP_NODELIST is n[1-3]). The components in the step are those whose
+// nodes all are the step's; together they must be exactly the step's nodes.
+std::vector<std::string> Env::nodes_by_id() const {
+  std::vector<std::string> listed = nodes();
+  if (het_lists.empty()) return listed;
+  const std::set<std::string> in_step(listed.begin(), listed.end());
+  std::vector<std::string> order;
+  for (const auto& [var, text] : het_lists) {
+    std::vector<std::string> component = expand_hostlist(text, var);
+    if (std::all_of(component.begin(), component.end(), [&](const auto& n) { return in_step.count(n) > 0; }))
+      order.insert(order.end(), component.begin(), component.end());
+  }
+  std::vector<std::string> a = order, b = listed;
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  return a == b ? order : std::vector<std::string>{};
+}
+
 std::optional<Env> read_env(const EnvMap& env) {
   auto job = first_set(env, {"SLURM_JOB_ID", "SLURM_JOBID"});
   if (!job) return std::nullopt;
@@ -206,7 +227,17 @@ std::optional<Env> read_env(const EnvMap& env) {
   auto nt = step ? first_set(env, {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"})
                  : first_set(env, {"SLURM_NTASKS", "SLURM_NPROCS"});
   if (nt) s.ntasks = static_cast<int>(parse_count(nt->first, nt->second, 1)), s.ntasks_var = nt->first;
-  if (auto id = first_set(env, {"SLURM_NODEID"})) s.node_id = static_cast<int>(parse_count(id->first, id->second, 0));
+  if (auto id = first_set(env, {"SLURM_NODEID"})) {
+    s.node_id = static_cast<int>(parse_count(id->first, id->second, 0));
+    s.node_id_set = true;
+  }
+  if (auto het = first_set(env, {"SLURM_HET_SIZE", "SLURM_PACK_SIZE"})) {
+    const long n = parse_count(het->first, het->second, 1);
+    for (long k = 0; k < n; ++k) {
+      const std::string var = fmt::format("SLURM_JOB_NODELIST_HET_GROUP_{}", k);
+      if (auto it = env.find(var); it != env.end() && !it->second.empty()) s.het_lists.emplace_back(var, it->second);
+    }
+  }
   auto list = step ? first_set(env, {"SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST"})
                    : first_set(env, {"SLURM_JOB_NODELIST", "SLURM_NODELIST"});
   if (list) s.nodelist_var = list->first, s.nodelist = list->second;
@@ -333,7 +364,8 @@ bool job_is_the_step(Options& o, const Env& s) {
   return false;
 }
 
-// The step's nodes, checked against its node count and this node's index.
+// The step's nodes in SLURM_NODEID order, checked against its node count and this node's
+// index; empty when a heterogeneous step's order cannot be told (Env::nodes_by_id).
 std::vector<std::string> step_nodes(const Env& s) {
   std::vector<std::string> nodes = s.nodes();
   if (static_cast<int>(nodes.size()) != s.nnodes)
@@ -342,14 +374,32 @@ std::vector<std::string> step_nodes(const Env& s) {
   if (s.node_id >= s.nnodes)
     throw UsageError(fmt::format("SLURM_NODEID={} is outside the step's {} nodes ({}={})", s.node_id, s.nnodes,
                                  s.nodelist_var, s.nodelist));
-  return nodes;
+  return s.nodes_by_id();
 }
+
+std::string het_text(const Env& s) {
+  std::vector<std::string> lists;
+  for (const auto& [var, text] : s.het_lists) lists.push_back(var + "=" + text);
+  return fmt::format("{}", fmt::join(lists, ", "));
+}
+
+std::string node_id_text(const Env& s) { return s.node_id_set ? std::to_string(s.node_id) : "unset"; }
 
 // One info line per node saying what came from Slurm.
 void note_derived(Options& o, const Env& s, const std::vector<std::string>& flags) {
   if (!flags.empty())
     o.infos.push_back(fmt::format("Slurm step {} ({}={}, SLURM_NODEID={}): as if given {} (--no-slurm turns this off)",
-                                  s.step_name(), s.nodelist_var, s.nodelist, s.node_id, fmt::join(flags, " ")));
+                                  s.step_name(), s.nodelist_var, s.nodelist, node_id_text(s), fmt::join(flags, " ")));
+}
+
+// Without SLURM_NODEID no node can tell its rank: a multi-node static job would give every
+// node rank 0 (each hosting a store of its own, all waiting for join_timeout).
+void need_node_id(const Env& s, const char* what) {
+  if (!s.node_id_set)
+    throw UsageError(fmt::format("Slurm step {} has {} nodes ({}={}) but SLURM_NODEID is not set (srun sets it; a "
+                                 "wrapper that filters the environment drops it), so {} cannot be derived: give it, "
+                                 "pass SLURM_NODEID through, or turn Slurm detection off with --no-slurm",
+                                 s.step_name(), s.nnodes, s.nodelist_var, s.nodelist, what));
 }
 
 void apply_static(Options& o, const Env& s, const Resolver& resolve) {
@@ -363,9 +413,10 @@ void apply_static(Options& o, const Env& s, const Resolver& resolve) {
   if (!whole) return;
   const std::vector<std::string> nodes = step_nodes(s);
   if (!given(o, "node-rank")) {
+    need_node_id(s, "--node-rank");
     o.node_rank = s.node_id;
     flags.push_back(fmt::format("--node-rank {}", s.node_id));
-  } else if (o.node_rank != s.node_id) {
+  } else if (s.node_id_set && o.node_rank != s.node_id) {
     o.warnings.push_back(fmt::format(
         "{} {} disagrees with SLURM_NODEID={} (this node{}'s index in Slurm step {}): a $SLURM_NODEID typed in the "
         "batch script is expanded there, where it is 0 on every node; leave --node-rank out and ddprun takes it "
@@ -374,6 +425,12 @@ void apply_static(Options& o, const Env& s, const Resolver& resolve) {
   }
   const bool endpoint = given(o, "rdzv-endpoint");
   if (!given(o, "master-addr") && !endpoint) {
+    if (nodes.empty())
+      throw UsageError(fmt::format(
+          "Slurm step {} is heterogeneous ({}), and which of its nodes is SLURM_NODEID 0 (the store's host) cannot be "
+          "told from the components' node lists ({}): give --master-addr (the first node of the step's first "
+          "component), or turn Slurm detection off with --no-slurm",
+          s.step_name(), fmt::format("{}={}", s.nodelist_var, s.nodelist), het_text(s)));
     if (resolve(nodes[0]).empty())
       throw ddp::Error(fmt::format(
           "Slurm step {}: its first node '{}' ({}={}) does not resolve on this node, so no node could reach the "
@@ -401,7 +458,8 @@ void apply_c10d_host(Options& o, const Env& s, const Resolver& resolve, std::vec
                  29400, host, port);
   if (!o.rdzv_conf.is_host && s.nnodes > 1) {
     const std::vector<std::string> nodes = step_nodes(s);
-    if (same_host(host, nodes[0], resolve)) {
+    if (!nodes.empty() && same_host(host, nodes[0], resolve)) {
+      need_node_id(s, "which node hosts the store (--rdzv-conf is_host)");
       o.rdzv_conf.is_host = s.node_id == 0;
       flags.push_back(
           fmt::format("--rdzv-conf is_host={} (the endpoint {} is the step's first node {}; this is node {})",

@@ -26,6 +26,7 @@ struct Env {
   std::string job_id;           // SLURM_JOB_ID (or SLURM_JOBID)
   std::optional<long> step_id;  // SLURM_STEP_ID: set inside an srun step only (unset in the batch shell)
   int node_id = 0;              // SLURM_NODEID: this node's index in the step
+  bool node_id_set = false;     // SLURM_NODEID was there (srun sets it; a filtering wrapper may not)
   int nnodes = 1;               // nodes of the step (of the job in the batch shell)
   std::string nnodes_var;       // the variable nnodes came from
   int ntasks = 1;               // tasks of the step
@@ -33,10 +34,16 @@ struct Env {
   std::string nodelist_var;  // SLURM_STEP_NODELIST, or the job's list outside a step
   std::string nodelist;      // its text (expand() it)
   std::string nodename;      // SLURMD_NODENAME
+  // A heterogeneous job's components (SLURM_HET_SIZE): SLURM_JOB_NODELIST_HET_GROUP_<k>.
+  std::vector<std::pair<std::string, std::string>> het_lists;  // variable, text
 
   bool in_step() const { return step_id.has_value(); }
   std::string step_name() const;           // "12.0" (Slurm's notation), "12" outside a step
   std::vector<std::string> nodes() const;  // nodelist expanded; throws UsageError if malformed
+  // The step's nodes in SLURM_NODEID order: nodes(), except in a heterogeneous step, which
+  // numbers its nodes component by component while its node list is sorted. Empty when the
+  // components in the step cannot be told. Throws UsageError if a list is malformed.
+  std::vector<std::string> nodes_by_id() const;
 };
 
 // nullopt outside a Slurm job. Throws ddp::UsageError naming the variable for a malformed
@@ -64,8 +71,9 @@ bool same_host(const std::string& endpoint, const std::string& node, const Resol
 // Derives what the command line left open from Slurm (called by parse_options before the
 // rendezvous checks; o.given says what was explicit). Inside an srun step with one task per
 // node and the static rendezvous: node count, node rank (SLURM_NODEID), master address (the
-// step's first node), a port from the job and step ids and the run id "<job>.<step>". With
-// c10d and an endpoint on the step's first node: rdzv_conf.is_host = (SLURM_NODEID == 0),
+// step's first node, as above), a port from the job and step ids and the run id "<job>.<step>". With
+// c10d and an endpoint on the step's first node (SLURM_NODEID 0's: in a heterogeneous step,
+// the first node of its first component): rdzv_conf.is_host = (SLURM_NODEID == 0),
 // and the node count. One node: a free port, so jobs sharing a node never meet. In the
 // batch shell or with several tasks per node: a warning, and nothing multi-node. Adds one
 // line to o.infos saying what it derived, warnings to o.warnings; nothing with o.no_slurm.

@@ -377,6 +377,76 @@ TEST(SlurmDerive, C10dOtherEndpointsAndExplicitIsHostAreLeftAlone) {
   EXPECT_EQ(e.max_nodes, 4);
 }
 
+// `srun --het-group=0,1` on a job of components n3 and n[1-2], as Slurm 22.05 sets it: the
+// step's node list is sorted, its node ids go component by component (n3 is 0).
+Env het_step_env(int node_id, const std::string& group0 = "n3", const std::string& group1 = "n[1-2]") {
+  Env e = step_env("n[1-3]", 3, node_id);
+  e["SLURM_HET_SIZE"] = "2";
+  e["SLURM_JOB_NODELIST_HET_GROUP_0"] = group0;
+  e["SLURM_JOB_NODELIST_HET_GROUP_1"] = group1;
+  return e;
+}
+
+TEST(SlurmDerive, HeterogeneousStepTakesItsFirstComponentsFirstNode) {
+  Options o = applied(parsed(), het_step_env(1));
+  EXPECT_EQ(o.master_addr, "n3");
+  EXPECT_EQ(o.node_rank, 1);
+  for (int id : {0, 2}) EXPECT_EQ(applied(parsed(), het_step_env(id)).master_addr, "n3");
+  // c10d with the endpoint on that node: node 0 hosts it, whatever the sorted list says.
+  Options a = applied(c10d("n3:29400"), het_step_env(0));
+  Options b = applied(c10d("n1:29400"), het_step_env(1));
+  ASSERT_TRUE(a.rdzv_conf.is_host.has_value());
+  EXPECT_TRUE(*a.rdzv_conf.is_host);
+  EXPECT_FALSE(b.rdzv_conf.is_host.has_value());  // n1 is not node 0's host: nothing derived
+  // A step on one component of a heterogeneous job is numbered as its list.
+  Env one = step_env("n[1-2]", 2, 0);
+  one["SLURM_HET_SIZE"] = "2";
+  one["SLURM_JOB_NODELIST_HET_GROUP_0"] = "n3";
+  one["SLURM_JOB_NODELIST_HET_GROUP_1"] = "n[1-2]";
+  EXPECT_EQ(applied(parsed(), one).master_addr, "n1");
+}
+
+TEST(SlurmDerive, HeterogeneousStepWhoseOrderCannotBeToldNeedsMasterAddr) {
+  // Part of a component in the step: its node ids cannot be told from the job's lists.
+  Env part = het_step_env(0, "n[3-4]");
+  try {
+    applied(parsed(), part);
+    FAIL() << "accepted";
+  } catch (const ddp::UsageError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("heterogeneous"), std::string::npos) << m;
+    EXPECT_NE(m.find("SLURM_JOB_NODELIST_HET_GROUP_0=n[3-4]"), std::string::npos) << m;
+    EXPECT_NE(m.find("--master-addr"), std::string::npos) << m;
+  }
+  Options given = parsed({{"master-addr", "--master-addr"}});
+  given.master_addr = "n3";
+  EXPECT_EQ(applied(given, part).master_addr, "n3");
+}
+
+TEST(SlurmDerive, MissingNodeIdInAMultiNodeStepIsAnError) {
+  Env e = step_env("n[1-2]", 2, 1);
+  e.erase("SLURM_NODEID");
+  try {
+    applied(parsed(), e);
+    FAIL() << "accepted";
+  } catch (const ddp::UsageError& err) {
+    std::string m = err.what();
+    EXPECT_NE(m.find("SLURM_NODEID is not set"), std::string::npos) << m;
+    EXPECT_NE(m.find("--node-rank"), std::string::npos) << m;
+  }
+  EXPECT_THROW(applied(c10d("n1:29400"), e), ddp::UsageError);  // which node hosts the store
+  Options given = parsed({{"node-rank", "--node-rank"}});
+  given.node_rank = 1;
+  Options o = applied(given, e);
+  EXPECT_EQ(o.node_rank, 1);
+  EXPECT_TRUE(o.warnings.empty());
+  ASSERT_EQ(o.infos.size(), 1u);
+  EXPECT_NE(o.infos[0].find("SLURM_NODEID=unset"), std::string::npos) << o.infos[0];
+  Env one = step_env("n1", 1, 0);  // one node: nothing needs it
+  one.erase("SLURM_NODEID");
+  EXPECT_NO_THROW(applied(parsed(), one));
+}
+
 TEST(SlurmDerive, EtcdTakesTheNodeCountAndRunIdButHostsNothing) {
   for (const char* backend : {"etcd", "etcd-v2"}) {
     Options o = c10d("n1:2379", {{"log-level", "--log-level"}});

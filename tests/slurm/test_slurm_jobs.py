@@ -10,7 +10,8 @@ torch 2.6: the derived static line, the c10d line and preemption with requeue.
 - the c10d line (pytorch/examples'): SLURM_NODEID 0 hosts the store, the other node joins;
   examples/slurm/c10d.sbatch trains and saves through it;
 - the etcd line: node count and run id from the step, as for c10d;
-- a step on 2 of the job's 3 nodes meets on the step's first node;
+- a step on 2 of the job's 3 nodes meets on the step's first node; a heterogeneous step on
+  its first component's first node (node rank 0), not its sorted list's;
 - a worker exiting 3 on the second node stops both nodes; Slurm records 3 (static and c10d);
 - two jobs sharing their nodes at the same time, no flags: no port clash;
 - ddprun in the batch shell, and several tasks per node: a clear warning.
@@ -198,6 +199,27 @@ srun -N2 -w n2,n3 --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node 
         self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
         self.assert_four_ranks_on(name, job, ["n2", "n3"], "n2")  # not the job's first node, n1
         self.assertIn("SLURM_STEP_NODELIST=n[2-3]", out)
+        self.assert_nothing_left(name)
+
+    def test_heterogeneous_step_meets_on_its_first_components_node(self):
+        """A heterogeneous job (components n3 and n1,n2) and one step over both: Slurm sorts
+        the step's node list (n[1-3]) but numbers its nodes component by component, so node
+        rank 0, the store's host, is n3. Before, every node and worker was told MASTER_ADDR=n1
+        (nodes of one host reach each other's stores, so only the address showed it; on real
+        hosts the rendezvous waited for join_timeout)."""
+        name = "het"
+        d = self.job_dir(name)
+        job, info = self.run_job(name, f"""
+srun --het-group=0,1 $DDPRUN --log-level info --nproc-per-node 1 $WORKERS/where.py {d}
+""", "-N1", "-w", "n3", ":", "-N2", "-w", "n1,n2")
+        out = self.job_output(name)
+        self.assertEqual(info["JobState"], "COMPLETED", out)
+        where = self.where(name)
+        self.assertEqual(sorted(where), [0, 1, 2], out)
+        self.assertEqual([where[r]["SLURMD_NODENAME"] for r in range(3)], ["n3", "n1", "n2"], out)
+        self.assertEqual({r["MASTER_ADDR"] for r in where.values()}, {"n3"}, out)
+        self.assertEqual(out.count("--master-addr n3"), 3, out)
+        self.assertEqual(out.count(": all_reduce ok"), 3, out)  # where.py's, across the three nodes
         self.assert_nothing_left(name)
 
     def test_worker_exit_3_on_second_node_stops_both(self):

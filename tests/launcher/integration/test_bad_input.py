@@ -93,9 +93,12 @@ class BadInputTest(DdprunTestCase):
     def test_more_workers_than_open_files_allow(self):
         # Not a usage error (exit 1): the limit is the machine's. One line that names it and
         # what to do, before any worker starts (every worker's pipes are opened first).
-        # 15 workers pass the count check (4 files each, hard limit 64) and run out of pipes.
-        res = self.run_ddprun(["--nproc-per-node", "15", worker("marker.py"), self.path("marker")],
-                              env=clean_env(OMP_NUM_THREADS="1"), cmd_prefix=("prlimit", "--nofile=64:64"))
+        # 12 workers pass the count check (16 files and 4 a worker, hard limit 64); 24 files
+        # inherited from the shell that starts ddprun make it run out of pipes.
+        hold = 'for i in $(seq 3 26); do eval "exec $i</dev/null"; done; exec "$@"'
+        res = self.run_ddprun(["--nproc-per-node", "12", worker("marker.py"), self.path("marker")],
+                              env=clean_env(OMP_NUM_THREADS="1"),
+                              cmd_prefix=("prlimit", "--nofile=64:64", "bash", "-c", hold, "bash"))
         self.assertEqual(res.rc, 1, res)
         lines = res.stderr.splitlines()
         self.assertEqual(len(lines), 1, res)
@@ -105,17 +108,26 @@ class BadInputTest(DdprunTestCase):
         self.assertFalse(os.path.exists(self.path("marker")), "a worker was started")
 
     def test_more_workers_than_any_open_file_limit_allows(self):
-        # 40 workers need 160 files or more, past the hard limit of 64: refused before any
-        # folder or pipe is made (99999999 once made 610k folders in /dev/shm first).
+        # 40 workers need about 176 files, past the hard limit of 64: refused before any
+        # folder or pipe is made (99999999 once made 610k folders in /dev/shm first). The
+        # advice counts ddprun's own files: the 12 workers it names run (6 more with
+        # --log-dir and --tee), where its advice of 16 before did not.
         env = clean_env(OMP_NUM_THREADS="1", TMPDIR=self.tmp)
         res = self.run_ddprun(["--nproc-per-node", "40", worker("marker.py"), self.path("marker")],
                               env=env, cmd_prefix=("prlimit", "--nofile=64:64"))
         self.assertEqual(res.rc, 1, res)
         self.assertEqual(res.stderr.splitlines(), [
-            "ddprun: error: --nproc-per-node: 40 workers need 160 or more open files, and this process may open at "
-            "most 64 (the hard limit, ulimit -Hn): at most 16 workers per node"], res)
+            "ddprun: error: --nproc-per-node: 40 workers need about 176 open files (16 for ddprun, 4 a worker), and "
+            "this process may open at most 64 (the hard limit, ulimit -Hn): at most 12 workers per node"], res)
         self.assertEqual([n for n in os.listdir(self.tmp) if n.startswith("torchelastic_")], [], "a folder was made")
         self.assertFalse(os.path.exists(self.path("marker")), "a worker was started")
+        for extra, count in (([], 12), (["--log-dir", self.path("logs"), "--tee", "3"], 8)):
+            res = self.run_ddprun([*extra, "--nproc-per-node", str(count), worker("marker.py"), self.path("marker")],
+                                  env=env, cmd_prefix=("prlimit", "--nofile=64:64"))
+            self.assertEqual(res.rc, 0, res)
+        res = self.run_ddprun(["--log-dir", self.path("logs2"), "--nproc-per-node", "9", worker("marker.py"),
+                               self.path("marker")], env=env, cmd_prefix=("prlimit", "--nofile=64:64"))
+        self.assertIn("at most 8 workers per node", res.stderr, res)
 
     def test_flags_after_script_are_the_scripts(self):
         # Not bad input: '--redirects 5' after the script belongs to the script.
