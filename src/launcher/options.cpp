@@ -537,10 +537,11 @@ void check_standalone(Options& o, const Flags& g) {
                                  g.value("nnodes")));
   if (o.node_rank != 0)
     throw UsageError(fmt::format("--standalone runs one node, but {} is {}", g.source("node-rank"), o.node_rank));
-  // As torchrun, --standalone replaces the rendezvous flags; typed ones are named.
+  // As torchrun, --standalone replaces the rendezvous flags; typed ones are named (but
+  // c10d, which torchrun's --standalone is).
   std::vector<std::string> ignored;
   for (const char* f : {"rdzv-backend", "rdzv-endpoint", "rdzv-id", "master-addr", "master-port"})
-    if (typed(g, f)) ignored.push_back(g.source(f));
+    if (typed(g, f) && !(f == std::string_view("rdzv-backend") && g.value(f) == "c10d")) ignored.push_back(g.source(f));
   if (!ignored.empty())
     o.warnings.push_back(fmt::format("--standalone ignores {}: it hosts its own store on localhost at a free port",
                                      fmt::join(ignored, ", ")));
