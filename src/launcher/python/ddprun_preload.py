@@ -40,6 +40,7 @@ _BOOTSTRAP = []  # (path, code) of the stack-dump bootstrap, compiled before any
 _ENV_CHANGES = {}  # name -> (value at start, value now; None: unset): what start-up and preload changed
 _START = []  # the working folder this process started in (a relative script's base)
 _WARM_MODULES = set()  # sys.modules' names in the warm process: not finalized by a worker
+_SEEDED = {}  # generator module -> its state: the global generators the preloaded imports set
 
 
 def _send(sock, obj):
@@ -162,9 +163,11 @@ def _preload(modules, started_with):
         except (OSError, ValueError):
             pass
     t0 = time.monotonic()
+    watch = _SeedWatch()
     for name in modules:
         try:
-            importlib.import_module(name)
+            with watch:
+                importlib.import_module(name)
         except BaseException as e:  # noqa: BLE001  (SystemExit too: nothing may end us unexplained)
             if not (isinstance(e, ModuleNotFoundError) and e.name == name):
                 import traceback
@@ -177,7 +180,82 @@ def _preload(modules, started_with):
                              "its parent made; preload it without initialising CUDA, or drop it from --preload"
                              % (name, why)}
     _ENV_CHANGES.update(_environment_changes(started_with))
+    _SEEDED.update(watch.seeded())
     return {"ready": True, "seconds": round(time.monotonic() - t0, 3), "threads": _threads()}
+
+
+# The global generators a fresh process seeds at random (Python's `random` at import and in
+# every fork child, numpy's legacy one, torch's CPU one), and how each one's setting is read:
+# a preloaded import that seeds one (a `set_seed(1234)` at a config module's top) hands every
+# worker that state, as a cold import would; one it left alone is reseeded in each worker.
+def _python_state(m):
+    return m.getstate()
+
+
+def _numpy_state(m):
+    kind, words, pos, has_gauss, gauss = m.get_state()
+    return kind, words.tobytes(), pos, has_gauss, gauss
+
+
+def _torch_seed(m):
+    return m.initial_seed()  # set by manual_seed and seed() only: drawing numbers leaves it
+
+
+_GENERATORS = (("random", _python_state), ("numpy.random", _numpy_state), ("torch", _torch_seed))
+
+
+class _SeedWatch:
+    """Each generator's setting once its module is imported, and after the preloaded imports:
+    builtins.__import__ is wrapped while they run, to read a module imported during them as
+    soon as its import completed (before the importing module could seed it)."""
+
+    def __init__(self):
+        import builtins
+
+        self._builtins = builtins
+        self._import = builtins.__import__
+        self._first = {}  # module name -> its setting when first seen complete
+        self._look()
+
+    def _look(self):
+        for name, read in _GENERATORS:
+            m = sys.modules.get(name)
+            spec = getattr(m, "__spec__", None)
+            if name in self._first or m is None or getattr(spec, "_initializing", False):
+                continue
+            try:
+                self._first[name] = read(m)
+            except Exception:  # noqa: BLE001  (a module of that name without the generator)
+                self._first[name] = None
+
+    def _watched_import(self, *args, **kwargs):
+        try:
+            return self._import(*args, **kwargs)
+        finally:
+            if len(self._first) < len(_GENERATORS):
+                self._look()
+
+    def __enter__(self):
+        self._builtins.__import__ = self._watched_import
+
+    def __exit__(self, *exc):
+        if self._builtins.__import__ == self._watched_import:
+            self._builtins.__import__ = self._import
+        self._look()
+
+    def seeded(self):
+        """{module name: its state now} for each generator whose setting the imports changed."""
+        out = {}
+        for name, read in _GENERATORS:
+            if self._first.get(name) is None:
+                continue
+            m = sys.modules[name]
+            try:
+                if read(m) != self._first[name]:
+                    out[name] = m.getstate() if name == "random" else True
+            except Exception:  # noqa: BLE001
+                pass
+        return out
 
 
 def _fork_between(count, child, linger=None):
@@ -551,13 +629,16 @@ def _become_worker(ddprun_pid, gone, sock, req, fds):
 def _reseed():
     """Random states a fresh process would have seeded on its own (Python's `random` reseeds
     itself at fork): numpy's and torch's global generators (torch's CUDA ones lazily: CUDA is
-    not initialised), and multiprocessing's authkey. str's hash seed cannot change after
-    start: it is the warm process's in every worker (docs/preload.md)."""
+    not initialised), and multiprocessing's authkey; but a generator the preloaded imports
+    seeded keeps that state (_SeedWatch), `random`'s put back. str's hash seed cannot change
+    after start: it is the warm process's in every worker (docs/preload.md)."""
+    if "random" in _SEEDED:
+        sys.modules["random"].setstate(_SEEDED["random"])
     for name, reseed in (("numpy.random", lambda m: m.seed()), ("torch", lambda m: m.seed()),
                          ("multiprocessing.process",
                           lambda m: setattr(m.current_process(), "authkey", os.urandom(32)))):
         module = sys.modules.get(name)
-        if module is not None:
+        if module is not None and name not in _SEEDED:
             try:
                 reseed(module)
             except Exception:  # noqa: BLE001

@@ -81,6 +81,16 @@ with open(os.path.join(os.environ["OUT"], f"seen_{os.getpid()}"), "w") as f:
                "authkey": multiprocessing.current_process().authkey.hex()}, f)
 """
 
+# A config module that seeds every global generator at import (a `set_seed(1234)` at the top
+# of a utils module), and a script that draws from each.
+SEEDS_AT_IMPORT = "import random, numpy, torch\nrandom.seed(1234); numpy.random.seed(1234); torch.manual_seed(1234)\n"
+DRAWS = r"""
+import json, os, random
+import numpy, torch, seeds_at_import
+with open(os.path.join(os.environ["OUT"], "drew_" + os.environ["RANK"]), "w") as f:
+    json.dump([random.random(), numpy.random.rand(), torch.rand(1).item()], f)
+"""
+
 # A config module: notes the arguments it sees at import, parses them strictly.
 ARGV_CONFIG = """
 import argparse, json, os, sys
@@ -601,6 +611,21 @@ with open(os.path.join(os.environ["OUT"], "big_" + os.environ["TORCHELASTIC_REST
             self.assertNotEqual(ports[1], {"1"})
         with self.subTest("fresh random states"):
             self.assertEqual([warm[0][k] == warm[1][k] for k in ("torch_seed", "authkey")], [False, False])
+
+    def test_seeds_a_preloaded_import_sets_reach_every_rank(self):
+        # A preloaded module that seeds random, numpy and torch at import hands every rank
+        # those states, as a cold import does (before: each rank's were reseeded at random).
+        self.write(os.path.join("mods", "seeds_at_import.py"), SEEDS_AT_IMPORT)
+        script = self.write("draws.py", DRAWS)
+        runs = []
+        for pre in (None, "seeds_at_import", "torch,seeds_at_import"):
+            res = self.job(script, preload=pre)
+            self.assertEqual(res.rc, 0, res)
+            runs.append([json.loads(read_text(self.path(f"drew_{r}"))) for r in range(2)])
+        cold = runs[0]
+        self.assertEqual(cold[0], cold[1])
+        for warm in runs[1:]:
+            self.assertEqual(warm, cold)
 
     def test_a_preloaded_import_sees_the_script_arguments(self):
         # A config module that parses sys.argv at import sees the script's arguments, as when
