@@ -52,6 +52,7 @@ class Flags {
   // The flag's source for messages: how it was given, else its canonical spelling.
   std::string source(const char* n) const { return has(n) ? at(n).source : std::string("--") + n; }
   bool flag(const char* n) const;
+  std::string dump_stacks_pid;  // --dump-stacks=PID's PID
 };
 
 bool truthy(const std::string& source, const std::string& v) {
@@ -194,6 +195,14 @@ bool take_option(const std::vector<std::string>& args, size_t& i, Flags& given) 
   if (spec->kind == FlagKind::kFlag) {
     if (inline_value && spec->short_name && !a.starts_with("--"))
       throw UsageError(fmt::format("{}: takes no value, got '{}'", shown, *inline_value));
+    // --dump-stacks=PID names the job as --dump-stacks PID does (a pid is no on/off switch;
+    // read as one, it dumped whichever job was running).
+    if (inline_value && spec->name == std::string_view("dump-stacks") && inline_value->size() > 1 &&
+        std::all_of(inline_value->begin(), inline_value->end(), [](unsigned char ch) { return std::isdigit(ch); })) {
+      given.m[spec->name] = {"1", shown};
+      given.dump_stacks_pid = *inline_value;
+      return true;
+    }
     bool on = inline_value ? truthy(shown, *inline_value) : true;
     given.m[spec->name] = {on ? "1" : "0", shown};
     return true;
@@ -763,11 +772,12 @@ void check_summary_json(const Options& o, const Flags& g) {
 Options parse_dump_stacks(const CommandLine& c) {
   Options o;
   o.dump_stacks = 0;
-  if (!c.script.empty() && (!parse_number(c.script, o.dump_stacks) || o.dump_stacks <= 0))
-    throw UsageError(fmt::format("--dump-stacks: expected the pid of a running ddprun, got '{}'", c.script));
+  const std::string& pid = c.given.dump_stacks_pid.empty() ? c.script : c.given.dump_stacks_pid;
+  if (!pid.empty() && (!parse_number(pid, o.dump_stacks) || o.dump_stacks <= 0))
+    throw UsageError(fmt::format("--dump-stacks: expected the pid of a running ddprun, got '{}'", pid));
   auto typed = std::count_if(c.given.m.begin(), c.given.m.end(),
                              [](auto& kv) { return kv.second.source.starts_with("-"); });
-  if (!c.script_args.empty() || typed > 1)
+  if (!c.script_args.empty() || typed > 1 || (!c.given.dump_stacks_pid.empty() && !c.script.empty()))
     throw UsageError("--dump-stacks takes only a pid: ddprun --dump-stacks [PID]");
   return o;
 }

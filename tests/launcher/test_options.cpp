@@ -813,6 +813,12 @@ TEST_F(LauncherOptions, DumpStacksCommand) {
   EXPECT_NE(usage_error({"--dump-stacks", "0"}).find("expected the pid"), std::string::npos);
   EXPECT_NE(usage_error({"--dump-stacks", "12", "13"}).find("only a pid"), std::string::npos);
   EXPECT_NE(usage_error({"--dump-stacks", "--nproc-per-node", "2"}).find("only a pid"), std::string::npos);
+  // --dump-stacks=PID names the job too (before: read as a switch, it dumped whichever job ran).
+  EXPECT_EQ(parse({"--dump-stacks=1234"}).dump_stacks, 1234);
+  EXPECT_EQ(parse({"--dump_stacks=99999"}).dump_stacks, 99999);
+  EXPECT_EQ(parse({"--dump-stacks=true"}).dump_stacks, 0);
+  EXPECT_NE(usage_error({"--dump-stacks=12", "13"}).find("only a pid"), std::string::npos);
+  EXPECT_NE(usage_error({"--dump-stacks=00"}).find("expected the pid"), std::string::npos);
 }
 
 }  // namespace
