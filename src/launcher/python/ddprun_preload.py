@@ -41,6 +41,7 @@ _ENV_CHANGES = {}  # name -> (value at start, value now; None: unset): what star
 _START = []  # the working folder this process started in (a relative script's base)
 _WARM_MODULES = set()  # sys.modules' names in the warm process: not finalized by a worker
 _SEEDED = {}  # generator module -> its state: the global generators the preloaded imports set
+_WARM_FILES = []  # weak references to the buffered files the preloaded imports left open
 
 
 def _send(sock, obj):
@@ -181,6 +182,7 @@ def _preload(modules, started_with):
                              % (name, why)}
     _ENV_CHANGES.update(_environment_changes(started_with))
     _SEEDED.update(watch.seeded())
+    _WARM_FILES.extend(_open_files())
     return {"ready": True, "seconds": round(time.monotonic() - t0, 3), "threads": _threads()}
 
 
@@ -735,7 +737,7 @@ def _finish(status):
     (their open files closed by their finalizers), stdio flushed (C's too), then the process
     ends. The preloaded modules are not torn down, nor C libraries' exit handlers run (torch's
     take 0.15-0.25 s, touching pages shared with the warm process), as in a multiprocessing
-    fork child. status None: SIGINT."""
+    fork child; what the worker wrote to files they opened is flushed. status None: SIGINT."""
     import atexit
     import gc
     import signal
@@ -745,7 +747,7 @@ def _finish(status):
     steps = [threading._shutdown if threading else None, atexit._run_exitfuncs, _quiet_daemon_threads]
     if main is not None:
         steps.append(lambda: _release(vars(main)))
-    steps += [_release_modules, gc.collect]
+    steps += [_release_modules, gc.collect, _flush_warm_files]
     for step in steps:
         try:
             if step:
@@ -768,6 +770,38 @@ def _finish(status):
         os.kill(os.getpid(), signal.SIGINT)
         status = 128 + signal.SIGINT
     os._exit(status)
+
+
+def _open_files():
+    """The buffered files open in the warm process once the preload is done (a log or metrics
+    file a helper module opened at import), found once here, before any fork: a worker's
+    interpreter does not tear the preloaded modules down, so it flushes what it wrote to them
+    at exit (_flush_warm_files), as Python's finalization would have."""
+    import gc
+    import io
+    import weakref
+
+    kinds = (io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)
+    std = {id(f) for f in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)}
+    found = []
+    for o in gc.get_objects():
+        if isinstance(o, kinds) and id(o) not in std:
+            try:
+                if not o.closed:
+                    found.append(weakref.ref(o))
+            except (TypeError, ValueError):
+                pass
+    return found
+
+
+def _flush_warm_files():
+    for ref in _WARM_FILES:
+        f = ref()
+        try:
+            if f is not None and not f.closed:
+                f.flush()
+        except Exception:  # noqa: BLE001  (as a finalizer's: the exit goes on)
+            pass
 
 
 def _quiet_daemon_threads():

@@ -91,6 +91,11 @@ with open(os.path.join(os.environ["OUT"], "drew_" + os.environ["RANK"]), "w") as
     json.dump([random.random(), numpy.random.rand(), torch.rand(1).item()], f)
 """
 
+# A helper module that opens a log at import, and a script that writes to it and never
+# flushes: Python's finalization flushes it at exit.
+OPENS_LOG = "import os\nLOG = open(os.path.join(os.environ['OUT'], 'shared_log'), 'a')\n"
+WRITES_LOG = "import os, opens_log\nopens_log.LOG.write('rank %s\\n' % os.environ['RANK'])\n"
+
 # A config module: notes the arguments it sees at import, parses them strictly.
 ARGV_CONFIG = """
 import argparse, json, os, sys
@@ -626,6 +631,16 @@ with open(os.path.join(os.environ["OUT"], "big_" + os.environ["TORCHELASTIC_REST
         self.assertEqual(cold[0], cold[1])
         for warm in runs[1:]:
             self.assertEqual(warm, cold)
+
+    def test_what_a_worker_writes_to_a_file_a_preloaded_module_opened_is_flushed(self):
+        # Before, a warm worker's exit left those writes in its buffer: lost, with exit 0.
+        self.write(os.path.join("mods", "opens_log.py"), OPENS_LOG)
+        script = self.write("writes_log.py", WRITES_LOG)
+        for pre in (None, "opens_log"):
+            res = self.job(script, preload=pre)
+            self.assertEqual(res.rc, 0, res)
+            self.assertEqual(sorted(read_text(self.path("shared_log")).splitlines()), ["rank 0", "rank 1"], pre)
+            os.unlink(self.path("shared_log"))
 
     def test_a_preloaded_import_sees_the_script_arguments(self):
         # A config module that parses sys.argv at import sees the script's arguments, as when
