@@ -30,8 +30,7 @@ class WarmPython {
   WarmPython& operator=(const WarmPython&) = delete;
 
   bool enabled() const { return enabled_; }
-  // Starts the warm process unless one runs or is starting. env: a worker's environment
-  // without the per-rank variables (node_environment).
+  // Starts the warm process unless one runs or is starting. env: warm_environment().
   void start(const Env& env);
   // The descriptor that becomes readable when the warm process has said it is ready (or
   // why not, or ended); -1 when no start is pending.

@@ -106,16 +106,37 @@ std::vector<ThreadStack> parse_faulthandler(const std::string& text) {
   return threads;
 }
 
+namespace {
+
+std::string frame_text(const Frame& f) {
+  return f.line > 0 ? fmt::format("{} ({}:{})", f.func, basename_of(f.file), f.line)
+                    : fmt::format("{} ({})", f.func, basename_of(f.file));
+}
+
+// Python's own modules and installed packages (a virtualenv's too), not the job's code.
+bool library_frame(const Frame& f) {
+  return f.file.starts_with("<") || f.file.find("/lib/python") != std::string::npos ||
+         f.file.find("-packages/") != std::string::npos;
+}
+
+}  // namespace
+
+// The innermost `depth` frames; when all of them are Python's or a package's (a rank that
+// waits on a DataLoader: four frames of multiprocessing and selectors), the innermost frame
+// of the job's own code after them, so that the line says where in the script it waits.
 std::string innermost(const ThreadStack& t, size_t depth) {
   std::string out;
-  for (size_t i = 0; i < t.frames.size() && i < depth; ++i) {
-    const Frame& f = t.frames[i];
-    if (i) out += " <- ";
-    out += f.line > 0 ? fmt::format("{} ({}:{})", f.func, basename_of(f.file), f.line)
-                      : fmt::format("{} ({})", f.func, basename_of(f.file));
-  }
-  if (t.frames.size() > depth) out += " <- ...";
-  return out;
+  const size_t shown = std::min(depth, t.frames.size());
+  for (size_t i = 0; i < shown; ++i) out += (i ? " <- " : "") + frame_text(t.frames[i]);
+  if (shown == t.frames.size()) return out;
+  const auto from = t.frames.begin() + static_cast<long>(shown);
+  auto own = t.frames.end();
+  if (!t.header.starts_with(kNativeHeader) && std::all_of(t.frames.begin(), from, library_frame))
+    own = std::find_if(from, t.frames.end(), [](const Frame& f) { return !library_frame(f); });
+  if (own == t.frames.end()) return out + " <- ...";
+  if (own != from) out += " <- ...";
+  out += " <- " + frame_text(*own);
+  return own + 1 == t.frames.end() ? out : out + " <- ...";
 }
 
 std::string RankStack::signature(size_t depth) const {

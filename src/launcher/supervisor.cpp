@@ -794,7 +794,7 @@ struct Supervisor::Impl {
                    "keep them elsewhere)",
                    job.log_root);
     // --preload: the import runs while this node joins the rendezvous.
-    if (warm.enabled()) warm.start(node_environment(o, job.base_env));
+    if (warm.enabled()) warm.start(warm_environment(o, job.base_env));
   }
 
   JobOutcome run() {
@@ -825,7 +825,7 @@ struct Supervisor::Impl {
   // --preload: the warm process (a new one if it died) has imported its modules before the
   // workers start; a signal meanwhile stops this node (false). Throws when it cannot be.
   bool wait_warm() {
-    warm.start(node_environment(o, job.base_env));  // nothing while one runs (or without --preload)
+    warm.start(warm_environment(o, job.base_env));  // nothing while one runs (or without --preload)
     const int fd = warm.pending_fd();
     if (fd < 0) return true;
     loop.add(fd, &warm_tag);

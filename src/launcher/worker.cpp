@@ -63,6 +63,15 @@ std::map<std::string, std::string> node_environment(const Options& o, const std:
   return env;
 }
 
+std::map<std::string, std::string> warm_environment(const Options& o, const std::map<std::string, std::string>& base) {
+  std::map<std::string, std::string> env = node_environment(o, base);
+  for (const char* k : {"LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "GROUP_WORLD_SIZE",
+                        "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+                        "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE"})
+    env.erase(k);
+  return env;
+}
+
 std::map<std::string, std::string> worker_environment(const Options& o, const JobPlan& plan, int local_rank,
                                                       const std::string& error_file,
                                                       const std::map<std::string, std::string>& base) {

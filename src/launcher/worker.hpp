@@ -37,8 +37,14 @@ struct WorkerCommand {
 WorkerCommand worker_command(const Options& o, int local_rank, const std::map<std::string, std::string>& env);
 
 // What every worker of this node gets, whatever its rank and round: ddprun's environment
-// plus the node's torchrun variables (--preload's warm process is started with it).
+// plus the node's torchrun variables.
 std::map<std::string, std::string> node_environment(const Options& o, const std::map<std::string, std::string>& base);
+
+// --preload's warm process: node_environment without any of the variables that
+// worker_environment sets per rank and round, even where ddprun's own environment has them
+// (a Kubeflow pod exports RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT for its torchrun):
+// a module that reads them at import finds none, as the warm process has no rank.
+std::map<std::string, std::string> warm_environment(const Options& o, const std::map<std::string, std::string>& base);
 
 // The worker's whole environment: node_environment plus its rank's and round's variables.
 std::map<std::string, std::string> worker_environment(const Options& o, const JobPlan& plan, int local_rank,

@@ -103,6 +103,30 @@ TEST(LauncherStacks, InnermostFramesWithoutFolders) {
             "(train.py:44)");
 }
 
+TEST(LauncherStacks, InnermostFramesReachTheJobsOwnCode) {
+  // A rank waiting on a DataLoader's workers: the library's frames first, then the script's.
+  const std::string text =
+      "Current thread 0x00007f6455bc4b80 (most recent call first):\n"
+      "  File \"/usr/lib/python3.11/selectors.py\", line 415 in select\n"
+      "  File \"/usr/lib/python3.11/multiprocessing/connection.py\", line 930 in wait\n"
+      "  File \"/usr/lib/python3.11/multiprocessing/connection.py\", line 423 in _poll\n"
+      "  File \"/usr/lib/python3.11/multiprocessing/connection.py\", line 256 in poll\n"
+      "  File \"/home/me/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py\", line 1120 in _try_get\n"
+      "  File \"/job/dl.py\", line 10 in epoch\n"
+      "  File \"/job/dl.py\", line 20 in <module>\n";
+  auto threads = ddprun::parse_faulthandler(text);
+  EXPECT_EQ(ddprun::innermost(threads.back(), 4),
+            "select (selectors.py:415) <- wait (connection.py:930) <- _poll (connection.py:423) <- poll "
+            "(connection.py:256) <- ... <- epoch (dl.py:10) <- ...");
+  EXPECT_EQ(ddprun::innermost(threads.back(), 5),
+            "select (selectors.py:415) <- wait (connection.py:930) <- _poll (connection.py:423) <- poll "
+            "(connection.py:256) <- _try_get (dataloader.py:1120) <- epoch (dl.py:10) <- ...");
+  EXPECT_EQ(ddprun::innermost(threads.back(), 6).find("<- ... <-"), std::string::npos);  // the script's shown
+  // One of the job's frames among those shown: as before.
+  auto all_reduce = ddprun::parse_faulthandler(kAllReduce);
+  EXPECT_EQ(ddprun::innermost(all_reduce.back(), 2), "all_reduce (distributed_c10d.py:1536) <- step (train.py:20) <- ...");
+}
+
 TEST(LauncherStacks, SignatureIsTheMainThreadOrWhyNone) {
   EXPECT_EQ(stack(0, Kind::kStack, kSleeping).signature(), "stall (train.py:12) <- step (train.py:19)");
   EXPECT_EQ(stack(0, Kind::kNoAnswer).signature(), "no answer");

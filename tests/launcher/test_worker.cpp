@@ -101,6 +101,24 @@ TEST(LauncherWorkerEnv, LauncherValuesOverrideInheritedRankVariables) {
   EXPECT_EQ(at(env, "TORCHELASTIC_ERROR_FILE"), "/inner/error.json");
 }
 
+TEST(LauncherWorkerEnv, WarmProcessHasNoneOfTheRankVariables) {
+  Options o = four_workers();
+  o.virtual_local_rank = false;
+  Env base{{"RANK", "99"}, {"LOCAL_RANK", "98"}, {"WORLD_SIZE", "97"}, {"MASTER_ADDR", "10.9.9.9"},
+           {"MASTER_PORT", "1"}, {"PATH", "/bin"}};
+  Env warm = ddprun::warm_environment(o, base);
+  // Every variable a worker gets for its rank or round (or differently from ddprun's own) is
+  // not in the warm process's; what every worker gets alike is.
+  Env worker = worker_environment(o, two_node_plan(), 1, "e", base);
+  Env node = ddprun::node_environment(o, base);
+  for (const auto& [k, v] : worker) {
+    if (node.count(k) && node.at(k) == v) EXPECT_EQ(warm.at(k), v) << k;
+    else EXPECT_EQ(warm.count(k), 0u) << k << " (ddprun's own: " << (base.count(k) ? base.at(k) : "-") << ")";
+  }
+  EXPECT_EQ(at(warm, "PATH"), "/bin");
+  EXPECT_EQ(at(warm, "LOCAL_WORLD_SIZE"), "4");
+}
+
 TEST(LauncherWorkerEnv, OmpNumThreadsRule) {
   JobPlan plan = two_node_plan();
   Options many = four_workers();
