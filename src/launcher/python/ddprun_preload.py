@@ -42,6 +42,9 @@ _START = []  # the working folder this process started in (a relative script's b
 _WARM_MODULES = set()  # sys.modules' names in the warm process: not finalized by a worker
 _SEEDED = {}  # generator module -> its state: the global generators the preloaded imports set
 _WARM_FILES = []  # weak references to the buffered files the preloaded imports left open
+# The interpreter's argv[0] as ddprun gave it (PYTHON_EXEC, "python3" by default): a cold
+# worker's sys.orig_argv[0], which sys.executable (its resolved path) is not.
+_ARGV0 = getattr(sys, "orig_argv", [sys.executable])[0]
 
 
 def _send(sock, obj):
@@ -885,13 +888,13 @@ def _prefixes(name):
 def _preload_argv(module, target, args):
     """sys.argv (and sys.orig_argv) as the script will see them when it imports the preloaded
     modules."""
-    sys.orig_argv = [sys.executable, "-u"] + (["-m"] if module else []) + [target] + args
+    sys.orig_argv = [_ARGV0, "-u"] + (["-m"] if module else []) + [target] + args
     sys.argv = [_module_file(target) if module else target] + args
 
 
 def _run(req):
     module, argv = req[0], req[1]
-    sys.orig_argv = [sys.executable, "-u"] + (["-m"] if module else []) + argv
+    sys.orig_argv = [_ARGV0, "-u"] + (["-m"] if module else []) + argv
     sys.argv = list(argv)
     status = 0
     _WARM_MODULES.update(sys.modules)

@@ -43,7 +43,7 @@ def disp(s):
     h = signal.getsignal(s)
     return getattr(h, "__name__", str(h))
 view = {
-    "argv": sys.argv, "orig_argv": sys.orig_argv[1:], "path0": sys.path[0], "path": sys.path,
+    "argv": sys.argv, "orig_argv": sys.orig_argv, "path0": sys.path[0], "path": sys.path,
     "file": __file__, "name": __name__, "spec": __spec__ and (__spec__.name, __spec__.origin), "executable": sys.executable,
     "cwd": os.getcwd(), "pgid_is_pid": os.getpgid(0) == os.getpid(),
     "sid_is_pid": os.getsid(0) == os.getpid(),
@@ -556,8 +556,13 @@ with open(os.path.join(os.environ["OUT"], "big_" + os.environ["TORCHELASTIC_REST
 
     def test_a_worker_sees_what_python_u_script_shows(self):
         script = self.write("view.py", VIEW)
-        env = self.env(NOT_UTF8="\udcfe")
+        # PYTHON_EXEC as most have it, a name found on PATH: sys.orig_argv[0] is that name
+        # (before, the warm workers' was sys.executable, its path).
+        python = clean_env()["PYTHON_EXEC"]
+        env = self.env(NOT_UTF8="\udcfe", PYTHON_EXEC=os.path.basename(python),
+                       PATH=os.path.dirname(python) + os.pathsep + os.environ.get("PATH", ""))
         cold, warm = self.view(None, env, script), self.view("json,probe_mod", env, script)
+        self.assertEqual(cold[1]["orig_argv"][0], os.path.basename(python))
         for c, w in zip(cold, warm):
             self.assertEqual(c, w)
         self.assertEqual(warm[1]["argv"], [script, "a", "--b", "\udcff"])
