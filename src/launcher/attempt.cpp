@@ -215,23 +215,28 @@ std::string leftover_name(pid_t p) {
 
 }  // namespace
 
-void AttemptWorkers::kill_leftovers(pid_t helper) {
-  for (auto& g : groups_) g.signal(SIGKILL);  // (a group long empty: not by its number, process.hpp)
+// What the workers left running gets SIGTERM first: a daemon or an upload they started can
+// end cleanly (a partial file removed) within the grace; then SIGKILL.
+std::optional<AttemptWorkers::Clock::time_point> AttemptWorkers::stop_leftovers(pid_t helper) {
+  for (auto& g : groups_) g.signal(SIGTERM);  // (a group long empty: not by its number, process.hpp)
   std::set<pid_t> known{::getpgrp()};
   for (const auto& g : groups_)
     if (g.id() > 0) known.insert(g.id());
   // What the workers left in groups of their own was likely left running on purpose: say so,
   // a group a line (its leader, or the first found, and how many more).
   std::map<pid_t, std::pair<std::string, size_t>> own_groups;
+  leftovers_.clear();
   // (Not the warm process's own children: its spare workers wait there for the next attempt.)
   for (pid_t p : descendants(warm_ ? warm_->pid() : -1)) {
-    if (p == guardian_.pid()) continue;
-    if (const pid_t g = ::getpgid(p); g > 0 && !known.count(g) && p != helper) {
+    // (Slurm's probe would report a SIGTERM as Slurm's: it gets its SIGKILL with the rest.)
+    if (p == guardian_.pid() || p == helper || process_gone(p)) continue;
+    if (const pid_t g = ::getpgid(p); g > 0 && !known.count(g)) {
       auto& [name, count] = own_groups[g];
       if (name.empty() || p == g) name = leftover_name(p);
       ++count;
     }
-    kill(p, SIGKILL);
+    kill(p, SIGTERM);
+    leftovers_.push_back(p);
   }
   if (!own_groups.empty()) {
     std::vector<std::string> names;
@@ -239,10 +244,24 @@ void AttemptWorkers::kill_leftovers(pid_t helper) {
       names.push_back(left.second > 1 ? fmt::format("{} and {} more in its group", left.first, left.second - 1)
                                       : left.first);
     spdlog::warn("the workers have exited, and what they left running in process groups of their own (setsid, "
-                 "start_new_session) is killed: {}. A worker's processes never outlive its attempt: "
-                 "start what must go on outside ddprun",
-                 fmt::join(names, "; "));
+                 "start_new_session) is stopped (SIGTERM, SIGKILL {} s later): {}. A worker's processes never "
+                 "outlive its attempt: start what must go on outside ddprun",
+                 std::chrono::duration_cast<std::chrono::seconds>(kLeftoverGrace).count(), fmt::join(names, "; "));
   }
+  if (leftovers_.empty()) return std::nullopt;
+  return Clock::now() + kLeftoverGrace;
+}
+
+bool AttemptWorkers::leftovers_gone() const {
+  return std::all_of(leftovers_.begin(), leftovers_.end(), [](pid_t p) { return process_gone(p); });
+}
+
+void AttemptWorkers::kill_leftovers() {
+  for (auto& g : groups_) g.signal(SIGKILL);
+  // Every descendant still there, not the pids recorded (one reaped since may be reused).
+  for (pid_t p : descendants(warm_ ? warm_->pid() : -1))
+    if (p != guardian_.pid()) kill(p, SIGKILL);
+  leftovers_.clear();
   for (auto& g : groups_) {  // each is gone, or has its SIGKILL (the empty ones were forgotten when reaped)
     if (!g.empty()) guardian_.forget(g.id());
     g = WorkerGroup();

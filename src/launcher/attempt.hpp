@@ -26,6 +26,8 @@ class WarmPython;
 class AttemptWorkers {
  public:
   using Clock = std::chrono::steady_clock;
+  // How long what the workers left running has between SIGTERM and SIGKILL.
+  static constexpr Clock::duration kLeftoverGrace = std::chrono::seconds(3);
   using Env = std::map<std::string, std::string>;
   // Opens the pipes of one worker's stdout and stderr and returns their write ends (two
   // descriptors, maybe of one pipe); `dir` is the worker's folder under the attempt's.
@@ -56,10 +58,16 @@ class AttemptWorkers {
   // order they were reaped. Orphans ddprun adopted (a subreaper) are reaped and ignored;
   // the warm process's exit is told to it.
   std::vector<WorkerResult*> reap();
-  // Kills whatever the workers left behind: their groups, then every other descendant
-  // (the guardian and the warm process excepted). What was in groups of their own is named
-  // in a warning, but not `helper` (ddprun's own process: Slurm's probe; -1: none).
-  void kill_leftovers(pid_t helper = -1);
+  // Stops whatever the workers left behind: their groups, then every other descendant (the
+  // guardian and the warm process excepted) get SIGTERM, and the deadline (kLeftoverGrace
+  // from now) by which kill_leftovers() ends those still running; nullopt when nothing was
+  // left. What was in groups of their own is named in a warning. `helper` (ddprun's own
+  // process: Slurm's probe; -1: none) is left to kill_leftovers().
+  std::optional<Clock::time_point> stop_leftovers(pid_t helper = -1);
+  // Whether every process stop_leftovers() signalled has ended (or is a zombie).
+  bool leftovers_gone() const;
+  // SIGKILL for whatever is still left, and the groups forgotten.
+  void kill_leftovers();
   // Hands the guardian the process groups of descendants that left their worker's group (a
   // new session: setsid, Popen(start_new_session=True)), which a SIGKILLed ddprun's guardian
   // would otherwise miss, and forgets those that emptied. Called about once a second while
@@ -87,6 +95,7 @@ class AttemptWorkers {
   std::vector<WorkerResult> workers_;
   std::vector<WorkerGroup> groups_;  // workers_[i]'s process group
   std::set<pid_t> strays_;           // other groups of descendants, watched by the guardian
+  std::vector<pid_t> leftovers_;     // the descendants stop_leftovers() signalled
   int live_ = 0;
   bool stopping_ = false;
   std::optional<Clock::time_point> kill_deadline_;

@@ -306,6 +306,8 @@ class AttemptSupervisor {
     signals_.attempt_starting();
     output_.streams().clear();
     drain_deadline_.reset();
+    leftovers_until_.reset();
+    killed_leftovers_ = false;
     root_.reset();
     remote_end_.reset();
     hang_elsewhere_.reset();
@@ -426,6 +428,7 @@ class AttemptSupervisor {
     workers_.suspended(stopped);
     timers_.suspended(stopped);
     if (drain_deadline_) *drain_deadline_ += stopped;
+    if (leftovers_until_) *leftovers_until_ += stopped;
     if (stdin_fd_ < 0 && isatty(0) && tcgetpgrp(0) != getpgrp())
       spdlog::warn("continued in the background: the workers still read this terminal (their stdin), and "
                    "would take what is typed to the shell; `fg` brings the job back");
@@ -448,10 +451,18 @@ class AttemptSupervisor {
   bool over() {
     const int live = workers_.live();
     if (live == 0 && !drain_deadline_) {
-      workers_.kill_leftovers(signals_.helper_pid());
+      leftovers_until_ = workers_.stop_leftovers(signals_.helper_pid());
       drain_deadline_ = Clock::now() + std::chrono::seconds(5);
     }
     if (live > 0) return false;
+    if (leftovers_until_) {  // (a signal to ddprun cuts their grace short)
+      if (Clock::now() < *leftovers_until_ && !workers_.leftovers_gone() && !signals_.got()) return false;
+      leftovers_until_.reset();
+    }
+    if (!killed_leftovers_) {
+      workers_.kill_leftovers();
+      killed_leftovers_ = true;
+    }
     if (output_.streams().open_count() == 0) return true;
     if (Clock::now() < *drain_deadline_) return false;
     if (!output_.streams().close_unpaused()) return true;  // (none was paused)
@@ -480,6 +491,8 @@ class AttemptSupervisor {
       if (d) next = std::min(next, *d);
     // Once passed, streams still paused wait for their console's wake-up, not in a busy loop.
     if (drain_deadline_ && *drain_deadline_ > now) next = std::min(next, *drain_deadline_);
+    // Leftovers whose parent is another leftover end unseen: looked at every 50 ms.
+    if (leftovers_until_) next = std::min({next, *leftovers_until_, now + std::chrono::milliseconds(50)});
     return output_.streams().flush_idle(next);
   }
 
@@ -720,6 +733,8 @@ class AttemptSupervisor {
   int stdin_fd_ = -1;
   std::optional<termios> terminal_modes_;  // the terminal's, when ddprun passes it on (restore_terminal)
   std::optional<Clock::time_point> drain_deadline_;
+  std::optional<Clock::time_point> leftovers_until_;  // what the workers left has its SIGTERM until then
+  bool killed_leftovers_ = false;
   Clock::duration stopped_for_{};
   std::optional<WorkerResult> root_;
   std::optional<RoundEnd> remote_end_;  // the round ended elsewhere (or the rendezvous ended it)

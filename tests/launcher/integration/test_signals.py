@@ -283,6 +283,30 @@ class NoOrphansTest(DdprunTestCase):
             self.assertIn(f"{gc} (sleep 1000)", warnings[0])
         self.assertIn("never outlive its attempt", warnings[0])
 
+    def test_what_the_workers_left_gets_sigterm_then_sigkill(self):
+        """A leftover (an upload the worker started in a session of its own) gets SIGTERM and
+        ends cleanly within the grace (before: SIGKILL at once, no clean-up); one that ignores
+        SIGTERM is killed kLeftoverGrace (3 s) later, and ddprun exits then."""
+        for how in ("clean", "deaf"):
+            with self.subTest(how):
+                for name in os.listdir(self.tmp):
+                    os.unlink(self.path(name))
+                t0 = time.monotonic()
+                res = self.run_ddprun(["--nproc-per-node", "2", worker("leaves_uploader.py"), self.tmp, how])
+                took = time.monotonic() - t0
+                self.assertEqual(res.rc, 0, res)
+                uploads = [self.read_pid(self.path(f"up_{r}")) for r in range(2)]
+                self.assert_all_gone("the workers' exit", [], uploads)
+                self.assertIn("is stopped (SIGTERM, SIGKILL 3 s later)", res.stderr)
+                cleaned = sorted(n for n in os.listdir(self.tmp) if n.startswith("cleaned_"))
+                if how == "clean":
+                    self.assertEqual(cleaned, ["cleaned_0", "cleaned_1"], res)
+                    self.assertLess(took, scaled(2.5), res)
+                else:
+                    self.assertEqual(cleaned, [], res)
+                    self.assertGreater(took, 3.0, res)
+                    self.assertLess(took, scaled(6), res)
+
     def test_a_ddprun_that_crashes_leaves_no_worker_or_grandchild(self):
         # SIGABRT is not one ddprun handles: it dies as an abort() would, through the kernel's
         # core-dump path (which, before Linux 5.16, also killed every process sharing the
