@@ -187,6 +187,17 @@ Options applied(Options o, const Env& env) {
   return o;
 }
 
+// The UsageError slurm::apply throws for env ("" and a failure when it throws none).
+std::string usage_error(Options o, const Env& env) {
+  try {
+    applied(std::move(o), env);
+  } catch (const ddp::UsageError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "accepted";
+  return "";
+}
+
 bool mentions(const std::vector<std::string>& lines, const std::string& what) {
   for (auto& l : lines)
     if (l.find(what) != std::string::npos) return true;
@@ -337,14 +348,9 @@ TEST(SlurmDerive, UnresolvableHeadIsAnErrorNamingIt) {
 }
 
 TEST(SlurmDerive, MalformedListIsAUsageErrorNamingTheVariable) {
-  try {
-    applied(parsed(), step_env("n[2-1]", 2, 1));
-    FAIL() << "accepted";
-  } catch (const ddp::UsageError& e) {
-    std::string m = e.what();
-    EXPECT_NE(m.find("SLURM_STEP_NODELIST"), std::string::npos) << m;
-    EXPECT_NE(m.find("n[2-1]"), std::string::npos) << m;
-  }
+  const std::string m = usage_error(parsed(), step_env("n[2-1]", 2, 1));
+  EXPECT_NE(m.find("SLURM_STEP_NODELIST"), std::string::npos) << m;
+  EXPECT_NE(m.find("n[2-1]"), std::string::npos) << m;
 }
 
 TEST(SlurmDerive, C10dEndpointOnTheFirstNodeHostsOnNodeZero) {
@@ -409,15 +415,10 @@ TEST(SlurmDerive, HeterogeneousStepTakesItsFirstComponentsFirstNode) {
 TEST(SlurmDerive, HeterogeneousStepWhoseOrderCannotBeToldNeedsMasterAddr) {
   // Part of a component in the step: its node ids cannot be told from the job's lists.
   Env part = het_step_env(0, "n[3-4]");
-  try {
-    applied(parsed(), part);
-    FAIL() << "accepted";
-  } catch (const ddp::UsageError& e) {
-    std::string m = e.what();
-    EXPECT_NE(m.find("heterogeneous"), std::string::npos) << m;
-    EXPECT_NE(m.find("SLURM_JOB_NODELIST_HET_GROUP_0=n[3-4]"), std::string::npos) << m;
-    EXPECT_NE(m.find("--master-addr"), std::string::npos) << m;
-  }
+  const std::string m = usage_error(parsed(), part);
+  EXPECT_NE(m.find("heterogeneous"), std::string::npos) << m;
+  EXPECT_NE(m.find("SLURM_JOB_NODELIST_HET_GROUP_0=n[3-4]"), std::string::npos) << m;
+  EXPECT_NE(m.find("--master-addr"), std::string::npos) << m;
   Options given = parsed({{"master-addr", "--master-addr"}});
   given.master_addr = "n3";
   EXPECT_EQ(applied(given, part).master_addr, "n3");
@@ -426,14 +427,9 @@ TEST(SlurmDerive, HeterogeneousStepWhoseOrderCannotBeToldNeedsMasterAddr) {
 TEST(SlurmDerive, MissingNodeIdInAMultiNodeStepIsAnError) {
   Env e = step_env("n[1-2]", 2, 1);
   e.erase("SLURM_NODEID");
-  try {
-    applied(parsed(), e);
-    FAIL() << "accepted";
-  } catch (const ddp::UsageError& err) {
-    std::string m = err.what();
-    EXPECT_NE(m.find("SLURM_NODEID is not set"), std::string::npos) << m;
-    EXPECT_NE(m.find("--node-rank"), std::string::npos) << m;
-  }
+  const std::string m = usage_error(parsed(), e);
+  EXPECT_NE(m.find("SLURM_NODEID is not set"), std::string::npos) << m;
+  EXPECT_NE(m.find("--node-rank"), std::string::npos) << m;
   EXPECT_THROW(applied(c10d("n1:29400"), e), ddp::UsageError);  // which node hosts the store
   Options given = parsed({{"node-rank", "--node-rank"}});
   given.node_rank = 1;
