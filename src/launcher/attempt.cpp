@@ -116,6 +116,8 @@ bool exited_unreaped(pid_t pid) {
 
 pid_t AttemptWorkers::warm_pid() const { return warm_ ? warm_->pid() : -1; }
 
+bool AttemptWorkers::show_warm_stack(const std::string& why) { return warm_ && warm_->show_stack(why); }
+
 // A worker that had exited before the stop signal failed (or succeeded) by itself: it is
 // not marked as stopped by ddprun, or the summary would hide its failure.
 int AttemptWorkers::signal_live(int sig, bool mark_stopped) {

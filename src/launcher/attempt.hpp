@@ -83,6 +83,8 @@ class AttemptWorkers {
   }
   // --preload's warm process (-1: none), stopped and continued with the workers.
   pid_t warm_pid() const;
+  // WarmPython::show_stack, when there is a warm process.
+  bool show_warm_stack(const std::string& why);
   std::vector<WorkerResult>& all() { return workers_; }
   const std::vector<WorkerResult>& all() const { return workers_; }
 

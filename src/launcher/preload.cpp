@@ -163,6 +163,14 @@ void WarmPython::stop() {
   ready_ = false;
 }
 
+bool WarmPython::show_stack(const std::string& why) {
+  if (fd_ < 0 || pid_ <= 0 || ready_ || process_gone(pid_)) return false;
+  spdlog::warn("{}: no worker runs yet: the warm Python process (pid {}, --preload) is importing {}; where it is "
+               "(innermost frame first):",
+               why, pid_, fmt::join(o_.preload, ","));
+  return ::kill(pid_, SIGURG) == 0;
+}
+
 void WarmPython::start(const Env& env) {
   if (!enabled_) return;
   // One runs, unless it died since and ddprun has not read that yet (killed with a worker

@@ -42,6 +42,10 @@ class WarmPython {
   // The warm process exited (ddprun reaped it): the next start() makes a new one.
   void exited(pid_t pid, int status);
   pid_t pid() const { return pid_; }
+  // While the warm process imports (no worker runs yet), a stack dump shows where: a line
+  // saying so, then faulthandler's dump of its threads, which it writes to ddprun's stderr
+  // on SIGURG. False when it is not importing (ready, or none).
+  bool show_stack(const std::string& why);
 
   // Forks the workers of `specs` (each a python -u [-m] script command line, its
   // environment and descriptors), 64 at a time through one child between. One result per

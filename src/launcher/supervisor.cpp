@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <functional>
 #include <optional>
+#include <thread>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -595,6 +596,7 @@ class AttemptSupervisor {
   // answered (on_remote) this node shows where every rank of the job is.
   void dump_stacks(const std::string& trigger) {
     const std::string what = dump_name(DumpKind::kOnDemand, job_.plan.group_rank, job_.plan.hostname, ++dumps_asked_);
+    if (workers_.live() == 0 && workers_.show_warm_stack(trigger.empty() ? what : trigger)) return;
     if (job_.plan.group_world_size > 1) {
       rdzv_.ask_dump(what);
       rdzv_.gather_dump(what, static_cast<size_t>(job_.plan.group_world_size - 1), Clock::now() + kGatherDeadline);
@@ -862,6 +864,8 @@ struct Supervisor::Impl {
   }
 
   void give_up_warm() {
+    if (o.stack_dumps && warm.show_stack(fmt::format("no import ended within --hang-timeout {} s", o.hang_timeout)))
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));  // (its dump, written by a signal handler)
     spdlog::warn("--preload: the warm Python process (pid {}) did not import {} within --hang-timeout {} s: it "
                  "is stopped, and this job's workers start cold (their own imports count against the timeout)",
                  warm.pid(), fmt::join(o.preload, ","), o.hang_timeout);

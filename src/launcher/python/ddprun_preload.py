@@ -604,8 +604,10 @@ def _adopted(ddprun_pid, gone):
 def _become_worker(ddprun_pid, gone, sock, req, fds):
     """Everything a fresh `python -u` would be, but for the modules already imported. The
     set-up overlaps the child between's exit; the script runs only once ddprun adopted it."""
+    import faulthandler
     import signal
 
+    faulthandler.unregister(signal.SIGURG)  # (the warm process's; the bootstrap registers the rank's)
     sock.close()
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
@@ -916,8 +918,14 @@ def _run(req):
 def _warm(sock, ddprun_pid, modules, spares, refill):
     """The warm process's life; returns only in a worker, with its request."""
     import ctypes
+    import faulthandler
+    import signal
 
     _LIBC.append(ctypes.CDLL(None))
+    # A stack dump while the import runs (no worker yet) shows where it is: ddprun sends
+    # SIGURG (WarmPython::show_stack), and every thread's stack goes to this process's
+    # stderr, ddprun's. A worker drops it (_become_worker).
+    faulthandler.register(signal.SIGURG, file=sys.stderr, all_threads=True)
     hello, _ = _recv(sock)
     if hello is None:
         sys.exit(0)

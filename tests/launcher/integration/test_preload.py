@@ -492,6 +492,32 @@ with open(os.path.join(os.environ["OUT"], "big_" + os.environ["TORCHELASTIC_REST
         self.assertRegex(res.stderr, r"--preload: the warm Python process \(pid \d+\) did not import stuck_mod within "
                                      r"--hang-timeout 2 s: it is stopped, and this job's workers start cold")
         self.assertEqual(res.stdout.count("hello"), 2, res)
+        # Where the import was stuck, first (before: no stack at all).
+        self.assertRegex(res.stderr, r"no import ended within --hang-timeout 2 s: no worker runs yet: the warm Python "
+                                     r"process \(pid \d+, --preload\) is importing stuck_mod; where it is")
+        self.assertRegex(res.stderr, r'File ".*stuck_mod.py", line 2 in <module>')
+
+    def test_a_dump_during_the_preload_import_shows_where_it_is(self):
+        """SIGQUIT (or ddprun --dump-stacks) while the warm process imports, before any worker
+        runs: its stack, then the job goes on. Before: "no worker is running", and nothing."""
+        with open(os.path.join(self.mods, "slow_mod.py"), "w") as f:
+            f.write("import os, time\nopen(os.path.join(os.environ['OUT'], 'importing'), 'w').close()\n"
+                    "time.sleep(3)\n")
+        script = self.write("hello.py", "print('hello')\n")
+        err_path = self.path("ddprun.stderr")
+        with open(err_path, "w") as err:
+            p = self.start(["--standalone", "--nproc-per-node", "2", "--preload", "slow_mod", script],
+                           env=self.env(), stdout=subprocess.DEVNULL, stderr=err)
+            deadline = time.monotonic() + scaled(20)
+            while not os.path.exists(self.path("importing")) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            os.kill(p.pid, signal.SIGQUIT)
+            self.assertEqual(p.wait(timeout=scaled(30)), 0)
+        err = read_text(err_path)
+        self.assertRegex(err, r"SIGQUIT: no worker runs yet: the warm Python process \(pid \d+, --preload\) is "
+                              r"importing slow_mod; where it is")
+        self.assertRegex(err, r'File ".*slow_mod.py", line 3 in <module>')
+        self.assertNotIn("no worker is running", err)
 
     def test_a_warm_process_killed_with_a_worker_is_replaced_before_the_restart(self):
         """The warm process and rank 1 are SIGKILLed at the same moment (an OOM kill of both,
