@@ -36,6 +36,7 @@ void NodeSignals::take(const signalfd_siginfo& si) {
     return;
   }
   if (got_ && copy_of_first(si)) return;
+  ++stops_taken_;
   if (got_) {
     spdlog::warn("received {} again: killing the workers now", signal_name(sig));
     workers_.signal_live(SIGKILL, true);

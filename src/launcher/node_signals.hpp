@@ -51,6 +51,7 @@ class NodeSignals {
   void end_round();
 
   int got() const { return got_; }  // the signal that stops this node (0: none)
+  int stops_taken() const { return stops_taken_; }  // stop signals taken so far (the first, and "again")
   // Why this node stops, as the other nodes read it ("ddprun on HOST received SIGTERM"; ""
   // when its workers were stopping already).
   const std::string& end_note() const { return end_note_; }
@@ -68,6 +69,7 @@ class NodeSignals {
   const JobPlan& plan_;
   std::unique_ptr<SlurmSignals> slurm_;  // inside a Slurm job: its signals taken once
   int got_ = 0;
+  int stops_taken_ = 0;
   Clock::time_point at_{};  // when got_ came
   bool joining_ = false;    // the supervisor waits for the rendezvous (no round to end)
   std::string end_note_;    // what ends the round for the other nodes ("": nothing)

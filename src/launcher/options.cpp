@@ -197,7 +197,7 @@ bool take_option(const std::vector<std::string>& args, size_t& i, Flags& given) 
       throw UsageError(fmt::format("{}: takes no value, got '{}'", shown, *inline_value));
     // --dump-stacks=PID names the job as --dump-stacks PID does (a pid is no on/off switch;
     // read as one, it dumped whichever job was running).
-    if (inline_value && spec->name == std::string_view("dump-stacks") && inline_value->size() > 1 &&
+    if (inline_value && spec->name == std::string_view("dump-stacks") && *inline_value != "0" && *inline_value != "1" &&
         std::all_of(inline_value->begin(), inline_value->end(), [](unsigned char ch) { return std::isdigit(ch); })) {
       given.m[spec->name] = {"1", shown};
       given.dump_stacks_pid = *inline_value;
@@ -300,7 +300,8 @@ void read_nodes(Options& o, const Flags& g) {
         throw UsageError(
             fmt::format("{}: expected a positive integer or auto, cpu, gpu; got '{}'", n.source, n.value));
       o.nproc_per_node = count;
-      check_worker_count(n, count, g.has("log-dir") || g.has("tee") || g.has("redirects"));
+      auto on = [&](const char* f) { return g.has(f) && !g.value(f).empty() && g.value(f) != "0"; };
+      check_worker_count(n, count, on("log-dir") || on("tee") || on("redirects"));
     } else if (n.value == "cpu" || n.value == "auto" || n.value == "gpu") {
       GpuCount gpus = n.value == "cpu" ? GpuCount{} : visible_gpus(!g.flag("no-slurm"));
       if (n.value == "gpu" && gpus.n == 0)
@@ -800,6 +801,8 @@ void parse_endpoint(const std::string& source, const std::string& value, int def
     return UsageError(fmt::format("{}: {}; expected host[:port] or [ipv6]:port, got '{}'", source, why, value));
   };
   std::string h = v, p;
+  if (v.find("://") != std::string::npos) throw bad("a URL (no scheme goes before the host)");
+  if (v.find(',') != std::string::npos) throw bad("a list (one endpoint here: a list of members is etcd's)");
   if (v.starts_with('[')) {
     auto close = v.find(']');
     if (close == std::string::npos) throw bad("an IPv6 address without its closing ']'");
@@ -842,6 +845,20 @@ double conf_seconds(const std::string& source, const std::string& key, const std
 }
 
 // The keys each backend reads (torchrun's, plus the etcd client's).
+// A store call, a renewal or a wake-up on a loaded machine can take this long: a timeout or
+// an interval shorter than that cannot be kept (keep_alive_interval=0.001 had even a one-node
+// job declare itself lost within 0.2 s).
+constexpr double kShortestCallSeconds = 0.1;
+
+double conf_seconds_from(const std::string& source, const std::string& key, const std::string& v, double least) {
+  const double d = conf_seconds(source, key, v, false);
+  if (d < least)
+    throw UsageError(fmt::format("{}: {} expects at least {} s (shorter, a store call or a wake-up on a loaded "
+                                 "machine outlasts it), got '{}'",
+                                 source, key, least, v));
+  return d;
+}
+
 bool known_conf_key(const std::string& backend, const std::string& key) {
   static const std::set<std::string> common{"join_timeout",        "last_call_timeout", "close_timeout",
                                             "read_timeout",        "heartbeat_timeout", "keep_alive_interval",
@@ -855,9 +872,9 @@ void set_conf_key(RdzvConf& c, const std::string& source, const std::string& k, 
   if (k == "join_timeout") c.join_timeout = conf_seconds(source, k, v, false);
   else if (k == "last_call_timeout") c.last_call_timeout = conf_seconds(source, k, v, true);
   else if (k == "close_timeout") c.close_timeout = conf_seconds(source, k, v, false);
-  else if (k == "read_timeout") c.read_timeout = conf_seconds(source, k, v, false);
-  else if (k == "heartbeat_timeout") c.heartbeat_timeout = conf_seconds(source, k, v, false);
-  else if (k == "keep_alive_interval") c.keep_alive_interval = conf_seconds(source, k, v, false);
+  else if (k == "read_timeout") c.read_timeout = conf_seconds_from(source, k, v, kShortestCallSeconds);
+  else if (k == "heartbeat_timeout") c.heartbeat_timeout = conf_seconds_from(source, k, v, kShortestCallSeconds);
+  else if (k == "keep_alive_interval") c.keep_alive_interval = conf_seconds_from(source, k, v, kShortestCallSeconds);
   else if (k == "is_host") c.is_host = truthy(fmt::format("{}: is_host", source), v);
   else if (k == "keep_alive_max_attempt") {
     long n = 0;

@@ -476,12 +476,24 @@ std::unique_ptr<rdzv::Backend> NodeRendezvous::open_c10d(bool& hosting) {
     throw ddp::UsageError(fmt::format("--rdzv-endpoint {}: port 0 picks a free port for the store this node "
                                       "hosts, but {}: name this machine (localhost:0)",
                                       o_.rdzv_endpoint, why));
+  const bool wanted = hosting;
+  if (wanted) hosting = host_store(!o_.rdzv_conf.is_host.has_value(), why);
+  else
+    spdlog::info("rendezvous: joining the c10d store at {} (not hosting it: {})", endpoint_text(o_.rdzv_host, port_),
+                 why);
+  auto backend = connect(hosting, why, wanted && !hosting);
   if (hosting) {
-    hosting = host_store(!o_.rdzv_conf.is_host.has_value(), why);
-    return connect(hosting, why, !hosting);
+    backend->claim_host();
+  } else if (std::string host = backend->host_run_id(); !host.empty() && host != o_.rdzv_id) {
+    // A port another job's node hosts: this job would live only as long as that one (its
+    // host exits when its own job ends), and fail then. Refused now instead.
+    throw ddp::Error(fmt::format(
+        "--rdzv-endpoint {}: the c10d store there is hosted by a node of another job (--rdzv-id '{}'; this one is "
+        "'{}'), and goes when that job ends: give each job its own port, or run ddp-store-server for jobs that share "
+        "one",
+        o_.rdzv_endpoint, host, o_.rdzv_id));
   }
-  spdlog::info("rendezvous: joining the c10d store at {} (not hosting it: {})", endpoint_text(o_.rdzv_host, port_), why);
-  return connect(false, why);
+  return backend;
 }
 
 // etcd: nobody hosts the rendezvous. The node lease is keep_alive_interval x

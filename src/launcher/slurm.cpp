@@ -201,6 +201,9 @@ std::vector<std::string> Env::nodes_by_id() const {
   std::vector<std::string> order;
   for (const auto& [var, text] : het_lists) {
     std::vector<std::string> component = expand_hostlist(text, var);
+    const std::set<std::string> mine(component.begin(), component.end());
+    // A step within one component (srun -N2 on a part of it) is numbered as its list.
+    if (std::all_of(listed.begin(), listed.end(), [&](const auto& n) { return mine.count(n) > 0; })) return listed;
     if (std::all_of(component.begin(), component.end(), [&](const auto& n) { return in_step.count(n) > 0; }))
       order.insert(order.end(), component.begin(), component.end());
   }
@@ -232,10 +235,11 @@ std::optional<Env> read_env(const EnvMap& env) {
     s.node_id_set = true;
   }
   if (auto het = first_set(env, {"SLURM_HET_SIZE", "SLURM_PACK_SIZE"})) {
-    const long n = parse_count(het->first, het->second, 1);
+    const long n = std::min(parse_count(het->first, het->second, 1), 4096L);  // (a component per node at most)
     for (long k = 0; k < n; ++k) {
-      const std::string var = fmt::format("SLURM_JOB_NODELIST_HET_GROUP_{}", k);
-      if (auto it = env.find(var); it != env.end() && !it->second.empty()) s.het_lists.emplace_back(var, it->second);
+      const std::string het_var = fmt::format("SLURM_JOB_NODELIST_HET_GROUP_{}", k);
+      const std::string pack_var = fmt::format("SLURM_JOB_NODELIST_PACK_GROUP_{}", k);  // Slurm before 20.02
+      if (auto list = first_set(env, {het_var.c_str(), pack_var.c_str()})) s.het_lists.push_back(*list);
     }
   }
   auto list = step ? first_set(env, {"SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST"})

@@ -34,7 +34,8 @@ struct Env {
   std::string nodelist_var;  // SLURM_STEP_NODELIST, or the job's list outside a step
   std::string nodelist;      // its text (expand() it)
   std::string nodename;      // SLURMD_NODENAME
-  // A heterogeneous job's components (SLURM_HET_SIZE): SLURM_JOB_NODELIST_HET_GROUP_<k>.
+  // A heterogeneous job's components (SLURM_HET_SIZE): SLURM_JOB_NODELIST_HET_GROUP_<k>
+  // (_PACK_GROUP_<k> before Slurm 20.02).
   std::vector<std::pair<std::string, std::string>> het_lists;  // variable, text
 
   bool in_step() const { return step_id.has_value(); }

@@ -453,11 +453,14 @@ class AttemptSupervisor {
     const int live = workers_.live();
     if (live == 0 && !drain_deadline_) {
       leftovers_until_ = workers_.stop_leftovers(signals_.helper_pid());
+      stops_at_leftovers_ = signals_.stops_taken();
       drain_deadline_ = Clock::now() + std::chrono::seconds(5);
     }
     if (live > 0) return false;
-    if (leftovers_until_) {  // (a signal to ddprun cuts their grace short)
-      if (Clock::now() < *leftovers_until_ && !workers_.leftovers_gone() && !signals_.got()) return false;
+    if (leftovers_until_) {  // (a stop signal during their grace cuts it short; one before, as Ctrl-C, does not)
+      if (Clock::now() < *leftovers_until_ && !workers_.leftovers_gone() &&
+          signals_.stops_taken() == stops_at_leftovers_)
+        return false;
       leftovers_until_.reset();
     }
     if (!killed_leftovers_) {
@@ -737,6 +740,7 @@ class AttemptSupervisor {
   std::optional<Clock::time_point> drain_deadline_;
   std::optional<Clock::time_point> leftovers_until_;  // what the workers left has its SIGTERM until then
   bool killed_leftovers_ = false;
+  int stops_at_leftovers_ = 0;  // signals_.stops_taken() when they got their SIGTERM
   Clock::duration stopped_for_{};
   std::optional<WorkerResult> root_;
   std::optional<RoundEnd> remote_end_;  // the round ended elsewhere (or the rendezvous ended it)

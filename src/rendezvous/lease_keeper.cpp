@@ -117,9 +117,11 @@ void LeaseKeeper::loop() {
       return;
     }
     // The next renewal an interval after this one was sent: one whose answer came late (a
-    // partition that healed) is followed at once, as the backend counts from its arrival.
+    // partition that healed) is followed soon, as the backend counts from its arrival, but
+    // not at once (a slow backend is not sent renewals back to back).
     const auto now = Clock::now();
-    const auto wake_at = std::max(now, why.empty() ? sent + s_.interval : now + std::min<milliseconds>(s_.interval, 500ms));
+    const auto wake_at = why.empty() ? std::max(sent + s_.interval, now + s_.interval / 4)
+                                     : now + std::min<milliseconds>(s_.interval, 500ms);
     if (signal_.sleep(std::chrono::duration_cast<milliseconds>(wake_at - now))) return;
     stopped = std::max(std::chrono::duration_cast<milliseconds>(Clock::now() - wake_at), milliseconds(0));
     stalled = std::min(stopped, ttl());

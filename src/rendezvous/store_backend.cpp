@@ -245,6 +245,19 @@ void StoreBackend::drop_lease_end(const std::string& log) {
   named([&] { lease_->on_lease_end(key(log), ""); });
 }
 
+namespace {
+constexpr const char* kHostKey = "ddprun.host/run_id";
+}  // namespace
+
+void StoreBackend::claim_host() {
+  named([&] { store_->set(kHostKey, o_.run_id); });
+}
+
+// COMPARE_SET(key, "", ""): the value, or "" (made so) when there is none, in one round trip.
+std::string StoreBackend::host_run_id() {
+  return named([&] { return store_->compare_set(kHostKey, "", ""); });
+}
+
 void StoreBackend::drop_log(const std::string& log) {
   cursors_.erase(log);
   named([&] { store_->delete_key(key(log)); });

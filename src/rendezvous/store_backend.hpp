@@ -63,6 +63,12 @@ class StoreBackend : public Backend {
   void interrupt() override;
   void wake() override;
 
+  // The node whose ddprun hosts the store says which job's it is (one key outside every
+  // run's prefix); a joining node reads it: "" when no hosting ddprun said (a ddp-store-server
+  // of its own, which any job may share).
+  void claim_host();
+  std::string host_run_id();
+
  private:
   std::string name(const std::string& what) const;
   // Runs f; an error from the client is rethrown as the same kind, named as describe() does.

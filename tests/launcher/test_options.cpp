@@ -685,6 +685,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"C10dEndpointBareIpv6", {"--rdzv-backend=c10d", "--rdzv-endpoint", "fe80::1"}, "brackets"},
         BadCase{"C10dEndpointUnclosedIpv6", {"--rdzv-backend=c10d", "--rdzv-endpoint", "[::1:29400"}, "']'"},
         BadCase{"C10dEndpointBadChars", {"--rdzv-backend=c10d", "--rdzv-endpoint", "a b:1"}, "--rdzv-endpoint"},
+        BadCase{"C10dEndpointUrl", {"--rdzv-backend=c10d", "--rdzv-endpoint", "http://head:29400"},
+                "a URL (no scheme goes before the host)"},
+        BadCase{"C10dEndpointList", {"--rdzv-backend=c10d", "--rdzv-endpoint", "h1:29400,h2:29400"},
+                "a list (one endpoint here: a list of members is etcd's)"},
         BadCase{"RdzvConfNoValue", {"--rdzv-conf", "join_timeout"}, "--rdzv-conf"},
         BadCase{"RdzvConfEmptyKey", {"--rdzv-conf", "=3"}, "--rdzv-conf"},
         BadCase{"RdzvConfEmptyValue", {"--rdzv-conf", "join_timeout="}, "--rdzv-conf"},
@@ -692,6 +696,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"RdzvConfNegative", {"--rdzv-conf", "last_call_timeout=-1"}, "last_call_timeout"},
         BadCase{"RdzvConfTooLong", {"--rdzv-conf", "keep_alive_interval=99999999999"}, "up to 10000000 s (115 days)"},
         BadCase{"RdzvConfMaxAttemptZero", {"--rdzv-conf", "keep_alive_max_attempt=0"}, "keep_alive_max_attempt"},
+        BadCase{"RdzvConfIntervalTooShort", {"--rdzv-conf", "keep_alive_interval=0.001"},
+                "keep_alive_interval expects at least 0.1 s"},
+        BadCase{"RdzvConfReadTimeoutTooShort", {"--rdzv-conf", "read_timeout=1e-9"}, "read_timeout expects at least 0.1 s"},
         BadCase{"RdzvConfMaxAttemptTooMany", {"--rdzv-conf", "keep_alive_max_attempt=1001"}, "from 1 to 1000"},
         BadCase{"RdzvConfWindowTooLong", {"--rdzv-conf", "keep_alive_interval=1000000,keep_alive_max_attempt=11"},
                 "the keep-alive window (keep_alive_interval 1000000 x keep_alive_max_attempt 11 = 11000000 s) is "
@@ -817,6 +824,8 @@ TEST_F(LauncherOptions, DumpStacksCommand) {
   EXPECT_EQ(parse({"--dump-stacks=1234"}).dump_stacks, 1234);
   EXPECT_EQ(parse({"--dump_stacks=99999"}).dump_stacks, 99999);
   EXPECT_EQ(parse({"--dump-stacks=true"}).dump_stacks, 0);
+  EXPECT_EQ(parse({"--dump-stacks=1"}).dump_stacks, 0);  // a switch's "on" (pid 1: --dump-stacks 1)
+  EXPECT_EQ(parse({"--dump-stacks=7"}).dump_stacks, 7);
   EXPECT_NE(usage_error({"--dump-stacks=12", "13"}).find("only a pid"), std::string::npos);
   EXPECT_NE(usage_error({"--dump-stacks=00"}).find("expected the pid"), std::string::npos);
 }

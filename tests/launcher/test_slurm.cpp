@@ -410,6 +410,21 @@ TEST(SlurmDerive, HeterogeneousStepTakesItsFirstComponentsFirstNode) {
   one["SLURM_JOB_NODELIST_HET_GROUP_0"] = "n3";
   one["SLURM_JOB_NODELIST_HET_GROUP_1"] = "n[1-2]";
   EXPECT_EQ(applied(parsed(), one).master_addr, "n1");
+  // A step on part of one component (srun -N2 in a job whose first component has 4 nodes).
+  Env part = step_env("n[2-3]", 2, 0);
+  part["SLURM_HET_SIZE"] = "2";
+  part["SLURM_JOB_NODELIST_HET_GROUP_0"] = "n[1-4]";
+  part["SLURM_JOB_NODELIST_HET_GROUP_1"] = "n[5-6]";
+  EXPECT_EQ(applied(parsed(), part).master_addr, "n2");
+  // Slurm before 20.02 named them PACK.
+  Env pack = het_step_env(1);
+  pack.erase("SLURM_HET_SIZE");
+  pack.erase("SLURM_JOB_NODELIST_HET_GROUP_0");
+  pack.erase("SLURM_JOB_NODELIST_HET_GROUP_1");
+  pack["SLURM_PACK_SIZE"] = "2";
+  pack["SLURM_JOB_NODELIST_PACK_GROUP_0"] = "n3";
+  pack["SLURM_JOB_NODELIST_PACK_GROUP_1"] = "n[1-2]";
+  EXPECT_EQ(applied(parsed(), pack).master_addr, "n3");
 }
 
 TEST(SlurmDerive, HeterogeneousStepWhoseOrderCannotBeToldNeedsMasterAddr) {

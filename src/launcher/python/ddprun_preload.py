@@ -184,80 +184,101 @@ def _preload(modules, started_with):
                              "its parent made; preload it without initialising CUDA, or drop it from --preload"
                              % (name, why)}
     _ENV_CHANGES.update(_environment_changes(started_with))
-    _SEEDED.update(watch.seeded())
+    _SEEDED.update(watch.done())
     _WARM_FILES.extend(_open_files())
     return {"ready": True, "seconds": round(time.monotonic() - t0, 3), "threads": _threads()}
 
 
 # The global generators a fresh process seeds at random (Python's `random` at import and in
-# every fork child, numpy's legacy one, torch's CPU one), and how each one's setting is read:
-# a preloaded import that seeds one (a `set_seed(1234)` at a config module's top) hands every
-# worker that state, as a cold import would; one it left alone is reseeded in each worker.
-def _python_state(m):
-    return m.getstate()
-
-
-def _numpy_state(m):
-    kind, words, pos, has_gauss, gauss = m.get_state()
-    return kind, words.tobytes(), pos, has_gauss, gauss
-
-
-def _torch_seed(m):
-    return m.initial_seed()  # set by manual_seed and seed() only: drawing numbers leaves it
-
-
-_GENERATORS = (("random", _python_state), ("numpy.random", _numpy_state), ("torch", _torch_seed))
+# every fork child, numpy's legacy one, torch's CPU one), and the calls that seed each one
+# (in the module that defines them; torch re-exports its own): a preloaded import that seeds
+# one explicitly (a `set_seed(1234)` at a config module's top) hands every worker that
+# state, as a cold import would; one it did not seed (left alone, drawn from, or reseeded at
+# random: seed() with no seed) is reseeded in each worker.
+_SEEDING = {"random": ("random", ("seed", "setstate")),
+            "numpy.random": ("numpy.random", ("seed", "set_state")),
+            "torch.random": ("torch", ("manual_seed", "set_rng_state"))}
 
 
 class _SeedWatch:
-    """Each generator's setting once its module is imported, and after the preloaded imports:
-    builtins.__import__ is wrapped while they run, to read a module imported during them as
-    soon as its import completed (before the importing module could seed it)."""
+    """Which generators the preloaded imports seeded: while they run, each seeding call above
+    is wrapped from the moment its module's import completes (a finder first on sys.meta_path
+    wraps that module's loader; no other import is touched), and unwrapped after."""
 
     def __init__(self):
-        import builtins
+        self.seeded = set()  # generator names
+        self._wrapped = []  # (module, name, original)
+        for name in _SEEDING:
+            if name in sys.modules:
+                self._wrap(name, sys.modules[name])
 
-        self._builtins = builtins
-        self._import = builtins.__import__
-        self._first = {}  # module name -> its setting when first seen complete
-        self._look()
-
-    def _look(self):
-        for name, read in _GENERATORS:
-            m = sys.modules.get(name)
-            spec = getattr(m, "__spec__", None)
-            if name in self._first or m is None or getattr(spec, "_initializing", False):
+    def _wrap(self, module_name, module):
+        generator, names = _SEEDING[module_name]
+        for name in names:
+            original = getattr(module, name, None)
+            if not callable(original) or getattr(original, "_ddprun_seed_watch", False):
                 continue
-            try:
-                self._first[name] = read(m)
-            except Exception:  # noqa: BLE001  (a module of that name without the generator)
-                self._first[name] = None
 
-    def _watched_import(self, *args, **kwargs):
+            def watched(*args, _original=original, **kwargs):
+                # (the seed or state: the first argument, whatever its name; None reseeds at random)
+                first = args[0] if args else next((kwargs[k] for k in ("a", "seed", "state", "new_state")
+                                                   if k in kwargs), None)
+                if first is not None:
+                    self.seeded.add(generator)
+                return _original(*args, **kwargs)
+
+            watched._ddprun_seed_watch = True
+            watched.__wrapped__ = original
+            setattr(module, name, watched)
+            self._wrapped.append((module, name, original))
+
+    # importlib's finder protocol: only the modules in _SEEDING, found by the finders after
+    # this one, their loader's exec_module followed by _wrap.
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in _SEEDING:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        run = getattr(loader, "exec_module", None)
+        if run is None:
+            return spec
+
+        def exec_module(module):
+            run(module)
+            self._wrap(fullname, module)
+
         try:
-            return self._import(*args, **kwargs)
-        finally:
-            if len(self._first) < len(_GENERATORS):
-                self._look()
+            loader.exec_module = exec_module  # (a loader is made per spec)
+        except (AttributeError, TypeError):
+            pass
+        return spec
 
     def __enter__(self):
-        self._builtins.__import__ = self._watched_import
+        sys.meta_path.insert(0, self)
 
     def __exit__(self, *exc):
-        if self._builtins.__import__ == self._watched_import:
-            self._builtins.__import__ = self._import
-        self._look()
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
 
-    def seeded(self):
-        """{module name: its state now} for each generator whose setting the imports changed."""
+    def done(self):
+        """Unwraps every seeding call (torch's re-exports too); {generator: state} for those
+        seeded, `random`'s state (a fork reseeds it) or True."""
+        for module, name, original in self._wrapped:
+            for holder in (module, sys.modules.get("torch") if module.__name__ == "torch.random" else None):
+                if holder is not None and getattr(getattr(holder, name, None), "__wrapped__", None) is original:
+                    setattr(holder, name, original)
+        self._wrapped.clear()
         out = {}
-        for name, read in _GENERATORS:
-            if self._first.get(name) is None:
-                continue
-            m = sys.modules[name]
+        for generator in self.seeded:
             try:
-                if read(m) != self._first[name]:
-                    out[name] = m.getstate() if name == "random" else True
+                out[generator] = sys.modules["random"].getstate() if generator == "random" else True
             except Exception:  # noqa: BLE001
                 pass
         return out
@@ -790,11 +811,13 @@ def _open_files():
     std = {id(f) for f in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)}
     found = []
     for o in gc.get_objects():
-        if isinstance(o, kinds) and id(o) not in std:
+        # type(), not isinstance(): that asks a proxy's __class__, which may load what it
+        # wraps or raise (Django's lazy settings)
+        if issubclass(type(o), kinds) and id(o) not in std:
             try:
                 if not o.closed:
                     found.append(weakref.ref(o))
-            except (TypeError, ValueError):
+            except Exception:  # noqa: BLE001
                 pass
     return found
 

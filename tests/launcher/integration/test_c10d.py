@@ -759,6 +759,30 @@ class StoreHostTest(C10dTestCase):
                                      r"accepts connections on it")
         self.assertEqual(self.records(), [])
 
+    def test_another_jobs_store_is_refused(self):
+        """Two jobs, one endpoint, different --rdzv-id: the second job's node finds the store
+        the first job's node hosts and stops at once, naming both ids (before, it ran as a
+        client of that store and failed when the first job ended and its host exited). A
+        ddp-store-server of its own serves both."""
+        a = self.start_node("A", "127.0.0.2", nnodes="1", script_args=("--sleep", "20"))
+        self.wait_workers(2, world=2)
+        b = self.start_node("B", "127.0.0.3", nnodes="1", extra=("--rdzv-id", "other"))
+        t0 = time.time()
+        self.wait_nodes([b], 20)
+        self.assertEqual(b.rc, 1, self.describe())
+        self.assertLess(b.exited_at - t0, 10, self.describe())
+        self.assertIn(f"ddprun: error: --rdzv-endpoint {self.endpoint}: the c10d store there is hosted by a node of "
+                      "another job (--rdzv-id 'job'; this one is 'other')", b.stderr())
+        self.assertEqual(len(self.records()), 2, "job 'other' started no worker")
+        self.assertIsNone(a.rc, "job 'job' runs on" + self.describe())
+        a.proc.terminate()
+        self.wait_nodes([a], 20)
+        _, port = self.store_server()
+        shared = [self.start_node(n, "127.0.0.2", nnodes="1", endpoint=f"127.0.0.1:{port}", extra=("--rdzv-id", n))
+                  for n in ("one", "two")]
+        self.wait_nodes(shared, 30)
+        self.assertEqual([n.rc for n in shared], [0, 0], self.describe(shared))
+
     def test_is_host_1_on_a_taken_port(self):
         _, port = self.store_server()
         n = self.start_node("A", "127.0.0.2", nnodes="1:2", conf=CONF + ",is_host=1", endpoint=f"127.0.0.1:{port}")

@@ -84,9 +84,13 @@ with open(os.path.join(os.environ["OUT"], f"seen_{os.getpid()}"), "w") as f:
 # A config module that seeds every global generator at import (a `set_seed(1234)` at the top
 # of a utils module), and a script that draws from each.
 SEEDS_AT_IMPORT = "import random, numpy, torch\nrandom.seed(1234); numpy.random.seed(1234); torch.manual_seed(1234)\n"
+# One that draws from each generator and reseeds each at random, seeding none.
+DRAWS_AT_IMPORT = ("import random, numpy, torch\nrandom.random(); numpy.random.rand(); torch.rand(1)\n"
+                   "random.seed(); numpy.random.seed(); torch.seed()\n")
 DRAWS = r"""
 import json, os, random
-import numpy, torch, seeds_at_import
+import numpy, torch, importlib
+importlib.import_module(os.environ["AT_IMPORT"])
 with open(os.path.join(os.environ["OUT"], "drew_" + os.environ["RANK"]), "w") as f:
     json.dump([random.random(), numpy.random.rand(), torch.rand(1).item()], f)
 """
@@ -651,17 +655,36 @@ with open(os.path.join(os.environ["OUT"], "big_" + os.environ["TORCHELASTIC_REST
     def test_seeds_a_preloaded_import_sets_reach_every_rank(self):
         # A preloaded module that seeds random, numpy and torch at import hands every rank
         # those states, as a cold import does (before: each rank's were reseeded at random).
+        # One that draws from them, or reseeds them at random, seeds none: each rank's own
+        # states, as cold (a review found the first take of this fix gave every rank the same).
         self.write(os.path.join("mods", "seeds_at_import.py"), SEEDS_AT_IMPORT)
+        self.write(os.path.join("mods", "draws_at_import.py"), DRAWS_AT_IMPORT)
         script = self.write("draws.py", DRAWS)
-        runs = []
-        for pre in (None, "seeds_at_import", "torch,seeds_at_import"):
-            res = self.job(script, preload=pre)
+
+        def drawn(pre, module):
+            res = self.job(script, preload=pre, env=self.env(AT_IMPORT=module))
             self.assertEqual(res.rc, 0, res)
-            runs.append([json.loads(read_text(self.path(f"drew_{r}"))) for r in range(2)])
-        cold = runs[0]
+            return [json.loads(read_text(self.path(f"drew_{r}"))) for r in range(2)]
+
+        cold = drawn(None, "seeds_at_import")
         self.assertEqual(cold[0], cold[1])
-        for warm in runs[1:]:
-            self.assertEqual(warm, cold)
+        for pre in ("seeds_at_import", "torch,seeds_at_import"):
+            self.assertEqual(drawn(pre, "seeds_at_import"), cold, pre)
+        for pre in (None, "draws_at_import", "torch,draws_at_import"):
+            ranks = drawn(pre, "draws_at_import")
+            self.assertEqual([a == b for a, b in zip(*ranks)], [False, False, False], pre)
+
+    def test_a_preloaded_lazy_proxy_is_left_alone(self):
+        # An object whose __class__ raises until configured (Django's lazy settings): the
+        # warm process's look for open files asks no object's __class__ (a review found
+        # isinstance() would, and the exception ended the warm process).
+        self.write(os.path.join("mods", "lazy_mod.py"),
+                   "class Lazy:\n    @property\n    def __class__(self):\n        raise RuntimeError('not configured')\n"
+                   "SETTINGS = Lazy()\n")
+        res = self.job(self.write("hello.py", "print('hello')\n"), preload="lazy_mod")
+        self.assertEqual(res.rc, 0, res)
+        self.assertEqual(res.stdout.count("hello"), 2, res)
+        self.assertNotIn("start cold", res.stderr, res)
 
     def test_what_a_worker_writes_to_a_file_a_preloaded_module_opened_is_flushed(self):
         # Before, a warm worker's exit left those writes in its buffer: lost, with exit 0.

@@ -307,6 +307,18 @@ class NoOrphansTest(DdprunTestCase):
                     self.assertGreater(took, 3.0, res)
                     self.assertLess(took, scaled(6), res)
 
+    def test_what_the_workers_left_gets_its_grace_when_ddprun_is_stopped(self):
+        """SIGTERM to ddprun (a pre-emption, scancel): the workers stop, and what they left
+        still gets its SIGTERM grace (before the review's mend, the stop signal already taken
+        cut it short: SIGKILL at once); ddprun exits 143."""
+        p = self.start(["--nproc-per-node", "1", worker("leaves_uploader.py"), self.tmp, "clean", "wait"])
+        upload = self.read_pid(self.path("up_0"))
+        self.wait_for(lambda: os.path.exists(self.path("ready_0")), scaled(10), "the upload's SIGTERM handler")
+        os.kill(p.pid, signal.SIGTERM)
+        self.assertEqual(p.wait(timeout=scaled(30)), 128 + signal.SIGTERM)
+        self.assert_all_gone("ddprun's stop", [], [upload])
+        self.assertTrue(os.path.exists(self.path("cleaned_0")), "the upload got no SIGTERM grace")
+
     def test_a_ddprun_that_crashes_leaves_no_worker_or_grandchild(self):
         # SIGABRT is not one ddprun handles: it dies as an abort() would, through the kernel's
         # core-dump path (which, before Linux 5.16, also killed every process sharing the

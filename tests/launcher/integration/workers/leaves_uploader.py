@@ -1,11 +1,12 @@
 """A worker that exits 0 leaving an "upload" running in a session of its own
 (Popen(start_new_session=True)), as a checkpoint uploader would. usage:
-    leaves_uploader.py DIR (clean|deaf)
+    leaves_uploader.py DIR (clean|deaf) [wait]
 clean: the upload ends on SIGTERM, writing DIR/cleaned_<rank> first; deaf: it ignores
-SIGTERM. Its pid is in DIR/up_<rank>."""
+SIGTERM. Its pid is in DIR/up_<rank>. With "wait" the worker then sleeps (until stopped)."""
 import os
 import subprocess
 import sys
+import time
 
 d, how, rank = sys.argv[1], sys.argv[2], os.environ["RANK"]
 code = ("import os, signal, sys, time\n"
@@ -21,3 +22,5 @@ with open(os.path.join(d, f"up_{rank}.tmp"), "w") as f:
 os.rename(os.path.join(d, f"up_{rank}.tmp"), os.path.join(d, f"up_{rank}"))
 while not os.path.exists(os.path.join(d, f"ready_{rank}")):  # its handler is in place
     pass
+if sys.argv[3:] == ["wait"]:
+    time.sleep(1000)
