@@ -109,7 +109,7 @@ int run_main(const std::vector<std::string>& args) {
     // Started first, before any other thread exists (guardian.cpp: it shares ddprun's memory).
     Guardian guardian;
     guardian.start();
-    if (o.standalone) o.rdzv_id = random_run_id();
+    if (o.standalone || (o.rdzv_id.empty() && o.max_nodes == 1)) o.rdzv_id = random_run_id();  // (as torchrun)
     const std::string host = host_name();
     int sig = 0;
     std::unique_ptr<Rendezvous> rdzv = open_rendezvous(o, host, sig);

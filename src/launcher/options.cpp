@@ -669,6 +669,11 @@ void check_dynamic(Options& o, const Flags& g) {
     throw UsageError(fmt::format("--rdzv-conf: join_timeout ({} s) must exceed last_call_timeout ({} s) when "
                                  "--nnodes is a range: a round with fewer than {} nodes waits for the last call",
                                  c.join_timeout, c.last_call_timeout, o.max_nodes));
+  // torchrun makes an empty run id a random one, its own on every agent: nodes that never
+  // meet. One node may (as --standalone); several need the same id on each.
+  if (o.rdzv_id.empty() && o.max_nodes > 1)
+    throw UsageError(fmt::format("{} is empty: the nodes of a job meet by their run id; give every node the same one",
+                                 g.source("rdzv-id")));
   if (o.rdzv_id == "none" && o.max_nodes > 1)
     o.warnings.push_back(
         "--rdzv-id is not set (it is 'none'): two jobs that share this endpoint would merge; give each job its own "

@@ -68,9 +68,19 @@ void RoundReader::start(int64_t round, std::shared_ptr<const std::vector<NodeDes
   end_.reset();
   needs_exited_ = false;
   // Members already known to be gone end the round before it begins.
-  for (auto& id : lost_)
+  for (auto& id : lost_.set())
     if (member(id)) events_.push_back(Event{-1, "lost", id, lost_why_[id]});
   reevaluate();
+}
+
+std::optional<std::string> LostIds::insert(const std::string& id) {
+  if (!set_.insert(id).second) return std::nullopt;
+  order_.push_back(id);
+  if (order_.size() <= kKept) return std::nullopt;
+  std::string oldest = std::move(order_.front());
+  order_.pop_front();
+  set_.erase(oldest);
+  return oldest;
 }
 
 void EventsTail::add(const std::vector<std::string>& lines) {
@@ -79,6 +89,12 @@ void EventsTail::add(const std::vector<std::string>& lines) {
     Event e = parse_event(l);
     if (e.kind == "state" || (e.round >= 0 && e.round < keep_from_)) continue;
     lines_.push_back(l);
+    if (e.kind == "lost" && ++lost_lines_ > LostIds::kKept) {  // the oldest lost line goes
+      lines_.erase(std::find_if(lines_.begin(), lines_.end(), [](const std::string& x) {
+        return parse_event(x).kind == "lost";
+      }));
+      --lost_lines_;
+    }
   }
 }
 
@@ -124,7 +140,7 @@ std::optional<RoundEnd> RoundReader::feed(const std::vector<std::string>& lines)
   for (auto& l : lines) {
     Event e = parse_event(l);
     if (e.kind == "lost") {
-      lost_.insert(e.node);
+      if (auto forgot = lost_.insert(e.node)) lost_why_.erase(*forgot);
       lost_why_.emplace(e.node, e.text);
     } else if (e.round != round_) {
       continue;

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -68,10 +69,28 @@ Event parse_event(const std::string& line);
 std::string round_event(int64_t round, const std::string& kind, const std::string& node, const std::string& text);
 std::string lost_event(const std::string& node);  // the lease line (the backend adds why)
 
+// The nodes seen lost, the latest kKept of them. A lost node matters while something may
+// still name it (a round's member list, a pending join); one lost a thousand losses ago is
+// long gone (a node thawed that late finds its own lease ended). Keeping every one grew an
+// agent by about 2 KB for each node that came and went (a job on preemptible nodes).
+class LostIds {
+ public:
+  static constexpr size_t kKept = 1024;
+  // Adds id; returns the id it forgot to keep within kKept, if any.
+  std::optional<std::string> insert(const std::string& id);
+  bool count(const std::string& id) const { return set_.count(id) > 0; }
+  const std::set<std::string>& set() const { return set_; }
+
+ private:
+  std::set<std::string> set_;
+  std::deque<std::string> order_;  // oldest first
+};
+
 // The "events" log as one process needs it: how many lines it has read (where the next read
 // starts) and only the lines that can still matter: lost and closed lines, and the lines of
-// rounds from keep_from() on ("state" wake-ups and older rounds are dropped). So what a
-// process holds does not grow with the job's age.
+// rounds from keep_from() on ("state" wake-ups and older rounds are dropped; lost lines
+// beyond the latest LostIds::kKept too). So what a process holds does not grow with the
+// job's age.
 class EventsTail {
  public:
   size_t count() const { return count_; }
@@ -85,6 +104,7 @@ class EventsTail {
  private:
   size_t count_ = 0;
   int64_t keep_from_ = -1;
+  size_t lost_lines_ = 0;  // of lines_
   std::vector<std::string> lines_;
 };
 
@@ -105,7 +125,7 @@ class RoundReader {
   bool needs_exited() const { return needs_exited_; }
   std::optional<RoundEnd> reevaluate();
   const std::optional<RoundEnd>& end() const { return end_; }
-  const std::set<std::string>& lost() const { return lost_; }
+  const std::set<std::string>& lost() const { return lost_.set(); }
 
  private:
   std::optional<RoundEnd> judge(const Event& e) const;
@@ -115,8 +135,9 @@ class RoundReader {
   int64_t round_ = -1;
   std::shared_ptr<const std::vector<NodeDesc>> members_ = std::make_shared<const std::vector<NodeDesc>>();
   std::vector<Event> events_;  // this round's, and lost lines
-  std::set<std::string> lost_, exited_;
-  std::map<std::string, std::string> lost_why_;  // what each lost line said
+  LostIds lost_;
+  std::set<std::string> exited_;
+  std::map<std::string, std::string> lost_why_;  // what each lost line said (of those in lost_)
   std::optional<RoundEnd> end_;
   bool needs_exited_ = false;
 };

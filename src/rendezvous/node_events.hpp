@@ -1,6 +1,6 @@
 // The "events" log as the dynamic rendezvous's caller thread reads it (joining, ending,
-// leaving; dynamic.hpp): the lines that still matter (EventsTail), and every node it has
-// seen lost. The watcher reads the same log on its own backend.
+// leaving; dynamic.hpp): the lines that still matter (EventsTail), and the nodes it has
+// seen lost (the latest LostIds::kKept). The watcher reads the same log on its own backend.
 #pragma once
 
 #include <set>
@@ -25,7 +25,7 @@ class NodeEvents {
   const std::vector<std::string>& lines() const { return tail_.lines(); }
   size_t count() const { return tail_.count(); }
   void keep_from(int64_t round) { tail_.keep_from(round); }
-  const std::set<std::string>& lost() const { return lost_; }
+  const std::set<std::string>& lost() const { return lost_.set(); }
 
  private:
   void fetch(bool wait, Clock::time_point t) {
@@ -44,7 +44,7 @@ class NodeEvents {
 
   Backend& b_;
   EventsTail tail_;
-  std::set<std::string> lost_;
+  LostIds lost_;  // the latest LostIds::kKept
 };
 
 }  // namespace ddprun::rdzv::detail

@@ -685,6 +685,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"C10dEndpointBareIpv6", {"--rdzv-backend=c10d", "--rdzv-endpoint", "fe80::1"}, "brackets"},
         BadCase{"C10dEndpointUnclosedIpv6", {"--rdzv-backend=c10d", "--rdzv-endpoint", "[::1:29400"}, "']'"},
         BadCase{"C10dEndpointBadChars", {"--rdzv-backend=c10d", "--rdzv-endpoint", "a b:1"}, "--rdzv-endpoint"},
+        BadCase{"C10dEmptyRunId", {"--rdzv-backend=c10d", "--rdzv-endpoint", "h:1", "--nnodes", "2", "--rdzv-id", ""},
+                "--rdzv-id is empty: the nodes of a job meet by their run id"},
         BadCase{"C10dEndpointUrl", {"--rdzv-backend=c10d", "--rdzv-endpoint", "http://head:29400"},
                 "a URL (no scheme goes before the host)"},
         BadCase{"C10dEndpointList", {"--rdzv-backend=c10d", "--rdzv-endpoint", "h1:29400,h2:29400"},

@@ -1,5 +1,6 @@
 // The state's encoding (versioned JSON; torchrun's pickles refused with a clear message) and
 // the round log's reading (the first event that counts decides for every node).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "ddp/error.hpp"
@@ -243,6 +244,35 @@ TEST(RendezvousEvents, TheTailKeepsOnlyWhatStillMatters) {
   }
   EXPECT_EQ(t.count(), 9u + 998 * 3);
   EXPECT_EQ(t.lines().size(), 4u);  // lost, closed, and round 999's two lines
+}
+
+// Nor with the nodes that came and went (a job on preemptible nodes): the latest
+// LostIds::kKept lost nodes are remembered, and still count; older ones are forgotten (QA:
+// an agent grew by about 2 KB for each node that joined and was lost).
+TEST(RendezvousEvents, LostNodesAreRememberedUpToABound) {
+  const size_t kept = LostIds::kKept, total = kept + 500;
+  EventsTail t;
+  RoundReader r;
+  for (size_t i = 0; i < total; ++i) {
+    const std::string line = fmt::format("lost n{} connection closed", i);
+    t.add({line});
+    r.feed({line});
+  }
+  EXPECT_EQ(t.count(), total);
+  EXPECT_EQ(t.lines().size(), kept);
+  EXPECT_EQ(t.lines().front(), fmt::format("lost n{} connection closed", total - kept));
+  EXPECT_EQ(r.lost().size(), kept);
+  EXPECT_FALSE(r.lost().count("n0"));
+  // A recent one still ends a round it is a member of, and still restarts no round by joining.
+  r.start(7, {node("a"), node(fmt::format("n{}", total - 1))});
+  ASSERT_TRUE(r.end());
+  EXPECT_EQ(r.end()->kind, RoundEnd::Kind::kLost);
+  EXPECT_EQ(r.end()->text.find("connection closed") != std::string::npos, true) << r.end()->text;
+  RoundReader j;
+  j.feed({fmt::format("lost n{} connection closed", total - 1)});
+  j.start(8, {node("a")});
+  j.feed({fmt::format("8 join n{} wants in", total - 1)});
+  EXPECT_FALSE(j.end().has_value());
 }
 
 TEST(RendezvousEvents, AMemberLostBeforeItsRoundBeganEndsItAtOnce) {
