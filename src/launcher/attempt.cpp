@@ -228,6 +228,7 @@ std::optional<AttemptWorkers::Clock::time_point> AttemptWorkers::stop_leftovers(
   // a group a line (its leader, or the first found, and how many more).
   std::map<pid_t, std::pair<std::string, size_t>> own_groups;
   leftovers_.clear();
+  leftover_helper_ = helper;
   // (Not the warm process's own children: its spare workers wait there for the next attempt.)
   for (pid_t p : descendants(warm_ ? warm_->pid() : -1)) {
     // (Slurm's probe would report a SIGTERM as Slurm's: it gets its SIGKILL with the rest.)
@@ -254,8 +255,12 @@ std::optional<AttemptWorkers::Clock::time_point> AttemptWorkers::stop_leftovers(
   return Clock::now() + kLeftoverGrace;
 }
 
+// Every descendant, not only those signalled: a leftover's SIGTERM handler may start a
+// clean-up of its own, which has the rest of the grace too.
 bool AttemptWorkers::leftovers_gone() const {
-  return std::all_of(leftovers_.begin(), leftovers_.end(), [](pid_t p) { return process_gone(p); });
+  for (pid_t p : descendants(warm_ ? warm_->pid() : -1))
+    if (p != guardian_.pid() && p != leftover_helper_ && !process_gone(p)) return false;
+  return true;
 }
 
 void AttemptWorkers::kill_leftovers() {

@@ -64,7 +64,8 @@ class AttemptWorkers {
   // left. What was in groups of their own is named in a warning. `helper` (ddprun's own
   // process: Slurm's probe; -1: none) is left to kill_leftovers().
   std::optional<Clock::time_point> stop_leftovers(pid_t helper = -1);
-  // Whether every process stop_leftovers() signalled has ended (or is a zombie).
+  // Whether every descendant has ended (or is a zombie): those stop_leftovers() signalled,
+  // and what they started since (but the guardian, the warm process and the helper).
   bool leftovers_gone() const;
   // SIGKILL for whatever is still left, and the groups forgotten.
   void kill_leftovers();
@@ -98,6 +99,7 @@ class AttemptWorkers {
   std::vector<WorkerGroup> groups_;  // workers_[i]'s process group
   std::set<pid_t> strays_;           // other groups of descendants, watched by the guardian
   std::vector<pid_t> leftovers_;     // the descendants stop_leftovers() signalled
+  pid_t leftover_helper_ = -1;       // stop_leftovers()'s helper: not waited for
   int live_ = 0;
   bool stopping_ = false;
   std::optional<Clock::time_point> kill_deadline_;

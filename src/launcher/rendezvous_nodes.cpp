@@ -490,8 +490,8 @@ std::unique_ptr<rdzv::Backend> NodeRendezvous::open_c10d(bool& hosting) {
     throw ddp::Error(fmt::format(
         "--rdzv-endpoint {}: the c10d store there is hosted by a node of another job (--rdzv-id '{}'; this one is "
         "'{}'), and goes when that job ends: give each job its own port, or run ddp-store-server for jobs that share "
-        "one",
-        o_.rdzv_endpoint, host, o_.rdzv_id));
+        "one. (Nodes of one job need the same --rdzv-id; an earlier job's ddprun on {} may also still be exiting.)",
+        o_.rdzv_endpoint, host, o_.rdzv_id, wanted ? "this machine" : "the endpoint's host"));
   }
   return backend;
 }

@@ -599,12 +599,14 @@ class AttemptSupervisor {
   // answered (on_remote) this node shows where every rank of the job is.
   void dump_stacks(const std::string& trigger) {
     const std::string what = dump_name(DumpKind::kOnDemand, job_.plan.group_rank, job_.plan.hostname, ++dumps_asked_);
-    if (workers_.live() == 0 && workers_.show_warm_stack(trigger.empty() ? what : trigger)) return;
+    // (While the warm process imports: its stack stands for this node's; the others still answer.)
+    const bool warm = workers_.live() == 0 && workers_.show_warm_stack(trigger.empty() ? what : trigger);
     if (job_.plan.group_world_size > 1) {
       rdzv_.ask_dump(what);
       rdzv_.gather_dump(what, static_cast<size_t>(job_.plan.group_world_size - 1), Clock::now() + kGatherDeadline);
     }
-    output_.err().push_line(stacks_.on_demand(workers_.all(), job_.attempt_dir(), what, trigger, workers_.stopping()));
+    if (!warm)
+      output_.err().push_line(stacks_.on_demand(workers_.all(), job_.attempt_dir(), what, trigger, workers_.stopping()));
   }
   // How long the node that asked for a dump waits for the others' answers: their own dump's
   // deadline, and a second for the ask and the answers to travel.

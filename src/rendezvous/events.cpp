@@ -75,6 +75,7 @@ void RoundReader::start(int64_t round, std::shared_ptr<const std::vector<NodeDes
 
 std::optional<std::string> LostIds::insert(const std::string& id) {
   if (!set_.insert(id).second) return std::nullopt;
+  ++inserted_;
   order_.push_back(id);
   if (order_.size() <= kKept) return std::nullopt;
   std::string oldest = std::move(order_.front());

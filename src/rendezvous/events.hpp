@@ -80,8 +80,11 @@ class LostIds {
   std::optional<std::string> insert(const std::string& id);
   bool count(const std::string& id) const { return set_.count(id) > 0; }
   const std::set<std::string>& set() const { return set_; }
+  // How many were ever added: grows with every new loss, when the set's size no longer does.
+  size_t inserted() const { return inserted_; }
 
  private:
+  size_t inserted_ = 0;
   std::set<std::string> set_;
   std::deque<std::string> order_;  // oldest first
 };

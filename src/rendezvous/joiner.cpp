@@ -424,8 +424,10 @@ void Joiner::declared_lost(const std::string& why) {
 // declared lost stopped before this: it must not close the job the others re-form.)
 void Joiner::check_enough_left(const State& s, const std::vector<std::string>& pending) {
   const auto& lost = events_.lost();
-  if (remaining_.empty() || lost.size() == lost_checked_) return;
-  lost_checked_ = lost.size();
+  // (Counted by every loss read: the set keeps the latest LostIds::kKept, so its size stops
+  // growing; a review found a loss past the 1024th went unjudged until join_timeout.)
+  if (remaining_.empty() || events_.lost_seen() == lost_checked_) return;
+  lost_checked_ = events_.lost_seen();
   std::set<std::string> live;
   std::vector<NodeDesc> gone, gone_before;  // lost since the join began; before it
   auto count = [&](const NodeDesc& n) {

@@ -103,7 +103,7 @@ class Joiner {
   std::function<void()> lease_check_;
   std::vector<NodeDesc> remaining_;      // join()'s
   std::set<std::string> lost_at_start_;  // the nodes known lost when the join began (counted_lost)
-  size_t lost_checked_ = 0;              // the lost nodes seen at the last check_enough_left (none yet: SIZE_MAX)
+  size_t lost_checked_ = 0;              // events_.lost_seen() at the last check_enough_left (none yet: SIZE_MAX)
 };
 
 }  // namespace ddprun::rdzv::detail

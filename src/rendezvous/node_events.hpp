@@ -26,6 +26,7 @@ class NodeEvents {
   size_t count() const { return tail_.count(); }
   void keep_from(int64_t round) { tail_.keep_from(round); }
   const std::set<std::string>& lost() const { return lost_.set(); }
+  size_t lost_seen() const { return lost_.inserted(); }  // every loss read, the forgotten too
 
  private:
   void fetch(bool wait, Clock::time_point t) {

@@ -263,6 +263,13 @@ TEST(RendezvousEvents, LostNodesAreRememberedUpToABound) {
   EXPECT_EQ(t.lines().front(), fmt::format("lost n{} connection closed", total - kept));
   EXPECT_EQ(r.lost().size(), kept);
   EXPECT_FALSE(r.lost().count("n0"));
+  // What judges "a loss since the last look" (Joiner::check_enough_left) counts every loss,
+  // also once the set stops growing.
+  LostIds ids;
+  for (size_t i = 0; i < total; ++i) ids.insert(fmt::format("n{}", i));
+  ids.insert("n1523");  // (again: no new loss)
+  EXPECT_EQ(ids.set().size(), kept);
+  EXPECT_EQ(ids.inserted(), total);
   // A recent one still ends a round it is a member of, and still restarts no round by joining.
   r.start(7, {node("a"), node(fmt::format("n{}", total - 1))});
   ASSERT_TRUE(r.end());

@@ -247,15 +247,20 @@ class _SeedWatch:
             return None
         loader = spec.loader
         run = getattr(loader, "exec_module", None)
-        if run is None:
+        # (A class as its loader, BuiltinImporter's, or one already patched: left alone.)
+        if run is None or isinstance(loader, type) or "exec_module" in getattr(loader, "__dict__", {}):
             return spec
 
         def exec_module(module):
+            try:
+                del loader.exec_module  # once: a loader may serve other modules (a zip's)
+            except AttributeError:
+                pass
             run(module)
             self._wrap(fullname, module)
 
         try:
-            loader.exec_module = exec_module  # (a loader is made per spec)
+            loader.exec_module = exec_module
         except (AttributeError, TypeError):
             pass
         return spec
@@ -310,6 +315,12 @@ def _fork_between(count, child, linger=None):
             os.close(fd)
         raise
     if between == 0:
+        # The warm process's SIGURG dump (_warm) is not the children's: a SIGURG before a
+        # worker registers its own is ignored, as in a fresh Python.
+        import faulthandler
+        import signal
+
+        faulthandler.unregister(signal.SIGURG)
         os.close(r)
         os.close(go_w)  # this process's alone: its end before the bytes says it died first
         me = os.getpid()
@@ -625,10 +636,8 @@ def _adopted(ddprun_pid, gone):
 def _become_worker(ddprun_pid, gone, sock, req, fds):
     """Everything a fresh `python -u` would be, but for the modules already imported. The
     set-up overlaps the child between's exit; the script runs only once ddprun adopted it."""
-    import faulthandler
     import signal
 
-    faulthandler.unregister(signal.SIGURG)  # (the warm process's; the bootstrap registers the rank's)
     sock.close()
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
@@ -948,7 +957,10 @@ def _warm(sock, ddprun_pid, modules, spares, refill):
     # A stack dump while the import runs (no worker yet) shows where it is: ddprun sends
     # SIGURG (WarmPython::show_stack), and every thread's stack goes to this process's
     # stderr, ddprun's. A worker drops it (_become_worker).
-    faulthandler.register(signal.SIGURG, file=sys.stderr, all_threads=True)
+    try:
+        faulthandler.register(signal.SIGURG, file=sys.stderr, all_threads=True)
+    except (AttributeError, ValueError, OSError):  # (a stderr without a descriptor: no such dump)
+        pass
     hello, _ = _recv(sock)
     if hello is None:
         sys.exit(0)

@@ -505,7 +505,8 @@ with open(os.path.join(os.environ["OUT"], "big_" + os.environ["TORCHELASTIC_REST
         """SIGQUIT (or ddprun --dump-stacks) while the warm process imports, before any worker
         runs: its stack, then the job goes on. Before: "no worker is running", and nothing."""
         with open(os.path.join(self.mods, "slow_mod.py"), "w") as f:
-            f.write("import os, time\nopen(os.path.join(os.environ['OUT'], 'importing'), 'w').close()\n"
+            # (one line: the dump may come while the marker is still being written)
+            f.write("import os, time\nopen(os.path.join(os.environ['OUT'], 'importing'), 'w').close(); "
                     "time.sleep(3)\n")
         script = self.write("hello.py", "print('hello')\n")
         err_path = self.path("ddprun.stderr")
@@ -520,7 +521,7 @@ with open(os.path.join(os.environ["OUT"], "big_" + os.environ["TORCHELASTIC_REST
         err = read_text(err_path)
         self.assertRegex(err, r"SIGQUIT: no worker runs yet: the warm Python process \(pid \d+, --preload\) is "
                               r"importing slow_mod; where it is")
-        self.assertRegex(err, r'File ".*slow_mod.py", line 3 in <module>')
+        self.assertRegex(err, r'File ".*slow_mod.py", line 2 in <module>')
         self.assertNotIn("no worker is running", err)
 
     def test_a_warm_process_killed_with_a_worker_is_replaced_before_the_restart(self):
