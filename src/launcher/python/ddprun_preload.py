@@ -922,13 +922,18 @@ def _prefixes(name):
 def _preload_argv(module, target, args):
     """sys.argv (and sys.orig_argv) as the script will see them when it imports the preloaded
     modules."""
-    sys.orig_argv = [_ARGV0, "-u"] + (["-m"] if module else []) + [target] + args
+    sys.orig_argv = _orig_argv(module, [target] + args)
     sys.argv = [_module_file(target) if module else target] + args
+
+
+def _orig_argv(module, argv):
+    """What `python -u [-m] argv...` shows in sys.orig_argv."""
+    return [_ARGV0, "-u"] + (["-m"] if module else []) + argv
 
 
 def _run(req):
     module, argv = req[0], req[1]
-    sys.orig_argv = [_ARGV0, "-u"] + (["-m"] if module else []) + argv
+    sys.orig_argv = _orig_argv(module, argv)
     sys.argv = list(argv)
     status = 0
     _WARM_MODULES.update(sys.modules)
@@ -956,7 +961,7 @@ def _warm(sock, ddprun_pid, modules, spares, refill):
     _LIBC.append(ctypes.CDLL(None))
     # A stack dump while the import runs (no worker yet) shows where it is: ddprun sends
     # SIGURG (WarmPython::show_stack), and every thread's stack goes to this process's
-    # stderr, ddprun's. A worker drops it (_become_worker).
+    # stderr, ddprun's. Forked children drop it (_fork_between).
     try:
         faulthandler.register(signal.SIGURG, file=sys.stderr, all_threads=True)
     except (AttributeError, ValueError, OSError):  # (a stderr without a descriptor: no such dump)
