@@ -682,8 +682,12 @@ void check_dynamic(Options& o, const Flags& g) {
 
 void check_rendezvous(Options& o, const Flags& g) {
   if (o.standalone) return check_standalone(o, g);
-  if (o.dynamic()) return check_dynamic(o, g);
-  check_static(o, g);
+  if (o.dynamic()) check_dynamic(o, g);
+  else check_static(o, g);
+  if (o.rdzv_conf.replace_timeout > 0 && o.max_restarts == 0 && o.max_nodes > 1)
+    o.warnings.push_back(fmt::format("--rdzv-conf replace_timeout={} waits for nodes to replace lost ones only while "
+                                     "restarts remain, and --max-restarts is 0: a loss ends the job",
+                                     o.rdzv_conf.raw.at("replace_timeout")));
 }
 
 // torchrun's c10d shares its agent's store with the workers from torch 2.4 on, unless
@@ -868,7 +872,7 @@ bool known_conf_key(const std::string& backend, const std::string& key) {
   static const std::set<std::string> common{"join_timeout",        "last_call_timeout", "close_timeout",
                                             "read_timeout",        "heartbeat_timeout", "keep_alive_interval",
                                             "keep_alive_max_attempt", "is_host",        "timeout",
-                                            "store_type"};
+                                            "store_type",          "replace_timeout"};
   static const std::set<std::string> etcd{"protocol", "cacert", "cert", "key"};
   return common.count(key) || ((backend == "etcd" || backend == "etcd-v2") && etcd.count(key));
 }
@@ -877,6 +881,7 @@ void set_conf_key(RdzvConf& c, const std::string& source, const std::string& k, 
   if (k == "join_timeout") c.join_timeout = conf_seconds(source, k, v, false);
   else if (k == "last_call_timeout") c.last_call_timeout = conf_seconds(source, k, v, true);
   else if (k == "close_timeout") c.close_timeout = conf_seconds(source, k, v, false);
+  else if (k == "replace_timeout") c.replace_timeout = conf_seconds(source, k, v, true);
   else if (k == "read_timeout") c.read_timeout = conf_seconds_from(source, k, v, kShortestCallSeconds);
   else if (k == "heartbeat_timeout") c.heartbeat_timeout = conf_seconds_from(source, k, v, kShortestCallSeconds);
   else if (k == "keep_alive_interval") c.keep_alive_interval = conf_seconds_from(source, k, v, kShortestCallSeconds);

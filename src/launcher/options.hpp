@@ -38,6 +38,7 @@ struct RdzvConf {
   double heartbeat_timeout = 5;    // one keep-alive call
   double keep_alive_interval = 5;  // how often a node says it is alive
   int keep_alive_max_attempt = 3;  // silent this many intervals: the node is lost
+  double replace_timeout = 0;      // ddprun's: a loss below MIN waits this long for newcomers (0: stops)
   std::optional<bool> is_host;     // host the store at the endpoint (default: inferred)
   std::map<std::string, std::string> raw;  // every key as given (backend-specific ones too)
 };

@@ -528,6 +528,7 @@ rdzv::DynamicConfig NodeRendezvous::config(bool hosting) const {
   c.close_timeout = seconds(o_.rdzv_conf.close_timeout);
   c.keep_alive_interval = seconds(o_.rdzv_conf.keep_alive_interval);
   c.keep_alive_max_attempt = o_.rdzv_conf.keep_alive_max_attempt;
+  c.replace_timeout = seconds(o_.rdzv_conf.replace_timeout);
   c.hosts_store = hosting;
   c.share_worker_store = o_.share_worker_store;
   return c;

@@ -53,6 +53,9 @@ struct DynamicConfig {
   milliseconds close_timeout{30000};
   milliseconds keep_alive_interval{5000};
   int keep_alive_max_attempt = 3;
+  // A loss that leaves fewer than MIN nodes (restarts remaining): the others wait this long
+  // for nodes to take the lost ones' places. Zero: the job stops at once (issue 10's rule).
+  milliseconds replace_timeout{0};
   bool hosts_store = false;  // this node's ddprun hosts the rendezvous store: it stays until all left
   // Static (--node-rank): every round's workers use this store (the rendezvous's own, on
   // node 0) instead of one that each round's rank 0 hosts. me.rank is the fixed node rank.

@@ -108,8 +108,9 @@ std::string DynamicRendezvous::restart_refused(const RoundEnd& end) {
   // Who can take part in the next round: this round's members that are not gone or
   // stopping, and whoever waits.
   const size_t available = s.wait_list.size() + s.redundancy_list.size() + remaining_members(events_.lost()).size();
-  if (available < static_cast<size_t>(c_.job.min_nodes))
-    return fmt::format("{}; {}", end.text, too_few_text(available, c_.job));
+  // (With replace_timeout the next round's join waits for newcomers, and says so.)
+  if (available < static_cast<size_t>(c_.job.min_nodes) && c_.replace_timeout == milliseconds(0))
+    return fmt::format("{}; {}{}", end.text, too_few_text(available, c_.job), kReplaceHint);
   return "";
 }
 

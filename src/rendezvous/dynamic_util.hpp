@@ -41,6 +41,9 @@ inline std::string too_few_text(size_t available, const JobSettings& j) {
                      available == 1 ? "" : "s", available == 1 ? "s" : "", j.min_nodes, nnodes_flag(j));
 }
 
+// What a refusal for too few nodes adds: the way to wait for newcomers instead.
+inline constexpr const char* kReplaceHint = " (--rdzv-conf replace_timeout=SECONDS would wait for nodes to take their places)";
+
 // The first `most` items, then how many more: an error about a thousand nodes stays a
 // line to read (it listed every node: 25 kB).
 template <class T, class Text>

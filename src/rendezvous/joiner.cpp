@@ -39,6 +39,7 @@ State Joiner::join(const NodeDesc& me, Clock::time_point deadline, std::vector<N
   met_.clear();
   lost_at_start_ = std::move(counted_lost);
   lost_checked_ = SIZE_MAX;  // the first step checks: a loss read since restart_refused counts too
+  replacing_ = false;
   join_started_ = Clock::now();
   // (A short join_timeout, as tests give, hears sooner.)
   say_forming_every_ = std::clamp<Clock::duration>(c_.join_timeout / 4, 1s, 30s);
@@ -110,12 +111,12 @@ void Joiner::say_forming(const State& t, Clock::time_point now, Clock::time_poin
       ranks.empty() ? "" : fmt::format("; missing: node rank{} {}", ranks.size() == 1 ? "" : "s",
                                        list_some(ranks, [](int r) { return std::to_string(r); }));
   spdlog::warn("rendezvous: no round of job '{}' formed in {}: {} of the {} node{} needed (--nnodes {}:{}) joined ({})"
-               "{}; this node waits {} more (join_timeout); a node started with other --nnodes or --max-restarts{} "
+               "{}; this node waits {} more ({}); a node started with other --nnodes or --max-restarts{} "
                "is refused, and says so on its own host",
                c_.run_id, seconds_text(std::chrono::duration_cast<milliseconds>(now - join_started_)), came.size(),
                j.min_nodes, j.min_nodes == 1 ? "" : "s", j.min_nodes, j.max_nodes, describe_nodes(came), missing,
                seconds_text(std::chrono::duration_cast<milliseconds>(deadline - now)),
-               c_.me.rank >= 0 ? ", or a --node-rank already taken," : "");
+               replacing_ ? "--rdzv-conf replace_timeout" : "join_timeout", c_.me.rank >= 0 ? ", or a --node-rank already taken," : "");
 }
 
 // The node ranks (static membership) that none of `came` holds.
@@ -193,6 +194,11 @@ void Joiner::failed(JoinAction a, const State& now) {
   const std::string timeout = fmt::format("join_timeout {} (--rdzv-conf join_timeout=SECONDS)",
                                           seconds_text(c_.join_timeout));
   const std::vector<NodeDesc> came = joined(s);
+  if (a == JoinAction::kErrorTimeout && replacing_)  // the job is over: TooFewNodes closes it
+    throw TooFewNodes(fmt::format("rendezvous: no node came to take the places of those lost from job '{}' within "
+                                  "--rdzv-conf replace_timeout {}: {}; joined: {}",
+                                  c_.run_id, seconds_text(c_.replace_timeout), too_few_text(came.size(), j),
+                                  describe_nodes(came)));
   if (c_.me.rank >= 0 && !s.complete) {
     const std::vector<int> missing = missing_ranks(came);
     throw ddp::TimeoutError(fmt::format("rendezvous: node rank{} {} never joined job '{}' within {}",
@@ -277,7 +283,7 @@ std::optional<Absorbed> Joiner::apply_pending(State& t, const std::vector<std::s
 
 // One read-decide-write step. Returns true (with the state in seen) when this node is a
 // member of a complete round. Every write also applies the requests other nodes appended.
-bool Joiner::step(Seen& seen, Clock::time_point deadline, int& conflicts) {
+bool Joiner::step(Seen& seen, Clock::time_point& deadline, int& conflicts) {
   if (cancel_) throw ddp::Error("rendezvous: joining the next round was cancelled (this node is stopping)");
   check_not_lost();
   const State& s = read_state(seen);
@@ -304,7 +310,7 @@ bool Joiner::step(Seen& seen, Clock::time_point deadline, int& conflicts) {
   // the others' requests again and again.
   const auto pending = pending_requests(cur(), seen, deadline);
   if (!pending) return false;
-  check_enough_left(cur(), *pending);
+  check_enough_left(cur(), *pending, deadline);
   const bool mine = std::any_of(pending->begin(), pending->end(), [&](const std::string& l) {
     return l.find(c_.me.id) != std::string::npos;
   });
@@ -422,7 +428,8 @@ void Joiner::declared_lost(const std::string& why) {
 // gone. Judged at the join's first step (a loss read after restart_refused counted the
 // members) and whenever a lost line comes; only a loss makes the count smaller. (A node itself
 // declared lost stopped before this: it must not close the job the others re-form.)
-void Joiner::check_enough_left(const State& s, const std::vector<std::string>& pending) {
+void Joiner::check_enough_left(const State& s, const std::vector<std::string>& pending,
+                               Clock::time_point& deadline) {
   const auto& lost = events_.lost();
   // (Counted by every loss read: the set keeps the latest LostIds::kKept, so its size stops
   // growing; a review found a loss past the 1024th went unjudged until join_timeout.)
@@ -442,9 +449,26 @@ void Joiner::check_enough_left(const State& s, const std::vector<std::string>& p
     if (auto n = joining_node(r)) count(*n);
   if (live.size() >= static_cast<size_t>(c_.job.min_nodes)) return;
   if (gone.empty()) gone = std::move(gone_before);
-  throw TooFewNodes(fmt::format("rendezvous: {} {} {} lost while the next round of job '{}' formed; {}",
+  if (c_.replace_timeout > milliseconds(0)) return wait_for_replacements(gone, live.size(), deadline);
+  throw TooFewNodes(fmt::format("rendezvous: {} {} {} lost while the next round of job '{}' formed; {}{}",
                                 gone.size() == 1 ? "node" : "nodes", describe_nodes(gone),
-                                gone.size() == 1 ? "was" : "were", c_.run_id, too_few_text(live.size(), c_.job)));
+                                gone.size() == 1 ? "was" : "were", c_.run_id, too_few_text(live.size(), c_.job),
+                                kReplaceHint));
+}
+
+// --rdzv-conf replace_timeout: fewer than MIN remain, and the join waits that long for nodes
+// to take the places of those lost or stopped (a scheduler that restarts a lost node, or
+// its user: the torchrun way to survive a lost node of a fixed-size job, which waits out
+// join_timeout). Said once, and again for each loss while it waits; the wait is the one
+// the first loss set.
+void Joiner::wait_for_replacements(const std::vector<NodeDesc>& gone, size_t live, Clock::time_point& deadline) {
+  if (!replacing_) deadline = Clock::now() + c_.replace_timeout;
+  replacing_ = true;
+  spdlog::warn("rendezvous: {}for the next round of job '{}' {}; this node waits {} (--rdzv-conf replace_timeout) "
+               "for nodes to take their places: ddprun with the same flags, on another host or again where a node "
+               "stopped",
+               gone.empty() ? "" : fmt::format("{} {} lost; ", gone.size() == 1 ? "node" : "nodes", describe_nodes(gone)),
+               c_.run_id, too_few_text(live, c_.job), seconds_text(std::chrono::duration_cast<milliseconds>(deadline - Clock::now())));
 }
 
 // Waiting: for the state to change, the last call to run out, or the deadline. What

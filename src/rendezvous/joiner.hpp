@@ -43,7 +43,8 @@ class Joiner {
   // request names it (with the worker store it listens on), as it writes itself in.
   // remaining: after a round ended, its members that form the next (this node among them);
   // join throws TooFewNodes when losses leave fewer than MIN of them and of the nodes that
-  // joined since. Empty: this node's first round, which waits for nodes to come.
+  // joined since (with replace_timeout: when no node came to take their places within it).
+  // Empty: this node's first round, which waits for nodes to come.
   // counted_lost: the nodes known lost when `remaining` was counted (restart_refused); a
   // loss since is named as one while the next round formed.
   State join(const NodeDesc& me, Clock::time_point deadline, std::vector<NodeDesc> remaining,
@@ -64,7 +65,7 @@ class Joiner {
       recheck = false;
     }
   };
-  bool step(Seen& seen, Clock::time_point deadline, int& conflicts);
+  bool step(Seen& seen, Clock::time_point& deadline, int& conflicts);
   const State& read_state(Seen& seen);
   std::optional<std::vector<std::string>> pending_requests(const State& t, Seen& seen, Clock::time_point deadline);
   std::optional<Absorbed> apply_pending(State& t, const std::vector<std::string>& pending, Seen& seen,
@@ -82,7 +83,8 @@ class Joiner {
   void check_not_lost();
   [[noreturn]] void declared_lost(const std::string& why);
   void wait(Seen& seen, const State& t, Clock::time_point now, Clock::time_point deadline);
-  void check_enough_left(const State& s, const std::vector<std::string>& pending);
+  void check_enough_left(const State& s, const std::vector<std::string>& pending, Clock::time_point& deadline);
+  void wait_for_replacements(const std::vector<NodeDesc>& gone, size_t live, Clock::time_point& deadline);
 
   const DynamicConfig& c_;
   NodeDesc me_;  // join()'s
@@ -104,6 +106,7 @@ class Joiner {
   std::vector<NodeDesc> remaining_;      // join()'s
   std::set<std::string> lost_at_start_;  // the nodes known lost when the join began (counted_lost)
   size_t lost_checked_ = 0;              // events_.lost_seen() at the last check_enough_left (none yet: SIZE_MAX)
+  bool replacing_ = false;               // fewer than MIN remain: the join waits replace_timeout for newcomers
 };
 
 }  // namespace ddprun::rdzv::detail

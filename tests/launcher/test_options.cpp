@@ -451,6 +451,29 @@ TEST_F(LauncherOptions, RdzvConfTypedWithTorchrunDefaults) {
   EXPECT_EQ(parse_with_script({"--rdzv-conf", "is_host=f"}).rdzv_conf.is_host, false);
 }
 
+// ddprun's own key: a loss below MIN waits this long for newcomers; it needs restarts to wait
+// for, and says so when there are none.
+TEST_F(LauncherOptions, ReplaceTimeoutIsKnownAndWarnsWithoutRestarts) {
+  EXPECT_EQ(parse_with_script({}).rdzv_conf.replace_timeout, 0);
+  const std::vector<std::string> c10d{"--rdzv-backend=c10d", "--rdzv-endpoint=h", "--nnodes=2", "--rdzv-id=j"};
+  auto with = [&](std::vector<std::string> extra) {
+    auto args = c10d;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return parse_with_script(args);
+  };
+  Options o = with({"--rdzv-conf", "replace_timeout=90", "--max-restarts", "3"});
+  EXPECT_EQ(o.rdzv_conf.replace_timeout, 90);
+  EXPECT_TRUE(o.warnings.empty()) << o.warnings.front();
+  Options n = with({"--rdzv-conf", "replace_timeout=90"});
+  ASSERT_EQ(n.warnings.size(), 1u);
+  EXPECT_NE(n.warnings[0].find("replace_timeout=90 waits for nodes to replace lost ones only while restarts remain, "
+                               "and --max-restarts is 0"),
+            std::string::npos)
+      << n.warnings[0];
+  const std::string msg = usage_error_with_script({"--rdzv-conf", "replace_timeout=-1"});
+  EXPECT_NE(msg.find("replace_timeout expects a non-negative number of seconds"), std::string::npos) << msg;
+}
+
 TEST_F(LauncherOptions, UnknownRdzvConfKeyWarnsAndIsKept) {
   Options o = parse_with_script({"--rdzv-conf", "bogus_key=1,join_timeout=5"});
   ASSERT_EQ(o.warnings.size(), 1u);

@@ -31,6 +31,7 @@ struct Cluster {
   std::shared_ptr<MemoryWorld> world = std::make_shared<MemoryWorld>();
   JobSettings job{1, 3, 1};
   milliseconds join_timeout = kGuard, last_call = 100ms, keep_alive = 20ms;
+  milliseconds replace = 0ms;  // --rdzv-conf replace_timeout
 
   std::optional<DynamicConfig::Endpoint> worker_store;  // static: the workers' store is fixed
   std::string store_host;                               // the node that hosts the store (in tests: nobody)
@@ -53,6 +54,7 @@ struct Cluster {
     c.close_timeout = 2s;
     c.keep_alive_interval = keep_alive;
     c.keep_alive_max_attempt = 3;
+    c.replace_timeout = replace;
     return std::make_unique<DynamicRendezvous>(c, world->backend(name), world->backend(name), world->backend(name));
   }
 };
@@ -319,6 +321,16 @@ TEST(DynamicRendezvous, ADeadNodeIsNoticedAtOnceAndTheOthersReform) {
   EXPECT_EQ(p.restart_count, 1);
 }
 
+// Until `pred` holds (a hang guard: false after kGuard).
+template <class P>
+bool eventually(P pred) {
+  for (auto t0 = std::chrono::steady_clock::now(); std::chrono::steady_clock::now() - t0 < kGuard;) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(2ms);
+  }
+  return false;
+}
+
 TEST(DynamicRendezvous, TooFewNodesLeftStopsTheJobNamingTheLostNode) {
   Cluster c;
   c.job = {2, 2, 3};
@@ -330,16 +342,68 @@ TEST(DynamicRendezvous, TooFewNodesLeftStopsTheJobNamingTheLostNode) {
   std::string refused = a->restart_refused(*e);
   EXPECT_NE(refused.find("only 1 node remains"), std::string::npos) << refused;
   EXPECT_NE(refused.find("b ("), std::string::npos) << refused;
+  EXPECT_NE(refused.find("(--rdzv-conf replace_timeout=SECONDS would wait for nodes to take their places)"),
+            std::string::npos)
+      << refused;
 }
 
-// Until `pred` holds (a hang guard: false after kGuard).
-template <class P>
-bool eventually(P pred) {
-  for (auto t0 = std::chrono::steady_clock::now(); std::chrono::steady_clock::now() - t0 < kGuard;) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(2ms);
-  }
-  return false;
+// --rdzv-conf replace_timeout: the same loss leaves the survivor waiting for a newcomer, which
+// takes the lost node's place in a round that counts the restart (before the option: the
+// job stopped, and a node restarted by its scheduler found it closed).
+TEST(DynamicRendezvous, ALossBelowMinWaitsReplaceTimeoutForANodeToTakeItsPlace) {
+  Cluster c;
+  c.job = {2, 2, 3};
+  c.replace = 10s;
+  auto a = c.node("a"), b = c.node("b");
+  all_next_round({a.get(), b.get()});
+  c.world->kill("b");
+  auto e = end_within(*a);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(a->restart_refused(*e), "");
+  auto next = std::async(std::launch::async, [&] { return a->next_round(); });
+  ASSERT_TRUE(eventually([&] {  // a waits in the next round, alone
+    auto st = c.world->state();
+    if (!st) return false;
+    State s = decode_state(*st, "test");
+    return s.round == 1 && s.has_participant("a_1_0");
+  }));
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(next.wait_for(0s), std::future_status::timeout) << "a round of one node formed";
+  auto d = c.node("d");
+  RoundPlan pd = d->next_round();
+  ASSERT_EQ(next.wait_for(kGuard), std::future_status::ready);
+  RoundPlan pa = next.get();
+  EXPECT_EQ(pa.round, 1);
+  EXPECT_EQ(pa.group_world_size, 2);
+  EXPECT_EQ(pa.restart_count, 1);
+  EXPECT_EQ(pd.round, 1);
+  EXPECT_NE(pa.group_rank, pd.group_rank);
+}
+
+// ... and when none comes within it, the job stops naming what it waited for, and is closed:
+// a node that comes later is told at once.
+TEST(DynamicRendezvous, NoNodeWithinReplaceTimeoutStopsTheJobAndClosesIt) {
+  Cluster c;
+  c.job = {2, 2, 3};
+  c.replace = 300ms;
+  auto a = c.node("a"), b = c.node("b");
+  all_next_round({a.get(), b.get()});
+  c.world->kill("b");
+  auto e = end_within(*a);
+  ASSERT_TRUE(e);
+  ASSERT_EQ(a->restart_refused(*e), "");
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string m = join_error(*a);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_NE(m.find("rendezvous: no node came to take the places of those lost from job 'job' within --rdzv-conf "
+                   "replace_timeout 300 ms: only 1 node remains, fewer than the 2 the job needs (--nnodes 2); joined: "
+                   "a (a_1_0)"),
+            std::string::npos)
+      << m;
+  auto late = c.node("late");
+  const std::string l = join_error(*late);
+  EXPECT_NE(l.find("is closed"), std::string::npos) << l;
+  EXPECT_NE(l.find("no node came to take the places"), std::string::npos) << l;
 }
 
 // Whether the state lists the node (in round `round`, if given).

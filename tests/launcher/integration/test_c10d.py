@@ -11,6 +11,7 @@ and scale with DDP_TEST_TIMEOUT_SCALE.
 """
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -23,6 +24,7 @@ from ddprun_testlib import PYTHON, DdprunTestCase, clean_env, free_port, pid_ali
 import jobwatch  # noqa: E402  (tests/common, on the path through ddprun_testlib)
 
 TORCHRUN113 = "/work/shared/anchors/torchrun113.py"
+SOURCE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 # Short timings: a round closes 1 s after MIN nodes joined; a silent node is lost after 1.5 s.
 CONF = "last_call_timeout=1,join_timeout=20,keep_alive_interval=0.5,keep_alive_max_attempt=3"
 
@@ -247,10 +249,39 @@ class ScenarioTest(C10dTestCase):
         self.assertNotEqual(a.rc, 0)
         err = a.stderr()
         self.assertRegex(err, r"not restarting: node .*127\.0\.0\.3.* was lost.*only 1 node remains, fewer than the 2 "
-                              r"the job needs", self.describe())
+                              r"the job needs \(--nnodes 2\) \(--rdzv-conf replace_timeout=SECONDS would wait for nodes "
+                              r"to take their places\)", self.describe())
         for r in r0:
             self.assertFalse(pid_alive(r["pid"]), f"worker {r['pid']} outlived the job")
         self.assertEqual(len(self.rounds()), 1)
+
+    def test_s3_sigkill_below_min_with_replace_timeout_a_new_node_takes_its_place(self):
+        # torchrun's fault-tolerant job (--nnodes 2 --max-restarts 3) survives a lost node that
+        # its scheduler starts again: the survivor waits for it. With --rdzv-conf
+        # replace_timeout, so does ddprun's (without it, the job stops at once: above).
+        conf = CONF + ",replace_timeout=30"
+        args = ["--sleep", "30", "--sleep-at-restart", "1=0.5"]
+        kw = dict(nnodes="2", extra=["--max-restarts", "3"])
+        a = self.start_node("A", "127.0.0.2", args, conf=conf + ",is_host=1", **kw)
+        b = self.start_node("B", "127.0.0.3", args, conf=conf + ",is_host=0", **kw)
+        r0 = self.wait_workers(4, world=4)
+        b.proc.send_signal(signal.SIGKILL)
+        self.wait_for(lambda: "replace_timeout" in a.stderr(), hang(5), "A to wait for a replacement")
+        a_workers = [r["pid"] for r in r0 if r["env"]["GROUP_RANK"] == "0"]
+        self.wait_for(lambda: not any(pid_alive(p) for p in a_workers), hang(5), "A to stop its workers")
+        time.sleep(1)  # longer than the last call: no round of one node forms meanwhile
+        self.assertEqual(len(self.rounds()), 1, self.describe())
+        self.assertIsNone(a.proc.poll(), self.describe())
+        c = self.start_node("C", "127.0.0.4", args, conf=conf + ",is_host=0", **kw)
+        self.wait_for(lambda: len(self.rounds()) == 2 and len(self.rounds()[1]) == 4, hang(20),
+                      "the round of A and C" + self.describe())
+        r1 = self.rounds()[1]
+        self.wait_nodes([a, c], 30)
+        self.assertEqual((a.rc, c.rc), (0, 0), self.describe())
+        self.check_round(r1, 4, ["127.0.0.2", "127.0.0.4"], restarts=1)
+        self.assertRegex(a.stderr(), r"rendezvous: node .*127\.0\.0\.3.* lost; for the next round of job '\S+' only 1 "
+                                     r"node remains, fewer than the 2 the job needs \(--nnodes 2\); this node waits "
+                                     r"\d+(\.\d+)? s \(--rdzv-conf replace_timeout\)", self.describe())
 
     def test_s3_second_loss_while_reforming_stops_at_once(self):
         # Issue 10, "survivors re-form ... if at least MIN remain, else stop naming the lost
@@ -278,7 +309,8 @@ class ScenarioTest(C10dTestCase):
         self.assertLess(a.exited_at - t_kill, 3, self.describe())
         self.assertRegex(a.stderr(), r"ddprun: error: rendezvous: node .*127\.0\.0\.4.* was lost while the next "
                                      r"round of job '\S+' formed; only 1 node remains, fewer than the 2 the job needs "
-                                     r"\(--nnodes 2:3\)\n", self.describe())
+                                     r"\(--nnodes 2:3\) \(--rdzv-conf replace_timeout=SECONDS would wait for nodes to "
+                                     r"take their places\)\n", self.describe())
 
     def test_s4_sigkill_store_host_stops_the_others(self):
         args = ["--sleep", "30"]
@@ -945,6 +977,67 @@ class BadInputTest(C10dTestCase):
         self.assertEqual(res.rc, 2, res)
         self.assertEqual(len(res.stderr.splitlines()), 1, res)
         self.assertRegex(res.stderr, r"^ddprun: error: .*PET_RDZV_ENDPOINT")
+
+
+class ReadmeReplaceTimeoutLine(DdprunTestCase):
+    """The README's replace_timeout line, as written, on two "nodes" of this host: the first
+    hosts the store at 127.0.0.1:29400; the second is SIGKILLed while its workers run and
+    started again, as a scheduler would; the job ends 0 on both."""
+
+    def readme_line(self):
+        readme = read_text(os.path.join(SOURCE, "README.md"))
+        at = readme.index("replace_timeout=SECONDS` says how long")
+        start = readme.index("```sh\n", at) + 6
+        block = readme[start:readme.index("```", start)]
+        line = " ".join(l.strip().rstrip("\\").strip() for l in block.splitlines() if l.strip())
+        argv = shlex.split(line)
+        self.assertEqual(argv[0], "build/bin/ddprun", line)
+        return argv[1:]
+
+    def sleeping_workers(self, pid):
+        """The pids of pid's children that run `sleep` (its workers)."""
+        try:
+            kids = read_text(f"/proc/{pid}/task/{pid}/children").split()
+        except OSError:
+            return []
+        out = []
+        for k in kids:
+            try:
+                if read_text(f"/proc/{k}/comm").strip() == "sleep":
+                    out.append(int(k))
+            except OSError:
+                pass
+        return out
+
+    def node(self, args, name):
+        out, err = open(self.path(f"{name}.out"), "wb"), open(self.path(f"{name}.err"), "wb")
+        self._files += [out, err]
+        return self.start(args, stdout=out, stderr=err)
+
+    def test_the_readme_line_as_written(self):
+        args = self.readme_line()
+        self.assertIn("replace_timeout=300", args)
+        a = self.node(args, "A")
+        def listening():
+            try:
+                socket.create_connection(("127.0.0.1", 29400), timeout=1).close()
+                return True
+            except OSError:
+                return a.poll() is not None  # (fails below, with what A said)
+        self.wait_for(listening, hang(10), "A to host the store on 29400")
+        self.assertIsNone(a.poll(), read_text(self.path("A.err")))
+        b = self.node(args, "B")
+        self.wait_for(lambda: len(self.sleeping_workers(b.pid)) == 2, hang(10), "B's workers")
+        for w in self.sleeping_workers(a.pid) + self.sleeping_workers(b.pid):
+            self.track_pid(w)
+        b.send_signal(signal.SIGKILL)
+        b.wait()
+        self.wait_for(lambda: "replace_timeout" in read_text(self.path("A.err")), hang(5), "A to wait")
+        b2 = self.node(args, "B2")
+        self.assertEqual(self.wait_exit(b2, 30), 0, read_text(self.path("B2.err")))
+        self.assertEqual(self.wait_exit(a, 10), 0, read_text(self.path("A.err")))
+        self.assertRegex(read_text(self.path("A.err")), r"round 0 ended \(node .* was lost: .*\): forming the next round "
+                                                         r"\(a restart; --max-restarts 3\)")
 
 
 if __name__ == "__main__":

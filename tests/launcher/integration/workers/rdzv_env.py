@@ -24,6 +24,7 @@ p = argparse.ArgumentParser()
 p.add_argument("dir")
 p.add_argument("--sleep", type=float, default=0.0)
 p.add_argument("--sleep-at-world", action="append", default=[])
+p.add_argument("--sleep-at-restart", action="append", default=[])  # RESTART_COUNT=SECONDS
 p.add_argument("--fail-rank", type=int, default=-1)
 p.add_argument("--fail-code", type=int, default=3)
 p.add_argument("--fail-after", type=float, default=0.3)
@@ -58,6 +59,10 @@ sleep = a.sleep
 for spec in a.sleep_at_world:
     w, s = spec.split("=")
     if int(w) == world:
+        sleep = float(s)
+for spec in a.sleep_at_restart:
+    r, s = spec.split("=")
+    if int(r) == restarts:
         sleep = float(s)
 time.sleep(sleep)
 open(os.path.join(a.dir, f"end_{pid}"), "w").close()
