@@ -295,6 +295,24 @@ class EtcdScenarios(EtcdTestCase):
         self.assertLess(reform, hang(6), self.describe())
         print(f"\nrank-0 host SIGKILLed -> survivors' new workers: {reform:.2f} s", file=sys.stderr)
 
+    def test_a_lost_node_below_min_is_replaced_within_replace_timeout(self):
+        # --nnodes 2, --rdzv-conf replace_timeout: B's ddprun and workers are SIGKILLed (its
+        # lease expires in etcd); A stops its workers and waits; a new node C takes B's place.
+        args = ["--sleep", "30", "--sleep-at-restart", "1=0.3"]
+        kw = dict(nnodes="2", conf=FAST + ",replace_timeout=30", extra=["--max-restarts", "2"])
+        a = self.start_node("A", "127.0.0.2", args, **kw)
+        b = self.start_node("B", "127.0.0.3", args, **kw)
+        self.wait_workers(4, world=4)
+        b.proc.send_signal(signal.SIGKILL)  # its guardian takes its workers with it
+        self.wait_for(lambda: "replace_timeout" in a.stderr(), hang(10), "A to wait for a replacement" +
+                      self.describe())
+        self.assertEqual(len(self.rounds()), 1)
+        c = self.start_node("C", "127.0.0.4", args, **kw)
+        self.wait_nodes([a, c], 30)
+        self.assertEqual((a.rc, c.rc), (0, 0), self.describe())
+        r1 = self.rounds()[-1]
+        self.check_round(r1, 4, ["127.0.0.2", "127.0.0.4"], restarts=1)
+
 
 class EtcdNodeFaults(EtcdTestCase):
     """What test_edges.py does to c10d and static nodes, done to etcd nodes: a node that
