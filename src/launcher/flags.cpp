@@ -48,8 +48,8 @@ const FlagSpec kFlags[] = {
     {"rdzv-conf", 0, K::kValue, "", "Rendezvous",
      "k=v,...: join_timeout=600 last_call_timeout=30 close_timeout=30 read_timeout=60 keep_alive_interval=5 "
      "keep_alive_max_attempt=3 is_host=0|1 (seconds); ddprun's replace_timeout=0 (a loss that leaves fewer than "
-     "MIN nodes waits this long for nodes to take the lost ones' places; 0: the job stops); etcd: protocol=http|https cacert=PEM cert=PEM key=PEM "
-     "timeout=SECONDS (join_timeout)",
+     "MIN nodes waits this long for nodes to take the lost ones' places; 0: the job stops); etcd: "
+     "protocol=http|https cacert=PEM cert=PEM key=PEM timeout=SECONDS (join_timeout)",
      nullptr, "", "K=V,..."},
     {"max-restarts", 0, K::kValue, "0", "Supervision", "restarts of the whole worker group before failing", nullptr,
      "", "N"},

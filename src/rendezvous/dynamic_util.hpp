@@ -42,7 +42,8 @@ inline std::string too_few_text(size_t available, const JobSettings& j) {
 }
 
 // What a refusal for too few nodes adds: the way to wait for newcomers instead.
-inline constexpr const char* kReplaceHint = " (--rdzv-conf replace_timeout=SECONDS would wait for nodes to take their places)";
+inline constexpr const char* kReplaceHint =
+    " (--rdzv-conf replace_timeout=SECONDS would wait for nodes to take their places)";
 
 // The first `most` items, then how many more: an error about a thousand nodes stays a
 // line to read (it listed every node: 25 kB).

@@ -116,7 +116,8 @@ void Joiner::say_forming(const State& t, Clock::time_point now, Clock::time_poin
                c_.run_id, seconds_text(std::chrono::duration_cast<milliseconds>(now - join_started_)), came.size(),
                j.min_nodes, j.min_nodes == 1 ? "" : "s", j.min_nodes, j.max_nodes, describe_nodes(came), missing,
                seconds_text(std::chrono::duration_cast<milliseconds>(deadline - now)),
-               replacing_ ? "--rdzv-conf replace_timeout" : "join_timeout", c_.me.rank >= 0 ? ", or a --node-rank already taken," : "");
+               replacing_ ? "--rdzv-conf replace_timeout" : "join_timeout",
+               c_.me.rank >= 0 ? ", or a --node-rank already taken," : "");
 }
 
 // The node ranks (static membership) that none of `came` holds.
@@ -326,6 +327,10 @@ bool Joiner::step(Seen& seen, Clock::time_point& deadline, int& conflicts) {
     lc_round_ = v.round;  // MIN nodes are in: this node times the last call from now
     lc_deadline_ = now + c_.last_call_timeout;
   }
+  if (replacing_ && lc_round_ == v.round) {  // MIN nodes are in again: the usual rules from here
+    replacing_ = false;                      // (replace_timeout must not cut the last call short)
+    deadline = std::max(deadline, now + c_.join_timeout);
+  }
   JoinContext ctx{me_, c_.job, now >= deadline, lc_round_ == v.round && now >= lc_deadline_};
   say_waiting(v);
   say_forming(v, now, deadline);
@@ -468,7 +473,8 @@ void Joiner::wait_for_replacements(const std::vector<NodeDesc>& gone, size_t liv
                "for nodes to take their places: ddprun with the same flags, on another host or again where a node "
                "stopped",
                gone.empty() ? "" : fmt::format("{} {} lost; ", gone.size() == 1 ? "node" : "nodes", describe_nodes(gone)),
-               c_.run_id, too_few_text(live, c_.job), seconds_text(std::chrono::duration_cast<milliseconds>(deadline - Clock::now())));
+               c_.run_id, too_few_text(live, c_.job),
+               seconds_text(std::chrono::duration_cast<milliseconds>(deadline - Clock::now())));
 }
 
 // Waiting: for the state to change, the last call to run out, or the deadline. What

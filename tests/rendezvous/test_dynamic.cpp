@@ -331,6 +331,15 @@ bool eventually(P pred) {
   return false;
 }
 
+// Whether the state lists the node (in round `round`, if given).
+bool listed_in_state(Cluster& c, const std::string& id, int64_t round = -1) {
+  auto st = c.world->state();
+  if (!st) return false;
+  State s = decode_state(*st, "test");
+  return (round < 0 || s.round == round) &&
+         (s.has_participant(id) || State::contains(s.wait_list, id) || State::contains(s.redundancy_list, id));
+}
+
 TEST(DynamicRendezvous, TooFewNodesLeftStopsTheJobNamingTheLostNode) {
   Cluster c;
   c.job = {2, 2, 3};
@@ -380,6 +389,29 @@ TEST(DynamicRendezvous, ALossBelowMinWaitsReplaceTimeoutForANodeToTakeItsPlace) 
   EXPECT_NE(pa.group_rank, pd.group_rank);
 }
 
+// A newcomer within replace_timeout makes MIN nodes again: the round's last call runs its
+// course even past replace_timeout (a newcomer at 100 ms of 300 ms, a last call of 600 ms).
+TEST(DynamicRendezvous, ANewcomerWithinReplaceTimeoutGetsTheWholeLastCall) {
+  Cluster c;
+  c.job = {2, 3, 3};
+  c.last_call = 600ms;
+  c.replace = 300ms;
+  auto a = c.node("a"), b = c.node("b");
+  all_next_round({a.get(), b.get()});
+  c.world->kill("b");
+  auto e = end_within(*a);
+  ASSERT_TRUE(e);
+  ASSERT_EQ(a->restart_refused(*e), "");
+  auto next = std::async(std::launch::async, [&] { return a->next_round(); });
+  ASSERT_TRUE(eventually([&] { return listed_in_state(c, "a_1_0", 1); }));
+  std::this_thread::sleep_for(100ms);
+  auto d = c.node("d");
+  RoundPlan pd = d->next_round();  // after the last call
+  ASSERT_EQ(next.wait_for(kGuard), std::future_status::ready);
+  EXPECT_EQ(next.get().group_world_size, 2);
+  EXPECT_EQ(pd.round, 1);
+}
+
 // ... and when none comes within it, the job stops naming what it waited for, and is closed:
 // a node that comes later is told at once.
 TEST(DynamicRendezvous, NoNodeWithinReplaceTimeoutStopsTheJobAndClosesIt) {
@@ -404,15 +436,6 @@ TEST(DynamicRendezvous, NoNodeWithinReplaceTimeoutStopsTheJobAndClosesIt) {
   const std::string l = join_error(*late);
   EXPECT_NE(l.find("is closed"), std::string::npos) << l;
   EXPECT_NE(l.find("no node came to take the places"), std::string::npos) << l;
-}
-
-// Whether the state lists the node (in round `round`, if given).
-bool listed_in_state(Cluster& c, const std::string& id, int64_t round = -1) {
-  auto st = c.world->state();
-  if (!st) return false;
-  State s = decode_state(*st, "test");
-  return (round < 0 || s.round == round) &&
-         (s.has_participant(id) || State::contains(s.wait_list, id) || State::contains(s.redundancy_list, id));
 }
 
 // A node that waits for others asks the backend nothing while nothing changes: its watcher
