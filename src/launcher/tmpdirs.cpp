@@ -176,6 +176,18 @@ std::string run_id_file_name(std::string run_id) {
 
 namespace {
 
+// `p` made absolute (as Python's tempfile and torchrun 2.x make theirs): the workers get
+// paths under it (their error files, heartbeats, stacks), and a worker that changes its
+// directory (Hydra's run folders) must still find them. `p` as it is when it cannot be.
+std::string absolute_path(const std::string& p) {
+  std::error_code ec;
+  auto a = std::filesystem::absolute(p, ec);
+  if (ec) return p;
+  std::string out = a.lexically_normal().string();
+  if (out.size() > 1 && out.back() == '/') out.pop_back();  // "logs/": no "//" below it
+  return out;
+}
+
 // The parents a run's temporary root may go in, in order: as Python's tempfile (torchrun's
 // mkdtemp) $TMPDIR, $TEMP, $TMP, /tmp, /var/tmp, /usr/tmp and the current folder, except
 // that tmpfs (/dev/shm) comes before /tmp while the run writes no worker output there: its
@@ -185,11 +197,11 @@ namespace {
 // Each with whether the environment named it.
 std::vector<std::pair<std::string, bool>> tmp_parents(bool output_files) {
   std::vector<std::pair<std::string, bool>> out;
+  std::error_code ec;
   for (const char* var : {"TMPDIR", "TEMP", "TMP"})
-    if (const char* v = getenv(var); v && *v) out.emplace_back(v, true);
+    if (const char* v = getenv(var); v && *v) out.emplace_back(absolute_path(v), true);
   if (!output_files) out.emplace_back("/dev/shm", false);
   for (const char* d : {"/tmp", "/var/tmp", "/usr/tmp"}) out.emplace_back(d, false);
-  std::error_code ec;
   if (auto cwd = std::filesystem::current_path(ec); !ec) out.emplace_back(cwd.string(), false);
   return out;
 }
@@ -220,7 +232,7 @@ std::unique_ptr<RunTmpDir> make_tmp_root(bool output_files, std::string& parent)
 
 RunFolders make_run_folders(const std::string& log_dir, const std::string& run_id, bool output_files) {
   RunFolders f;
-  std::string base = log_dir;
+  std::string base = log_dir.empty() ? "" : absolute_path(log_dir);
   if (base.empty()) {
     std::string dir;
     f.tmp_dir = make_tmp_root(output_files, dir);

@@ -168,6 +168,29 @@ class TmpdirChoiceTest(DdprunTestCase):
         res = self.run_ddprun(["--tee", "3", *show], cmd_prefix=bad_tmpdir)
         self.assertEqual(res.rc, 0, res)
         self.assertNotEqual(self.error_file_dir(res), "/dev/shm")
+    def test_a_relative_log_dir_or_tmpdir_gives_workers_absolute_paths(self):
+        # A worker that changes its directory (Hydra's run folders) still writes its error
+        # file (torch's @record) and its heartbeats there: before, the paths were relative
+        # to ddprun's directory, @record failed with FileNotFoundError, and --hang-timeout
+        # took a working rank for a hung one.
+        err = '{"message": {"message": "RuntimeError: the worker\'s own error", "extraInfo": ' \
+              '{"py_callstack": "Traceback: the worker\'s own", "timestamp": "1"}}}'
+        script = ["--no-python", "sh", "-c", 'mkdir -p sub && cd sub && env | grep -E '
+                  '"^(TORCHELASTIC_ERROR_FILE|DDPRUN_[A-Z]+_FILE)=" && printf %s "$ERR" > "$TORCHELASTIC_ERROR_FILE" '
+                  '&& exit 3']
+        for flags, root in ((["--log-dir", "logs/"], self.path("logs")),
+                            ([], self.path("rel", "torchelastic_"))):
+            with self.subTest(flags=flags):
+                os.makedirs(self.path("rel"), exist_ok=True)
+                res = self.run_ddprun(["--hang-timeout", "60", *flags, *script],
+                                      cmd_prefix=("env", "-u", "TEMP", "-u", "TMP", "TMPDIR=rel", f"ERR={err}"))
+                self.assertEqual(res.rc, 3, res)
+                paths = [l.split("=", 1)[1] for l in res.stdout.splitlines() if l.startswith("[rank0]:")]
+                self.assertEqual(len(paths), 4, res)
+                for p in paths:
+                    self.assertTrue(p.startswith(root), f"{p} is not under {root}")
+                self.assertIn("traceback : Traceback: the worker's own", res.stderr)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
