@@ -146,6 +146,25 @@ class Install(unittest.TestCase):
         self.assertNotIn("etcd transport", p.stderr)
 
 
+class BuildTreeRunpath(unittest.TestCase):
+    def test_no_program_or_library_of_the_build_tree_searches_the_current_folder(self):
+        # An empty RUNPATH entry ("a:" as CMake pads it for install's rewrite) is the current
+        # folder: libddp's made every worker started from a folder with a ./libfmt.so.9 load
+        # it (QA). Every ELF file under build/bin and build/lib.
+        bad = []
+        for sub in ("bin", "lib"):
+            for d, _, files in os.walk(os.path.join(BUILD, sub)):
+                for f in files:
+                    path = os.path.join(d, f)
+                    if os.path.islink(path) or not is_elf(path):
+                        continue
+                    dyn = run(["readelf", "-d", path], timeout=30).stdout
+                    for m in re.finditer(r"\((?:RPATH|RUNPATH)\)\s+Library r(?:un)?path: \[(.*)\]", dyn):
+                        if "" in m.group(1).split(":"):
+                            bad.append(f"{os.path.relpath(path, BUILD)}: [{m.group(1)}]")
+        self.assertEqual(bad, [])
+
+
 class BuildInfo(unittest.TestCase):
     """cmake/DdpBuildInfo.cmake, which writes --version's commit at every build."""
 
