@@ -805,7 +805,7 @@ struct Supervisor::Impl {
     output.start(loop);
     attempts.setup_stdin();
 
-    RunFolders f = make_run_folders(o.log_dir, job.plan.run_id, o.redirects.any() || o.tee.any());
+    RunFolders f = make_run_folders(o.log_dir, job.plan.run_id);
     tmp_dir = std::move(f.tmp_dir);
     tmp_root = f.tmp_root;
     job.log_root = f.log_root;

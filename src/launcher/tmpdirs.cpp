@@ -188,19 +188,17 @@ std::string absolute_path(const std::string& p) {
   return out;
 }
 
-// The parents a run's temporary root may go in, in order: as Python's tempfile (torchrun's
-// mkdtemp) $TMPDIR, $TEMP, $TMP, /tmp, /var/tmp, /usr/tmp and the current folder, except
-// that tmpfs (/dev/shm) comes before /tmp while the run writes no worker output there: its
-// few small folders cost next to nothing to make and remove on tmpfs (on a disk file
-// system they were a third of a launch), but --tee/--redirects logs never fill the RAM that
-// NCCL and DataLoader workers share.
+// The parents a run's temporary root may go in, in order, as Python's tempfile (torchrun's
+// mkdtemp): $TMPDIR, $TEMP, $TMP, /tmp, /var/tmp, /usr/tmp and the current folder. (Not
+// /dev/shm, which was first for a launch's sake, 0.9 ms: a container's is 64 MB that NCCL and
+// DataLoader workers fill, and then torch's @record could not write the worker's error file,
+// and the summary showed its OSError instead; nor can a stopped container's be copied out.)
 // Each with whether the environment named it.
-std::vector<std::pair<std::string, bool>> tmp_parents(bool output_files) {
+std::vector<std::pair<std::string, bool>> tmp_parents() {
   std::vector<std::pair<std::string, bool>> out;
   std::error_code ec;
   for (const char* var : {"TMPDIR", "TEMP", "TMP"})
     if (const char* v = getenv(var); v && *v) out.emplace_back(absolute_path(v), true);
-  if (!output_files) out.emplace_back("/dev/shm", false);
   for (const char* d : {"/tmp", "/var/tmp", "/usr/tmp"}) out.emplace_back(d, false);
   if (auto cwd = std::filesystem::current_path(ec); !ec) out.emplace_back(cwd.string(), false);
   return out;
@@ -208,10 +206,10 @@ std::vector<std::pair<std::string, bool>> tmp_parents(bool output_files) {
 
 // A run's temporary root in the first parent where one can be made; a warning when the
 // environment named one that could not be used (Python falls back silently).
-std::unique_ptr<RunTmpDir> make_tmp_root(bool output_files, std::string& parent) {
+std::unique_ptr<RunTmpDir> make_tmp_root(std::string& parent) {
   std::string tried;
   bool named = false;  // a folder the environment named was passed over
-  for (const auto& [dir, from_env] : tmp_parents(output_files)) {
+  for (const auto& [dir, from_env] : tmp_parents()) {
     try {
       auto root = std::make_unique<RunTmpDir>(dir);
       if (named)
@@ -230,12 +228,12 @@ std::unique_ptr<RunTmpDir> make_tmp_root(bool output_files, std::string& parent)
 
 }  // namespace
 
-RunFolders make_run_folders(const std::string& log_dir, const std::string& run_id, bool output_files) {
+RunFolders make_run_folders(const std::string& log_dir, const std::string& run_id) {
   RunFolders f;
   std::string base = log_dir.empty() ? "" : absolute_path(log_dir);
   if (base.empty()) {
     std::string dir;
-    f.tmp_dir = make_tmp_root(output_files, dir);
+    f.tmp_dir = make_tmp_root(dir);
     f.tmp_root = base = f.tmp_dir->path();
     if (prune_due(dir)) prune_run_tmp_dirs(dir);  // older finished runs' folders (README, "Using it")
   }

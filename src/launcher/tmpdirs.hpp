@@ -62,14 +62,13 @@ std::string run_id_file_name(std::string run_id);
 
 // A run's folders: log_root = <log_dir or a temporary root>/<run_id_file_name>_<random>; without
 // --log-dir the temporary root is made and locked here (tmp_dir, tmp_root; removed after
-// success by the caller) in the first usable of TMPDIR, TEMP, TMP, /dev/shm (not when
-// output_files: --tee/--redirects logs go there), /tmp, /var/tmp, /usr/tmp, the current
-// folder; older finished runs' folders beside it are pruned now and then. Throws ddp::Error
+// success by the caller) in the first usable of TMPDIR, TEMP, TMP, /tmp, /var/tmp,
+// /usr/tmp, the current folder (made absolute); older finished runs' folders beside it are pruned now and then. Throws ddp::Error
 // naming a folder it cannot make.
 struct RunFolders {
   std::unique_ptr<RunTmpDir> tmp_dir;
   std::string tmp_root, log_root;
 };
-RunFolders make_run_folders(const std::string& log_dir, const std::string& run_id, bool output_files);
+RunFolders make_run_folders(const std::string& log_dir, const std::string& run_id);
 
 }  // namespace ddprun

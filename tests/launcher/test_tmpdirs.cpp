@@ -184,7 +184,7 @@ TEST(LauncherTmpdirs, TheRunsFolderIsDirectlyInsideItsParentWhateverTheId) {
   const std::string logs = dir.file("a/b/logs");  // (without the fix, '../..' stays in `dir`)
   for (const std::string id : {"../../esc", "x/y", "..", ".", "/abs", "..hidden", "job42"}) {
     SCOPED_TRACE(id);
-    ddprun::RunFolders f = ddprun::make_run_folders(logs, id, false);
+    ddprun::RunFolders f = ddprun::make_run_folders(logs, id);
     EXPECT_EQ(fs::path(f.log_root).parent_path(), fs::path(logs));
     EXPECT_TRUE(fs::is_directory(f.log_root));
     const std::string name = fs::path(f.log_root).filename();
@@ -221,22 +221,21 @@ TEST(LauncherTmpdirs, AnUnusableTmpdirIsPassedOver) {
   for (const char* bad : {"/nonexistent/ddprun-tmpdirs-test", "/proc"}) {
     SCOPED_TRACE(bad);
     TmpdirEnv env(bad);
-    ddprun::RunFolders f = ddprun::make_run_folders("", "job", false);
+    ddprun::RunFolders f = ddprun::make_run_folders("", "job");
     EXPECT_TRUE(fs::is_directory(f.log_root));
     EXPECT_NE(parent_of(f), bad);
     fs::remove_all(f.tmp_root);
   }
 }
 
-TEST(LauncherTmpdirs, OutputFilesNeverGoToTmpfs) {
+// As Python's tempfile (torchrun's): /tmp after the environment's, never /dev/shm (a
+// container's fills up, and goes with it).
+TEST(LauncherTmpdirs, TheRunsFolderGoesToTmpNotTmpfs) {
   TmpdirEnv env("/nonexistent/ddprun-tmpdirs-test");
-  ddprun::RunFolders quiet = ddprun::make_run_folders("", "job", false);
-  ddprun::RunFolders logs = ddprun::make_run_folders("", "job", true);
-  if (::access("/dev/shm", W_OK | X_OK) == 0) EXPECT_EQ(parent_of(quiet), "/dev/shm");
-  EXPECT_NE(parent_of(logs), "/dev/shm");
-  EXPECT_TRUE(fs::is_directory(logs.log_root));
-  fs::remove_all(quiet.tmp_root);
-  fs::remove_all(logs.tmp_root);
+  ddprun::RunFolders f = ddprun::make_run_folders("", "job");
+  if (::access("/tmp", W_OK | X_OK) == 0) EXPECT_EQ(parent_of(f), "/tmp");
+  EXPECT_TRUE(fs::is_directory(f.log_root));
+  fs::remove_all(f.tmp_root);
 }
 
 TEST(LauncherTmpdirs, AMissingParentIsNoError) {
