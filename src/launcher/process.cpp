@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/utsname.h>
@@ -61,6 +62,15 @@ const bool g_sighup_ignored = [] {
   return sigaction(SIGHUP, nullptr, &a) == 0 && !(a.sa_flags & SA_SIGINFO) && a.sa_handler == SIG_IGN;
 }();
 
+// The open-files limit ddprun was started with: its store server raises its own soft limit
+// to the hard one (thousands of clients), and the workers must not inherit that (torchrun's
+// do not; a container's 1024 became 20000 in every worker; QA).
+struct StartLimit {
+  rlimit rl{};
+  bool known = ::getrlimit(RLIMIT_NOFILE, &rl) == 0;
+};
+const StartLimit g_nofile_at_start;
+
 }  // namespace
 
 bool sighup_ignored_at_start() { return g_sighup_ignored; }
@@ -101,6 +111,7 @@ SpawnResult spawn(const SpawnSpec& spec) {
     for (int s = 1; s < NSIG; ++s)
       if (s != SIGKILL && s != SIGSTOP) sigaction(s, s == SIGHUP && hup_ignored ? &ign : &dfl, nullptr);
     sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (g_nofile_at_start.known) setrlimit(RLIMIT_NOFILE, &g_nofile_at_start.rl);
     if (keep_fd >= 0) fcntl(keep_fd, F_SETFD, 0);  // the child's descriptor table is its own
     if (cpus.set && sched_setaffinity(0, cpus.size, cpus.set) != 0) {  // before exec: every thread inherits it
       exec_err = errno ? errno : EINVAL;

@@ -103,6 +103,22 @@ class EnvTest(DdprunTestCase):
             self.assertEqual(e["env"]["OMP_NUM_THREADS"], "3")
         self.assertNotIn("OMP_NUM_THREADS", res.stderr, "no warning when the user set it")
 
+    def test_workers_keep_the_open_files_limit_ddprun_was_given(self):
+        # ddprun's store raises its own soft limit to the hard one; the workers got it too
+        # (a container's 1024 became 20000), where torchrun's keep the limit they were given.
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard != resource.RLIM_INFINITY and hard <= 256:
+            self.skipTest(f"a hard limit of {hard}: nothing to lower below it")
+        for args in (["--standalone"], ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0"]):
+            with self.subTest(args=args):
+                res = self.run_ddprun([*args, "--nproc-per-node", "2", "--no-python", "sh", "-c", "ulimit -Sn"],
+                                      cmd_prefix=("/usr/bin/python3", "-c", "import os, resource, sys; "
+                                                  f"resource.setrlimit(resource.RLIMIT_NOFILE, (256, {hard})); "
+                                                  "os.execv(sys.argv[1], sys.argv[1:])"))
+                self.assertEqual(res.rc, 0, res)
+                self.assertEqual(sorted(res.stdout.splitlines()), ["[rank0]:256", "[rank1]:256"], res)
+
     def test_single_worker_leaves_omp_unset(self):
         res = self.run_ddprun(["--standalone", worker("env_dump.py"), self.tmp])
         self.assertEqual(res.rc, 0, res)
