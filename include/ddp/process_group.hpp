@@ -200,6 +200,7 @@ class ProcessGroup {
   std::chrono::milliseconds op_timeout_;
   std::string failure_;
   std::atomic<bool> busy_{false};  // a call is in progress (one thread at a time)
+  unsigned forks_;                 // the process's fork count when the group was made (its maker's)
 };
 
 // Joins a group from explicit options (throws UsageError on bad options, TimeoutError or

@@ -2,6 +2,7 @@
 // the bootstrap from ddprun's environment.
 #include "ddp/process_group.hpp"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <charconv>
@@ -45,8 +46,20 @@ std::string_view reduce_op_name(ReduceOp op) {
   return "unknown";
 }
 
+namespace {
+// Forks of this process since it loaded libddp (the child's count is one more than its
+// parent's): a group belongs to the process that made it. A forked child that called it
+// spoke on its parent's links and rings: a peer's result came out wrong (101 for 2) with
+// no error anywhere (QA).
+std::atomic<unsigned> g_forks{0};
+const int g_fork_watch = ::pthread_atfork(nullptr, nullptr, [] { g_forks.fetch_add(1, std::memory_order_relaxed); });
+}  // namespace
+
 ProcessGroup::ProcessGroup(int rank, int size, Backend backend, std::chrono::milliseconds timeout)
-    : rank_(rank), size_(size), backend_(backend), timeout_(timeout), op_timeout_(timeout) {}
+    : rank_(rank), size_(size), backend_(backend), timeout_(timeout), op_timeout_(timeout),
+      forks_(g_forks.load(std::memory_order_relaxed)) {
+  (void)g_fork_watch;
+}
 
 ProcessGroup::~ProcessGroup() = default;
 
@@ -77,6 +90,11 @@ void ProcessGroup::run(Op op, size_t bytes, std::chrono::milliseconds timeout, F
   const char* name = op_name(op);
   // Two threads in one group would interleave their bytes on the same links and rings:
   // torn results, then a hang. The second is refused; the first goes on.
+  if (forks_ != g_forks.load(std::memory_order_relaxed))
+    throw UsageError(fmt::format("ddp {} on rank {}: called in a process forked from the one that made the group "
+                                 "(pid {} is the fork): a group's links belong to its maker; call it there, or "
+                                 "make a group in the child",
+                                 name, rank_, ::getpid()));
   if (busy_.exchange(true, std::memory_order_acquire))
     throw UsageError(fmt::format("ddp {} on rank {}: called while another thread's call on this process group is "
                                  "in progress: a group is used by one thread at a time (give each thread a group "

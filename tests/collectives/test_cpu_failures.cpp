@@ -159,6 +159,34 @@ TEST(CollectiveFailures, UnknownBackendOrTransportIsAUsageError) {
   EXPECT_THROW(ddp::init_process_group(o), ddp::UsageError);
 }
 
+// A group belongs to the process that made it: a forked child's call is refused (it spoke on
+// its parent's links and rings, and a peer's result came out wrong with no error), and the
+// parent's calls go on.
+TEST(CollectiveFailures, AForkedChildsCallIsRefused) {
+  ddp::ProcessGroupOptions o;
+  o.rank = 0;
+  o.world_size = 1;
+  auto pg = ddp::init_process_group(o);
+  float x = 1;
+  const pid_t child = fork();
+  if (child == 0) {
+    try {
+      pg->all_reduce(std::span<float>(&x, 1));
+    } catch (const ddp::UsageError& e) {
+      _exit(contains(e.what(), "called in a process forked from the one that made the group") ? 0 : 2);
+    } catch (...) {
+      _exit(3);
+    }
+    _exit(4);  // not refused
+  }
+  ASSERT_GT(child, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  pg->all_reduce(std::span<float>(&x, 1));
+  EXPECT_EQ(x, 1);
+}
+
 // Forks n ranks (FileStore rendezvous); `victim` SIGKILLs itself 300 ms into a loop of
 // large all_reduces (mid_element: once it has sent 1 MiB over TCP, 2 bytes into a float, its
 // stream's end inside an element). Every other rank must fail, naming the victim, long before
