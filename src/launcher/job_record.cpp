@@ -32,9 +32,16 @@ void JobRecord::end(int restarts) {
   outcome_.end = SysClock::now();
 }
 
+// The signal that ended the job: none when it came while the workers stopped after a
+// failure (here or elsewhere) or a hang, which is then how the job ended.
+int JobRecord::Ending::signal() const {
+  const bool failed = root || remote || stacks.hang();
+  return failed && signals.came_while_stopping() ? 0 : signals.got();
+}
+
 void JobRecord::report(const Ending& e, const std::string& run_id, const ShowText& show) {
   JobEnd end;
-  end.signal = e.signals.got();
+  end.signal = e.signal();
   if (e.root) {
     end.root = &*e.root;
     end.others = other_failures(e.workers, *e.root);
@@ -57,7 +64,7 @@ void JobRecord::report(const Ending& e, const std::string& run_id, const ShowTex
 void JobRecord::leave(const Ending& e) {
   using F = FinishKind;
   if (abandoned_anything()) return;  // a join still runs inside the rendezvous: leave it be
-  if (e.signals.got()) return rdzv_.finish(F::kNodeStopped, e.signals.end_note(), e.signals.leave_by());
+  if (e.signal()) return rdzv_.finish(F::kNodeStopped, e.signals.end_note(), e.signals.leave_by());
   if (!e.root && !e.remote && !e.stacks.hang()) return rdzv_.finish(F::kSucceeded, "", std::nullopt);
   rdzv_.finish(e.remote && e.remote->node_only() ? F::kNodeStopped : F::kJobFailed, e.stop_reason, std::nullopt);
 }

@@ -26,6 +26,7 @@ class JobRecord {
     const StackDumps& stacks;                  // where the ranks were; a hang
     const std::optional<RoundEnd>& remote;     // the round ended elsewhere (or the rendezvous ended it)
     const std::string& stop_reason;            // why no further round followed a failure
+    int signal() const;                        // the signal that ended the job (0: none)
   };
 
   JobRecord(const Options& o, Rendezvous& rdzv) : o_(o), rdzv_(rdzv) {}

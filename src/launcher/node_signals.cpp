@@ -44,6 +44,13 @@ void NodeSignals::take(const signalfd_siginfo& si) {
   }
   got_ = sig;
   at_ = Clock::now();
+  if (workers_.stopping() && workers_.live() > 0) {  // (a failure stops them: no second SIGTERM, no new clock)
+    while_stopping_ = true;
+    spdlog::warn("received {} while the workers stop after a failure: not signalled again, SIGKILL as before; the "
+                 "failure is the job's end",
+                 signal_name(sig));
+    return;
+  }
   const int forward = o_.forwarded(sig);
   if (workers_.live() == 0)  // in the rendezvous, the warm process's import, or after the workers ended
     spdlog::warn("received {} while no worker runs: stopping", signal_name(sig));

@@ -51,6 +51,11 @@ class NodeSignals {
   void end_round();
 
   int got() const { return got_; }  // the signal that stops this node (0: none)
+  // The signal came while the workers were stopping already (a failure here or elsewhere, a
+  // hang): they were not signalled again, their SIGKILL deadline stands, and the failure,
+  // not the signal, is how the job ended (a pod's `podman stop` after a rank failed ended
+  // it as 143 with no summary; QA).
+  bool came_while_stopping() const { return while_stopping_; }
   int stops_taken() const { return stops_taken_; }  // stop signals taken so far (the first, and "again")
   // Why this node stops, as the other nodes read it ("ddprun on HOST received SIGTERM"; ""
   // when its workers were stopping already).
@@ -72,6 +77,7 @@ class NodeSignals {
   int stops_taken_ = 0;
   Clock::time_point at_{};  // when got_ came
   bool joining_ = false;    // the supervisor waits for the rendezvous (no round to end)
+  bool while_stopping_ = false;  // got_ came while the workers were stopping already
   std::string end_note_;    // what ends the round for the other nodes ("": nothing)
 };
 

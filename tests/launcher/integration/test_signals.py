@@ -142,6 +142,30 @@ class SignalForwardingTest(DdprunTestCase):
             self.assertFalse(pid_alive(pid))
 
 
+    def test_a_stop_signal_while_the_workers_stop_after_a_failure_keeps_the_failure(self):
+        # `podman stop` (or a scheduler's SIGTERM) as ddprun stops the workers after rank 0
+        # exited 5: rank 1 is not signalled again, its SIGKILL comes as it would have, and
+        # the job ends as it failed: the summary, exit 5, reason worker_failed (before: a
+        # second SIGTERM, a new 30 s clock, exit 143, no summary).
+        script = ('if [ "$RANK" = 0 ]; then sleep 0.3; exit 5; fi; trap "echo rank1 got TERM" TERM; '
+                  'while :; do sleep 0.05; done')
+        summary = self.path("summary.json")
+        p = self.start(["--nproc-per-node", "2", "--shutdown-timeout", "4", "--summary-json", summary,
+                        "--no-python", "sh", "-c", script])
+        self.wait_for(lambda: "rank1 got TERM" in read_text(self.path("ddprun.stdout")), what="rank 1's first SIGTERM")
+        time.sleep(2)  # the SIGKILL is due 2 s from now; a clock started again would make it 4
+        t0 = time.monotonic()
+        os.kill(p.pid, signal.SIGTERM)
+        rc = p.wait(timeout=scaled(30))
+        err = read_text(self.path("ddprun.stderr"))
+        self.assertEqual(rc, 5, err)
+        self.assertLess(time.monotonic() - t0, 3.5, "the SIGKILL deadline must not start again")
+        self.assertEqual(read_text(self.path("ddprun.stdout")).count("rank1 got TERM"), 1)
+        self.assertIn("received SIGTERM while the workers stop after a failure: not signalled again", err)
+        self.assertIn("Root Cause (first observed failure)", err)
+        self.assertEqual(self.load_json(summary)["reason"], "worker_failed")
+
+
 class SignalCopiesTest(DdprunTestCase):
     """GNU timeout passes a SIGTERM it gets on to its command and then to its process group:
     ddprun gets it twice, microseconds apart, and when it had read the first in between it
