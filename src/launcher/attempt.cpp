@@ -79,6 +79,7 @@ std::vector<WorkerResult*> AttemptWorkers::start(const JobPlan& plan, int attemp
     if (started[i].pid <= 0) started[i] = spawn(specs[i]);
     close(specs[i].stdout_fd);
     close(specs[i].stderr_fd);
+    if (started[i].fork_failed) continue;  // no process: failed below
     w.pid = started[i].pid;
     w.state = WorkerResult::State::kRunning;
     groups_[i] = WorkerGroup(w.pid);
@@ -90,8 +91,9 @@ std::vector<WorkerResult*> AttemptWorkers::start(const JobPlan& plan, int attemp
     WorkerResult& w = workers_[i];
     if (int err = started[i].exec_errno) {
       w.state = WorkerResult::State::kExecFailed;
-      w.exit_code = err == ENOENT ? 127 : 126;
-      w.exec_error = started[i].bind_failed
+      w.exit_code = started[i].fork_failed ? 1 : err == ENOENT ? 127 : 126;
+      w.exec_error = started[i].fork_failed ? describe_fork_failure(err)
+                     : started[i].bind_failed
                          ? fmt::format("cannot bind to CPUs {} (--numa-binding): {}", cpu_list_text(specs[i].cpus),
                                        ddp::errno_text(err))
                          : describe_exec_failure(specs[i].path, err);

@@ -200,8 +200,9 @@ void WarmPython::start(const Env& env) {
   if (spec.stdin_fd >= 0) close(spec.stdin_fd);
   if (r.exec_errno) {  // the workers start cold, and fail as they would have without --preload
     close(sv[0]);
-    waitpid(r.pid, nullptr, 0);
-    spdlog::warn("--preload: {}: the workers start cold", describe_exec_failure(py.path, r.exec_errno));
+    if (r.pid > 0) waitpid(r.pid, nullptr, 0);
+    spdlog::warn("--preload: {}: the workers start cold",
+                 r.fork_failed ? describe_fork_failure(r.exec_errno) : describe_exec_failure(py.path, r.exec_errno));
     enabled_ = false;
     return;
   }

@@ -98,7 +98,7 @@ SpawnResult spawn(const SpawnSpec& spec) {
   // vfork: no page tables to copy, and ddprun resumes only once the child has exec'd or
   // failed, so the exec's outcome is known without a pipe.
   pid_t pid = vfork();
-  if (pid < 0) throw ddp::SystemError(fmt::format("vfork for {}", spec.path), errno);
+  if (pid < 0) return SpawnResult{-1, errno ? errno : EAGAIN, false, true};
   if (pid == 0) {
     setsid();  // a session and group of its own, no controlling terminal (as torchrun 2.x's)
     prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -143,6 +143,41 @@ bool job_control_above() {
     p = up;
   }
   return false;
+}
+
+namespace {
+
+// The pids.max of this process's cgroup (v2, or v1's pids hierarchy); "" when none is set.
+std::string cgroup_pids_max() {
+  std::istringstream in(read_file("/proc/self/cgroup", 64 << 10).value_or(""));
+  for (std::string line; std::getline(in, line);) {
+    const auto a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string ctl = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    std::string file;
+    if (ctl == "pids") file = "/sys/fs/cgroup/pids" + path + "/pids.max";
+    else if (ctl.empty() && line.compare(0, a, "0") == 0) file = "/sys/fs/cgroup" + path + "/pids.max";
+    else continue;
+    std::string v = read_file(file, 64).value_or("");
+    while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.pop_back();
+    if (!v.empty() && v != "max") return v;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string describe_fork_failure(int err) {
+  std::string why = fmt::format("cannot make a process for it: vfork: {}", ddp::errno_text(err));
+  if (err != EAGAIN) return why;
+  std::string limits;
+  if (const std::string pids = cgroup_pids_max(); !pids.empty())
+    limits = fmt::format("the cgroup's pids.max {} (a container's --pids-limit, Kubernetes' podPidsLimit)", pids);
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NPROC, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+    limits += fmt::format("{}ulimit -u {}", limits.empty() ? "" : ", or ", rl.rlim_cur);
+  return why + (limits.empty() ? " (the processes and threads this job may have are used up)"
+                               : fmt::format(" (the processes and threads this job may have are used up: {})", limits));
 }
 
 std::string describe_exec_failure(const std::string& path, int err) {

@@ -39,15 +39,20 @@ struct SpawnResult {
   pid_t pid = -1;
   int exec_errno = 0;       // != 0: execve failed with this errno (the child has exited 127)
   bool bind_failed = false;  // with exec_errno: sched_setaffinity to spec.cpus failed (no exec)
+  bool fork_failed = false;  // with exec_errno: vfork itself failed (no child; pid -1)
 };
 
 // vfork + exec. The child leads its own session and process group (no controlling
 // terminal) and gets SIGKILL if ddprun dies.
-// Returns once the child has exec'd (or failed to). Throws ddp::SystemError if vfork fails.
+// Returns once the child has exec'd (or failed to); fork_failed when vfork failed.
 SpawnResult spawn(const SpawnSpec& spec);
 
 // Explains an exec failure: "cannot execute /x/y.sh: Permission denied", with the bad
 // interpreter named when a #! line points nowhere.
+// Why no process could be made for a worker (vfork's errno): for EAGAIN, the limits on
+// processes that apply (RLIMIT_NPROC, the cgroup's pids.max: a container's --pids-limit).
+std::string describe_fork_failure(int err);
+
 std::string describe_exec_failure(const std::string& path, int err);
 
 // Makes ddprun the reaper of every orphan its workers leave behind.

@@ -618,7 +618,7 @@ void StackDumps::attempt_started() {
   failure_what_.clear();
   failure_table_.clear();
   at_end_.reset();
-  progress_ = Clock::now();
+  progress_ = last_check_ = Clock::now();
   next_check_.reset();
   if (hang_timeout_.count() > 0)
     next_check_ = progress_ + std::min<std::chrono::milliseconds>(hang_timeout_, std::chrono::seconds(1));
@@ -632,6 +632,15 @@ bool StackDumps::hung_now(Clock::time_point last_output, const std::vector<Worke
   const auto now = Clock::now();
   moved = false;
   if (!next_check_ || now < *next_check_) return false;
+  // Heartbeats are only seen when looked for: at least once a second, and when the
+  // timeout would end.
+  const Clock::duration interval = std::min<Clock::duration>(hang_timeout_, std::chrono::seconds(1));
+  // ddprun did not run for much longer than it looks (its container paused, the machine
+  // stopped): nor, as a rule, did its workers, and the time is not theirs to account for
+  // (a one-node container paused past --hang-timeout was declared hung as it resumed, its
+  // ranks printing their next lines; QA).
+  if (const auto gap = now - last_check_; gap > interval + std::chrono::seconds(2)) not_reading_ += gap - interval;
+  last_check_ = now;
   const auto before = progress_;
   progress_ = std::min(now, std::max(progress_, last_output) + not_reading_);
   not_reading_ = {};
@@ -663,9 +672,6 @@ bool StackDumps::hung_now(Clock::time_point last_output, const std::vector<Worke
   // (The count is the round's, from 0: a first count above 0 is progress this round.)
   if (job_progress && *job_progress != job_seen_.value_or(0)) progress_ = now;
   if (job_progress) job_seen_ = job_progress;
-  // Heartbeats are only seen when looked for: at least once a second, and when the
-  // timeout would end.
-  const Clock::duration interval = std::min<Clock::duration>(hang_timeout_, std::chrono::seconds(1));
   if (now - progress_ < hang_timeout_) {
     next_check_ = std::max<Clock::time_point>(now + std::chrono::milliseconds(10),
                                               std::min(now + interval, progress_ + hang_timeout_));

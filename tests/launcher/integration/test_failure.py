@@ -65,6 +65,46 @@ class ExecFailureTest(DdprunTestCase):
         self.assertLess(res.elapsed, scaled(PROMPT), res)
 
 
+def pids_cgroup(name):
+    """A cgroup (v1's pids hierarchy, or v2 with the pids controller) this test may make, as
+    (its folder) or None."""
+    v1 = "/sys/fs/cgroup/pids"
+    if os.path.isdir(v1) and os.access(v1, os.W_OK):
+        return os.path.join(v1, name)
+    try:
+        if "pids" in read_text("/sys/fs/cgroup/cgroup.subtree_control").split() and \
+                os.access("/sys/fs/cgroup", os.W_OK):
+            return os.path.join("/sys/fs/cgroup", name)
+    except OSError:
+        pass
+    return None
+
+
+class ForkFailureTest(DdprunTestCase):
+    def test_no_process_for_a_worker_fails_it_with_the_limit_named(self):
+        # A container's --pids-limit (Kubernetes' podPidsLimit) reached: the ranks ddprun
+        # cannot make a process for fail as an exec failure does, naming the limit, with a
+        # summary and --summary-json (before: "ddprun: error: vfork for /usr/bin/sleep:
+        # Resource temporarily unavailable", exit 1, no summary).
+        cg = pids_cgroup(f"ddprun_test_{os.getpid()}")
+        if not cg:
+            self.skipTest("no pids cgroup this test may make (needs root and cgroup v1's pids or v2's controller)")
+        os.mkdir(cg)
+        self.addCleanup(os.rmdir, cg)
+        with open(os.path.join(cg, "pids.max"), "w") as f:
+            f.write("8")
+        summary = self.path("s.json")
+        res = self.run_ddprun(["--nproc-per-node", "8", "--summary-json", summary, "--no-python", "sleep", "1"],
+                              cmd_prefix=("sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh"))
+        self.assertEqual(res.rc, 1, res)
+        self.assertRegex(res.stderr, r"error\] rank \d: cannot make a process for it: vfork: Resource temporarily "
+                                     r"unavailable \(the processes and threads this job may have are used up: the "
+                                     r"cgroup's pids.max 8")
+        first = int(re.search(r"error\] rank (\d): cannot make a process", res.stderr).group(1))
+        self.assertIn(f"  rank      : {first} (local_rank: {first})", res.stderr)
+        self.assertEqual(json.load(open(summary))["reason"], "worker_failed")
+
+
 class FailurePropagationTest(DdprunTestCase):
     def pids(self, n):
         return [self.read_pid(self.path(f"pid_{r}")) for r in range(n)]

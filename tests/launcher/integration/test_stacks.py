@@ -841,6 +841,32 @@ class Stacks(StacksTest):
             os.kill(stopped, signal.SIGCONT)
         self.assertEqual(self.finish(p, 60), 0, self.stderr_text()[-2000:])
 
+    def test_a_pause_of_the_whole_job_is_not_a_hang(self):
+        """ddprun and its ranks stopped together for 4 s (as `podman pause` freezes a
+        container) with --hang-timeout 2: nobody ran, so nobody hung; the job runs on and
+        ends 0. Before, the hang was declared the moment the pause ended (exit 124)."""
+        script = self.write("ticker2.py", "import os, sys, time\n"
+                                          "d, r = sys.argv[1], os.environ['RANK']\n"
+                                          "open(os.path.join(d, 'pid_' + r), 'w').write(str(os.getpid()))\n"
+                                          "end = time.monotonic() + float(sys.argv[2])\n"
+                                          "while time.monotonic() < end:\n"
+                                          "    print('tick', flush=True)\n"
+                                          "    time.sleep(0.3)\n")
+        p = self.start(["--standalone", "--nproc-per-node", "2", "--hang-timeout", "2", script, self.tmp,
+                        str(scaled(8))])
+        self.wait_markers(["pid_0", "pid_1"])
+        ranks = [self.read_pid(self.path(f"pid_{r}")) for r in (0, 1)]
+        time.sleep(0.5)
+        frozen = [p.pid] + ranks
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(4)
+        finally:
+            for pid in reversed(frozen):
+                os.kill(pid, signal.SIGCONT)
+        self.assertEqual(self.finish(p, 60), 0, self.stderr_text()[-2000:])
+
     def test_a_rank_that_ended_early_is_named_where_each_rank_is(self):
         """Rank 0 finishes at once (exit 0), ranks 1-2 wait for it for ever (the classic hang:
         a collective it never joins). The hang report names rank 0 as the odd one and says it
