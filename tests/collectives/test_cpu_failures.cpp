@@ -471,6 +471,34 @@ void check_collectives(ddp::ProcessGroup& pg);
 
 // One rank told to use TCP among ranks left on kAuto: every link must agree on its kind
 // (it used to be shared memory at one end and TCP at the other: a hang until the timeout).
+// A host a rank names for itself that is no IPv4 address (a typo, an IPv6 address) is
+// refused at init_process_group on that rank, and the others hear of it at once; before,
+// every peer retried it until the group's timeout.
+TEST(CollectiveFailures, AHostThatIsNoIPv4AddressIsRefusedAtOnce) {
+  for (const char* bad : {"not an address", "::1"}) {
+    SCOPED_TRACE(bad);
+    GroupConfig c;
+    c.n = 2;
+    c.timeout = scaled(60s);
+    auto t0 = Clock::now();
+    auto errors = run_ranks_with(
+        c.n,
+        [&](int r, std::shared_ptr<ddp::Store> store) {
+          auto o = options_for(c, r, std::move(store));
+          o.transport = ddp::Transport::kTcp;
+          if (r == 1) o.host = bad;
+          return o;
+        },
+        check_collectives);
+    ASSERT_EQ(errors.size(), 2u);
+    EXPECT_TRUE(contains(errors[1], std::string("ProcessGroupOptions::host '") + bad +
+                                        "' is not an IPv4 address, nor a name of one"))
+        << errors[1];
+    EXPECT_FALSE(errors[0].empty());
+    EXPECT_LT(Clock::now() - t0, scaled(20s));
+  }
+}
+
 TEST(CollectiveFailures, MixedTransportOptionsAgreeOnEveryLink) {
   GroupConfig c;
   c.n = 4;

@@ -14,6 +14,7 @@
 // rank copies the stage's result out. Each element is reduced once, by one rank, so results
 // are bitwise identical everywhere.
 #include <fcntl.h>
+#include <netdb.h>
 #include <sched.h>
 #include <poll.h>
 #include <signal.h>
@@ -519,9 +520,26 @@ class CpuGroup final : public GroupBase {
     return c > 0 ? static_cast<int>(c) : 1;
   }
 
+  // A host the user named (options.host, $DDP_HOST) is the address the other ranks connect
+  // to: an IPv4 address, or a name that resolves to one, checked here. Before, a typo (or
+  // an IPv6 address) left every peer retrying it until the group's timeout, 300 s.
+  static std::string checked_host(const char* source, const std::string& host) {
+    addrinfo hints{};
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    const int gai = getaddrinfo(host.c_str(), nullptr, &hints, &res);
+    if (res) freeaddrinfo(res);
+    if (gai != 0)
+      throw UsageError(fmt::format("{} '{}' is not an IPv4 address, nor a name of one ({}): it is the address the "
+                                   "other ranks connect to this one at (the TCP transport is IPv4)",
+                                   source, host, gai_strerror(gai)));
+    return host;
+  }
+
   std::string advertised_host(bool all_same) const {
-    if (!opts_.host.empty()) return opts_.host;
-    if (const char* h = std::getenv("DDP_HOST"); h && *h) return h;
+    if (!opts_.host.empty()) return checked_host("ProcessGroupOptions::host", opts_.host);
+    if (const char* h = std::getenv("DDP_HOST"); h && *h) return checked_host("DDP_HOST", h);
     if (all_same) return "127.0.0.1";
     if (const char* m = std::getenv("MASTER_ADDR"); m && *m) {
       std::string a = local_address_towards(m);
