@@ -181,6 +181,11 @@ std::string describe_fork_failure(int err) {
 }
 
 std::string describe_exec_failure(const std::string& path, int err) {
+  if (err == ENOENT && path.find('/') == std::string::npos) {  // looked for in PATH, and not found
+    const char* p = getenv("PATH");
+    return fmt::format("cannot execute {}: not found in any folder of PATH ({}){}", path, p && *p ? p : "unset",
+                       path.starts_with("python") ? "; PYTHON_EXEC names the Python interpreter the workers run" : "");
+  }
   std::string msg = fmt::format("cannot execute {}: {}", path, ddp::errno_text(err));
   if (err == ENOENT || err == EACCES || err == ENOEXEC) {
     auto text = read_file(path, 512);  // the #! line, if any

@@ -31,6 +31,15 @@ class ExecFailureTest(DdprunTestCase):
                                      "--no-python runs it as a program\n", res)
         self.assertFalse(os.path.exists(self.path("marker")))
 
+    def test_a_python_not_in_path_is_named_with_the_path_and_python_exec(self):
+        script = self.path("w.py")
+        with open(script, "w") as f:
+            f.write("print('hi')\n")
+        res = self.run_ddprun(["--nproc-per-node", "1", script], env=clean_env(PATH="/nonexistent-bin", PYTHON_EXEC=None))
+        self.assertEqual(res.rc, 127, res)
+        self.assertIn("rank 0: cannot execute python3: not found in any folder of PATH (/nonexistent-bin); "
+                      "PYTHON_EXEC names the Python interpreter the workers run", res.stderr)
+
     def test_bad_interpreter_named(self):
         script = self.path("bad_interp.sh")
         with open(script, "w") as f:
