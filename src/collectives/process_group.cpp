@@ -88,13 +88,13 @@ uint32_t progress_op(int op) { return static_cast<uint32_t>(op) + 1; }
 template <class F>
 void ProcessGroup::run(Op op, size_t bytes, std::chrono::milliseconds timeout, F&& body) {
   const char* name = op_name(op);
-  // Two threads in one group would interleave their bytes on the same links and rings:
-  // torn results, then a hang. The second is refused; the first goes on.
   if (forks_ != g_forks.load(std::memory_order_relaxed))
     throw UsageError(fmt::format("ddp {} on rank {}: called in a process forked from the one that made the group "
                                  "(pid {} is the fork): a group's links belong to its maker; call it there, or "
                                  "make a group in the child",
                                  name, rank_, ::getpid()));
+  // Two threads in one group would interleave their bytes on the same links and rings:
+  // torn results, then a hang. The second is refused; the first goes on.
   if (busy_.exchange(true, std::memory_order_acquire))
     throw UsageError(fmt::format("ddp {} on rank {}: called while another thread's call on this process group is "
                                  "in progress: a group is used by one thread at a time (give each thread a group "

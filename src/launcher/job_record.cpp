@@ -33,9 +33,12 @@ void JobRecord::end(int restarts) {
 }
 
 // The signal that ended the job: none when it came while the workers stopped after a
-// failure (here or elsewhere) or a hang, which is then how the job ended.
+// failure (here or on another node) or a hang, which is then how the job ended (its summary
+// and exit code). Not after another kind of end (a newcomer's restart, another node's
+// signal or loss): the signal ended those. (Only what is reported: the node still leaves
+// the rendezvous as stopped by its signal, within its SIGKILL escalation.)
 int JobRecord::Ending::signal() const {
-  const bool failed = root || remote || stacks.hang();
+  const bool failed = root || stacks.hang() || (remote && remote->kind == RoundEnd::Kind::kFailed);
   return failed && signals.came_while_stopping() ? 0 : signals.got();
 }
 
@@ -64,7 +67,7 @@ void JobRecord::report(const Ending& e, const std::string& run_id, const ShowTex
 void JobRecord::leave(const Ending& e) {
   using F = FinishKind;
   if (abandoned_anything()) return;  // a join still runs inside the rendezvous: leave it be
-  if (e.signal()) return rdzv_.finish(F::kNodeStopped, e.signals.end_note(), e.signals.leave_by());
+  if (e.signals.got()) return rdzv_.finish(F::kNodeStopped, e.signals.end_note(), e.signals.leave_by());
   if (!e.root && !e.remote && !e.stacks.hang()) return rdzv_.finish(F::kSucceeded, "", std::nullopt);
   rdzv_.finish(e.remote && e.remote->node_only() ? F::kNodeStopped : F::kJobFailed, e.stop_reason, std::nullopt);
 }

@@ -44,23 +44,23 @@ void NodeSignals::take(const signalfd_siginfo& si) {
   }
   got_ = sig;
   at_ = Clock::now();
-  if (workers_.stopping() && workers_.live() > 0) {  // (a failure stops them: no second SIGTERM, no new clock)
-    while_stopping_ = true;
-    spdlog::warn("received {} while the workers stop after a failure: not signalled again, SIGKILL as before; the "
-                 "failure is the job's end",
-                 signal_name(sig));
-    return;
-  }
   const int forward = o_.forwarded(sig);
-  if (workers_.live() == 0)  // in the rendezvous, the warm process's import, or after the workers ended
+  if (workers_.stopping() && workers_.live() > 0) {  // (a failure, a restart): no second signal, no new clock
+    while_stopping_ = true;
+    spdlog::warn("received {} while the workers are stopping already: they are not signalled again, and get "
+                 "SIGKILL when they would have",
+                 signal_name(sig));
+  } else if (workers_.live() == 0)  // in the rendezvous, the warm process's import, or after the workers ended
     spdlog::warn("received {} while no worker runs: stopping", signal_name(sig));
   else if (forward == sig)
     spdlog::warn("received {}: forwarding it to the workers, SIGKILL after {} s", signal_name(sig), o_.shutdown_timeout);
   else
     spdlog::warn("received {} (not in --signals-to-handle): stopping the workers with {}, SIGKILL after {} s",
                  signal_name(sig), signal_name(forward), o_.shutdown_timeout);
-  workers_.restart_stop();  // begin_stop sends this signal, not SIGTERM
-  workers_.begin_stop(forward);  // before anything that talks to the network
+  if (!while_stopping_) {
+    workers_.restart_stop();       // begin_stop sends this signal, not SIGTERM
+    workers_.begin_stop(forward);  // before anything that talks to the network
+  }
   end_note_ = fmt::format("ddprun on {} received {}", plan_.hostname, signal_name(sig));
   if (!joining_) end_round();  // (while joining there is no round to end: join_round cancels the join)
 }

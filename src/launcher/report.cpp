@@ -137,7 +137,7 @@ std::string traceback_of(const WorkerResult& w) {
 std::vector<WorkerResult> other_failures(const std::vector<WorkerResult>& workers, const WorkerResult& root) {
   std::vector<WorkerResult> out;
   std::copy_if(workers.begin(), workers.end(), std::back_inserter(out),
-               [&](const WorkerResult& w) { return w.pid != root.pid && w.failed(); });
+               [&](const WorkerResult& w) { return w.rank != root.rank && w.failed(); });
   return out;
 }
 

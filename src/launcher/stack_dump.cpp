@@ -219,7 +219,7 @@ std::vector<RankStack> with_ended(std::vector<RankStack> stacks, const std::vect
                                   const WorkerResult* skip) {
   using S = WorkerResult::State;
   for (const auto& w : workers) {
-    if (w.state == S::kRunning || (skip && w.pid == skip->pid)) continue;
+    if (w.state == S::kRunning || (skip && w.rank == skip->rank)) continue;  // (by rank: no process, pid -1)
     RankStack s;
     s.rank = w.rank;
     s.local_rank = w.local_rank;
@@ -618,7 +618,7 @@ void StackDumps::attempt_started() {
   failure_what_.clear();
   failure_table_.clear();
   at_end_.reset();
-  progress_ = last_check_ = Clock::now();
+  progress_ = Clock::now();
   next_check_.reset();
   if (hang_timeout_.count() > 0)
     next_check_ = progress_ + std::min<std::chrono::milliseconds>(hang_timeout_, std::chrono::seconds(1));
@@ -635,12 +635,11 @@ bool StackDumps::hung_now(Clock::time_point last_output, const std::vector<Worke
   // Heartbeats are only seen when looked for: at least once a second, and when the
   // timeout would end.
   const Clock::duration interval = std::min<Clock::duration>(hang_timeout_, std::chrono::seconds(1));
-  // ddprun did not run for much longer than it looks (its container paused, the machine
-  // stopped): nor, as a rule, did its workers, and the time is not theirs to account for
-  // (a one-node container paused past --hang-timeout was declared hung as it resumed, its
-  // ranks printing their next lines; QA).
-  if (const auto gap = now - last_check_; gap > interval + std::chrono::seconds(2)) not_reading_ += gap - interval;
-  last_check_ = now;
+  // This look came much later than it was due: ddprun did not run (its container paused, the
+  // machine stopped), nor, as a rule, did its workers, and the time is not theirs to account
+  // for (a one-node container paused past --hang-timeout was declared hung as it resumed,
+  // its ranks printing their next lines; QA). Not added to a Ctrl-Z's, counted already.
+  if (const auto late = now - *next_check_; late > std::chrono::seconds(2)) not_reading_ = std::max(not_reading_, late);
   const auto before = progress_;
   progress_ = std::min(now, std::max(progress_, last_output) + not_reading_);
   not_reading_ = {};

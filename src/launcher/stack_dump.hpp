@@ -217,7 +217,6 @@ class StackDumps {
   std::map<pid_t, uint64_t> collectives_seen_;  // libddp collectives each worker had finished (--hang-timeout)
   std::map<pid_t, int64_t> heartbeats_seen_;     // each worker's heartbeat mtime (ns) at the last look
   Clock::time_point last_look_{};                // that look
-  Clock::time_point last_check_{};               // hung_now's last run (or the attempt's start)
   std::optional<std::string> hang_;
   std::string hang_report_;
   std::string hang_what_;  // the dump a hang asked of the other nodes

@@ -189,11 +189,15 @@ std::string absolute_path(const std::string& p) {
 }
 
 // The parents a run's temporary root may go in, in order, as Python's tempfile (torchrun's
-// mkdtemp): $TMPDIR, $TEMP, $TMP, /tmp, /var/tmp, /usr/tmp and the current folder. (Not
-// /dev/shm, which was first for a launch's sake, 0.9 ms: a container's is 64 MB that NCCL and
-// DataLoader workers fill, and then torch's @record could not write the worker's error file,
-// and the summary showed its OSError instead; nor can a stopped container's be copied out.)
-// Each with whether the environment named it.
+// mkdtemp): $TMPDIR, $TEMP, $TMP, /tmp, /var/tmp, /usr/tmp and the current folder; then, where
+// Python would give up, /dev/shm, with a warning (a read-only root file system, as
+// Kubernetes' readOnlyRootFilesystem, ran with it). /dev/shm came first once, for 1 ms of a
+// launch: a container's is 64 MB that NCCL and DataLoader workers fill, and then torch's
+// @record could not write the worker's error file, and the summary showed its OSError
+// instead; nor can a stopped container's be copied out. Each with whether the environment
+// named it.
+constexpr const char* kLastResort = "/dev/shm";
+
 std::vector<std::pair<std::string, bool>> tmp_parents() {
   std::vector<std::pair<std::string, bool>> out;
   std::error_code ec;
@@ -201,6 +205,7 @@ std::vector<std::pair<std::string, bool>> tmp_parents() {
     if (const char* v = getenv(var); v && *v) out.emplace_back(absolute_path(v), true);
   for (const char* d : {"/tmp", "/var/tmp", "/usr/tmp"}) out.emplace_back(d, false);
   if (auto cwd = std::filesystem::current_path(ec); !ec) out.emplace_back(cwd.string(), false);
+  out.emplace_back(kLastResort, false);
   return out;
 }
 
@@ -212,7 +217,11 @@ std::unique_ptr<RunTmpDir> make_tmp_root(std::string& parent) {
   for (const auto& [dir, from_env] : tmp_parents()) {
     try {
       auto root = std::make_unique<RunTmpDir>(dir);
-      if (named)
+      if (dir == kLastResort)
+        spdlog::warn("no folder can be made in {}: the run's temporary files go to {}, in memory (TMPDIR or "
+                     "--log-dir names a folder on disk)",
+                     tried, dir);
+      else if (named)
         spdlog::warn("no folder can be made in {}: the run's temporary files go to {}", tried, dir);
       parent = dir;
       return root;

@@ -63,7 +63,7 @@ std::string run_id_file_name(std::string run_id);
 // A run's folders: log_root = <log_dir or a temporary root>/<run_id_file_name>_<random>; without
 // --log-dir the temporary root is made and locked here (tmp_dir, tmp_root; removed after
 // success by the caller) in the first usable of TMPDIR, TEMP, TMP, /tmp, /var/tmp,
-// /usr/tmp, the current folder (made absolute); older finished runs' folders beside it are pruned now and then. Throws ddp::Error
+// /usr/tmp, the current folder (made absolute), and /dev/shm as a last resort; older finished runs' folders beside it are pruned now and then. Throws ddp::Error
 // naming a folder it cannot make.
 struct RunFolders {
   std::unique_ptr<RunTmpDir> tmp_dir;

@@ -41,6 +41,14 @@ inline std::string too_few_text(size_t available, const JobSettings& j) {
                      available == 1 ? "" : "s", available == 1 ? "s" : "", j.min_nodes, nnodes_flag(j));
 }
 
+// What the others do without a node cut off from the rendezvous (`others`: who they are),
+// as that node's own line says it.
+inline std::string without_this_node(bool fixed, const char* others) {
+  return fixed ? std::string("a static job cannot go on without a node: it stops, unless one with this --node-rank "
+                             "takes its place within --rdzv-conf replace_timeout")
+               : fmt::format("{} go on without this one as far as --nnodes MIN and --max-restarts allow", others);
+}
+
 // What a refusal for too few nodes adds: the way to wait for newcomers instead.
 inline constexpr const char* kReplaceHint =
     " (--rdzv-conf replace_timeout=SECONDS would wait for nodes to take their places)";

@@ -323,6 +323,7 @@ bool Joiner::step(Seen& seen, Clock::time_point& deadline, int& conflicts) {
   }
   const auto now = Clock::now();
   const State& v = cur();  // what this step decides on
+  if (!v.last_call) lc_round_ = -1;  // (fewer than MIN again: MIN reached once more starts a new last call)
   if (v.last_call && !v.complete && v.has_participant(c_.me.id) && lc_round_ != v.round) {
     lc_round_ = v.round;  // MIN nodes are in: this node times the last call from now
     lc_deadline_ = now + c_.last_call_timeout;

@@ -112,9 +112,7 @@ void LeaseKeeper::loop() {
                                                   "(keep_alive_max_attempt {} + 1)): {}{}; {}",
                                                   s_.backend, seconds_text(patience), seconds_text(s_.interval),
                                                   s_.max_attempt, why, stopped_text(stopped, s_.interval),
-                                                  s_.fixed ? "a static job cannot go on without a node: it stops"
-                                                           : "the nodes that still reach it go on without this one "
-                                                             "as far as --nnodes MIN and --max-restarts allow")});
+                                                  without_this_node(s_.fixed, "the nodes that still reach it"))});
       return;
     }
     // The next renewal an interval after this one was sent: one whose answer came late (a

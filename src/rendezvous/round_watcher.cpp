@@ -37,9 +37,7 @@ std::string RoundWatcher::without_address(std::string what) const {
 RoundEnd RoundWatcher::as_seen_here(RoundEnd end) const {
   if (end.kind != RoundEnd::Kind::kLost || end.node != names_.me) return end;
   end.kind = RoundEnd::Kind::kPartitioned;
-  end.text = fmt::format("this {}; {}", end.text,
-                         names_.fixed ? "a static job cannot go on without a node: it stops"
-                                      : "the other nodes go on without it");
+  end.text = fmt::format("this {}; {}", end.text, without_this_node(names_.fixed, "the other nodes"));
   return end;
 }
 

@@ -356,6 +356,20 @@ TEST(DynamicRendezvous, TooFewNodesLeftStopsTheJobNamingTheLostNode) {
       << refused;
 }
 
+// a and b in round 0, b lost; a may restart (with replace_timeout: to wait for a newcomer).
+struct TwoNodes {
+  std::unique_ptr<DynamicRendezvous> a, b;
+};
+TwoNodes two_with_b_lost(Cluster& c) {
+  TwoNodes n{c.node("a"), c.node("b")};
+  all_next_round({n.a.get(), n.b.get()});
+  c.world->kill("b");
+  auto e = end_within(*n.a);
+  EXPECT_TRUE(e);
+  EXPECT_EQ(e ? n.a->restart_refused(*e) : "no end", "");
+  return n;
+}
+
 // --rdzv-conf replace_timeout: the same loss leaves the survivor waiting for a newcomer, which
 // takes the lost node's place in a round that counts the restart (before the option: the
 // job stopped, and a node restarted by its scheduler found it closed).
@@ -363,12 +377,8 @@ TEST(DynamicRendezvous, ALossBelowMinWaitsReplaceTimeoutForANodeToTakeItsPlace) 
   Cluster c;
   c.job = {2, 2, 3};
   c.replace = 10s;
-  auto a = c.node("a"), b = c.node("b");
-  all_next_round({a.get(), b.get()});
-  c.world->kill("b");
-  auto e = end_within(*a);
-  ASSERT_TRUE(e);
-  EXPECT_EQ(a->restart_refused(*e), "");
+  auto n = two_with_b_lost(c);
+  auto& a = n.a;
   auto next = std::async(std::launch::async, [&] { return a->next_round(); });
   ASSERT_TRUE(eventually([&] {  // a waits in the next round, alone
     auto st = c.world->state();
@@ -390,26 +400,49 @@ TEST(DynamicRendezvous, ALossBelowMinWaitsReplaceTimeoutForANodeToTakeItsPlace) 
 }
 
 // A newcomer within replace_timeout makes MIN nodes again: the round's last call runs its
-// course even past replace_timeout (a newcomer at 100 ms of 300 ms, a last call of 600 ms).
+// course even past replace_timeout (a newcomer at once, replace_timeout 1 s, a last call of 2 s).
 TEST(DynamicRendezvous, ANewcomerWithinReplaceTimeoutGetsTheWholeLastCall) {
   Cluster c;
   c.job = {2, 3, 3};
-  c.last_call = 600ms;
-  c.replace = 300ms;
-  auto a = c.node("a"), b = c.node("b");
-  all_next_round({a.get(), b.get()});
-  c.world->kill("b");
-  auto e = end_within(*a);
-  ASSERT_TRUE(e);
-  ASSERT_EQ(a->restart_refused(*e), "");
+  c.last_call = ddp::test::scaled(2000ms);
+  c.replace = ddp::test::scaled(1000ms);
+  auto n = two_with_b_lost(c);
+  auto& a = n.a;
   auto next = std::async(std::launch::async, [&] { return a->next_round(); });
   ASSERT_TRUE(eventually([&] { return listed_in_state(c, "a_1_0", 1); }));
-  std::this_thread::sleep_for(100ms);
   auto d = c.node("d");
   RoundPlan pd = d->next_round();  // after the last call
   ASSERT_EQ(next.wait_for(kGuard), std::future_status::ready);
   EXPECT_EQ(next.get().group_world_size, 2);
   EXPECT_EQ(pd.round, 1);
+}
+
+// b is lost; a and c re-form (2 of --nnodes 2:3: a last call); c is lost within it. With
+// replace_timeout, a waits that long for a newcomer and then stops the job, closing it (a
+// review found the last call's timing made it wait join_timeout instead, and time out
+// without closing the job).
+TEST(DynamicRendezvous, ALossWithinTheLastCallWaitsReplaceTimeoutAndNoLonger) {
+  Cluster c;
+  c.job = {2, 3, 3};
+  c.last_call = ddp::test::scaled(1500ms);
+  c.replace = 300ms;
+  auto a = c.node("a"), b = c.node("b");
+  auto x = c.node("c");
+  all_next_round({a.get(), b.get(), x.get()});
+  c.world->kill("b");
+  auto e = end_within(*a);
+  ASSERT_TRUE(e);
+  ASSERT_EQ(a->restart_refused(*e), "");
+  ASSERT_TRUE(end_within(*x));
+  auto next_c = std::async(std::launch::async, [&] { join_error(*x); });
+  const std::string m = join_error_after(  // join_timeout: kGuard (20 s)
+      *a, [&] { return listed_in_state(c, "a_1_0", 1) && listed_in_state(c, "c_1_0", 1); },
+      [&] { c.world->kill("c"); });
+  EXPECT_NE(m.find("no node came to take the places of those lost from job 'job' within --rdzv-conf replace_timeout"),
+            std::string::npos)
+      << m;
+  const std::string closed = join_error(*c.node("d"));
+  EXPECT_NE(closed.find("is closed"), std::string::npos) << closed;
 }
 
 // ... and when none comes within it, the job stops naming what it waited for, and is closed:
@@ -418,12 +451,8 @@ TEST(DynamicRendezvous, NoNodeWithinReplaceTimeoutStopsTheJobAndClosesIt) {
   Cluster c;
   c.job = {2, 2, 3};
   c.replace = 300ms;
-  auto a = c.node("a"), b = c.node("b");
-  all_next_round({a.get(), b.get()});
-  c.world->kill("b");
-  auto e = end_within(*a);
-  ASSERT_TRUE(e);
-  ASSERT_EQ(a->restart_refused(*e), "");
+  auto n = two_with_b_lost(c);
+  auto& a = n.a;
   const auto t0 = std::chrono::steady_clock::now();
   const std::string m = join_error(*a);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
@@ -680,7 +709,7 @@ TEST(DynamicRendezvous, ANodeThatReadsItsOwnLostLineSaysItWasTheOneLost) {
     EXPECT_EQ(eb->kind, K::kPartitioned) << eb->text;
     EXPECT_EQ(eb->text.rfind("this node b", 0), 0u) << eb->text;
     EXPECT_NE(eb->text.find(fixed ? "a static job cannot go on without a node: it stops"
-                                  : "the other nodes go on without it"),
+                                  : "the other nodes go on without this one as far as --nnodes MIN"),
               std::string::npos)
         << eb->text;
     auto ea = end_within(*a);

@@ -13,6 +13,7 @@
 // reduces slice r of all n inputs (rank order) into the shared result area, barrier, every
 // rank copies the stage's result out. Each element is reduced once, by one rank, so results
 // are bitwise identical everywhere.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <sched.h>
@@ -523,14 +524,23 @@ class CpuGroup final : public GroupBase {
   // A host the user named (options.host, $DDP_HOST) is the address the other ranks connect
   // to: an IPv4 address, or a name that resolves to one, checked here. Before, a typo (or
   // an IPv6 address) left every peer retrying it until the group's timeout, 300 s.
+  // (A name's lookup that fails for now, EAI_AGAIN, is left to the peers' retries.)
   static std::string checked_host(const char* source, const std::string& host) {
-    addrinfo hints{};
-    hints.ai_family = AF_INET;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    const int gai = getaddrinfo(host.c_str(), nullptr, &hints, &res);
-    if (res) freeaddrinfo(res);
-    if (gai != 0)
+    in_addr v4{};
+    in6_addr v6{};
+    if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return host;
+    int gai = 0;
+    if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
+      gai = EAI_ADDRFAMILY;
+    } else {
+      addrinfo hints{};
+      hints.ai_family = AF_INET;
+      hints.ai_socktype = SOCK_STREAM;
+      addrinfo* res = nullptr;
+      gai = getaddrinfo(host.c_str(), nullptr, &hints, &res);
+      if (res) freeaddrinfo(res);
+    }
+    if (gai == EAI_NONAME || gai == EAI_ADDRFAMILY || gai == EAI_NODATA || gai == EAI_FAIL)
       throw UsageError(fmt::format("{} '{}' is not an IPv4 address, nor a name of one ({}): it is the address the "
                                    "other ranks connect to this one at (the TCP transport is IPv4)",
                                    source, host, gai_strerror(gai)));

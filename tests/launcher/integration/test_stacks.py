@@ -242,6 +242,17 @@ print("PROBE " + json.dumps({"argv": sys.argv, "path": sys.path, "main": __file_
 class Stacks(StacksTest):
     """Jobs without torch: the bootstrap and the triggers themselves."""
 
+    def ticker(self):
+        """ticker.py DIR SECONDS: each rank writes DIR/pid_RANK; rank 0 prints every 0.3 s."""
+        return self.write("ticker.py", "import os, sys, time\n"
+                                       "d, r = sys.argv[1], os.environ['RANK']\n"
+                                       "open(os.path.join(d, 'pid_' + r), 'w').write(str(os.getpid()))\n"
+                                       "end = time.monotonic() + float(sys.argv[2])\n"
+                                       "while time.monotonic() < end:\n"
+                                       "    if r == '0':\n"
+                                       "        print('tick', flush=True)\n"
+                                       "    time.sleep(0.3)\n")
+
     def write(self, name, text):
         path = self.path(name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -817,14 +828,7 @@ class Stacks(StacksTest):
         dump waits out its 2 s deadline, reading no output meanwhile. With --hang-timeout 2
         that wait is not the ranks' silence: the job runs on. Before, the hang was declared
         right after the dump (exit 124)."""
-        script = self.write("ticker.py", "import os, sys, time\n"
-                                         "d, r = sys.argv[1], os.environ['RANK']\n"
-                                         "open(os.path.join(d, 'pid_' + r), 'w').write(str(os.getpid()))\n"
-                                         "end = time.monotonic() + float(sys.argv[2])\n"
-                                         "while time.monotonic() < end:\n"
-                                         "    if r == '0':\n"
-                                         "        print('tick', flush=True)\n"
-                                         "    time.sleep(0.3)\n")
+        script = self.ticker()
         p = self.start(["--standalone", "--nproc-per-node", "2", "--hang-timeout", "2", script, self.tmp,
                         str(scaled(10))])
         self.wait_markers(["pid_0", "pid_1"])
@@ -842,18 +846,12 @@ class Stacks(StacksTest):
         self.assertEqual(self.finish(p, 60), 0, self.stderr_text()[-2000:])
 
     def test_a_pause_of_the_whole_job_is_not_a_hang(self):
-        """ddprun and its ranks stopped together for 4 s (as `podman pause` freezes a
-        container) with --hang-timeout 2: nobody ran, so nobody hung; the job runs on and
+        """ddprun and its ranks stopped together for 5 s (as `podman pause` freezes a
+        container) with --hang-timeout 3: nobody ran, so nobody hung; the job runs on and
         ends 0. Before, the hang was declared the moment the pause ended (exit 124)."""
-        script = self.write("ticker2.py", "import os, sys, time\n"
-                                          "d, r = sys.argv[1], os.environ['RANK']\n"
-                                          "open(os.path.join(d, 'pid_' + r), 'w').write(str(os.getpid()))\n"
-                                          "end = time.monotonic() + float(sys.argv[2])\n"
-                                          "while time.monotonic() < end:\n"
-                                          "    print('tick', flush=True)\n"
-                                          "    time.sleep(0.3)\n")
-        p = self.start(["--standalone", "--nproc-per-node", "2", "--hang-timeout", "2", script, self.tmp,
-                        str(scaled(8))])
+        script = self.ticker()
+        p = self.start(["--standalone", "--nproc-per-node", "2", "--hang-timeout", "3", script, self.tmp,
+                        str(scaled(10))])
         self.wait_markers(["pid_0", "pid_1"])
         ranks = [self.read_pid(self.path(f"pid_{r}")) for r in (0, 1)]
         time.sleep(0.5)
@@ -861,7 +859,7 @@ class Stacks(StacksTest):
         for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
         try:
-            time.sleep(4)
+            time.sleep(5)
         finally:
             for pid in reversed(frozen):
                 os.kill(pid, signal.SIGCONT)

@@ -4,6 +4,7 @@ that ended more than a day ago, and all but the newest 10. Never a live run's fo
 one ddprun did not make (torchrun's). (The harness points TMPDIR at the test's folder.)"""
 import glob
 import os
+import shutil
 import signal
 import sys
 import time
@@ -170,6 +171,24 @@ class TmpdirChoiceTest(DdprunTestCase):
             res = self.run_ddprun([*tee, *show], cmd_prefix=bad_tmpdir)
             self.assertEqual(res.rc, 0, res)
             self.assertEqual(self.error_file_dir(res), "/tmp")
+    def test_with_no_writable_folder_on_disk_dev_shm_is_the_last_resort(self):
+        # A read-only root (Kubernetes' readOnlyRootFilesystem) where Python's tempfile would
+        # give up: /tmp, /var/tmp and the current folder read-only (a mount namespace of
+        # this test's own). The run goes on in /dev/shm, and says so.
+        if os.geteuid() != 0 or not shutil.which("unshare"):
+            self.skipTest("needs root and unshare(1) for a mount namespace")
+        if not os.access("/dev/shm", os.W_OK):
+            self.skipTest("no writable /dev/shm")
+        ro = "mount -t tmpfs -o ro none /tmp && mount -t tmpfs -o ro none /var/tmp && cd /tmp && exec \"$@\""
+        res = self.run_ddprun(["--no-python", "sh", "-c", 'echo "EF=$TORCHELASTIC_ERROR_FILE"'],
+                              cmd_prefix=("env", "-u", "TMPDIR", "-u", "TEMP", "-u", "TMP", "unshare", "-m",
+                                          "--propagation", "private", "sh", "-c", ro, "sh"))
+        self.assertEqual(res.rc, 0, res)
+        self.assertEqual(self.error_file_dir(res), "/dev/shm")
+        self.assertRegex(res.stderr, r"warning\] no folder can be made in /tmp \(Read-only file system\), /var/tmp "
+                                     r"\(Read-only file system\), .*: the run's temporary files go to /dev/shm, in "
+                                     r"memory")
+
     def test_a_relative_log_dir_or_tmpdir_gives_workers_absolute_paths(self):
         # A worker that changes its directory (Hydra's run folders) still writes its error
         # file (torch's @record) and its heartbeats there: before, the paths were relative
