@@ -356,18 +356,28 @@ TEST(DynamicRendezvous, TooFewNodesLeftStopsTheJobNamingTheLostNode) {
       << refused;
 }
 
+// The nodes `names` ("a" first, "b" among them) in round 0, b lost; a may restart.
+std::vector<std::unique_ptr<DynamicRendezvous>> with_b_lost(Cluster& c, std::initializer_list<const char*> names) {
+  std::vector<std::unique_ptr<DynamicRendezvous>> n;
+  std::vector<DynamicRendezvous*> all;
+  for (const char* name : names) all.push_back(n.emplace_back(c.node(name)).get());
+  all_next_round(all);
+  c.world->kill("b");
+  auto e = end_within(*n[0]);
+  EXPECT_TRUE(e);
+  EXPECT_EQ(e ? n[0]->restart_refused(*e) : "no end", "");
+  return n;
+}
+
 // a and b in round 0, b lost; a may restart (with replace_timeout: to wait for a newcomer).
 struct TwoNodes {
   std::unique_ptr<DynamicRendezvous> a, b;
 };
-TwoNodes two_with_b_lost(Cluster& c) {
-  TwoNodes n{c.node("a"), c.node("b")};
-  all_next_round({n.a.get(), n.b.get()});
-  c.world->kill("b");
-  auto e = end_within(*n.a);
-  EXPECT_TRUE(e);
-  EXPECT_EQ(e ? n.a->restart_refused(*e) : "no end", "");
-  return n;
+TwoNodes two_with_b_lost(Cluster& c, JobSettings job, milliseconds replace) {
+  c.job = job;
+  c.replace = replace;
+  auto n = with_b_lost(c, {"a", "b"});
+  return {std::move(n[0]), std::move(n[1])};
 }
 
 // --rdzv-conf replace_timeout: the same loss leaves the survivor waiting for a newcomer, which
@@ -375,9 +385,7 @@ TwoNodes two_with_b_lost(Cluster& c) {
 // job stopped, and a node restarted by its scheduler found it closed).
 TEST(DynamicRendezvous, ALossBelowMinWaitsReplaceTimeoutForANodeToTakeItsPlace) {
   Cluster c;
-  c.job = {2, 2, 3};
-  c.replace = 10s;
-  auto n = two_with_b_lost(c);
+  auto n = two_with_b_lost(c, {2, 2, 3}, 10s);
   auto& a = n.a;
   auto next = std::async(std::launch::async, [&] { return a->next_round(); });
   ASSERT_TRUE(eventually([&] {  // a waits in the next round, alone
@@ -403,10 +411,8 @@ TEST(DynamicRendezvous, ALossBelowMinWaitsReplaceTimeoutForANodeToTakeItsPlace) 
 // course even past replace_timeout (a newcomer at once, replace_timeout 1 s, a last call of 2 s).
 TEST(DynamicRendezvous, ANewcomerWithinReplaceTimeoutGetsTheWholeLastCall) {
   Cluster c;
-  c.job = {2, 3, 3};
   c.last_call = ddp::test::scaled(2000ms);
-  c.replace = ddp::test::scaled(1000ms);
-  auto n = two_with_b_lost(c);
+  auto n = two_with_b_lost(c, {2, 3, 3}, ddp::test::scaled(1000ms));
   auto& a = n.a;
   auto next = std::async(std::launch::async, [&] { return a->next_round(); });
   ASSERT_TRUE(eventually([&] { return listed_in_state(c, "a_1_0", 1); }));
@@ -449,9 +455,7 @@ TEST(DynamicRendezvous, ALossWithinTheLastCallWaitsReplaceTimeoutAndNoLonger) {
 // a node that comes later is told at once.
 TEST(DynamicRendezvous, NoNodeWithinReplaceTimeoutStopsTheJobAndClosesIt) {
   Cluster c;
-  c.job = {2, 2, 3};
-  c.replace = 300ms;
-  auto n = two_with_b_lost(c);
+  auto n = two_with_b_lost(c, {2, 2, 3}, 300ms);
   auto& a = n.a;
   const auto t0 = std::chrono::steady_clock::now();
   const std::string m = join_error(*a);
@@ -582,13 +586,8 @@ struct ThreeNodes {
 ThreeNodes three_with_b_lost(Cluster& c) {
   c.job = {2, 3, 3};
   c.join_timeout = 10s;
-  ThreeNodes n{c.node("a"), c.node("b"), c.node("c")};
-  all_next_round({n.a.get(), n.b.get(), n.c.get()});
-  c.world->kill("b");
-  auto e = end_within(*n.a);
-  EXPECT_TRUE(e);
-  EXPECT_EQ(e ? n.a->restart_refused(*e) : "", "");
-  return n;
+  auto n = with_b_lost(c, {"a", "b", "c"});
+  return {std::move(n[0]), std::move(n[1]), std::move(n[2])};
 }
 
 // b is lost, and a's restart_refused counts a and c (MIN 2); c is lost before a's next_round
