@@ -179,7 +179,10 @@ class TmpdirChoiceTest(DdprunTestCase):
             self.skipTest("needs root and unshare(1) for a mount namespace")
         if not os.access("/dev/shm", os.W_OK):
             self.skipTest("no writable /dev/shm")
-        ro = "mount -t tmpfs -o ro none /tmp && mount -t tmpfs -o ro none /var/tmp && cd /tmp && exec \"$@\""
+        # (Read-only binds of the folders themselves: what is in them, ddprun too when the
+        # build lies under /tmp, stays where it is.)
+        ro = " && ".join(f"mount --bind {d} {d} && mount -o remount,bind,ro {d}" for d in ("/tmp", "/var/tmp")) + \
+            ' && cd /tmp && exec "$@"'
         res = self.run_ddprun(["--no-python", "sh", "-c", 'echo "EF=$TORCHELASTIC_ERROR_FILE"'],
                               cmd_prefix=("env", "-u", "TMPDIR", "-u", "TEMP", "-u", "TMP", "unshare", "-m",
                                           "--propagation", "private", "sh", "-c", ro, "sh"))
