@@ -187,6 +187,9 @@ class ProcessGroup {
   // The timeout of the collective in progress (what its timeout message names); the
   // group's until the first collective (init_process_group's wait).
   std::chrono::milliseconds op_timeout() const { return op_timeout_; }
+  // Whether this process made the group (not a child forked since): a group's links are
+  // its maker's alone.
+  bool made_here() const;
 
  private:
   template <class F>

@@ -63,6 +63,8 @@ ProcessGroup::ProcessGroup(int rank, int size, Backend backend, std::chrono::mil
 
 ProcessGroup::~ProcessGroup() = default;
 
+bool ProcessGroup::made_here() const { return forks_ == g_forks.load(std::memory_order_relaxed); }
+
 const char* ProcessGroup::op_name(Op op) {
   switch (op) {
     case Op::kAllReduce: return "all_reduce";
@@ -88,7 +90,7 @@ uint32_t progress_op(int op) { return static_cast<uint32_t>(op) + 1; }
 template <class F>
 void ProcessGroup::run(Op op, size_t bytes, std::chrono::milliseconds timeout, F&& body) {
   const char* name = op_name(op);
-  if (forks_ != g_forks.load(std::memory_order_relaxed))
+  if (!made_here())
     throw UsageError(fmt::format("ddp {} on rank {}: called in a process forked from the one that made the group "
                                  "(pid {} is the fork): a group's links belong to its maker; call it there, or "
                                  "make a group in the child",

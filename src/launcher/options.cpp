@@ -274,7 +274,8 @@ void check_worker_count(const Given& n, int count, bool log_files) {
                                "process may open at most {} (the hard limit, ulimit -Hn): {}",
                                n.source, count, kOwnFiles + static_cast<uint64_t>(count) * per_worker, kOwnFiles,
                                per_worker, log_files ? " with log files" : "", static_cast<uint64_t>(rl.rlim_max),
-                               fit ? fmt::format("at most {} worker{} per node", static_cast<uint64_t>(fit), fit == 1 ? "" : "s")
+                               fit ? fmt::format("at most {} worker{} per node", static_cast<uint64_t>(fit),
+                                                   fit == 1 ? "" : "s")
                                    : std::string("raise it to run any worker")));
 }
 

@@ -47,12 +47,12 @@ struct SpawnResult {
 // Returns once the child has exec'd (or failed to); fork_failed when vfork failed.
 SpawnResult spawn(const SpawnSpec& spec);
 
-// Explains an exec failure: "cannot execute /x/y.sh: Permission denied", with the bad
-// interpreter named when a #! line points nowhere.
 // Why no process could be made for a worker (vfork's errno): for EAGAIN, the limits on
 // processes that apply (RLIMIT_NPROC, the cgroup's pids.max: a container's --pids-limit).
 std::string describe_fork_failure(int err);
 
+// Explains an exec failure: "cannot execute /x/y.sh: Permission denied", with the bad
+// interpreter named when a #! line points nowhere.
 std::string describe_exec_failure(const std::string& path, int err);
 
 // Makes ddprun the reaper of every orphan its workers leave behind.

@@ -509,8 +509,7 @@ class AttemptSupervisor {
       all[i].tail_has_stdout = output_.streams().carries_both(static_cast<int>(i));
     }
     for (auto& w : all)
-      if (root_ && w.pid == root_->pid && w.rank == root_->rank) root_ = w;  // now with its stderr tail (no
-                                                                             // process: pid -1 for all)
+      if (root_ && w.rank == root_->rank) root_ = w;  // now with its stderr tail
     if (root_) stacks_.settle_root(all, *root_);
   }
 

@@ -641,7 +641,7 @@ class CpuGroup final : public GroupBase {
   // the ring's other peers, or the link).
   // (Not in a forked child that ends: the group, its record and its links are the parent's.)
   void leave() noexcept {
-    if (size() == 1 || failed_ || getpid() != owner_) return;
+    if (size() == 1 || failed_ || !made_here()) return;
     if (seg_ && my_local_ >= 0) {
       seg_->rank(my_local_).left_after.store(calls_, std::memory_order_relaxed);
       mark_and_wake(kRankLeft);
@@ -1168,7 +1168,6 @@ class CpuGroup final : public GroupBase {
   std::array<uint8_t, CallHeader::kPaddedBytes> header_prefix_{};  // zeros after the header
   bool published_ = false;     // this call is in this rank's RankCtl::call
   bool failed_ = false;        // fail_locally ran: the group ends without leave()
-  const pid_t owner_ = getpid();  // the process that made the group (leave() is its alone)
   uint32_t flat_waiting_k_ = 0;  // the flat exchange this rank waits in, 0: none
   std::vector<uint8_t> tmp_[2];
   std::vector<uint8_t> scaled_;  // a reduce-scatter's input, scaled for an average (kept up to 64 MiB)
