@@ -779,6 +779,20 @@ void check_summary_json(const Options& o, const Flags& g) {
   }
 }
 
+// --log-dir is made (with its missing folders) and must be writable: found now, before
+// this node joins the rendezvous, as a usage error (exit 2) like --summary-json's.
+void check_log_dir(const Options& o, const Flags& g) {
+  if (o.log_dir.empty()) return;
+  const std::string src = g.source("log-dir");
+  std::error_code ec;
+  std::filesystem::create_directories(o.log_dir, ec);
+  if (ec) throw UsageError(fmt::format("{}: cannot create the folder '{}': {}", src, o.log_dir, ec.message()));
+  if (!std::filesystem::is_directory(o.log_dir, ec))
+    throw UsageError(fmt::format("{}: '{}' is not a directory", src, o.log_dir));
+  if (::access(o.log_dir.c_str(), W_OK | X_OK) != 0)
+    throw UsageError(fmt::format("{}: cannot write in '{}': {}", src, o.log_dir, ddp::errno_text(errno)));
+}
+
 // `ddprun --dump-stacks [PID]`: nothing else on the line.
 Options parse_dump_stacks(const CommandLine& c) {
   Options o;
@@ -1015,6 +1029,7 @@ Options parse_options(const std::vector<std::string>& args, const std::map<std::
   read_store_sharing(o, env);
   check_target(o, env);
   check_summary_json(o, g);
+  check_log_dir(o, g);
   check_virtual_local_rank(o, env);
   bind_near_gpus(o, g, env);
   return o;

@@ -638,6 +638,23 @@ TEST_F(LauncherOptions, SummaryJsonPlaceCheckedBeforeTheJob) {
   EXPECT_TRUE(msg.starts_with("PET_SUMMARY_JSON: ")) << msg;
 }
 
+// --log-dir is made and checked before this node joins: a place it cannot be is a usage
+// error (exit 2), as --summary-json's; the run's own folder is made later, inside it.
+TEST_F(LauncherOptions, LogDirCheckedBeforeTheJob) {
+  const std::string nested = dir_.file("logs/a/b");
+  EXPECT_EQ(parse_with_script({"--log-dir", nested}).log_dir, nested);
+  EXPECT_TRUE(std::filesystem::is_directory(nested));
+  EXPECT_TRUE(std::filesystem::is_empty(nested));
+  std::string msg = usage_error_with_script({"--log-dir", script_ + "/logs"});
+  EXPECT_TRUE(msg.starts_with(fmt::format("--log-dir: cannot create the folder '{}/logs': ", script_))) << msg;
+  msg = usage_error_with_script({"--log-dir", script_});
+  EXPECT_TRUE(msg.starts_with("--log-dir: ")) << msg;
+  msg = usage_error_with_script({"--log-dir", "/proc/self/ddprun-logs"});
+  EXPECT_TRUE(msg.starts_with("--log-dir: cannot create the folder '/proc/self/ddprun-logs': ")) << msg;
+  msg = usage_error_with_script({}, {{"PET_LOG_DIR", "/proc/ddprun-test/logs"}});
+  EXPECT_TRUE(msg.starts_with("PET_LOG_DIR: ")) << msg;
+}
+
 // ------------------------------------------------------------------ bad input
 
 struct BadCase {

@@ -87,6 +87,15 @@ class BadInputTest(DdprunTestCase):
             with self.subTest(where):
                 self.check(["--summary-json", where, worker("marker.py"), self.path("marker")], expect)
 
+    def test_log_dir_that_cannot_be_made_is_refused_before_the_job(self):
+        # A usage error (exit 2), as --summary-json's, found before this node joins anything.
+        with open(self.path("a_file"), "w"):
+            pass
+        for where, expect in ((self.path("a_file", "logs"), "--log-dir: cannot create the folder"),
+                              (self.path("a_file"), "--log-dir: ")):
+            with self.subTest(where):
+                self.check(["--log-dir", where, worker("marker.py"), self.path("marker")], expect)
+
     def test_nonexistent_script(self):
         self.check(["/nonexistent/train.py", self.path("marker")], "/nonexistent/train.py")
 
