@@ -852,9 +852,8 @@ auto extension_call(const Impl& impl, const char* what, F f) {
     // diagnose, and the probe below would hold the caller's exit for its 200 ms.
     if (impl.interrupted) throw;
     if (!impl.still_listening())
-      throw NetworkError(fmt::format("{} (the store at {} accepts no connection any more: it stopped, or cannot be "
-                                     "reached)",
-                                     e.what(), impl.addr));
+      throw NetworkError(fmt::format("{} (the store accepts no connection any more: it stopped, or cannot be reached)",
+                                     e.what()));
     throw NetworkError(fmt::format("{} (the store at {} does not serve ddprun's {}: is it PyTorch's TCPStore rather "
                                    "than ddprun's, or a ddp-store-server older than this client? The rendezvous needs "
                                    "ddprun's store: an agent's, or a ddp-store-server of the same version)",
