@@ -947,8 +947,10 @@ struct Supervisor::Impl {
     stop_reason = *refusal;
     attempts.round_over();
     if (stop_reason.empty()) return true;
-    // A node cut off said why as it stopped its workers, and says it last again: no third line.
-    if ((o.max_restarts > 0 || !end.counted()) && !(end.node_only() && stop_reason == end.text))
+    // A node cut off (or told the job was closed) said why as it stopped its workers, and
+    // says it last again: no third line.
+    const bool said = (end.node_only() || end.kind == RoundEnd::Kind::kClosed) && stop_reason == end.text;
+    if ((o.max_restarts > 0 || !end.counted()) && !said)
       spdlog::error("not restarting: {}", stop_reason);
     return false;
   }

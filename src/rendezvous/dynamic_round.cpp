@@ -155,7 +155,7 @@ void DynamicRendezvous::close_rendezvous(const std::string& reason) {
     close_state(s, reason);
     auto r = main_->compare_and_set(encode_state(s), snap->token);
     if (r.ok) {
-      main_->append("events", "closed");
+      main_->append("events", closed_event(c_.me.id, reason));
       return;
     }
     snap = r.current;

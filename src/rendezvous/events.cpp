@@ -56,6 +56,11 @@ std::string round_event(int64_t round, const std::string& kind, const std::strin
 
 std::string lost_event(const std::string& node) { return "lost " + node; }
 
+std::string closed_event(const std::string& node, const std::string& reason) {
+  std::string t = one_line(reason);
+  return t.empty() ? "closed " + node : fmt::format("closed {} {}", node, t);
+}
+
 void RoundReader::start(int64_t round, std::vector<NodeDesc> members) {
   start(round, std::make_shared<const std::vector<NodeDesc>>(std::move(members)));
 }
@@ -126,6 +131,8 @@ std::optional<RoundEnd> RoundReader::judge(const Event& e) const {
     if (!member(e.node) || exited_.count(e.node)) return std::nullopt;
     return RoundEnd{K::kLost, e.node, fmt::format("node {} was lost: {}", who(e.node), e.text)};
   }
+  // The job was closed while this round ran (its store's host stopped, say): no round follows.
+  if (e.kind == "closed") return RoundEnd{K::kClosed, e.node, e.text.empty() ? "the job was closed" : e.text};
   if (e.round != round_) return std::nullopt;
   if (e.kind == "done") return RoundEnd{K::kDone, e.node, ""};
   if (e.kind == "fail" && member(e.node))
@@ -143,7 +150,7 @@ std::optional<RoundEnd> RoundReader::feed(const std::vector<std::string>& lines)
     if (e.kind == "lost") {
       if (auto forgot = lost_.insert(e.node)) lost_why_.erase(*forgot);
       lost_why_.emplace(e.node, e.text);
-    } else if (e.round != round_) {
+    } else if (e.round != round_ && e.kind != "closed") {
       continue;
     }
     if (round_ < 0) continue;

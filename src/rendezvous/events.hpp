@@ -62,12 +62,14 @@ struct DumpAnswers {
 };
 
 struct Event {
-  int64_t round = -1;  // -1: not about one round (state, lost)
+  int64_t round = -1;  // -1: not about one round (state, lost, closed)
   std::string kind, node, text;
 };
 Event parse_event(const std::string& line);
 std::string round_event(int64_t round, const std::string& kind, const std::string& node, const std::string& text);
 std::string lost_event(const std::string& node);  // the lease line (the backend adds why)
+// The job's end: "closed <node> <reason>" (written once, by the node that closed it).
+std::string closed_event(const std::string& node, const std::string& reason);
 
 // The nodes seen lost, the latest kKept of them. A lost node matters while something may
 // still name it (a round's member list, a pending join); one lost a thousand losses ago is
@@ -112,7 +114,8 @@ class EventsTail {
 };
 
 // Reads events for one round as they come. Lines of other rounds are skipped; "lost" lines
-// are remembered across rounds (a member lost before its round began still ends it).
+// are remembered across rounds (a member lost before its round began still ends it); a
+// "closed" line ends any round.
 class RoundReader {
  public:
   // Starts reading round `round` with these members; earlier lost lines still count.

@@ -369,6 +369,7 @@ bool Joiner::step(Seen& seen, Clock::time_point& deadline, int& conflicts) {
     spdlog::debug("rendezvous: round {} is complete with {} nodes", t.round, t.participants.size());
     return true;
   }
+  test_pause("join-wait");  // (others may complete the round with this node meanwhile)
   wait(seen, t, now, deadline);
   return false;
 }

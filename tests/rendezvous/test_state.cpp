@@ -172,6 +172,30 @@ TEST(RendezvousEvents, TheFirstEventThatCountsDecides) {
   EXPECT_FALSE(s->counted());
 }
 
+// The job closed while a round runs (its store's host stopped as it joined that round,
+// which it never started) ends the round for every member, with the closer's reason; a
+// round already done stays done.
+TEST(RendezvousEvents, AClosedLineEndsARunningRound) {
+  using K = RoundEnd::Kind;
+  RoundReader r;
+  r.start(1, {node("1"), node("2"), node("3")});
+  auto e = r.feed({"1 dump 2 a", closed_event("1", "node 1, which hosts the store, stopped")});
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind, K::kClosed);
+  EXPECT_EQ(e->node, "1");
+  EXPECT_EQ(e->text, "node 1, which hosts the store, stopped");
+  EXPECT_FALSE(e->counted());
+  RoundReader bare;
+  bare.start(1, {node("1")});
+  ASSERT_TRUE(bare.feed({closed_event("1", "")}));
+  EXPECT_EQ(bare.end()->text, "the job was closed");
+  RoundReader done;
+  done.start(2, {node("1"), node("2")});
+  ASSERT_TRUE(done.feed({"2 done 2", closed_event("2", "")}));
+  EXPECT_EQ(done.end()->kind, K::kDone);
+  EXPECT_EQ(closed_event("1", "a\nb"), "closed 1 a b");
+}
+
 // A node whose lease ended, frozen past the window, may ask to join when it runs again: it
 // is gone for the others, and its asking restarts nobody's round (before: every round it
 // asked, in a loop, while it did not know it was lost).

@@ -166,6 +166,57 @@ class ScenarioTest(C10dTestCase):
                                          r"the next round \(not counted as a restart\)")
         self.assertNotIn("error", c.stderr())
 
+    def test_s1_a_signal_during_the_scale_up_stop_leaves_and_the_others_go_on(self):
+        # C's arrival makes A and B stop their workers for a bigger round (their workers take
+        # 2 s to obey SIGTERM); a SIGTERM to B during that stop ends B as a signal does (exit
+        # 143), not as "failed on another node", and does not close the job: A (the store's
+        # host) and C form a round without B (B's leave is a counted restart) and finish.
+        # Workers started after the SIGTERM sleep 0.5 s.
+        short = self.path("short")
+        args = ["--sleep", "30", "--term-delay", "2", "--short-if", f"{short}=0.5"]
+        extra = ["--max-restarts", "1"]
+        a = self.start_node("A", "127.0.0.2", args, extra=extra)
+        b = self.start_node("B", "127.0.0.3", args, extra=extra)
+        self.wait_workers(4, world=4)
+        c = self.start_node("C", "127.0.0.4", args, extra=extra)
+        self.wait_for(lambda: "got SIGTERM" in b.stdout(), hang(20), "B's workers stopping" + self.describe())
+        os.kill(b.proc.pid, signal.SIGTERM)
+        open(short, "w").close()
+        self.wait_nodes([a, b, c], 60)
+        self.assertEqual(b.rc, 143, self.describe())
+        self.assertNotIn("failed on another node", b.stderr())
+        self.assertIn("received SIGTERM while the workers are stopping already", b.stderr())
+        for n in (a, c):
+            self.assertEqual(n.rc, 0, self.describe())
+        self.check_round(self.rounds()[-1], 4, ["127.0.0.2", "127.0.0.4"], restarts=1)
+
+    def test_s1_a_signal_to_the_store_host_as_the_bigger_round_forms_closes_it_at_once(self):
+        # The same with A, the store's host, signalled while its look-ahead join waits (held
+        # there 300 ms: DDPRUN_TEST_PAUSE): the others complete the round of 3 with A in it,
+        # which A never starts; A closes the job (its store goes with it). B and C, running that round and then
+        # waiting for A's workers, stop on the "closed" line at once, naming why (before:
+        # only when A's store went at close_timeout, 30 s later).
+        short = self.path("short")
+        args = ["--sleep", "30", "--term-delay", "2", "--short-if", f"{short}=0.5"]
+        extra = ["--max-restarts", "1"]
+        a = self.start_node("A", "127.0.0.2", args, extra=extra,
+                            env=clean_env(DDPRUN_TEST_PAUSE="join-wait"))
+        b = self.start_node("B", "127.0.0.3", args, extra=extra)
+        self.wait_workers(4, world=4)
+        c = self.start_node("C", "127.0.0.4", args, extra=extra)
+        self.wait_for(lambda: "got SIGTERM" in a.stdout(), hang(20), "A's workers stopping" + self.describe())
+        os.kill(a.proc.pid, signal.SIGTERM)
+        t0 = time.monotonic()
+        open(short, "w").close()
+        self.wait_nodes([a, b, c], 60)
+        self.assertLess(time.monotonic() - t0, 10, self.describe())  # (2 s of it: A's workers' SIGTERM delay)
+        self.assertEqual(a.rc, 143, self.describe())
+        for n in (b, c):
+            self.assertEqual(n.rc, 1, self.describe())
+            self.assertRegex(n.stderr(), r"node \S+ \(127\.0\.0\.2, [^)]*\), which hosts the store, stopped \(ddprun "
+                                         r"on \S+ received SIGTERM\): the job cannot go on without its store",
+                             self.describe())
+
     def test_s2_worker_failure_restarts_then_fails(self):
         # Rank 3 (on B) exits 7 in every round; --max-restarts 1: round 1 is the same world
         # with TORCHELASTIC_RESTART_COUNT 1 on every node, and its failure ends the job.

@@ -3,6 +3,7 @@ then sleeps, and may fail.
 
 usage: rdzv_env.py DIR [--sleep S] [--sleep-at-world W=S ...] [--fail-rank R] [--fail-code N]
                        [--fail-after S] [--fail-restarts K,K..] [--fail-when FILE]
+                       [--term-delay S] [--short-if FILE=S]
 
 Writes DIR/start_<pid>.json at once: {"t": time.time(), "pid", "env": the whole environment,
 "store_reachable": whether MASTER_ADDR:MASTER_PORT accepts a connection}. A round is told
@@ -10,11 +11,14 @@ apart by its MASTER_PORT (fresh every round).
 Then sleeps S seconds (or the S given for its WORLD_SIZE) and exits 0; the rank --fail-rank
 instead exits --fail-code after --fail-after seconds, only on the restart counts listed in
 --fail-restarts (default: every one), and only once --fail-when FILE exists (when given).
-Writes DIR/end_<pid> when it exits normally.
+Writes DIR/end_<pid> when it exits normally. --term-delay: a SIGTERM is printed ("rank R got
+SIGTERM") and obeyed S seconds later (exit 143). --short-if: a worker that starts when FILE
+exists sleeps S seconds instead.
 """
 import argparse
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -30,6 +34,8 @@ p.add_argument("--fail-code", type=int, default=3)
 p.add_argument("--fail-after", type=float, default=0.3)
 p.add_argument("--fail-restarts", default="")
 p.add_argument("--fail-when", default="")
+p.add_argument("--term-delay", type=float, default=None)
+p.add_argument("--short-if", default="")
 a = p.parse_args()
 
 env = dict(os.environ)
@@ -45,6 +51,12 @@ with open(tmp, "w") as f:
 os.rename(tmp, os.path.join(a.dir, f"start_{pid}.json"))
 
 rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+if a.term_delay is not None:
+    def on_term(signum, frame):
+        print(f"rank {rank} got SIGTERM", flush=True)
+        time.sleep(a.term_delay)
+        os._exit(143)
+    signal.signal(signal.SIGTERM, on_term)
 restarts = int(env["TORCHELASTIC_RESTART_COUNT"])
 fails = rank == a.fail_rank and (not a.fail_restarts or restarts in {int(k) for k in a.fail_restarts.split(",")})
 if fails:
@@ -64,5 +76,7 @@ for spec in a.sleep_at_restart:
     r, s = spec.split("=")
     if int(r) == restarts:
         sleep = float(s)
+if a.short_if and os.path.exists(a.short_if.split("=")[0]):
+    sleep = float(a.short_if.split("=")[1])
 time.sleep(sleep)
 open(os.path.join(a.dir, f"end_{pid}"), "w").close()
