@@ -62,6 +62,15 @@ void JobRecord::report(const Ending& e, const std::string& run_id, const ShowTex
     outcome_.exit_code = 1;
 }
 
+void JobRecord::report_join_failure(const std::string& why, int restarts, const std::string& run_id) {
+  end(restarts);
+  outcome_.status = "failed";
+  outcome_.reason = "rendezvous";
+  outcome_.message = why;
+  outcome_.exit_code = 1;
+  if (!o_.summary_json.empty()) write_summary_json(o_.summary_json, outcome_, run_id);
+}
+
 // A node stopping on a signal is gone by the time the SIGKILL escalation would have
 // ended (at least a second after now): the goodbye to the others is bounded by it.
 void JobRecord::leave(const Ending& e) {

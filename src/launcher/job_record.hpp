@@ -40,6 +40,9 @@ class JobRecord {
   void report(const Ending& e, const std::string& run_id, const ShowText& show);
   // The goodbye to the rendezvous.
   void leave(const Ending& e);
+  // A join that failed ends the job (the rendezvous said its goodbye): --summary-json says
+  // so (reason "rendezvous", the error as its message) with the attempts before it.
+  void report_join_failure(const std::string& why, int restarts, const std::string& run_id);
   const JobOutcome& outcome() const { return outcome_; }
 
  private:

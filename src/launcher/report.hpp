@@ -63,7 +63,8 @@ void write_root_cause_error_file(const std::string& path, const WorkerResult& ro
 struct JobOutcome {
   std::string status;  // "succeeded", "failed", "signaled"
   // What ended the job (first match of JobEnd): "succeeded", "signal", "worker_failed",
-  // "hang", "another_node" (message: what that node said), "lost_contact" (message: why).
+  // "hang", "another_node" (message: what that node said), "lost_contact" (message: why),
+  // "rendezvous" (this node's join failed; message: why).
   std::string reason;
   std::string message;
   int exit_code = 0;

@@ -824,7 +824,7 @@ struct Supervisor::Impl {
     record.start();
     setup();
     for (job.attempt = 0;; ++job.attempt) {
-      auto joined = join_round();
+      auto joined = join_or_report();
       if (!joined) break;  // a signal while joining
       job.plan = *joined;
       watch_rendezvous();
@@ -984,6 +984,19 @@ struct Supervisor::Impl {
   }
 
   // The next round (nullopt: a signal came while joining).
+  // A join that fails (the job closed meanwhile, replace_timeout over, this node declared
+  // lost) ends the job as an error of ddprun's (exit 1), with --summary-json written first.
+  std::optional<JobPlan> join_or_report() {
+    try {
+      return join_round();
+    } catch (const rdzv::NotNeeded&) {
+      throw;
+    } catch (const std::exception& e) {
+      record.report_join_failure(e.what(), job.plan.restart_count, job.plan.run_id);
+      throw;
+    }
+  }
+
   std::optional<JobPlan> join_round() {
     if (!rdzv.joins_over_network()) return rdzv.next_round();
     auto plan = off_loop<JobPlan>([r = &rdzv] { return r->next_round(); });

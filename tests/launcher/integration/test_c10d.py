@@ -333,6 +333,29 @@ class ScenarioTest(C10dTestCase):
                                      r"node remains, fewer than the 2 the job needs \(--nnodes 2\); this node waits "
                                      r"\d+(\.\d+)? s \(--rdzv-conf replace_timeout\)", self.describe())
 
+    def test_s3_no_replacement_in_time_ends_with_a_summary(self):
+        # replace_timeout over with nobody new: the survivor's join fails (exit 1), and its
+        # --summary-json says so (reason "rendezvous", the error as the message) with the
+        # workers of the round before (before: no file at all, as for a crash of ddprun).
+        conf = CONF + ",replace_timeout=2"
+        summary = self.path("a_summary.json")
+        kw = dict(nnodes="2", extra=["--max-restarts", "3"])
+        a = self.start_node("A", "127.0.0.2", ["--sleep", "30"], conf=conf + ",is_host=1",
+                            extra=["--max-restarts", "3", "--summary-json", summary], nnodes="2")
+        b = self.start_node("B", "127.0.0.3", ["--sleep", "30"], conf=conf + ",is_host=0", **kw)
+        self.wait_workers(4, world=4)
+        b.proc.send_signal(signal.SIGKILL)
+        self.wait_nodes([a], 30)
+        self.assertEqual(a.rc, 1, self.describe())
+        err = a.stderr()
+        self.assertRegex(err, r"ddprun: error: rendezvous: no node came to take the places of those lost from job "
+                              r"'job' within --rdzv-conf replace_timeout 2 s", self.describe())
+        s = self.load_json(summary)
+        self.assertEqual((s["status"], s["reason"], s["exit_code"]), ("failed", "rendezvous", 1), s)
+        self.assertIn("within --rdzv-conf replace_timeout 2 s", s["message"])
+        self.assertEqual(sorted((w["attempt"], w["rank"], w["state"]) for w in s["workers"]),
+                         [(0, 0, "stopped"), (0, 1, "stopped")], s["workers"])
+
     def test_s3_second_loss_while_reforming_stops_at_once(self):
         # Issue 10, "survivors re-form ... if at least MIN remain, else stop naming the lost
         # node": B is lost, A and C start to re-form (a last call: 2 of --nnodes 2:3); C is
