@@ -187,6 +187,9 @@ class NodeRendezvous : public Rendezvous {
     std::atomic<bool> busy{false};   // a note_progress is out
   };
   std::shared_ptr<ProgressCount> progress_ = std::make_shared<ProgressCount>();
+  // When the goodbye after a signal is given up (steady clock ticks; 0: not leaving): a
+  // connection still being tried then says what it is for, and until when.
+  std::shared_ptr<std::atomic<int64_t>> leaving_by_ = std::make_shared<std::atomic<int64_t>>(0);
 
   // The notes use the rendezvous's main backend object, which one thread at a time may use
   // (etcd's HTTP session is not shared): calls from this thread wait for them first.
@@ -250,6 +253,7 @@ void NodeRendezvous::finish(FinishKind kind, const std::string& reason, std::opt
   if (!deadline) {
     goodbye();
   } else {
+    leaving_by_->store(deadline->time_since_epoch().count());
     BackgroundTask bye(goodbye);
     if (!bye.wait_until(*deadline)) {
       bye.abandon();
@@ -357,8 +361,10 @@ static ddp::StoreError not_ddprun_store(const std::string& where, const ddp::Sto
 
 // A node still waiting for a store it does not host says so after 10 s, then every minute:
 // a wrong address or port, or a store host that never started, is not silent until the limit.
-// The backend's clones (one per thread, connected when first used) share it.
-static ddp::TcpStore::ConnectRetry still_connecting(std::string store, std::string limit) {
+// The backend's clones (one per thread, connected when first used) share it. While the node
+// leaves after a signal (leaving_by set), the goodbye's own deadline is the limit.
+static ddp::TcpStore::ConnectRetry still_connecting(std::string store, std::string limit,
+                                                    std::shared_ptr<const std::atomic<int64_t>> leaving_by) {
   struct Said {
     std::mutex mu;
     milliseconds last{0};                // the last attempt's time: a smaller one is a new connection
@@ -374,6 +380,14 @@ static ddp::TcpStore::ConnectRetry still_connecting(std::string store, std::stri
       if (s < said->next) return;
       said->next = s + std::chrono::seconds(60);
     }
+    if (const int64_t by = leaving_by->load()) {
+      const auto left = std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(by)) -
+                        std::chrono::steady_clock::now();
+      spdlog::warn("rendezvous: telling the other nodes that this node stops: still connecting to {} after {} s ({}); "
+                   "giving up in {}",
+                   store, s.count(), why, ddp::format_duration(std::chrono::duration_cast<milliseconds>(left)));
+      return;
+    }
     spdlog::warn("rendezvous: still connecting to {} after {} s ({}); trying until {}", store, s.count(), why, limit);
   };
 }
@@ -387,7 +401,8 @@ std::unique_ptr<rdzv::StoreBackend> NodeRendezvous::connect(bool hosting, const 
   bo.connect_timeout = seconds(o_.rdzv_conf.read_timeout);
   if (!hosting)
     bo.retrying = still_connecting(fmt::format("the c10d store at {} (--rdzv-endpoint)", endpoint_text(o_.rdzv_host, port_)),
-                                   fmt::format("read_timeout {}", ddp::format_duration(bo.connect_timeout)));
+                                   fmt::format("read_timeout {}", ddp::format_duration(bo.connect_timeout)),
+                                   leaving_by_);
   try {
     return std::make_unique<rdzv::StoreBackend>(bo);
   } catch (const ddp::StoreError& e) {
@@ -447,7 +462,8 @@ std::unique_ptr<rdzv::Backend> NodeRendezvous::open_static() {
   if (!hosting)
     bo.retrying = still_connecting(fmt::format("node 0's store at {} (--master-addr, --master-port)",
                                                endpoint_text(o_.master_addr, port_)),
-                                   fmt::format("join_timeout {}", ddp::format_duration(bo.connect_timeout)));
+                                   fmt::format("join_timeout {}", ddp::format_duration(bo.connect_timeout)),
+                                   leaving_by_);
   const auto t0 = std::chrono::steady_clock::now();
   try {
     return std::make_unique<rdzv::StoreBackend>(bo);

@@ -80,11 +80,11 @@ class RdzvEdgesNetns(NetnsHosts):
 
     # ------------------------------------------------------------------ silent store host
 
-    def check_signal_beats_a_silent_store(self, line):
+    def check_signal_beats_a_silent_store(self, line, shutdown=SHUTDOWN):
         """line(i): node i's ddprun arguments. Ranks 0, 1 on node 0 (the store host), 2, 3 on
-        node 1; every worker sleeps 300 s."""
+        node 1; every worker sleeps 300 s. Returns node 1."""
         self.make_topology(2)
-        nodes = [self.start_node(i, [*line(i), "--nproc-per-node", "2", "--shutdown-timeout", str(SHUTDOWN),
+        nodes = [self.start_node(i, [*line(i), "--nproc-per-node", "2", "--shutdown-timeout", str(shutdown),
                                      EDGE_WORKER, self.tmp, "--sleep", "300"]) for i in range(2)]
         self.wait_files([f"start_{r}" for r in range(4)], 60)
         self.topo.cut(0)  # its link down: whatever the others send it is dropped, no reset
@@ -94,10 +94,11 @@ class RdzvEdgesNetns(NetnsHosts):
         terms = self.wait_files(["term_2", "term_3"], 30)
         for t in terms:
             self.assertLess(t - signalled, 1.0, "node 1's workers must get SIGTERM within 1 s" + self.describe())
-        running = jobwatch.wait_exited([nodes[1]], SHUTDOWN + lib.scaled(3))
+        running = jobwatch.wait_exited([nodes[1]], shutdown + lib.scaled(3))
         self.assertEqual(running, [], "ddprun must exit within the SIGKILL escalation" + self.describe())
         self.assertEqual(nodes[1].rc, 128 + signal.SIGTERM, self.describe())
-        self.assertLess(nodes[1].exited_at - signalled, SHUTDOWN + lib.scaled(3), self.describe())
+        self.assertLess(nodes[1].exited_at - signalled, shutdown + lib.scaled(3), self.describe())
+        return nodes[1]
 
     def test_static_signal_while_the_store_host_is_silent(self):
         self.check_signal_beats_a_silent_store(lambda i: [
@@ -108,6 +109,20 @@ class RdzvEdgesNetns(NetnsHosts):
         self.check_signal_beats_a_silent_store(lambda i: [
             "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.topo.addr(0)}:{PORT}",
             "--rdzv-id", "edges", "--local-addr", self.topo.addr(i), "--rdzv-conf", "last_call_timeout=0.3"])
+
+    def test_c10d_a_goodbye_still_connecting_says_what_for_and_until_when(self):
+        # With --shutdown-timeout 14 the goodbye outlasts the 10 s after which a connection
+        # still tried is reported: it says it is the goodbye and when it is given up (before:
+        # "still connecting ...; trying until read_timeout 60 s", as at a node's start).
+        node = self.check_signal_beats_a_silent_store(lambda i: [
+            "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.topo.addr(0)}:{PORT}",
+            "--rdzv-id", "edges", "--local-addr", self.topo.addr(i), "--rdzv-conf", "last_call_timeout=0.3"],
+            shutdown=14)
+        err = node.stderr()
+        self.assertRegex(err, r"rendezvous: telling the other nodes that this node stops: still connecting to the c10d "
+                              r"store at \S+ \(--rdzv-endpoint\) after 1\d s \([^)]*\); giving up in \d", self.describe())
+        self.assertNotIn("trying until", err, self.describe())
+        self.assertIn("the other nodes could not be told in time that this node stops", err, self.describe())
 
     # ------------------------------------------------------------------ a node cut off
 
