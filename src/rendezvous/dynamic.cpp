@@ -43,7 +43,9 @@ DynamicRendezvous::DynamicRendezvous(DynamicConfig c, std::unique_ptr<Backend> m
   try {
     events_.read();
     watcher_ = std::make_unique<RoundWatcher>(
-        std::move(events), RoundWatcher::Names{c_.me.id, backend_name_, c_.store_lost_hint, c_.worker_store.has_value()}, signal_);
+        std::move(events), RoundWatcher::Names{c_.me.id, backend_name_, c_.store_lost_hint, c_.worker_store.has_value(),
+                                               [k = keeper_.get()] { return k->overdue(); }},
+        signal_);
   } catch (...) {
     signal_.stop();  // the keeper's thread ends as the members go
     throw;

@@ -50,6 +50,10 @@ void LeaseKeeper::check_alive() {
   }
 }
 
+bool LeaseKeeper::overdue() const {
+  return Clock::now() - Clock::time_point(Clock::duration(renewed_at_.load())) > ttl();
+}
+
 void LeaseKeeper::release() {
   std::lock_guard lk(mu_);
   spdlog::debug("rendezvous: releasing");

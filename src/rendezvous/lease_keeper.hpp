@@ -45,6 +45,8 @@ class LeaseKeeper {
   // renews it now (not while the thread's renewals get no answer: a call here would wait as
   // long). Another error leaves the judgement to the keeper's thread.
   void check_alive();
+  // No renewal got through for the lease's whole ttl (the backend may have ended it).
+  bool overdue() const;
 
  private:
   void loop();

@@ -111,6 +111,10 @@ void RoundWatcher::loop() {
       judge();
     } catch (const std::exception& e) {
       if (signal_.stopped()) return;
+      // This node frozen past the window (SIGSTOP, a paused VM): the store may be gone
+      // because the others stopped without it. The keeper, thawed too, says so, with how
+      // long this node did not run: it speaks first (the first end reported is kept).
+      if (names_.lease_overdue && names_.lease_overdue() && signal_.sleep(500ms)) return;
       signal_.notify_end(-1, RoundEnd{RoundEnd::Kind::kStoreLost, "",
                                       fmt::format("lost the rendezvous at {}: {}{}", names_.backend,
                                                   without_address(e.what()), names_.lost_hint)});

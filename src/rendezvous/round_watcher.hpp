@@ -3,6 +3,7 @@
 // stack dumps other nodes ask for, to the RoundSignal. It uses a Backend of its own.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -19,6 +20,8 @@ class RoundWatcher {
     std::string backend;       // describe() of the backend, for the store-lost end
     std::string lost_hint;     // appended to "lost the rendezvous at ..."
     bool fixed = false;        // static membership: nobody goes on without this node
+    // Whether this node's lease went unrenewed for its whole ttl (LeaseKeeper::overdue).
+    std::function<bool()> lease_overdue;
   };
   RoundWatcher(std::unique_ptr<Backend> events, Names names, RoundSignal& signal);
   // Stops the thread: call signal.stop() first.

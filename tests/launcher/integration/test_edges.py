@@ -231,6 +231,11 @@ class EdgeTest(DdprunTestCase):
         self.assertLess(n1.exited_at - thawed, scaled(3), self.describe())
         for r in jobwatch.start_records(recs[1]):
             self.assertFalse(os.path.exists(os.path.join(recs[1], f"end_{r['pid']}")), "its workers were stopped")
+        # It says that it was frozen itself, not that node 0 stopped (which node 0 did because of it).
+        err1 = read_text(n1.err_path)
+        self.assertRegex(err1, r"\(this node itself did not run for [0-9.]+ s just before: |declared lost by the "
+                               r"rendezvous", self.describe())
+        self.assertNotIn("when node 0 stops, so does the job", err1, self.describe())
 
     def test_static_a_failure_while_the_store_host_is_frozen_ends_within_the_window(self):
         """Node 0's ddprun (the store's host) frozen, then rank 3 (node 1) exits 3: node 1 can
