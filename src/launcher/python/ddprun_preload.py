@@ -714,6 +714,11 @@ def _fresh_main():
     main.__builtins__ = __builtins__
     _KEEP.append(sys.modules["__main__"])  # (this file's functions still run)
     sys.modules["__main__"] = main
+    # multiprocessing, imported by the warm modules (torch does), named this file's module
+    # __mp_main__ as it does the __main__ it finds: what a spawn child pickles from the
+    # script (a class of its own) is looked up there.
+    if "__mp_main__" in sys.modules:
+        sys.modules["__mp_main__"] = main
     return main
 
 
