@@ -115,7 +115,8 @@ const FlagSpec kFlags[] = {
      nullptr, "default", "NAME"},
     {"log-level", 0, K::kValue, "warning", "Output", "ddprun's own messages: debug, info, warning, error", "LOGLEVEL",
      "debug info warning error", "LEVEL"},
-    {"summary-json", 0, K::kValue, "", "Output", "write the job's outcome (every rank) as JSON to this path",
+    {"summary-json", 0, K::kValue, "", "Output",
+     "write this node's ranks' outcome and what ended the job as JSON to this path ({host}: this host's name)",
      nullptr, "", "FILE"},
     // Never from PET_HELP or PET_VERSION (torchrun has no such fallback): a variable left in
     // the environment must not turn every job into a help or version print.

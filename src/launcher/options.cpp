@@ -757,10 +757,22 @@ void check_target(const Options& o, const std::map<std::string, std::string>& en
   }
 }
 
+// "{host}" in a --summary-json path: this host's name (one file per node where every node
+// writes to one shared folder).
+void expand_summary_json(Options& o) {
+  const std::string_view tag = "{host}";
+  if (o.summary_json.find(tag) == std::string::npos) return;
+  char buf[256] = {0};
+  const std::string host = ::gethostname(buf, sizeof buf - 1) == 0 ? buf : "localhost";
+  for (size_t at = 0; (at = o.summary_json.find(tag, at)) != std::string::npos; at += host.size())
+    o.summary_json.replace(at, tag.size(), host);
+}
+
 // --summary-json is written when the job ends: a place it cannot be written is found now,
 // before any worker runs. Its missing folders are made, as --log-dir's are.
-void check_summary_json(const Options& o, const Flags& g) {
+void check_summary_json(Options& o, const Flags& g) {
   if (o.summary_json.empty()) return;
+  expand_summary_json(o);
   const std::string src = g.source("summary-json");
   const std::filesystem::path path(o.summary_json);
   if (!path.has_filename()) throw UsageError(fmt::format("{}: '{}' names a folder, not a file", src, o.summary_json));

@@ -601,7 +601,25 @@ void StackDumps::settle_root(const std::vector<WorkerResult>& workers, const Wor
     failing_ = root.pid;
     changed = true;
   }
+  changed |= exited_meanwhile(stacks, workers);
   if (changed) failure_note_ = stacks.empty() && failure_table_.empty() ? "" : failure_text(stacks);
+}
+
+// A rank caught without a Python frame (exiting) or not answering, that then exited 0, had
+// finished before the others failed: often the one they waited for (it skipped a
+// collective). Said as the hang report says it.
+bool StackDumps::exited_meanwhile(std::vector<RankStack>& stacks, const std::vector<WorkerResult>& workers) {
+  bool changed = false;
+  for (auto& s : stacks) {
+    if (s.kind != RankStack::Kind::kNoAnswer && !(s.kind == RankStack::Kind::kStack && s.signature() == kNoPythonFrame))
+      continue;
+    auto w = std::find_if(workers.begin(), workers.end(), [&](const WorkerResult& x) { return x.pid == s.pid; });
+    if (w == workers.end() || w->state != WorkerResult::State::kSucceeded) continue;
+    s.kind = RankStack::Kind::kExited;
+    s.given = "not running: exited with code 0 (it was exiting as the others failed)";
+    changed = true;
+  }
+  return changed;
 }
 
 void StackDumps::attempt_started() {

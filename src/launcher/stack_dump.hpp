@@ -196,6 +196,7 @@ class StackDumps {
   // The survivors' stacks at a failure (all but root), saved, as the summary's block.
   std::string failure_stacks(const std::vector<WorkerResult>& workers, const WorkerResult* root,
                              const std::string& attempt_dir, const std::string& title);
+  static bool exited_meanwhile(std::vector<RankStack>& stacks, const std::vector<WorkerResult>& workers);
   std::string failure_text(const std::vector<RankStack>& stacks) const;  // the note on these stacks
   // A signal that stops the job is pending (blocked, not yet read from the signalfd).
   bool stop_pending() const;

@@ -165,7 +165,7 @@ std::string RankStack::signature(size_t depth) const {
       m.frames[0].file.ends_with("/ddprun/python/sitecustomize.py"))
     return kFailingOnAnException;
   std::string s = innermost(m, depth);
-  return s.empty() ? "<no Python frame: its Python starts or exits>" : s;
+  return s.empty() ? kNoPythonFrame : s;
 }
 
 std::string rank_ranges(std::vector<int> ranks) {

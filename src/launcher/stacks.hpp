@@ -26,6 +26,7 @@ inline constexpr int kWorkerSignal = SIGURG;
 inline constexpr const char* kAnnounce = "ddprun-stacks pid=";
 // Where a rank is that fails on an uncaught exception (its traceback tells where, in its output).
 inline constexpr const char* kFailingOnAnException = "failing: an uncaught exception (its traceback is in its output)";
+inline constexpr const char* kNoPythonFrame = "<no Python frame: its Python starts or exits>";
 
 struct Frame {
   std::string file, func;

@@ -1,6 +1,8 @@
 // ddprun's command line: torchrun 2.x's flag table (both spellings, --flag=value and
 // --flag value, PET_ fallbacks, prefixes, short forms), defaults, the script/argument split,
 // and every bad input refused with a ddp::UsageError naming the flag.
+#include <unistd.h>
+
 #include <csignal>
 #include <filesystem>
 #include <map>
@@ -636,6 +638,12 @@ TEST_F(LauncherOptions, SummaryJsonPlaceCheckedBeforeTheJob) {
   EXPECT_TRUE(msg.starts_with(fmt::format("--summary-json: cannot create the folder '{}'", script_))) << msg;
   msg = usage_error_with_script({}, {{"PET_SUMMARY_JSON", "/proc/ddprun-test/s.json"}});
   EXPECT_TRUE(msg.starts_with("PET_SUMMARY_JSON: ")) << msg;
+  // One file per node in a shared folder: {host} is this host's name (each time it appears).
+  char host[256] = {0};
+  ASSERT_EQ(gethostname(host, sizeof host - 1), 0);
+  EXPECT_EQ(parse_with_script({"--summary-json", dir_.file("{host}/s_{host}.json")}).summary_json,
+            dir_.file(fmt::format("{}/s_{}.json", host, host)));
+  EXPECT_TRUE(std::filesystem::is_directory(dir_.file(host)));
 }
 
 // --log-dir is made and checked before this node joins: a place it cannot be is a usage

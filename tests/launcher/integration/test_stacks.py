@@ -120,6 +120,18 @@ class TorchStacks(StacksTest):
         self.assertEqual(len(saved), 2, saved)
         self.assertIn("in slow_data", read_text(sorted(saved)[0]))
 
+    def test_a_rank_that_exited_0_before_the_others_failed_is_named_so(self):
+        # Rank 1 skips step 3's all_reduce and exits 0; the others' all_reduce fails as its
+        # connections close, often while its Python finalizes. The summary's view says it
+        # exited 0 (the one the others waited for), not "<no Python frame ...>".
+        p = self.job("skip")
+        rc = self.finish(p)
+        err = self.stderr_text()
+        self.assertNotEqual(rc, 0, err[-3000:])
+        self.assertIn("Root Cause (first observed failure)", err)
+        self.assertRegex(err, r"\n  rank 1: not running: exited with code 0", err[-3000:])
+        self.assertNotIn("<no Python frame", err, err[-3000:])
+
     def test_hang_timeout_stops_the_job_and_names_the_odd_rank(self):
         # The clock runs from the attempt's start, `import torch` included: four torch 2.6
         # workers took 5.7 s to reach step 3 on an idle 2-core machine, so 15 s, not 5.
