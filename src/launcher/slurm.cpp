@@ -406,6 +406,24 @@ void need_node_id(const Env& s, const char* what) {
                                  s.step_name(), s.nnodes, s.nodelist_var, s.nodelist, what));
 }
 
+// The step's first node (SLURM_NODEID 0), where the store is hosted: `flag` names what
+// to give instead when it cannot be told or does not resolve here.
+std::string store_node(const Env& s, const std::vector<std::string>& nodes, const Resolver& resolve,
+                       const char* flag) {
+  if (nodes.empty())
+    throw UsageError(fmt::format(
+        "Slurm step {} is heterogeneous ({}), and which of its nodes is SLURM_NODEID 0 (the store's host) cannot be "
+        "told from the components' node lists ({}): give {} (the first node of the step's first component), or turn "
+        "Slurm detection off with --no-slurm",
+        s.step_name(), fmt::format("{}={}", s.nodelist_var, s.nodelist), het_text(s), flag));
+  if (resolve(nodes[0]).empty())
+    throw ddp::Error(fmt::format(
+        "Slurm step {}: its first node '{}' ({}={}) does not resolve on this node, so no node could reach the store "
+        "there; give its address with {} (or turn Slurm detection off with --no-slurm)",
+        s.step_name(), nodes[0], s.nodelist_var, s.nodelist, flag));
+  return nodes[0];
+}
+
 void apply_static(Options& o, const Env& s, const Resolver& resolve) {
   std::vector<std::string> flags;
   if (!given(o, "nnodes")) {
@@ -429,18 +447,7 @@ void apply_static(Options& o, const Env& s, const Resolver& resolve) {
   }
   const bool endpoint = given(o, "rdzv-endpoint");
   if (!given(o, "master-addr") && !endpoint) {
-    if (nodes.empty())
-      throw UsageError(fmt::format(
-          "Slurm step {} is heterogeneous ({}), and which of its nodes is SLURM_NODEID 0 (the store's host) cannot be "
-          "told from the components' node lists ({}): give --master-addr (the first node of the step's first "
-          "component), or turn Slurm detection off with --no-slurm",
-          s.step_name(), fmt::format("{}={}", s.nodelist_var, s.nodelist), het_text(s)));
-    if (resolve(nodes[0]).empty())
-      throw ddp::Error(fmt::format(
-          "Slurm step {}: its first node '{}' ({}={}) does not resolve on this node, so no node could reach the "
-          "store there; give its address with --master-addr (or turn Slurm detection off with --no-slurm)",
-          s.step_name(), nodes[0], s.nodelist_var, s.nodelist));
-    o.master_addr = nodes[0];
+    o.master_addr = store_node(s, nodes, resolve, "--master-addr");
     flags.push_back(fmt::format("--master-addr {}", nodes[0]));
   }
   if (!given(o, "master-port") && !endpoint) {
@@ -475,13 +482,22 @@ void apply_c10d_host(Options& o, const Env& s, const Resolver& resolve, std::vec
 // The dynamic backends (c10d, etcd, etcd-v2): the node count and run id from the step; with
 // c10d also which node hosts the store, when the endpoint is the step's first node.
 void apply_dynamic(Options& o, const Env& s, const Resolver& resolve) {
-  if (o.rdzv_endpoint.empty()) return;
   std::vector<std::string> flags;
+  const bool whole = job_is_the_step(o, s);
+  // c10d with no endpoint in a multi-node step: the step's first node hosts the store, as
+  // on the static line (before: every node hosted a 1-node job of its own, and succeeded).
+  if (o.rdzv_endpoint.empty() && o.rdzv_backend == "c10d" && s.nnodes > 1 && whole) {
+    need_node_id(s, "--rdzv-endpoint");
+    o.rdzv_endpoint = fmt::format("{}:{}", store_node(s, step_nodes(s), resolve, "--rdzv-endpoint"),
+                                  derived_port(s.job_id, *s.step_id));
+    flags.push_back(fmt::format("--rdzv-endpoint {}", o.rdzv_endpoint));
+  }
+  if (o.rdzv_endpoint.empty()) return;
   if (!given(o, "nnodes")) {
     o.min_nodes = o.max_nodes = s.nnodes;
     flags.push_back(fmt::format("--nnodes {}", s.nnodes));
   }
-  if (job_is_the_step(o, s) && !given(o, "rdzv-id")) {
+  if (whole && !given(o, "rdzv-id")) {
     o.rdzv_id = s.step_name();
     flags.push_back(fmt::format("--rdzv-id {}", o.rdzv_id));
   }

@@ -367,6 +367,31 @@ TEST(SlurmDerive, C10dEndpointOnTheFirstNodeHostsOnNodeZero) {
   }
 }
 
+// c10d with no endpoint in a multi-node step: the step's first node hosts the store at the
+// step's derived port (before: every node ran a 1-node job of its own, and succeeded). One
+// node, or an elastic range (nodes of other steps), derives no endpoint.
+TEST(SlurmDerive, C10dWithoutAnEndpointMeetsOnTheStepsFirstNode) {
+  Options bare = parsed({{"rdzv-backend", "--rdzv-backend"}});
+  bare.rdzv_backend = "c10d";
+  Options a = applied(bare, step_env("n[1-2]", 2, 0));
+  Options b = applied(bare, step_env("n[1-2]", 2, 1));
+  EXPECT_EQ(a.rdzv_endpoint, "n1:" + std::to_string(derived_port("77", 0)));
+  EXPECT_EQ(b.rdzv_endpoint, a.rdzv_endpoint);
+  EXPECT_TRUE(*a.rdzv_conf.is_host);
+  EXPECT_FALSE(*b.rdzv_conf.is_host);
+  EXPECT_EQ(b.max_nodes, 2);
+  EXPECT_EQ(b.rdzv_id, "77.0");
+  ASSERT_EQ(b.infos.size(), 1u);
+  EXPECT_NE(b.infos[0].find("--rdzv-endpoint " + a.rdzv_endpoint + " --nnodes 2"), std::string::npos)
+      << b.infos[0];
+  EXPECT_TRUE(b.warnings.empty());
+  EXPECT_EQ(applied(bare, step_env("n1", 1, 0)).rdzv_endpoint, "");
+  Options range = bare;
+  range.given["nnodes"] = "--nnodes";
+  range.min_nodes = 1, range.max_nodes = 4;
+  EXPECT_EQ(applied(range, step_env("n[1-2]", 2, 1)).rdzv_endpoint, "");
+}
+
 TEST(SlurmDerive, C10dOtherEndpointsAndExplicitIsHostAreLeftAlone) {
   for (const char* ep : {"n2:29500", "n11.cluster.example:1", "127.0.0.12:29500", "login:29500"}) {
     Options o = applied(c10d(ep), step_env("n[1-2]", 2, 0));

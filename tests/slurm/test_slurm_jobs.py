@@ -156,6 +156,26 @@ srun --ntasks-per-node=1 $DDPRUN --log-level info --nnodes 2 --nproc-per-node 2 
         self.assertEqual(out.count("joining the c10d store at"), 1, out)
         self.assert_nothing_left(name)
 
+    def test_c10d_without_an_endpoint_meets_on_the_steps_first_node(self):
+        # `--rdzv-backend c10d` and no endpoint in a 2-node step: the step's first node hosts
+        # the store at the derived port (before: each node ran a 1-node job of its own, world
+        # size 2 instead of 4, and the step succeeded).
+        name = "c10d_noendpoint"
+        d = self.job_dir(name)
+        job, info = self.run_job(name, f"""
+srun --ntasks-per-node=1 $DDPRUN --log-level info --rdzv-backend c10d --nproc-per-node 2 $WORKERS/where.py {d}""",
+                                 "-N2")
+        out = self.job_output(name)
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), out)
+        where = self.where(name)
+        self.assertEqual(sorted(where), [0, 1, 2, 3], out)
+        for r in where.values():
+            self.assertEqual(r["WORLD_SIZE"], "4", r)
+            self.assertEqual(r["TORCHELASTIC_RUN_ID"], f"{job}.0", r)
+        self.assertEqual(out.count(f"--rdzv-endpoint n1:{lib.derived_port(job, 0)} --nnodes 2"), 2, out)
+        self.assertEqual(out.count("this node hosts the c10d store on port"), 1, out)
+        self.assert_nothing_left(name)
+
     def test_c10d_worker_exit_3_stops_both(self):
         name = "c10d_exit3"
         port = lib.derived_port(self.cluster.first_job_id + 93, 5)
