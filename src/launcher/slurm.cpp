@@ -363,8 +363,9 @@ bool job_is_the_step(Options& o, const Env& s) {
                                      o.max_nodes, s.step_name(), s.nnodes, s.nnodes > 1 ? "s" : "", s.nnodes_var,
                                      s.nnodes,
                                      o.max_nodes == 1 ? "each node runs a 1-node job of its own"
-                                                      : "the other nodes run in other steps, so nothing else is "
-                                                        "derived from Slurm"));
+                                                      : "taken as a job whose other nodes run in other steps, so "
+                                                        "nothing else is derived from Slurm (this node's rank, the "
+                                                        "store's address): give them, or leave --nnodes out"));
   return false;
 }
 

@@ -224,8 +224,9 @@ SlurmSignals::Act SlurmSignals::classify(const signalfd_siginfo& si, bool stops)
     return Act::kIgnore;
   }
   stopping_ = true;
-  spdlog::warn("Slurm sent {} (scancel, time limit or preemption): stopping the workers ({}), SIGKILL after {} s", name,
-               direct ? "they got it from Slurm" : "passing it on", o_.shutdown_timeout);
+  spdlog::warn("Slurm sent {} (scancel, time limit or preemption): stopping the workers ({}), SIGKILL after {} s "
+               "(or at Slurm's KillWait, when that comes first)",
+               name, direct ? "they got it from Slurm" : "passing it on", o_.shutdown_timeout);
   return direct ? Act::kStopQuiet : Act::kStop;
 }
 

@@ -263,7 +263,10 @@ TEST(SlurmDerive, NnodesThatDisagreesIsKeptAndWarned) {
   o.min_nodes = o.max_nodes = 3;
   o = applied(o, step_env("n[1-2]", 2, 0));
   EXPECT_EQ(o.max_nodes, 3);
-  EXPECT_TRUE(mentions(o.warnings, "--nnodes 3 but Slurm step 77.0 has 2 nodes"))
+  EXPECT_TRUE(mentions(o.warnings,
+                       "--nnodes 3 but Slurm step 77.0 has 2 nodes (SLURM_STEP_NUM_NODES=2): taken as a job whose "
+                       "other nodes run in other steps, so nothing else is derived from Slurm (this node's rank, the "
+                       "store's address): give them, or leave --nnodes out"))
       << ::testing::PrintToString(o.warnings);
   EXPECT_EQ(o.master_port, 29500);  // the other node runs in another step: nothing step-specific
   EXPECT_EQ(o.rdzv_id, "none");
