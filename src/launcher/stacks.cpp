@@ -210,12 +210,29 @@ std::vector<int> outliers(const std::vector<RankStack>& stacks) {
   return out;
 }
 
+// No majority (two ranks, say), but some ranks wait in torch.distributed while others, with
+// a Python stack, are elsewhere: those are the likely ones the others wait for.
+static std::string outside_torch_distributed(const std::vector<RankStack>& stacks) {
+  std::vector<int> in, out;
+  for (const auto& s : stacks) {
+    const std::string sig = s.signature();
+    if (sig.find("(distributed_c10d.py:") != std::string::npos) in.push_back(s.rank);
+    else if (s.kind == RankStack::Kind::kStack && sig != kNoPythonFrame) out.push_back(s.rank);
+  }
+  if (in.empty() || out.empty()) return "";
+  auto ranks = [](const std::vector<int>& r) {
+    return fmt::format("{} {} {}", r.size() > 1 ? "ranks" : "rank", rank_ranges(r), r.size() > 1 ? "are" : "is");
+  };
+  return fmt::format(", but {} not in a torch.distributed call ({})", ranks(out), ranks(in));
+}
+
 std::string standing_out(const std::vector<RankStack>& stacks) {
   auto odd = outliers(stacks);
   if (!odd.empty())
     return fmt::format("{} {} not where the others are", odd.size() > 1 ? "ranks" : "rank", rank_ranges(odd));
-  return group_by_signature(stacks).size() == 1 ? "every rank is at the same place"
-                                                : "no rank stands out (no majority)";
+  if (group_by_signature(stacks).size() == 1) return "every rank is at the same place";
+  const std::string hint = outside_torch_distributed(stacks);
+  return hint.empty() ? "no rank stands out (no majority)" : "no rank stands out by majority" + hint;
 }
 
 namespace {

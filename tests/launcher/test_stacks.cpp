@@ -198,7 +198,15 @@ TEST(LauncherStacks, StandingOutNamesTheOddRanksOrWhyNone) {
   EXPECT_EQ(ddprun::standing_out(s), "every rank is at the same place");
   s.push_back(stack(2, Kind::kStack, kSleeping));
   s.push_back(stack(3, Kind::kNoAnswer));
-  EXPECT_EQ(ddprun::standing_out(s), "no rank stands out (no majority)");
+  EXPECT_EQ(ddprun::standing_out(s),
+            "no rank stands out by majority, but rank 2 is not in a torch.distributed call (ranks 0-1 are)");
+  // Two ranks, one in all_reduce: the other is named (the usual small debugging job).
+  std::vector<RankStack> two{stack(0, Kind::kStack, kAllReduce), stack(1, Kind::kStack, kSleeping)};
+  EXPECT_EQ(ddprun::standing_out(two),
+            "no rank stands out by majority, but rank 1 is not in a torch.distributed call (rank 0 is)");
+  // None in torch.distributed, or none elsewhere with a Python stack: nothing to add.
+  two[0] = stack(0, Kind::kNoAnswer);
+  EXPECT_EQ(ddprun::standing_out(two), "no rank stands out (no majority)");
 }
 
 // A node's answer to a dump asked on another node: one line, every field back as it was,
@@ -283,7 +291,7 @@ TEST(NodeStacks, TheJobWideViewAccountsForEveryRank) {
             "  rank 2: all_reduce (distributed_c10d.py:1536) <- step (train.py:20) <- main (train.py:40) <- "
             "<module> (train.py:44)\n"
             "  rank 3: stall (train.py:12) <- step (train.py:19)\n"
-            "  no rank stands out (no majority)\n");
+            "  no rank stands out by majority, but rank 3 is not in a torch.distributed call (rank 2 is)\n");
   // Its stacks were shown: a second view of the same dump is empty.
   EXPECT_EQ(dumps.job_wide(ddprun::rdzv::DumpAnswers{what, {}, 2, 0ms}, plan, "/nonexistent"), "");
 }
