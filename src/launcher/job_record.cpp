@@ -72,7 +72,7 @@ void JobRecord::report_join_failure(const std::string& why, int restarts, const 
 }
 
 // A node stopping on a signal is gone by the time the SIGKILL escalation would have
-// ended (at least a second after now): the goodbye to the others is bounded by it.
+// ended (at least NodeSignals::kLastGoodbye after now): the goodbye is bounded by it.
 void JobRecord::leave(const Ending& e) {
   using F = FinishKind;
   if (abandoned_anything()) return;  // a join still runs inside the rendezvous: leave it be

@@ -130,7 +130,7 @@ bool NodeSignals::stopped_elsewhere(const RoundEnd& end) {
 
 NodeSignals::Clock::time_point NodeSignals::leave_by() const {
   return std::max(at_ + std::chrono::milliseconds(static_cast<long>(o_.shutdown_timeout * 1000)),
-                  Clock::now() + std::chrono::seconds(1));
+                  Clock::now() + kLastGoodbye);
 }
 
 }  // namespace ddprun

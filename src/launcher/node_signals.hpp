@@ -60,8 +60,11 @@ class NodeSignals {
   // Why this node stops, as the other nodes read it ("ddprun on HOST received SIGTERM"; ""
   // when its workers were stopping already).
   const std::string& end_note() const { return end_note_; }
-  // When the SIGKILL escalation of the stop would end, at least a second after now.
+  // When the SIGKILL escalation of the stop would end, at least kLastGoodbye after now (a
+  // goodbye on a working network takes milliseconds; one given up is noticed through the
+  // lease). A grace period just under --shutdown-timeout (Kubernetes') is kept to within it.
   Clock::time_point leave_by() const;
+  static constexpr std::chrono::milliseconds kLastGoodbye{200};
 
  private:
   bool on_slurm_signal(SlurmSignals::Act act, int sig);

@@ -124,6 +124,28 @@ class RdzvEdgesNetns(NetnsHosts):
         self.assertNotIn("trying until", err, self.describe())
         self.assertIn("the other nodes could not be told in time that this node stops", err, self.describe())
 
+    def test_c10d_a_goodbye_after_workers_held_out_ends_near_the_shutdown_timeout(self):
+        # Node 1's workers ignore SIGTERM until their SIGKILL (--shutdown-timeout 2) while the
+        # store's host is silent: the goodbye that only then starts gets 0.2 s, so node 1 exits
+        # about --shutdown-timeout after the signal (before: 1 s more, past a Kubernetes grace
+        # period set just above --shutdown-timeout).
+        self.make_topology(2)
+        hold = ["--no-python", "sh", "-c", f'trap "" TERM; date +%s.%N > {self.tmp}/up_$RANK; exec sleep 300']
+        nodes = [self.start_node(i, [
+            "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.topo.addr(0)}:{PORT}",
+            "--rdzv-id", "edges", "--local-addr", self.topo.addr(i), "--rdzv-conf", "last_call_timeout=0.3",
+            "--nproc-per-node", "1", "--shutdown-timeout", "2", *hold]) for i in range(2)]
+        self.wait_files(["up_0", "up_1"], 60)
+        self.topo.cut(0)
+        time.sleep(0.2)
+        signalled = time.time()
+        nodes[1].proc.send_signal(signal.SIGTERM)
+        self.assertEqual(jobwatch.wait_exited([nodes[1]], lib.scaled(10)), [], self.describe())
+        self.assertEqual(nodes[1].rc, 128 + signal.SIGTERM, self.describe())
+        took = nodes[1].exited_at - signalled
+        self.assertGreater(took, 1.9, "its worker held out until its SIGKILL" + self.describe())
+        self.assertLess(took, 2.75, self.describe())
+
     # ------------------------------------------------------------------ a node cut off
 
     def check_a_cut_off_node_exits(self, line, rc, says, interval):
