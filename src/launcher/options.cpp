@@ -1,5 +1,6 @@
 #include "launcher/options.hpp"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -279,6 +280,22 @@ void check_worker_count(const Given& n, int count, bool log_files) {
                                    : std::string("raise it to run any worker")));
 }
 
+// The CPUs this process may run on (its affinity: a Slurm step's --cpus-per-task, taskset,
+// a container's cpuset), not every CPU of the machine (torchrun's os.cpu_count()): a step
+// given 4 of 128 CPUs runs 4 workers. Said at info when fewer than the machine's.
+int usable_cpus(Options& o) {
+  const long online = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return static_cast<int>(online);
+  const int usable = std::max(1, CPU_COUNT(&set));
+  if (usable < online)
+    o.infos.push_back(fmt::format("--nproc-per-node: {} worker{}, one per CPU this process may run on (its affinity; "
+                                  "the machine has {})",
+                                  usable, usable > 1 ? "s" : "", online));
+  return usable;
+}
+
 void read_nodes(Options& o, const Flags& g) {
   if (g.has("nnodes")) {
     const auto& n = g.at("nnodes");
@@ -310,7 +327,7 @@ void read_nodes(Options& o, const Flags& g) {
       if (gpus.n > 0)
         o.infos.push_back(fmt::format("{} {}: {} worker{}, one per GPU ({})", n.source, n.value, gpus.n,
                                       gpus.n > 1 ? "s" : "", gpus.from));
-      o.nproc_per_node = gpus.n > 0 ? gpus.n : static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+      o.nproc_per_node = gpus.n > 0 ? gpus.n : usable_cpus(o);
     } else {
       throw UsageError(fmt::format("{}: expected a positive integer or auto, cpu, gpu; got '{}'", n.source, n.value));
     }

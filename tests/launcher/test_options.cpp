@@ -1,6 +1,7 @@
 // ddprun's command line: torchrun 2.x's flag table (both spellings, --flag=value and
 // --flag value, PET_ fallbacks, prefixes, short forms), defaults, the script/argument split,
 // and every bad input refused with a ddp::UsageError naming the flag.
+#include <sched.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -583,6 +584,30 @@ TEST_F(LauncherOptions, LocalRanksFilterOfRanksThisNodeLacksIsSaid) {
 
 TEST_F(LauncherOptions, NprocCpu) {
   EXPECT_GE(parse_with_script({"--nproc-per-node", "cpu"}).nproc_per_node, 1);
+}
+
+// cpu/auto without GPUs: one worker per CPU this process may run on (a Slurm step's CPUs,
+// taskset, a cpuset), not the machine's; said when fewer.
+TEST_F(LauncherOptions, NprocCpuCountsTheCpusThisProcessMayUse) {
+  cpu_set_t was;
+  ASSERT_EQ(sched_getaffinity(0, sizeof was, &was), 0);
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &was)) {
+      CPU_SET(c, &one);
+      break;
+    }
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+  Options o = parse_with_script({"--nproc-per-node", "cpu"});  // (auto: the same where no GPU is visible)
+  ASSERT_EQ(sched_setaffinity(0, sizeof was, &was), 0);
+  EXPECT_EQ(o.nproc_per_node, 1);
+  if (sysconf(_SC_NPROCESSORS_ONLN) > 1) {
+    ASSERT_EQ(o.infos.size(), 1u);
+    EXPECT_EQ(o.infos[0], fmt::format("--nproc-per-node: 1 worker, one per CPU this process may run on (its "
+                                      "affinity; the machine has {})",
+                                      sysconf(_SC_NPROCESSORS_ONLN)));
+  }
 }
 
 TEST_F(LauncherOptions, Help) {
