@@ -62,12 +62,12 @@ void JobRecord::report(const Ending& e, const std::string& run_id, const ShowTex
     outcome_.exit_code = 1;
 }
 
-void JobRecord::report_join_failure(const std::string& why, int restarts, const std::string& run_id) {
+void JobRecord::report_join_end(const std::string& why, int exit_code, int restarts, const std::string& run_id) {
   end(restarts);
-  outcome_.status = "failed";
-  outcome_.reason = "rendezvous";
+  outcome_.status = exit_code == 0 ? "succeeded" : "failed";
+  outcome_.reason = exit_code == 0 ? "succeeded" : "rendezvous";
   outcome_.message = why;
-  outcome_.exit_code = 1;
+  outcome_.exit_code = exit_code;
   if (!o_.summary_json.empty()) write_summary_json(o_.summary_json, outcome_, run_id);
 }
 

@@ -40,9 +40,10 @@ class JobRecord {
   void report(const Ending& e, const std::string& run_id, const ShowText& show);
   // The goodbye to the rendezvous.
   void leave(const Ending& e);
-  // A join that failed ends the job (the rendezvous said its goodbye): --summary-json says
-  // so (reason "rendezvous", the error as its message) with the attempts before it.
-  void report_join_failure(const std::string& why, int restarts, const std::string& run_id);
+  // A join that ended the job (the rendezvous said its goodbye): --summary-json says so
+  // with the attempts before it: exit 0, the job succeeded without this node (reason
+  // "succeeded"); else reason "rendezvous", the error as its message.
+  void report_join_end(const std::string& why, int exit_code, int restarts, const std::string& run_id);
   const JobOutcome& outcome() const { return outcome_; }
 
  private:

@@ -15,6 +15,7 @@
 #include "launcher/event_loop.hpp"
 #include "launcher/guardian.hpp"
 #include "launcher/log.hpp"
+#include "launcher/net.hpp"
 #include "launcher/options.hpp"
 #include "launcher/process.hpp"
 #include "launcher/random.hpp"
@@ -32,12 +33,6 @@ std::string random_run_id() {
   uint64_t a = random_u64(), b = random_u64();
   return fmt::format("{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}", a >> 32, (a >> 16) & 0xffff, a & 0xfff,
                      0x8000 | (b >> 48 & 0x3fff), b & 0xffffffffffffULL);
-}
-
-std::string host_name() {
-  char buf[256] = {0};
-  if (gethostname(buf, sizeof buf - 1) != 0) return "localhost";
-  return buf;
 }
 
 // The one line every ddprun error is: control characters (a newline in a bad value) shown

@@ -22,6 +22,12 @@
 
 namespace ddprun {
 
+std::string host_name() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  return buf;
+}
+
 namespace {
 
 std::string address_text(const sockaddr* sa) {

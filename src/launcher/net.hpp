@@ -20,6 +20,9 @@ bool accepts_connections(const std::string& host, int port);
 // This machine's range of ephemeral ports (net.ipv4.ip_local_port_range).
 std::pair<int, int> ephemeral_ports();
 
+// This machine's host name (gethostname; "localhost" when it has none).
+std::string host_name();
+
 // The addresses of this machine's interfaces (IPv4 and IPv6, loopback included).
 std::vector<std::string> local_addresses();
 

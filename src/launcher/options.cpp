@@ -22,6 +22,7 @@
 #include "launcher/fileio.hpp"
 #include "launcher/flags.hpp"
 #include "launcher/gpu.hpp"
+#include "launcher/net.hpp"
 #include "launcher/numa.hpp"
 #include "launcher/preload.hpp"
 #include "launcher/process.hpp"
@@ -779,8 +780,7 @@ void check_target(const Options& o, const std::map<std::string, std::string>& en
 void expand_summary_json(Options& o) {
   const std::string_view tag = "{host}";
   if (o.summary_json.find(tag) == std::string::npos) return;
-  char buf[256] = {0};
-  const std::string host = ::gethostname(buf, sizeof buf - 1) == 0 ? buf : "localhost";
+  const std::string host = host_name();
   for (size_t at = 0; (at = o.summary_json.find(tag, at)) != std::string::npos; at += host.size())
     o.summary_json.replace(at, tag.size(), host);
 }
@@ -816,8 +816,6 @@ void check_log_dir(const Options& o, const Flags& g) {
   std::error_code ec;
   std::filesystem::create_directories(o.log_dir, ec);
   if (ec) throw UsageError(fmt::format("{}: cannot create the folder '{}': {}", src, o.log_dir, ec.message()));
-  if (!std::filesystem::is_directory(o.log_dir, ec))
-    throw UsageError(fmt::format("{}: '{}' is not a directory", src, o.log_dir));
   if (::access(o.log_dir.c_str(), W_OK | X_OK) != 0)
     throw UsageError(fmt::format("{}: cannot write in '{}': {}", src, o.log_dir, ddp::errno_text(errno)));
 }
@@ -1057,10 +1055,10 @@ Options parse_options(const std::vector<std::string>& args, const std::map<std::
   check_rendezvous(o, g);
   read_store_sharing(o, env);
   check_target(o, env);
-  check_summary_json(o, g);
-  check_log_dir(o, g);
   check_virtual_local_rank(o, env);
   bind_near_gpus(o, g, env);
+  check_summary_json(o, g);  // (last: folders are made only for a command line that is taken)
+  check_log_dir(o, g);
   return o;
 }
 

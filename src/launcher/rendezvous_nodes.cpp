@@ -383,6 +383,7 @@ static ddp::TcpStore::ConnectRetry still_connecting(std::string store, std::stri
     if (const int64_t by = leaving_by->load()) {
       const auto left = std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(by)) -
                         std::chrono::steady_clock::now();
+      if (left <= std::chrono::steady_clock::duration::zero()) return;  // given up already: said so
       spdlog::warn("rendezvous: telling the other nodes that this node stops: still connecting to {} after {} s ({}); "
                    "giving up in {}",
                    store, s.count(), why, ddp::format_duration(std::chrono::duration_cast<milliseconds>(left)));

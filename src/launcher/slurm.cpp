@@ -363,6 +363,9 @@ bool job_is_the_step(Options& o, const Env& s) {
                                      o.max_nodes, s.step_name(), s.nnodes, s.nnodes > 1 ? "s" : "", s.nnodes_var,
                                      s.nnodes,
                                      o.max_nodes == 1 ? "each node runs a 1-node job of its own"
+                                     : o.dynamic()    ? "taken as a job whose other nodes run in other steps, so "
+                                                        "nothing else is derived from Slurm (the run id): give "
+                                                        "--rdzv-id, or leave --nnodes out"
                                                       : "taken as a job whose other nodes run in other steps, so "
                                                         "nothing else is derived from Slurm (this node's rank, the "
                                                         "store's address): give them, or leave --nnodes out"));
@@ -488,7 +491,6 @@ void apply_dynamic(Options& o, const Env& s, const Resolver& resolve) {
   // c10d with no endpoint in a multi-node step: the step's first node hosts the store, as
   // on the static line (before: every node hosted a 1-node job of its own, and succeeded).
   if (o.rdzv_endpoint.empty() && o.rdzv_backend == "c10d" && s.nnodes > 1 && whole) {
-    need_node_id(s, "--rdzv-endpoint");
     o.rdzv_endpoint = fmt::format("{}:{}", store_node(s, step_nodes(s), resolve, "--rdzv-endpoint"),
                                   derived_port(s.job_id, *s.step_id));
     flags.push_back(fmt::format("--rdzv-endpoint {}", o.rdzv_endpoint));

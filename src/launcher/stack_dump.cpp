@@ -601,22 +601,26 @@ void StackDumps::settle_root(const std::vector<WorkerResult>& workers, const Wor
     failing_ = root.pid;
     changed = true;
   }
-  changed |= exited_meanwhile(stacks, workers);
+  changed |= name_exited_by_themselves(stacks, workers);
   if (changed) failure_note_ = stacks.empty() && failure_table_.empty() ? "" : failure_text(stacks);
 }
 
-// A rank caught without a Python frame (exiting) or not answering, that then exited 0, had
-// finished before the others failed: often the one they waited for (it skipped a
-// collective). Said as the hang report says it.
-bool StackDumps::exited_meanwhile(std::vector<RankStack>& stacks, const std::vector<WorkerResult>& workers) {
+// Such a rank had finished as the others failed: often the one they waited for (it skipped
+// a collective).
+bool name_exited_by_themselves(std::vector<RankStack>& stacks, const std::vector<WorkerResult>& workers) {
   bool changed = false;
+  auto exiting = [](const RankStack& s) {
+    if (s.kind == RankStack::Kind::kNoAnswer) return true;
+    const std::string sig = s.signature();
+    return s.kind == RankStack::Kind::kStack &&
+           (sig == kNoPythonFrame || sig.find("_shutdown (threading.py:") != std::string::npos);
+  };
   for (auto& s : stacks) {
-    if (s.kind != RankStack::Kind::kNoAnswer && !(s.kind == RankStack::Kind::kStack && s.signature() == kNoPythonFrame))
-      continue;
+    if (!exiting(s)) continue;
     auto w = std::find_if(workers.begin(), workers.end(), [&](const WorkerResult& x) { return x.pid == s.pid; });
-    if (w == workers.end() || w->state != WorkerResult::State::kSucceeded) continue;
+    if (w == workers.end() || w->state != WorkerResult::State::kSucceeded || w->stopped_by_ddprun) continue;
     s.kind = RankStack::Kind::kExited;
-    s.given = "not running: exited with code 0 (it was exiting as the others failed)";
+    s.given = "not running: exited with code 0 (by itself, as the others failed)";
     changed = true;
   }
   return changed;

@@ -69,6 +69,11 @@ std::string dump_name(DumpKind kind, int node, const std::string& host, int numb
 // The kind of the dump named `what` (an on-demand one unless its name says otherwise).
 DumpKind dump_kind(std::string_view what);
 
+// A failure view's ranks caught exiting (no Python frame, or in threading's shutdown) or not
+// answering, that then exited 0 by themselves (not on ddprun's stop signal): named so, as the
+// hang report names a rank that ended early. Whether any was.
+bool name_exited_by_themselves(std::vector<RankStack>& stacks, const std::vector<WorkerResult>& workers);
+
 class StackDumps {
  public:
   using Clock = std::chrono::steady_clock;
@@ -196,7 +201,6 @@ class StackDumps {
   // The survivors' stacks at a failure (all but root), saved, as the summary's block.
   std::string failure_stacks(const std::vector<WorkerResult>& workers, const WorkerResult* root,
                              const std::string& attempt_dir, const std::string& title);
-  static bool exited_meanwhile(std::vector<RankStack>& stacks, const std::vector<WorkerResult>& workers);
   std::string failure_text(const std::vector<RankStack>& stacks) const;  // the note on these stacks
   // A signal that stops the job is pending (blocked, not yet read from the signalfd).
   bool stop_pending() const;

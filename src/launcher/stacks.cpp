@@ -216,8 +216,11 @@ static std::string outside_torch_distributed(const std::vector<RankStack>& stack
   std::vector<int> in, out;
   for (const auto& s : stacks) {
     const std::string sig = s.signature();
+    // (DDP's gradient all-reduce runs from autograd's engine: a rank in backward may wait in
+    // one with no torch.distributed frame, so it is counted on neither side.)
     if (sig.find("(distributed_c10d.py:") != std::string::npos) in.push_back(s.rank);
-    else if (s.kind == RankStack::Kind::kStack && sig != kNoPythonFrame) out.push_back(s.rank);
+    else if (s.kind == RankStack::Kind::kStack && sig != kNoPythonFrame && sig.find("backward") == std::string::npos)
+      out.push_back(s.rank);
   }
   if (in.empty() || out.empty()) return "";
   auto ranks = [](const std::vector<int>& r) {

@@ -985,14 +985,19 @@ struct Supervisor::Impl {
 
   // The next round (nullopt: a signal came while joining).
   // A join that fails (the job closed meanwhile, replace_timeout over, this node declared
-  // lost) ends the job as an error of ddprun's (exit 1), with --summary-json written first.
+  // lost) ends the job as an error of ddprun's (exit 1; 2 for a command line the others'
+  // refuse), with --summary-json written first; so does one no longer needed (exit 0).
   std::optional<JobPlan> join_or_report() {
     try {
       return join_round();
-    } catch (const rdzv::NotNeeded&) {
+    } catch (const rdzv::NotNeeded& e) {  // the job succeeded while this node waited: exit 0
+      record.report_join_end(e.what(), 0, job.plan.restart_count, job.plan.run_id);
+      throw;
+    } catch (const ddp::UsageError& e) {  // the others run another command line: exit 2
+      record.report_join_end(e.what(), 2, job.plan.restart_count, job.plan.run_id);
       throw;
     } catch (const std::exception& e) {
-      record.report_join_failure(e.what(), job.plan.restart_count, job.plan.run_id);
+      record.report_join_end(e.what(), 1, job.plan.restart_count, job.plan.run_id);
       throw;
     }
   }

@@ -9,6 +9,7 @@
 //   <R> join <node> <text>       a node waits to join: restart into a bigger round
 //   <R> done <node>              every member's workers succeeded: the job is over
 //   <R> dump <node> <what>       that node asks every node to show its ranks' stacks (no end)
+//   closed <node> <reason>       that node closed the job (no round follows): ends any round
 //
 // "lost" lines name no round: the lease line is registered once, when the node starts, and
 // applies to whichever round the node is then a member of. They do not count for a node

@@ -271,6 +271,13 @@ TEST(SlurmDerive, NnodesThatDisagreesIsKeptAndWarned) {
   EXPECT_EQ(o.master_port, 29500);  // the other node runs in another step: nothing step-specific
   EXPECT_EQ(o.rdzv_id, "none");
   EXPECT_EQ(o.node_rank, 0);
+  // On a dynamic line only the run id would have been derived.
+  Options d = c10d("n1:29500", {{"nnodes", "--nnodes"}});
+  d.min_nodes = d.max_nodes = 3;
+  d = applied(d, step_env("n[1-2]", 2, 0));
+  EXPECT_TRUE(mentions(d.warnings, "so nothing else is derived from Slurm (the run id): give --rdzv-id, or leave "
+                                   "--nnodes out"))
+      << ::testing::PrintToString(d.warnings);
 }
 
 TEST(SlurmDerive, OneSrunPerNodeKeepsTheGivenLine) {

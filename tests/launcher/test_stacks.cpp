@@ -209,6 +209,39 @@ TEST(LauncherStacks, StandingOutNamesTheOddRanksOrWhyNone) {
   EXPECT_EQ(ddprun::standing_out(two), "no rank stands out (no majority)");
 }
 
+// The failure view: a rank caught exiting or not answering that then exited 0 by itself is
+// named so (often the one the others waited for); not one that ddprun's stop signal ended,
+// nor one caught in its own code, nor one that failed.
+TEST(LauncherStacks, RanksThatExited0ByThemselvesAreNamedSo) {
+  const char* exiting = "Thread 0x00007f027dbd3b80 (most recent call first):\n  <no Python frame>\n";
+  const char* shutting = "Thread 0x00007f027dbd3b80 (most recent call first):\n"
+                         "  File \"/usr/lib/python3.11/threading.py\", line 1583 in _shutdown\n";
+  std::vector<RankStack> s{stack(1, Kind::kStack, exiting), stack(2, Kind::kNoAnswer),
+                           stack(3, Kind::kStack, shutting), stack(4, Kind::kNoAnswer),
+                           stack(5, Kind::kStack, kSleeping), stack(6, Kind::kStack, exiting)};
+  ASSERT_EQ(s[0].signature(), ddprun::kNoPythonFrame);
+  std::vector<ddprun::WorkerResult> w(6);
+  using S = ddprun::WorkerResult::State;
+  for (int i = 0; i < 6; ++i) {
+    w[i].rank = i + 1;
+    w[i].pid = 1001 + i;
+    w[i].state = S::kSucceeded;
+  }
+  w[3].stopped_by_ddprun = true;  // rank 4: exited 0 on ddprun's SIGTERM (a checkpointing handler)
+  w[5].state = S::kFailed;        // rank 6: failed
+  w[5].exit_code = 1;
+  ASSERT_TRUE(ddprun::name_exited_by_themselves(s, w));
+  const std::string by_itself = "not running: exited with code 0 (by itself, as the others failed)";
+  for (int i : {0, 1, 2}) {
+    EXPECT_EQ(s[i].kind, Kind::kExited) << i;
+    EXPECT_EQ(s[i].signature(), by_itself) << i;
+  }
+  EXPECT_EQ(s[3].kind, Kind::kNoAnswer);
+  EXPECT_EQ(s[4].signature(), "stall (train.py:12) <- step (train.py:19)");
+  EXPECT_EQ(s[5].signature(), ddprun::kNoPythonFrame);
+  EXPECT_FALSE(ddprun::name_exited_by_themselves(s, {}));
+}
+
 // A node's answer to a dump asked on another node: one line, every field back as it was,
 // each rank's signature as the answering node saw it.
 TEST(NodeStacks, AnAnswerIsOneLineThatReadsBackWhole) {

@@ -4,8 +4,7 @@
 #   1. leaves no trace: this folder leaves sys.path, PYTHONPATH gets its old value back and
 #      DDPRUN_STACK_FILE, DDPRUN_PID and DDPRUN_PROGRESS_FILE leave the environment, so the
 #      script, and every process it starts, sees what it would have seen without ddprun;
-#   2. when started by ddprun (DDPRUN_STACK_FILE set), enables faulthandler for fatal signals
-#      (to stderr, as PYTHONFAULTHANDLER=1) and registers it on SIGURG for
+#   2. when started by ddprun (DDPRUN_STACK_FILE set), registers faulthandler on SIGURG for
 #      every thread, writing into that file through a close-on-exec descriptor above 900 (the
 #      script's own files get the numbers they would get), and announces it in the file's
 #      first line (the file starts afresh: a Python that a wrapper script ran before this
@@ -52,16 +51,6 @@ def _ddprun_bootstrap():
         if ddprun_pid.isdigit():
             _notice_failures(int(ddprun_pid), _signal.SIGURG)
     except Exception:  # noqa: BLE001  (no stacks, but the worker runs)
-        pass
-    try:
-        # A fatal signal (SIGSEGV in an extension, SIGABRT) prints the Python stack of every
-        # thread to the rank's stderr, as `PYTHONFAULTHANDLER=1` would: the summary's
-        # traceback then shows where it crashed. A script's own faulthandler.enable() wins.
-        import faulthandler
-
-        if not faulthandler.is_enabled():
-            faulthandler.enable(all_threads=True)
-    except Exception:  # noqa: BLE001  (a stderr without a descriptor: no crash stacks)
         pass
 
 

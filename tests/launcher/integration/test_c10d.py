@@ -606,10 +606,14 @@ class ScenarioTest(C10dTestCase):
         a = self.start_node("A", "127.0.0.2", args, conf=CONF + ",is_host=1", **kw)
         b = self.start_node("B", "127.0.0.3", args, conf=CONF + ",is_host=0", **kw)
         self.wait_workers(4, world=4)
-        c = self.start_node("C", "127.0.0.4", args, conf=CONF + ",is_host=0", **kw)
+        summary = self.path("c_summary.json")
+        c = self.start_node("C", "127.0.0.4", args, conf=CONF + ",is_host=0", nnodes="1:2",
+                            extra=["--summary-json", summary])
         self.wait_nodes([a, b, c], 30)
         self.assertEqual((a.rc, b.rc, c.rc), (0, 0, 0), self.describe())
         self.assertIn("this node waits for a place", c.stderr())
+        s = self.load_json(summary)  # a summary all the same: a missing one is no success
+        self.assertEqual((s["status"], s["reason"], s["exit_code"], s["workers"]), ("succeeded", "succeeded", 0, []))
         # At warning level: shown by default (it was an info line, hidden without --log-level info).
         self.assertRegex(c.stderr(), r"warning\] rendezvous: the job '\S+' succeeded while this node waited for a "
                                      r"place in it: nothing for this node to do")
@@ -743,9 +747,15 @@ class RoundShapeTest(C10dTestCase):
         conf = CONF.replace("join_timeout=20", "join_timeout=3")
         a = self.start_node("A", "127.0.0.2", nnodes="2", conf=conf + ",is_host=1", extra=["--max-restarts", "1"])
         time.sleep(0.3)  # A's settings are the job's
-        b = self.start_node("B", "127.0.0.3", nnodes="2", conf=conf + ",is_host=0", extra=["--max-restarts", "2"])
+        summary = self.path("b_summary.json")
+        b = self.start_node("B", "127.0.0.3", nnodes="2", conf=conf + ",is_host=0",
+                            extra=["--max-restarts", "2", "--summary-json", summary])
         self.wait_nodes([a, b], 30)
         self.assertEqual(b.rc, 2, self.describe())
+        # Its summary says so, with the exit status it ends with.
+        s = self.load_json(summary)
+        self.assertEqual((s["status"], s["reason"], s["exit_code"]), ("failed", "rendezvous", 2), s)
+        self.assertIn("every node must be given the same values", s["message"])
         self.assertRegex(b.stderr(), r"ddprun: error: rendezvous: this node has --nnodes 2:2 --max-restarts 2, but "
                                      r"the job 'job' at .* has --nnodes 2:2 --max-restarts 1: every node must be given "
                                      r"the same values")

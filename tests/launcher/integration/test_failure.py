@@ -147,26 +147,6 @@ class FailurePropagationTest(DdprunTestCase):
         self.assertLess(res.elapsed, scaled(PROMPT), res)
         self.assertIn("SIGSEGV", self.summary_block(res.stderr))
 
-    def test_a_python_rank_that_segfaults_shows_where_in_the_summary(self):
-        # A crash in native code: the rank's Python stack (faulthandler, as PYTHONFAULTHANDLER=1)
-        # is in its stderr, so the summary's traceback names the line; still 139. Not with
-        # --no-stack-dumps (no bootstrap: what Python alone does).
-        script = self.path("crash.py")
-        with open(script, "w") as f:
-            f.write("import ctypes, os\n"
-                    "def bad_layer():\n"
-                    "    ctypes.string_at(0)\n"
-                    "if os.environ['RANK'] == '1':\n"
-                    "    bad_layer()\n")
-        res = self.run_ddprun(["--nproc-per-node", "2", script])
-        self.assertEqual(res.rc, 139, res)
-        summary = self.summary_block(res.stderr)
-        self.assertIn("Fatal Python error: Segmentation fault", summary)
-        self.assertIn('File "%s", line 3 in bad_layer' % script, summary)
-        res = self.run_ddprun(["--no-stack-dumps", "--nproc-per-node", "2", script])
-        self.assertEqual(res.rc, 139, res)
-        self.assertNotIn("Fatal Python error", res.stderr)
-
     def _time_teardown(self, args, env=None):
         """ddprun's exit code, and the seconds from the failing rank's exit (it writes
         time.monotonic() to DIR/failed_at, a clock all processes share) to ddprun's exit."""

@@ -122,15 +122,17 @@ class TorchStacks(StacksTest):
 
     def test_a_rank_that_exited_0_before_the_others_failed_is_named_so(self):
         # Rank 1 skips step 3's all_reduce and exits 0; the others' all_reduce fails as its
-        # connections close, often while its Python finalizes. The summary's view says it
-        # exited 0 (the one the others waited for), not "<no Python frame ...>".
+        # connections close. The summary's view says it exited 0 (the one the others waited
+        # for), whether it was gone or still exiting when the stacks were taken (QA saw
+        # "<no Python frame ...>" then, with sys.exit: the unit test RanksThatExited0ByThemselves
+        # covers that case; os._exit here, as sys.exit can abort in torch 1.13's gloo teardown).
         p = self.job("skip")
         rc = self.finish(p)
         err = self.stderr_text()
         self.assertNotEqual(rc, 0, err[-3000:])
         self.assertIn("Root Cause (first observed failure)", err)
+        # (Its own line: grouped under "<no Python frame ...>" with others, it would not be.)
         self.assertRegex(err, r"\n  rank 1: not running: exited with code 0", err[-3000:])
-        self.assertNotIn("<no Python frame", err, err[-3000:])
 
     def test_hang_timeout_stops_the_job_and_names_the_odd_rank(self):
         # The clock runs from the attempt's start, `import torch` included: four torch 2.6

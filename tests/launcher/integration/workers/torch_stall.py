@@ -4,8 +4,8 @@ test_stacks.py): torch_stall.py OUTDIR MODE [SECONDS]
   stall S   at step 3 rank 2 sleeps S seconds inside slow_data(), while the others wait in
             all_reduce; then the job finishes (exit 0)
   raise     at step 3 rank 1 raises ValueError once the others wait in all_reduce
-  skip      at step 3 rank 1 skips the all_reduce and exits 0 once the others wait in it (their
-            all_reduce then fails as its connections close)
+  skip      at step 3 rank 1 skips the all_reduce and exits 0 (os._exit) once the others wait in
+            it (their all_reduce then fails as its connections close)
 
 Markers in OUTDIR: waiting_<rank> just before a rank enters step 3's all_reduce, stalled_2 /
 raising_1 just before rank 2 sleeps / rank 1 raises. Nothing is printed during step 3, so
@@ -44,7 +44,8 @@ def train_step(rank, step):
     if step == 3 and MODE == "skip" and rank == 1:
         while not all(os.path.exists(os.path.join(OUT, f"waiting_{r}")) for r in (0, 2, 3)):
             time.sleep(0.02)
-        sys.exit(0)
+        sys.stdout.flush()
+        os._exit(0)  # (a sys.exit with gloo's group alive sometimes aborts in torch 1.13's teardown)
     if step == 3:
         mark(f"waiting_{rank}")
     dist.all_reduce(grad)
