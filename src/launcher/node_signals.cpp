@@ -117,7 +117,8 @@ bool NodeSignals::stopped_elsewhere(const RoundEnd& end) {
   if (!slurm_ || got_) return false;
   auto stop = slurm_->stopped_elsewhere(end.describe());
   if (!stop) return false;
-  spdlog::warn("{}: Slurm stops every node of the step, so this node stops too ({}, SIGKILL after {} s)",
+  spdlog::warn("{}: Slurm stops every node of the step, so this node stops too ({}, SIGKILL after {} s or at Slurm's "
+               "KillWait, when that comes first)",
                end.describe(),
                stop->direct ? "its workers get " + signal_name(stop->sig) + " from Slurm"
                             : signal_name(stop->sig) + " to the workers",

@@ -130,7 +130,8 @@ class RdzvEdgesNetns(NetnsHosts):
         # about --shutdown-timeout after the signal (before: 1 s more, past a Kubernetes grace
         # period set just above --shutdown-timeout).
         self.make_topology(2)
-        hold = ["--no-python", "sh", "-c", f'trap "" TERM; date +%s.%N > {self.tmp}/up_$RANK; exec sleep 300']
+        up = f"{self.tmp}/up_$RANK"
+        hold = ["--no-python", "sh", "-c", f'trap "" TERM; date +%s.%N > {up}.tmp && mv {up}.tmp {up}; exec sleep 300']
         nodes = [self.start_node(i, [
             "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.topo.addr(0)}:{PORT}",
             "--rdzv-id", "edges", "--local-addr", self.topo.addr(i), "--rdzv-conf", "last_call_timeout=0.3",

@@ -167,7 +167,7 @@ srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
                 self.assertNotIn("failed on another node", log, f"task {t}: {log}")
             else:
                 self.assertIn("Slurm sent SIGTERM", log, f"task {t}")
-                self.assertIn("(or at Slurm's KillWait, when that comes first)", log, f"task {t}")
+            self.assertIn("at Slurm's KillWait, when that comes first)", log, f"task {t}: {log}")
             self.assertIn("exiting with 143", log, f"task {t}: {log}")
             self.assertNotIn("killing the workers now", log)
             if flags:
