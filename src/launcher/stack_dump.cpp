@@ -617,7 +617,7 @@ bool name_exited_by_themselves(std::vector<RankStack>& stacks, const std::vector
   };
   for (auto& s : stacks) {
     if (!exiting(s)) continue;
-    auto w = std::find_if(workers.begin(), workers.end(), [&](const WorkerResult& x) { return x.pid == s.pid; });
+    auto w = std::find_if(workers.begin(), workers.end(), [&](const WorkerResult& x) { return x.rank == s.rank; });
     if (w == workers.end() || w->state != WorkerResult::State::kSucceeded || w->stopped_by_ddprun) continue;
     s.kind = RankStack::Kind::kExited;
     s.given = "not running: exited with code 0 (by itself, as the others failed)";

@@ -983,7 +983,6 @@ struct Supervisor::Impl {
     return loop.off_loop<T>(std::move(call), how);
   }
 
-  // The next round (nullopt: a signal came while joining).
   // A join that fails (the job closed meanwhile, replace_timeout over, this node declared
   // lost) ends the job as an error of ddprun's (exit 1; 2 for a command line the others'
   // refuse), with --summary-json written first; so does one no longer needed (exit 0).
@@ -1002,6 +1001,7 @@ struct Supervisor::Impl {
     }
   }
 
+  // The next round (nullopt: a signal came while joining).
   std::optional<JobPlan> join_round() {
     if (!rdzv.joins_over_network()) return rdzv.next_round();
     auto plan = off_loop<JobPlan>([r = &rdzv] { return r->next_round(); });

@@ -33,7 +33,7 @@ void LeaseKeeper::register_exit(int64_t round) {
 }
 
 void LeaseKeeper::check_alive() {
-  auto recent = [&] { return Clock::now() - Clock::time_point(Clock::duration(renewed_at_.load())) < ttl() / 2; };
+  auto recent = [&] { return since_renewal() < ttl() / 2; };
   if (ended_) throw LeaseEnded("its lease ended: no renewal got through for the keep-alive window");
   if (recent() || failing_) return;  // failing_: the backend does not answer; the thread judges
   std::lock_guard lk(mu_);
@@ -50,9 +50,11 @@ void LeaseKeeper::check_alive() {
   }
 }
 
-bool LeaseKeeper::overdue() const {
-  return Clock::now() - Clock::time_point(Clock::duration(renewed_at_.load())) > ttl();
+Clock::duration LeaseKeeper::since_renewal() const {
+  return Clock::now() - Clock::time_point(Clock::duration(renewed_at_.load()));
 }
+
+bool LeaseKeeper::overdue() const { return since_renewal() > ttl(); }
 
 void LeaseKeeper::release() {
   std::lock_guard lk(mu_);

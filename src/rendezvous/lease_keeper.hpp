@@ -51,6 +51,7 @@ class LeaseKeeper {
  private:
   void loop();
   milliseconds ttl() const { return s_.interval * s_.max_attempt; }
+  std::chrono::steady_clock::duration since_renewal() const;  // since the last renewal that got through was sent
 
   std::unique_ptr<Backend> lease_;
   std::mutex mu_;  // lease_: the thread renews it, the caller registers and releases
