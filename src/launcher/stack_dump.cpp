@@ -610,7 +610,8 @@ void StackDumps::settle_root(const std::vector<WorkerResult>& workers, const Wor
 bool name_exited_by_themselves(std::vector<RankStack>& stacks, const std::vector<WorkerResult>& workers) {
   bool changed = false;
   auto exiting = [](const RankStack& s) {
-    if (s.kind == RankStack::Kind::kNoAnswer) return true;
+    // (Not answering, or gone between the ask and its answer: "exited before it answered".)
+    if (s.kind == RankStack::Kind::kNoAnswer || (s.kind == RankStack::Kind::kExited && s.given.empty())) return true;
     const std::string sig = s.signature();
     return s.kind == RankStack::Kind::kStack &&
            (sig == kNoPythonFrame || sig.find("_shutdown (threading.py:") != std::string::npos);
