@@ -123,6 +123,7 @@ std::string traceback_of(const WorkerResult& w) {
   std::string out;
   if (w.signal) out = fmt::format("Signal {} ({}) received by PID {}", w.signal, signal_name(w.signal), w.pid);
   if (!w.killed_for.empty()) out += (out.empty() ? "" : ": ") + w.killed_for;
+  if (!w.crash_stack.empty()) out += (out.empty() ? "" : "\n") + w.crash_stack;
   if (!w.stderr_tail.empty()) {
     if (!out.empty()) out += "\n";
     const size_t n = w.stderr_tail.size();

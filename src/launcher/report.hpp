@@ -30,6 +30,7 @@ struct WorkerResult {
   std::vector<std::string> stderr_tail;
   bool tail_has_stdout = false;  // stdout's lines among them (one pipe carried both)
   std::string interpreter;       // the Python that ran its script ("" when it ran directly)
+  std::string crash_stack;       // killed by a fatal signal: its Python stack then (stacks.hpp)
 
   bool failed() const { return state == State::kFailed || state == State::kExecFailed; }
   // torchrun's exit code: negative signal number when killed.
@@ -39,7 +40,7 @@ struct WorkerResult {
 };
 
 // The traceback shown for a failed worker: its error file's py_callstack (torch's @record
-// format), else how it died, else the tail of its stderr.
+// format), else how it died (with its Python stack at a crash), and the tail of its stderr.
 std::string traceback_of(const WorkerResult& w);
 
 // One "hint: ..." line per known cause (a torch without libuv, say) that the failed workers'

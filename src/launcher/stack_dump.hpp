@@ -136,6 +136,9 @@ class StackDumps {
   // failure the stacks were taken for (a rank that died without an exception, reaped after
   // the notice of a peer failing because of it), that peer is shown failing.
   void settle_root(const std::vector<WorkerResult>& workers, const WorkerResult& root);
+  // A worker killed by a fatal signal (SIGSEGV, SIGABRT, ...): the Python stack its
+  // bootstrap wrote then (crash_stack in stacks.hpp); "" for any other end, or none written.
+  std::string crash_stack_of(const WorkerResult& w) const;
   // The worker whose uncaught exception's notice is about to take the others' stacks.
   void announced_by(pid_t pid) { announcer_ = pid; }
   // The worker that announced an uncaught exception this attempt (-1: none): it failed first.

@@ -106,6 +106,25 @@ std::vector<ThreadStack> parse_faulthandler(const std::string& text) {
   return threads;
 }
 
+std::string crash_stack(const std::string& text, size_t depth) {
+  const size_t at = text.rfind("Fatal Python error: ");
+  if (at == std::string::npos) return "";
+  const auto threads = parse_faulthandler(text.substr(at));
+  auto crashed = std::find_if(threads.begin(), threads.end(), [](const ThreadStack& t) { return t.current; });
+  std::string out = "Python stack at the crash (most recent call first):";
+  if (crashed == threads.end() || crashed->frames.empty()) {
+    if (threads.empty() || threads.back().frames.empty()) return "";
+    crashed = threads.end() - 1;  // faulthandler writes the main thread last
+    out = "Python stack at the crash: the crashing thread ran no Python; the main thread's (most recent call first):";
+  }
+  const auto& frames = crashed->frames;
+  for (size_t i = 0; i < std::min(depth, frames.size()); ++i)
+    out += fmt::format("\n  File \"{}\", line {} in {}", frames[i].file, frames[i].line, frames[i].func);
+  if (frames.size() > depth)
+    out += fmt::format("\n  ... ({} outer frame{})", frames.size() - depth, frames.size() - depth == 1 ? "" : "s");
+  return out;
+}
+
 namespace {
 
 std::string frame_text(const Frame& f) {

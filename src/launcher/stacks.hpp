@@ -49,6 +49,12 @@ std::string readable_native(const std::string& text);
 // "<no Python frame>" line, a cut-off tail) are skipped. The main thread is the last one.
 std::vector<ThreadStack> parse_faulthandler(const std::string& text);
 
+// The stack of the crash in a bootstrap's file (faulthandler at a fatal signal: "Fatal Python
+// error: ..." then every thread), the last one there: the crashing thread's innermost `depth`
+// frames as faulthandler writes them, under a heading line; the main thread's when the
+// crashing one ran no Python (a native library's thread). "" when the file holds none.
+std::string crash_stack(const std::string& text, size_t depth = 30);
+
 // "all_reduce (distributed_c10d.py:1536) <- step (job.py:20)": the innermost `depth`
 // frames of the thread, file names without folders; "" when it has none.
 std::string innermost(const ThreadStack& t, size_t depth = 4);

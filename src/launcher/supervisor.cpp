@@ -507,6 +507,7 @@ class AttemptSupervisor {
     for (size_t i = 0; i < all.size(); ++i) {
       all[i].stderr_tail = output_.streams().stderr_tail(static_cast<int>(i));
       all[i].tail_has_stdout = output_.streams().carries_both(static_cast<int>(i));
+      all[i].crash_stack = stacks_.crash_stack_of(all[i]);
     }
     for (auto& w : all)
       if (root_ && w.rank == root_->rank) root_ = w;  // now with its stderr tail

@@ -212,6 +212,35 @@ TEST(LauncherStacks, StandingOutNamesTheOddRanksOrWhyNone) {
 // The failure view: a rank caught exiting or not answering that then exited 0 by itself is
 // named so (often the one the others waited for); not one that ddprun's stop signal ended,
 // nor one caught in its own code, nor one that failed.
+// faulthandler at a fatal signal, after an on-demand dump in the same file: the crash's
+// thread, innermost first; the main thread's when the crashing one ran no Python.
+TEST(LauncherStacks, CrashStackIsTheCrashingThreadsOfTheLastCrash) {
+  const std::string earlier = "ddprun-stacks pid=7\nThread 0x1 (most recent call first):\n"
+                              "  File \"/j/train.py\", line 9 in old\n";
+  const std::string crash = "Fatal Python error: Segmentation fault\n\n"
+                            "Thread 0x2 (most recent call first):\n  File \"/j/load.py\", line 4 in fetch\n\n"
+                            "Current thread 0x3 (most recent call first):\n"
+                            "  File \"/usr/lib/python3.11/ctypes/__init__.py\", line 519 in string_at\n"
+                            "  File \"/j/train.py\", line 3 in bad_layer\n\n"
+                            "Thread 0x1 (most recent call first):\n  File \"/j/train.py\", line 12 in <module>\n\n"
+                            "Extension modules: numpy.core._multiarray_umath (total: 1)\n";
+  EXPECT_EQ(ddprun::crash_stack(earlier + crash),
+            "Python stack at the crash (most recent call first):\n"
+            "  File \"/usr/lib/python3.11/ctypes/__init__.py\", line 519 in string_at\n"
+            "  File \"/j/train.py\", line 3 in bad_layer");
+  EXPECT_EQ(ddprun::crash_stack(earlier), "");
+  EXPECT_EQ(ddprun::crash_stack(""), "");
+  EXPECT_EQ(ddprun::crash_stack(crash, 1),
+            "Python stack at the crash (most recent call first):\n"
+            "  File \"/usr/lib/python3.11/ctypes/__init__.py\", line 519 in string_at\n  ... (1 outer frame)");
+  const std::string native = "Fatal Python error: Aborted\n\nCurrent thread 0x4 (most recent call first):\n"
+                             "  <no Python frame>\n\nThread 0x1 (most recent call first):\n"
+                             "  File \"/j/train.py\", line 20 in step\n";
+  EXPECT_EQ(ddprun::crash_stack(native),
+            "Python stack at the crash: the crashing thread ran no Python; the main thread's (most recent call "
+            "first):\n  File \"/j/train.py\", line 20 in step");
+}
+
 TEST(LauncherStacks, RanksThatExited0ByThemselvesAreNamedSo) {
   const char* exiting = "Thread 0x00007f027dbd3b80 (most recent call first):\n  <no Python frame>\n";
   const char* shutting = "Thread 0x00007f027dbd3b80 (most recent call first):\n"

@@ -5,7 +5,7 @@
 #      DDPRUN_STACK_FILE, DDPRUN_PID and DDPRUN_PROGRESS_FILE leave the environment, so the
 #      script, and every process it starts, sees what it would have seen without ddprun;
 #   2. when started by ddprun (DDPRUN_STACK_FILE set), registers faulthandler on SIGURG for
-#      every thread, writing into that file through a close-on-exec descriptor above 900 (the
+#      every thread, and for fatal signals (unless enabled already), writing into that file through a close-on-exec descriptor above 900 (the
 #      script's own files get the numbers they would get), and announces it in the file's
 #      first line (the file starts afresh: a Python that a wrapper script ran before this
 #      one, and that is gone, announced itself there first): ddprun only ever sends SIGURG
@@ -48,6 +48,12 @@ def _ddprun_bootstrap():
         faulthandler.register(_signal.SIGURG, file=fd, all_threads=True)
         os.register_at_fork(after_in_child=lambda: faulthandler.unregister(_signal.SIGURG))
         os.write(fd, b"ddprun-stacks pid=%d\n" % os.getpid())
+        # A fatal signal (SIGSEGV in an extension, SIGABRT) writes every thread's stack into
+        # the same file, not stderr (whose last lines, the crash's own, the summary shows):
+        # ddprun puts the crashing thread's in the summary. PYTHONFAULTHANDLER, -X
+        # faulthandler or the script's own faulthandler.enable() win.
+        if not faulthandler.is_enabled():
+            faulthandler.enable(file=fd, all_threads=True)
         if ddprun_pid.isdigit():
             _notice_failures(int(ddprun_pid), _signal.SIGURG)
     except Exception:  # noqa: BLE001  (no stacks, but the worker runs)

@@ -147,6 +147,41 @@ class FailurePropagationTest(DdprunTestCase):
         self.assertLess(res.elapsed, scaled(PROMPT), res)
         self.assertIn("SIGSEGV", self.summary_block(res.stderr))
 
+    def test_a_python_rank_that_crashes_shows_its_stack_in_the_summary(self):
+        # A crash in native code (a NULL read through ctypes, in a thread of the script): the
+        # bootstrap's faulthandler writes the stack into the rank's stack file, not stderr,
+        # and the summary shows the crashing thread's, innermost first; still 139, and
+        # nothing in the rank's output. PYTHONFAULTHANDLER=1 (the user's choice) wins: the
+        # dump goes to stderr, as Python alone does. Not with --no-stack-dumps.
+        script = self.path("crash.py")
+        with open(script, "w") as f:
+            f.write("import ctypes, os, threading\n"
+                    "def bad_layer():\n"
+                    "    ctypes.string_at(0)\n"
+                    "def loader():\n"
+                    "    bad_layer()\n"
+                    "if os.environ['RANK'] == '1':\n"
+                    "    t = threading.Thread(target=loader)\n"
+                    "    t.start()\n"
+                    "    t.join()\n")
+        res = self.run_ddprun(["--nproc-per-node", "2", script])
+        self.assertEqual(res.rc, 139, res)
+        root = self.summary_block(res.stderr)
+        root = root[root.index("Root Cause"):]
+        self.assertRegex(root, r"Signal 11 \(SIGSEGV\) received by PID \d+\n *Python stack at the crash "
+                               r"\(most recent call first\):\n.*line \d+ in string_at\n"
+                               r" *File \"%s\", line 3 in bad_layer\n *File \"%s\", line 5 in loader\n"
+                               % (re.escape(script), re.escape(script)), root)
+        self.assertNotIn("Fatal Python error", res.stderr)
+        res = self.run_ddprun(["--nproc-per-node", "2", script], env=dict(clean_env(), PYTHONFAULTHANDLER="1"))
+        self.assertEqual(res.rc, 139, res)
+        self.assertIn("Fatal Python error: Segmentation fault", res.stderr)
+        self.assertNotIn("Python stack at the crash", res.stderr)
+        res = self.run_ddprun(["--no-stack-dumps", "--nproc-per-node", "2", script])
+        self.assertEqual(res.rc, 139, res)
+        self.assertNotIn("Python stack at the crash", res.stderr)
+        self.assertNotIn("Fatal Python error", res.stderr)
+
     def _time_teardown(self, args, env=None):
         """ddprun's exit code, and the seconds from the failing rank's exit (it writes
         time.monotonic() to DIR/failed_at, a clock all processes share) to ddprun's exit."""
