@@ -15,6 +15,7 @@
 #include <optional>
 #include <map>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -173,6 +174,73 @@ std::vector<RankStack> take_stacks(const std::vector<StackTarget>& targets, Cloc
     if (r.text.empty()) r.native = native_threads(a.pid);
   }
   return out;
+}
+
+namespace {
+
+constexpr std::string_view kForkedTag = "ddprun-forked pid=";
+constexpr size_t kMostForked = 16;  // per rank: a DataLoader's workers, say
+
+// The processes that announced in `file` and still run as copies of `parent` (forked: in its
+// tree, its command line): a pid reused since is not among them.
+std::vector<pid_t> forked_from(const std::string& file, pid_t parent) {
+  std::vector<pid_t> out;
+  const auto cmdline = [](pid_t pid) { return read_file(fmt::format("/proc/{}/cmdline", pid), 65536); };
+  const auto own = cmdline(parent);
+  if (!own) return out;
+  std::istringstream in(read_from(file, 0));
+  for (std::string line; std::getline(in, line) && out.size() < kMostForked;) {
+    if (!line.starts_with(kForkedTag)) continue;
+    pid_t pid = -1;
+    std::from_chars(line.data() + kForkedTag.size(), line.data() + line.size(), pid);
+    if (pid > 0 && pid != parent && std::find(out.begin(), out.end(), pid) == out.end() && in_tree(pid, parent) &&
+        cmdline(pid) == own)
+      out.push_back(pid);
+  }
+  return out;
+}
+
+}  // namespace
+
+void take_forked_stacks(const std::vector<StackTarget>& targets, std::vector<RankStack>& stacks,
+                        Clock::time_point deadline, const std::function<bool()>& interrupted) {
+  std::vector<std::vector<pid_t>> left(targets.size());
+  for (size_t i = 0; i < targets.size() && i < stacks.size(); ++i)
+    if (stacks[i].kind == RankStack::Kind::kStack)
+      left[i] = forked_from(targets[i].file + ".forked", announced_pid(targets[i].file));
+  const auto stop = [&] { return Clock::now() >= deadline || (interrupted && interrupted()); };
+  for (;;) {  // a round: one child of each rank that has one left
+    std::vector<Asked> asked;
+    std::vector<StackTarget> asking(targets.size());
+    std::vector<RankStack> got(targets.size());
+    for (size_t i = 0; i < left.size(); ++i) {
+      if (left[i].empty()) continue;
+      const pid_t pid = left[i].front();
+      left[i].erase(left[i].begin());
+      asking[i] = StackTarget{targets[i].rank, targets[i].local_rank, pid, targets[i].file + ".forked"};
+      const off_t start = file_size(asking[i].file);
+      if (kill(pid, kWorkerSignal) == 0) asked.push_back(Asked{i, pid, start, start, Clock::now()});
+    }
+    if (asked.empty()) return;
+    std::vector<Asked> waiting = asked;
+    while (!waiting.empty()) {
+      const auto now = Clock::now();
+      std::erase_if(waiting, [&](Asked& a) { return settled(asking[a.idx], a, got[a.idx], now); });
+      if (waiting.empty() || stop()) break;
+      std::this_thread::sleep_for(kPoll);
+    }
+    for (const Asked& a : asked) {
+      RankStack& child = got[a.idx];
+      const bool answered = std::none_of(waiting.begin(), waiting.end(), [&](const Asked& w) { return w.idx == a.idx; });
+      if (!answered) {
+        child.text = read_from(asking[a.idx].file, a.start);
+        child.kind = child.text.empty() ? RankStack::Kind::kNoAnswer : RankStack::Kind::kIncomplete;
+      }
+      child.rank = targets[a.idx].rank, child.local_rank = targets[a.idx].local_rank, child.pid = a.pid;
+      if (child.kind != RankStack::Kind::kExited) stacks[a.idx].forked.push_back(std::move(child));
+    }
+    if (stop()) return;
+  }
 }
 
 namespace {
@@ -399,17 +467,21 @@ std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, cons
     kept.stacks = last_dump_->stacks;
     return "";
   }
-  auto stacks = with_ended(take_stacks(ts, t0 + kOnDemand, [this] { return stop_pending(); }), workers, nullptr);
+  auto stacks = take_stacks(ts, t0 + kOnDemand, [this] { return stop_pending(); });
+  take_forked_stacks(ts, stacks, t0 + kOnDemand, [this] { return stop_pending(); });
+  stacks = with_ended(std::move(stacks), workers, nullptr);
   not_reading_ += Clock::now() - t0;
   const double took = std::chrono::duration<double>(Clock::now() - t0).count();
   std::string body = full_dump(stacks, prefixes(stacks));
   std::string where = where_lines(stacks);
-  std::string file = save(attempt_dir, fmt::format("stacks_{}.txt", number), body + "where:\n" + where);
+  std::string file =
+      save(attempt_dir, fmt::format("stacks_{}.txt", number), full_dump(stacks, prefixes(stacks), true) + "where:\n" + where);
+  const bool forked = std::any_of(stacks.begin(), stacks.end(), [](auto& s) { return !s.forked.empty(); });
   auto answered = std::count_if(stacks.begin(), stacks.end(),
                                 [](auto& s) { return s.kind == RankStack::Kind::kStack; });
   spdlog::warn("{}: the stacks of {} rank{} on {} ({} answered in {:.2f} s{}){}", why, ts.size(),
                ts.size() == 1 ? "" : "s", hostname_, answered, took,
-               o_.log_dir.empty() || file.empty() ? "" : ", saved in " + file,
+               (o_.log_dir.empty() && !forked) || file.empty() ? "" : ", saved in " + file,
                dump_kind(what) == DumpKind::kHang ? ""
                : stopping                         ? "; the workers are being stopped"
                                                   : "; the job runs on");
@@ -719,11 +791,15 @@ std::string StackDumps::on_hang(const std::vector<WorkerResult>& workers, const 
                                 const std::string& what) {
   hang_ = fmt::format("no rank made progress for {} s (--hang-timeout)", seconds(hang_timeout_));
   std::vector<RankStack> stacks;
-  if (o_.stack_dumps)
-    stacks = with_ended(take_stacks(targets(workers, nullptr), Clock::now() + kAtHang, [this] { return stop_pending(); }),
-                        workers, nullptr);
+  if (o_.stack_dumps) {
+    const auto ts = targets(workers, nullptr);
+    const auto deadline = Clock::now() + kAtHang;
+    stacks = take_stacks(ts, deadline, [this] { return stop_pending(); });
+    take_forked_stacks(ts, stacks, deadline, [this] { return stop_pending(); });
+    stacks = with_ended(std::move(stacks), workers, nullptr);
+  }
   std::string body = full_dump(stacks, prefixes(stacks));
-  std::string file = stacks.empty() ? "" : save(attempt_dir, "stacks_at_hang.txt", body);
+  std::string file = stacks.empty() ? "" : save(attempt_dir, "stacks_at_hang.txt", full_dump(stacks, prefixes(stacks), true));
   std::string named = stacks.empty() ? "stacks are off (--no-stack-dumps)" : standing_out(stacks);
   hang_view_ = HangView{named, where_lines(stacks), collectives(workers), file};
   compose_hang_report();

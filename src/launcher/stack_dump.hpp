@@ -46,6 +46,13 @@ std::vector<RankStack> take_stacks(const std::vector<StackTarget>& targets,
                                    std::chrono::steady_clock::time_point deadline,
                                    const std::function<bool()>& interrupted = nullptr);
 
+// Then asks the processes each answering rank forked (its children that announced in
+// "<file>.forked", as the bootstrap has them do, and still run its program), one at a
+// time per rank (they share that file), until the deadline: into each RankStack's forked.
+void take_forked_stacks(const std::vector<StackTarget>& targets, std::vector<RankStack>& stacks,
+                        std::chrono::steady_clock::time_point deadline,
+                        const std::function<bool()>& interrupted = nullptr);
+
 // The kernel's view of a process's threads: "3 threads: 2x S futex_wait_queue, 1x R".
 std::string native_threads(pid_t pid);
 

@@ -213,10 +213,28 @@ std::vector<std::pair<std::string, std::vector<int>>> group_by_signature(const s
   return groups;
 }
 
+namespace {
+
+// "    rank 2's forked processes: pids 311-312: get (queues.py:103) <- _worker_loop (worker.py:308)"
+std::string forked_line(const RankStack& s, const std::string& indent) {
+  std::vector<RankStack> by_pid = s.forked;  // grouped as ranks are, by pid
+  for (auto& c : by_pid) c.rank = c.pid;
+  std::vector<std::string> parts;
+  for (const auto& [sig, pids] : group_by_signature(by_pid))
+    parts.push_back(fmt::format("{} {}: {}", pids.size() > 1 ? "pids" : "pid", rank_ranges(pids), sig));
+  return fmt::format("{}  rank {}'s forked processes: {}\n", indent, s.rank, fmt::join(parts, "; "));
+}
+
+}  // namespace
+
 std::string where_lines(const std::vector<RankStack>& stacks, const std::string& indent) {
   std::string out;
-  for (const auto& [sig, ranks] : group_by_signature(stacks))
+  for (const auto& [sig, ranks] : group_by_signature(stacks)) {
     out += fmt::format("{}{} {}: {}\n", indent, ranks.size() > 1 ? "ranks" : "rank", rank_ranges(ranks), sig);
+    for (const auto& s : stacks)
+      if (!s.forked.empty() && std::find(ranks.begin(), ranks.end(), s.rank) != ranks.end())
+        out += forked_line(s, indent);
+  }
   return out;
 }
 
@@ -323,7 +341,7 @@ std::optional<NodeStacks> decode_node_stacks(const std::string& line) {
   }
 }
 
-std::string full_dump(const std::vector<RankStack>& stacks, const std::vector<std::string>& prefixes) {
+std::string full_dump(const std::vector<RankStack>& stacks, const std::vector<std::string>& prefixes, bool forked) {
   std::string out;
   for (size_t i = 0; i < stacks.size(); ++i) {
     const RankStack& s = stacks[i];
@@ -336,6 +354,10 @@ std::string full_dump(const std::vector<RankStack>& stacks, const std::vector<st
     for (std::string line; std::getline(in, line);)
       if (!line.empty()) out += p + line + "\n";
     if (s.kind == RankStack::Kind::kIncomplete) out += p + "(the dump was still being written at the deadline)\n";
+    for (const RankStack& c : forked ? s.forked : std::vector<RankStack>{}) {
+      out += fmt::format("{}Process {}, forked by this rank:\n", p, c.pid);
+      out += full_dump({c}, {p});
+    }
   }
   return out;
 }

@@ -67,6 +67,9 @@ struct RankStack {
   std::string text;    // faulthandler's dump (kStack, kIncomplete)
   std::string native;  // the kernel's view of its threads, when there is no dump
   std::string given;   // its signature as the node that took it said (an answer from another node)
+  // The answers of the processes it forked (a DataLoader's workers; on demand and at a hang,
+  // on this node): each with the rank's numbers and its own pid.
+  std::vector<RankStack> forked;
 
   // What grouping and majorities compare: the main thread's innermost frames, or why
   // there is none ("no answer", "no Python bootstrap", "exited"); `given` when set.
@@ -125,7 +128,9 @@ struct RankCollective {
 std::string collective_lines(const std::vector<RankCollective>& ranks, const std::string& indent = "  ");
 
 // Every rank's full dump, each line behind its rank's prefix (`prefixes[i]` for
-// stacks[i]), for ddprun's output on demand.
-std::string full_dump(const std::vector<RankStack>& stacks, const std::vector<std::string>& prefixes);
+// stacks[i]), for ddprun's output on demand; with `forked`, each rank's forked processes'
+// after it (for the saved files: the output has their where lines only).
+std::string full_dump(const std::vector<RankStack>& stacks, const std::vector<std::string>& prefixes,
+                      bool forked = false);
 
 }  // namespace ddprun

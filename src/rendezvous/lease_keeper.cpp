@@ -86,6 +86,12 @@ std::string stopped_text(milliseconds stopped, milliseconds interval) {
 // node still there when it runs again (before: a pause of 10 s of a 15 s window could end
 // the others' leases from their side). A node really cut off stops at most an interval after
 // the store ended its lease; its workers cannot reach the others then anyway.
+std::string LeaseKeeper::going_on_without_this_node() const {
+  if (s_.fixed) return without_this_node(true, "");
+  return fmt::format("{} (if {} itself went silent, every node stops likewise)",
+                     without_this_node(false, "the nodes that still reach it"), s_.backend);
+}
+
 void LeaseKeeper::loop() {
   auto last_ok = Clock::now();
   milliseconds stalled{0}, stopped{0};  // how late this thread woke: capped, and as it was
@@ -118,7 +124,7 @@ void LeaseKeeper::loop() {
                                                   "(keep_alive_max_attempt {} + 1)): {}{}; {}",
                                                   s_.backend, seconds_text(patience), seconds_text(s_.interval),
                                                   s_.max_attempt, why, stopped_text(stopped, s_.interval),
-                                                  without_this_node(s_.fixed, "the nodes that still reach it"))});
+                                                  going_on_without_this_node())});
       return;
     }
     // The next renewal an interval after this one was sent: one whose answer came late (a

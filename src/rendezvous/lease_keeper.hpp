@@ -50,6 +50,9 @@ class LeaseKeeper {
 
  private:
   void loop();
+  // What the others do once this node is cut off: as far as this node can tell, the backend
+  // may be the one that went silent (the store's host stopped or cut off from all).
+  std::string going_on_without_this_node() const;
   milliseconds ttl() const { return s_.interval * s_.max_attempt; }
   std::chrono::steady_clock::duration since_renewal() const;  // since the last renewal that got through was sent
 

@@ -180,7 +180,8 @@ class RdzvEdgesNetns(NetnsHosts):
         self.check_a_cut_off_node_exits(lambda i, conf: [
             "--nnodes", "1:2", "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint",
             f"{self.topo.addr(0)}:{PORT}", "--rdzv-id", "edges", "--local-addr", self.topo.addr(i),
-            "--rdzv-conf", "last_call_timeout=0.3," + conf], 1, "the nodes that still reach it go on without this one",
+            "--rdzv-conf", "last_call_timeout=0.3," + conf], 1, "the nodes that still reach it go on without this one "
+            "as far as --nnodes MIN and --max-restarts allow (if the c10d store at 10.",
             interval=1)
 
     # ------------------------------------------------------------------ a partition that heals

@@ -190,6 +190,32 @@ TEST(LauncherStacks, FullDumpPrefixesEveryLine) {
   for (size_t at = 0; at < out.size(); at = out.find('\n', at) + 1) EXPECT_EQ(out[at], '[') << out.substr(at);
 }
 
+// A rank's forked processes: a where line of their own under the rank's group, grouped by
+// pid; their dumps only in the full dump asked with them (the saved file).
+TEST(LauncherStacks, ForkedProcessesHaveTheirWhereLineAndTheirDumpInTheFile) {
+  std::vector<RankStack> s{stack(0, Kind::kStack, kAllReduce), stack(1, Kind::kStack, kAllReduce),
+                           stack(2, Kind::kStack, kSleeping)};
+  for (pid_t pid : {311, 312, 315}) {
+    RankStack c = stack(1, Kind::kStack, pid == 315 ? kAllReduce : kSleeping);
+    c.pid = pid;
+    s[1].forked.push_back(c);
+  }
+  EXPECT_EQ(ddprun::where_lines(s),
+            "  ranks 0-1: all_reduce (distributed_c10d.py:1536) <- step (train.py:20) <- main (train.py:40) <- "
+            "<module> (train.py:44)\n"
+            "    rank 1's forked processes: pids 311-312: stall (train.py:12) <- step (train.py:19); "
+            "pid 315: all_reduce (distributed_c10d.py:1536) <- step (train.py:20) <- main (train.py:40) <- "
+            "<module> (train.py:44)\n"
+            "  rank 2: stall (train.py:12) <- step (train.py:19)\n");
+  const std::vector<std::string> prefixes{"[rank0]:", "[rank1]:", "[rank2]:"};
+  EXPECT_EQ(ddprun::full_dump(s, prefixes).find("forked"), std::string::npos);
+  const std::string file = ddprun::full_dump(s, prefixes, true);
+  EXPECT_NE(file.find("[rank1]:Process 311, forked by this rank:\n[rank1]:Thread 0x00007f027dbd3b80"), std::string::npos)
+      << file;
+  EXPECT_NE(file.find("[rank1]:Process 315, forked by this rank:\n"), std::string::npos) << file;
+  EXPECT_EQ(ddprun::standing_out(s), "rank 2 not where the others are");  // (the forked are not counted)
+}
+
 TEST(LauncherStacks, StandingOutNamesTheOddRanksOrWhyNone) {
   std::vector<RankStack> s{stack(0, Kind::kStack, kAllReduce), stack(1, Kind::kStack, kAllReduce),
                            stack(2, Kind::kStack, kSleeping)};

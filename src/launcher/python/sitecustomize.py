@@ -5,16 +5,17 @@
 #      DDPRUN_STACK_FILE, DDPRUN_PID and DDPRUN_PROGRESS_FILE leave the environment, so the
 #      script, and every process it starts, sees what it would have seen without ddprun;
 #   2. when started by ddprun (DDPRUN_STACK_FILE set), registers faulthandler on SIGURG for
-#      every thread, and for fatal signals (unless enabled already), writing into that file through a close-on-exec descriptor above 900 (the
-#      script's own files get the numbers they would get), and announces it in the file's
-#      first line (the file starts afresh: a Python that a wrapper script ran before this
-#      one, and that is gone, announced itself there first): ddprun only ever sends SIGURG
-#      to a worker that announced (and SIGURG's
+#      every thread, and for fatal signals (unless enabled already), writing into that file
+#      through a close-on-exec descriptor above 900 (the script's own files get the numbers
+#      they would get), and announces it in the file's first line (the file starts afresh: a
+#      Python that a wrapper script ran before this one, and that is gone, announced itself
+#      there first): ddprun only ever sends SIGURG to a worker that announced (and SIGURG's
 #      default action is to ignore it anyway). faulthandler's dump needs no GIL: it works
 #      while a thread holds it or sits in a C call. Forked children (DataLoader workers)
-#      drop the handler. An uncaught exception first sends SIGURG to ddprun (DDPRUN_PID),
-#      then goes on to the hook that was there: ddprun takes the other ranks' stacks while
-#      they still wait for this one (its sockets are still open), for the failure summary;
+#      register theirs into a second file, "<that file>.forked" (_forked). An uncaught
+#      exception first sends SIGURG to ddprun (DDPRUN_PID), then goes on to the hook that
+#      was there: ddprun takes the other ranks' stacks while they still wait for this one
+#      (its sockets are still open), for the failure summary;
 #   3. imports the sitecustomize that would have been imported without ddprun (the user's
 #      on PYTHONPATH, Debian's in /usr/lib/python3.X), errors included, as site would.
 # --preload's warm process (ddprun_preload.py) runs this file in each worker it forks, for
@@ -46,17 +47,37 @@ def _ddprun_bootstrap():
 
         fd = _high_fd(os.open(stack_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644))
         faulthandler.register(_signal.SIGURG, file=fd, all_threads=True)
-        os.register_at_fork(after_in_child=lambda: faulthandler.unregister(_signal.SIGURG))
         os.write(fd, b"ddprun-stacks pid=%d\n" % os.getpid())
         # A fatal signal (SIGSEGV in an extension, SIGABRT) writes every thread's stack into
         # the same file, not stderr (whose last lines, the crash's own, the summary shows):
         # ddprun puts the crashing thread's in the summary. PYTHONFAULTHANDLER, -X
         # faulthandler or the script's own faulthandler.enable() win.
-        if not faulthandler.is_enabled():
+        crashes = not faulthandler.is_enabled()
+        if crashes:
             faulthandler.enable(file=fd, all_threads=True)
+        os.register_at_fork(after_in_child=lambda: _forked(stack_file + ".forked", crashes))
         if ddprun_pid.isdigit():
             _notice_failures(int(ddprun_pid), _signal.SIGURG)
     except Exception:  # noqa: BLE001  (no stacks, but the worker runs)
+        pass
+
+
+def _forked(path, crashes):
+    """In a child forked from the worker (a DataLoader worker): its dumps (and crash) go to
+    the worker's second file, shared by all its children, whose line "ddprun-forked pid=<pid>"
+    tells ddprun it may be asked (one at a time: the file is shared)."""
+    import _signal
+    import faulthandler
+    import os
+
+    faulthandler.unregister(_signal.SIGURG)  # (the worker's file: not this process's answers)
+    try:
+        fd = _high_fd(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644))
+        faulthandler.register(_signal.SIGURG, file=fd, all_threads=True)
+        if crashes:
+            faulthandler.enable(file=fd, all_threads=True)
+        os.write(fd, b"ddprun-forked pid=%d\n" % os.getpid())
+    except Exception:  # noqa: BLE001  (no stacks for this child, but it runs)
         pass
 
 
@@ -113,6 +134,6 @@ try:
     _ddprun_bootstrap()
 except Exception:  # noqa: BLE001
     pass
-del _ddprun_bootstrap, _notice_failures, _high_fd
+del _ddprun_bootstrap, _notice_failures  # (_forked and _high_fd run in forked children)
 if __name__ == "sitecustomize":  # not when --preload's warm process runs this file for a worker
     _ddprun_chain(__import__("sys").modules[__name__])

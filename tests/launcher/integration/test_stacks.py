@@ -806,6 +806,47 @@ class Stacks(StacksTest):
         self.assertRegex(self.stderr_text(), r"ranks 0-1: <module> \(blocker.py:\d+\)")
         self.assertEqual(self.finish(p, 60), 0)
 
+    def test_the_processes_a_rank_forked_are_shown_where_they_are(self):
+        """Rank 1's two forked children (as a DataLoader's workers: multiprocessing's fork)
+        are stuck in decode() while it waits for them in a queue. On demand (SIGQUIT), the
+        where lines name the children's place under rank 1's ("rank 1's forked processes:
+        pids A, B: decode (job.py:6) <- ..."), and their every thread is in the saved file,
+        not the output; at --hang-timeout, the report names them the same way."""
+        script = self.write("forks.py", "import multiprocessing as mp, os, time\n"
+                                        "def decode(q):\n"
+                                        "    if os.environ['RANK'] == '1':\n"
+                                        "        open(f'stuck_{os.getpid()}', 'w').close()\n"
+                                        "        while True:\n"
+                                        "            time.sleep(1)\n"
+                                        "    q.put(1)\n"
+                                        "if __name__ == '__main__' and os.environ['RANK'] == '1':\n"
+                                        "    q = mp.get_context('fork').Queue()\n"
+                                        "    kids = [mp.get_context('fork').Process(target=decode, args=(q,)) for _ in range(2)]\n"
+                                        "    for k in kids:\n"
+                                        "        k.start()\n"
+                                        "    print(q.get(), q.get(), flush=True)\n"
+                                        "time.sleep(600)\n")
+        p = self.start(["--standalone", "--nproc-per-node", "2", "--hang-timeout", str(scaled(8)), script])
+        self.wait_for(lambda: len(glob.glob(self.path("stuck_*"))) == 2, scaled(30), "rank 1's children stuck")
+        kids = sorted(int(f.rsplit("_", 1)[1]) for f in glob.glob(self.path("stuck_*")))
+        os.kill(p.pid, signal.SIGQUIT)
+        m = self.wait_stderr(r"^\[ddprun\] where each rank is.*\n(?:  .*\n)+", 30)
+        pids = "%d-%d" % tuple(kids) if kids[1] == kids[0] + 1 else "%d, %d" % tuple(kids)
+        forked = r"    rank 1's forked processes: pids %s: decode \(forks.py:6\) <- run \(process.py:\d+\)" % pids
+        self.assertRegex(m.group(0), r"  rank 1: .* <- get \(queues.py:\d+\) <- <module> \(forks.py:13\)\n" + forked, m.group(0))
+        self.assertNotIn("rank 0's forked", m.group(0))  # it forked none
+        dump = self.stderr_text()[:m.end()]
+        self.assertNotIn("forked by this rank", dump)  # every thread of theirs: in the file only
+        saved = re.search(r"dump 1 .* saved in (\S+stacks_1.txt)", dump)
+        self.assertIsNotNone(saved, dump)
+        text = read_text(saved.group(1))
+        for k in kids:
+            self.assertRegex(text, r"\[rank1\]:Process %d, forked by this rank:\n(?:\[rank1\]:.*\n)*?"
+                                   r"\[rank1\]:  File \"%s\", line 6 in decode" % (k, re.escape(script)))
+        self.assertEqual(self.finish(p, 60), 124, self.stderr_text()[-3000:])
+        report = self.stderr_text()[self.stderr_text().index(" HUNG: "):]
+        self.assertRegex(report, forked)
+
     def test_a_heartbeat_is_progress(self):
         """Silent workers that touch $DDPRUN_HEARTBEAT_FILE (docs/stacks.md's snippet) outlive
         a --hang-timeout three times shorter than their run; the same without it would hang
