@@ -15,7 +15,6 @@
 #include <optional>
 #include <map>
 #include <set>
-#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -188,14 +187,24 @@ std::vector<pid_t> forked_from(const std::string& file, pid_t parent) {
   const auto cmdline = [](pid_t pid) { return read_file(fmt::format("/proc/{}/cmdline", pid), 65536); };
   const auto own = cmdline(parent);
   if (!own) return out;
-  std::istringstream in(read_from(file, 0));
-  for (std::string line; std::getline(in, line) && out.size() < kMostForked;) {
-    if (!line.starts_with(kForkedTag)) continue;
-    pid_t pid = -1;
-    std::from_chars(line.data() + kForkedTag.size(), line.data() + line.size(), pid);
-    if (pid > 0 && pid != parent && std::find(out.begin(), out.end(), pid) == out.end() && in_tree(pid, parent) &&
-        cmdline(pid) == own)
-      out.push_back(pid);
+  // (Read whole, 4 MiB at a time: a rank that forks for ever adds a line each time.)
+  std::string text;
+  for (off_t at = 0; out.size() < kMostForked && at < (off_t{64} << 20);) {
+    const std::string more = read_from(file, at);
+    if (more.empty()) break;
+    at += static_cast<off_t>(more.size());
+    text += more;
+    size_t from = 0;
+    for (size_t nl; (nl = text.find('\n', from)) != std::string::npos && out.size() < kMostForked; from = nl + 1) {
+      const std::string_view line(text.data() + from, nl - from);
+      if (!line.starts_with(kForkedTag)) continue;
+      pid_t pid = -1;
+      std::from_chars(line.data() + kForkedTag.size(), line.data() + line.size(), pid);
+      if (pid > 0 && pid != parent && std::find(out.begin(), out.end(), pid) == out.end() && in_tree(pid, parent) &&
+          cmdline(pid) == own)
+        out.push_back(pid);
+    }
+    text.erase(0, from);  // (a line cut by the 4 MiB: completed by the next read)
   }
   return out;
 }
