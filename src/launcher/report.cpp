@@ -64,6 +64,13 @@ constexpr KnownCause kKnownCauses[] = {
      "hint: this PyTorch was built without libuv, yet its TCPStore defaults to use_libuv=True: "
      "pass use_libuv=False to TCPStore (a sitecustomize.py can make it the default) or use a "
      "torch built with libuv (USE_LIBUV=0 does not help)"},
+    // torch's DataLoader workers set crash handlers of their own (no faulthandler dump), and
+    // the line that says how one died ("is killed by signal: ...") is often above the tail.
+    {"RuntimeError: DataLoader worker (pid(s) ",
+     "hint: a DataLoader worker process died; the rank's output above says of what (\"DataLoader worker (pid N) is "
+     "killed by signal: ...\"; Killed is often the kernel's out-of-memory killer). A worker's crash has no Python "
+     "stack here (torch's workers handle SIGSEGV themselves): with num_workers=0 the dataset runs in the rank, "
+     "whose crash stack the summary shows"},
 };
 
 bool mentions(const WorkerResult& w, std::string_view text) {

@@ -687,10 +687,10 @@ void StackDumps::settle_root(const std::vector<WorkerResult>& workers, const Wor
 }
 
 std::string StackDumps::crash_stack_of(const WorkerResult& w) const {
-  static constexpr int kFatal[] = {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL};
-  if (!o_.stack_dumps || std::find(std::begin(kFatal), std::end(kFatal), w.signal) == std::end(kFatal)) return "";
+  const std::string fatal = fatal_signal_name(w.signal);
+  if (!o_.stack_dumps || fatal.empty()) return "";
   const std::string file = stack_file(w);
-  return crash_stack(read_from(file, std::max<off_t>(0, file_size(file) - (1 << 20))));
+  return crash_stack(read_from(file, std::max<off_t>(0, file_size(file) - (1 << 20))), fatal, file);
 }
 
 // Such a rank had finished as the others failed: often the one they waited for (it skipped

@@ -92,6 +92,7 @@ std::vector<ThreadStack> parse_faulthandler(const std::string& text) {
       native = line.starts_with(kNativeHeader);
       continue;
     }
+    if (line == "  ..." && !threads.empty()) threads.back().cut = true;
     Frame f;
     if (threads.empty() || !(native ? parse_native_frame(line, f) : parse_frame(line, f))) continue;
     // --preload's warm process (docs/preload.md) lies under every forked worker's script:
@@ -106,22 +107,46 @@ std::vector<ThreadStack> parse_faulthandler(const std::string& text) {
   return threads;
 }
 
-std::string crash_stack(const std::string& text, size_t depth) {
-  const size_t at = text.rfind("Fatal Python error: ");
-  if (at == std::string::npos) return "";
+std::string fatal_signal_name(int sig) {
+  switch (sig) {  // (faulthandler.c's table)
+    case SIGSEGV: return "Segmentation fault";
+    case SIGABRT: return "Aborted";
+    case SIGBUS: return "Bus error";
+    case SIGFPE: return "Floating point exception";
+    case SIGILL: return "Illegal instruction";
+    default: return "";
+  }
+}
+
+std::string crash_stack(const std::string& text, const std::string& fatal, const std::string& file, size_t depth) {
+  const std::string tag = "Fatal Python error: ";
+  const size_t at = text.rfind(tag);
+  // (Of another signal: not this death's, an older crash's, as of a child that forked
+  // without Python's hooks, with the worker's handler.)
+  if (at == std::string::npos || fatal.empty() || text.compare(at + tag.size(), fatal.size(), fatal) != 0) return "";
   const auto threads = parse_faulthandler(text.substr(at));
   auto crashed = std::find_if(threads.begin(), threads.end(), [](const ThreadStack& t) { return t.current; });
-  std::string out = "Python stack at the crash (most recent call first):";
+  std::string whose = "Python stack at the crash";
   if (crashed == threads.end() || crashed->frames.empty()) {
     if (threads.empty() || threads.back().frames.empty()) return "";
     crashed = threads.end() - 1;  // faulthandler writes the main thread last
-    out = "Python stack at the crash: the crashing thread ran no Python; the main thread's (most recent call first):";
+    whose += ": the crashing thread ran no Python; the main thread's";
   }
+  std::string out = fmt::format("{} (most recent call first; every thread: {}):", whose, file);
   const auto& frames = crashed->frames;
-  for (size_t i = 0; i < std::min(depth, frames.size()); ++i)
-    out += fmt::format("\n  File \"{}\", line {} in {}", frames[i].file, frames[i].line, frames[i].func);
-  if (frames.size() > depth)
-    out += fmt::format("\n  ... ({} outer frame{})", frames.size() - depth, frames.size() - depth == 1 ? "" : "s");
+  size_t i = 0;
+  for (size_t lines = 0; i < frames.size() && lines < depth; ++lines) {
+    const Frame& f = frames[i];
+    size_t same = 1;
+    while (i + same < frames.size() && frames[i + same].file == f.file && frames[i + same].line == f.line &&
+           frames[i + same].func == f.func)
+      ++same;
+    out += fmt::format("\n  File \"{}\", line {} in {}", f.file, f.line, f.func);
+    if (same > 1 && ++lines < depth) out += fmt::format("\n  [Previous line repeated {} more times]", same - 1);
+    i += same;
+  }
+  if (crashed->cut) out += "\n  ... (and more: faulthandler writes 100 frames at most)";
+  else if (i < frames.size()) out += fmt::format("\n  ... ({} outer frame{})", frames.size() - i, frames.size() - i == 1 ? "" : "s");
   return out;
 }
 

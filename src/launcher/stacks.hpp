@@ -37,6 +37,7 @@ struct ThreadStack {
   std::string header;         // "Thread 0x7f.. (most recent call first):"
   std::vector<Frame> frames;  // innermost first, as faulthandler writes them
   bool current = false;       // "Current thread": the one that ran the handler
+  bool cut = false;           // its "  ..." line: deeper than faulthandler writes (100 frames)
 };
 
 // A C++ worker's answer (libddp, src/collectives/native_stack.cpp: a "Native thread <tid>
@@ -50,10 +51,16 @@ std::string readable_native(const std::string& text);
 std::vector<ThreadStack> parse_faulthandler(const std::string& text);
 
 // The stack of the crash in a bootstrap's file (faulthandler at a fatal signal: "Fatal Python
-// error: ..." then every thread), the last one there: the crashing thread's innermost `depth`
-// frames as faulthandler writes them, under a heading line; the main thread's when the
-// crashing one ran no Python (a native library's thread). "" when the file holds none.
-std::string crash_stack(const std::string& text, size_t depth = 30);
+// error: <fatal>" then every thread), the last one there, if it is of that signal
+// (faulthandler's name for it, "Segmentation fault"): the crashing thread's frames as
+// faulthandler writes them, innermost first, a frame repeated in a row written once (as
+// Python's tracebacks do), `depth` lines at most, under a heading that names `file`; the
+// main thread's when the crashing one ran no Python (a native library's thread). "" when
+// the file holds no such crash.
+std::string crash_stack(const std::string& text, const std::string& fatal, const std::string& file, size_t depth = 30);
+
+// faulthandler's name of a fatal signal it dumps at ("Segmentation fault"); "" for others.
+std::string fatal_signal_name(int sig);
 
 // "all_reduce (distributed_c10d.py:1536) <- step (job.py:20)": the innermost `depth`
 // frames of the thread, file names without folders; "" when it has none.

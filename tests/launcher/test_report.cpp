@@ -201,6 +201,18 @@ TEST(LauncherReport, NoLibuvHintFromRecordErrorFileOrAnotherFailure) {
   EXPECT_EQ(hint_lines(ddprun::failure_summary("train.py", first, {later})).size(), 1u);
 }
 
+// A DataLoader worker's death fails its rank with a RuntimeError whose cause (the signal) is
+// often above the stderr tail: the hint says where to look, and how to get the crash's stack.
+TEST(LauncherReport, DataLoaderWorkerDeathHint) {
+  WorkerResult root = failed_worker(0, 1);
+  root.stderr_tail = {"    raise RuntimeError('DataLoader worker (pid(s) {}) exited unexpectedly'.format(pids_str)) from e",
+                      "RuntimeError: DataLoader worker (pid(s) 11337) exited unexpectedly"};
+  auto hints = hint_lines(ddprun::failure_summary("train.py", root, {}));
+  ASSERT_EQ(hints.size(), 1u);
+  EXPECT_NE(hints[0].find("is killed by signal"), std::string::npos) << hints[0];
+  EXPECT_NE(hints[0].find("num_workers=0"), std::string::npos) << hints[0];
+}
+
 TEST(LauncherReport, NoHintForOtherErrors) {
   WorkerResult root = failed_worker(0, 1);
   root.stderr_tail = {"RuntimeError: use_libuv is great", "RuntimeError: PyTorch was build without cheese"};

@@ -239,7 +239,8 @@ TEST(LauncherStacks, StandingOutNamesTheOddRanksOrWhyNone) {
 // named so (often the one the others waited for); not one that ddprun's stop signal ended,
 // nor one caught in its own code, nor one that failed.
 // faulthandler at a fatal signal, after an on-demand dump in the same file: the crash's
-// thread, innermost first; the main thread's when the crashing one ran no Python.
+// thread, innermost first, if it is of the signal the rank died of; the main thread's when
+// the crashing one ran no Python; a recursion's frames once, with faulthandler's cut said.
 TEST(LauncherStacks, CrashStackIsTheCrashingThreadsOfTheLastCrash) {
   const std::string earlier = "ddprun-stacks pid=7\nThread 0x1 (most recent call first):\n"
                               "  File \"/j/train.py\", line 9 in old\n";
@@ -250,21 +251,29 @@ TEST(LauncherStacks, CrashStackIsTheCrashingThreadsOfTheLastCrash) {
                             "  File \"/j/train.py\", line 3 in bad_layer\n\n"
                             "Thread 0x1 (most recent call first):\n  File \"/j/train.py\", line 12 in <module>\n\n"
                             "Extension modules: numpy.core._multiarray_umath (total: 1)\n";
-  EXPECT_EQ(ddprun::crash_stack(earlier + crash),
-            "Python stack at the crash (most recent call first):\n"
-            "  File \"/usr/lib/python3.11/ctypes/__init__.py\", line 519 in string_at\n"
-            "  File \"/j/train.py\", line 3 in bad_layer");
-  EXPECT_EQ(ddprun::crash_stack(earlier), "");
-  EXPECT_EQ(ddprun::crash_stack(""), "");
-  EXPECT_EQ(ddprun::crash_stack(crash, 1),
-            "Python stack at the crash (most recent call first):\n"
-            "  File \"/usr/lib/python3.11/ctypes/__init__.py\", line 519 in string_at\n  ... (1 outer frame)");
+  const std::string head = "Python stack at the crash (most recent call first; every thread: /r/stacks):";
+  EXPECT_EQ(ddprun::crash_stack(earlier + crash, "Segmentation fault", "/r/stacks"),
+            head + "\n  File \"/usr/lib/python3.11/ctypes/__init__.py\", line 519 in string_at\n"
+                   "  File \"/j/train.py\", line 3 in bad_layer");
+  EXPECT_EQ(ddprun::crash_stack(earlier, "Segmentation fault", "/r/stacks"), "");
+  EXPECT_EQ(ddprun::crash_stack("", "Segmentation fault", "/r/stacks"), "");
+  // Died of another signal (SIGABRT after Python's end): that crash is not this death's.
+  EXPECT_EQ(ddprun::crash_stack(earlier + crash, ddprun::fatal_signal_name(SIGABRT), "/r/stacks"), "");
+  EXPECT_EQ(ddprun::fatal_signal_name(SIGSEGV), "Segmentation fault");
+  EXPECT_EQ(ddprun::fatal_signal_name(SIGKILL), "");
+  EXPECT_EQ(ddprun::crash_stack(crash, "Segmentation fault", "/r/stacks", 1),
+            head + "\n  File \"/usr/lib/python3.11/ctypes/__init__.py\", line 519 in string_at\n  ... (1 outer frame)");
   const std::string native = "Fatal Python error: Aborted\n\nCurrent thread 0x4 (most recent call first):\n"
                              "  <no Python frame>\n\nThread 0x1 (most recent call first):\n"
                              "  File \"/j/train.py\", line 20 in step\n";
-  EXPECT_EQ(ddprun::crash_stack(native),
+  EXPECT_EQ(ddprun::crash_stack(native, "Aborted", "/r/stacks"),
             "Python stack at the crash: the crashing thread ran no Python; the main thread's (most recent call "
-            "first):\n  File \"/j/train.py\", line 20 in step");
+            "first; every thread: /r/stacks):\n  File \"/j/train.py\", line 20 in step");
+  std::string deep = "Fatal Python error: Segmentation fault\n\nCurrent thread 0x3 (most recent call first):\n";
+  for (int i = 0; i < 100; ++i) deep += "  File \"/j/train.py\", line 21 in deep\n";
+  EXPECT_EQ(ddprun::crash_stack(deep + "  ...\n", "Segmentation fault", "/r/stacks"),
+            head + "\n  File \"/j/train.py\", line 21 in deep\n  [Previous line repeated 99 more times]\n"
+                   "  ... (and more: faulthandler writes 100 frames at most)");
 }
 
 TEST(LauncherStacks, RanksThatExited0ByThemselvesAreNamedSo) {

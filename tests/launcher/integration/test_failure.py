@@ -169,7 +169,7 @@ class FailurePropagationTest(DdprunTestCase):
         root = self.summary_block(res.stderr)
         root = root[root.index("Root Cause"):]
         self.assertRegex(root, r"Signal 11 \(SIGSEGV\) received by PID \d+\n *Python stack at the crash "
-                               r"\(most recent call first\):\n.*line \d+ in string_at\n"
+                               r"\(most recent call first; every thread: \S+/attempt_0/1/stacks\):\n.*line \d+ in string_at\n"
                                r" *File \"%s\", line 3 in bad_layer\n *File \"%s\", line 5 in loader\n"
                                % (re.escape(script), re.escape(script)), root)
         self.assertNotIn("Fatal Python error", res.stderr)

@@ -134,6 +134,27 @@ class TorchStacks(StacksTest):
         # (Its own line: grouped under "<no Python frame ...>" with others, it would not be.)
         self.assertRegex(err, r"\n  rank 1: not running: exited with code 0", err[-3000:])
 
+    def test_a_dataloader_workers_crash_gets_a_hint(self):
+        # torch's DataLoader workers handle SIGSEGV themselves (no Python stack of theirs), and
+        # the rank's RuntimeError that ends its output names no signal: the summary's hint
+        # says where that is and how to get the crash's stack (num_workers=0).
+        script = os.path.join(self.tmp, "loader_crash.py")
+        with open(script, "w") as f:
+            f.write("import ctypes, torch\n"
+                    "from torch.utils.data import DataLoader, Dataset\n"
+                    "class Images(Dataset):\n"
+                    "    def __len__(self):\n"
+                    "        return 8\n"
+                    "    def __getitem__(self, i):\n"
+                    "        return torch.tensor([float(ctypes.string_at(0)[0] if i == 5 else i)])\n"
+                    "for batch in DataLoader(Images(), batch_size=2, num_workers=2):\n"
+                    "    pass\n")
+        p = self.start(["--standalone", "--nproc-per-node", "1", script])
+        self.assertEqual(self.finish(p), 1, self.stderr_text()[-3000:])
+        err = self.stderr_text()
+        self.assertIn("is killed by signal: Segmentation fault", err)
+        self.assertRegex(err, r"\nhint: a DataLoader worker process died; .*num_workers=0", err[-3000:])
+
     def test_hang_timeout_stops_the_job_and_names_the_odd_rank(self):
         # The clock runs from the attempt's start, `import torch` included: four torch 2.6
         # workers took 5.7 s to reach step 3 on an idle 2-core machine, so 15 s, not 5.
