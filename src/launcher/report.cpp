@@ -67,10 +67,10 @@ constexpr KnownCause kKnownCauses[] = {
     // torch's DataLoader workers set crash handlers of their own (no faulthandler dump), and
     // the line that says how one died ("is killed by signal: ...") is often above the tail.
     {"RuntimeError: DataLoader worker (pid(s) ",
-     "hint: a DataLoader worker process died; the rank's output above says of what (\"DataLoader worker (pid N) is "
-     "killed by signal: ...\"; Killed is often the kernel's out-of-memory killer). A worker's crash has no Python "
-     "stack here (torch's workers handle SIGSEGV themselves): with num_workers=0 the dataset runs in the rank, "
-     "whose crash stack the summary shows"},
+     "hint: a DataLoader worker process died; the rank's output (above, or its --log-dir file) says of what "
+     "(\"DataLoader worker (pid N) is killed by signal: ...\"; Killed is often the kernel's out-of-memory killer). "
+     "No Python stack of a worker's crash is shown (torch's workers handle SIGSEGV, SIGBUS and SIGFPE "
+     "themselves): with num_workers=0 the dataset runs in the rank, whose crash stack the summary shows"},
 };
 
 bool mentions(const WorkerResult& w, std::string_view text) {

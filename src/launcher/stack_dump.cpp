@@ -177,34 +177,39 @@ std::vector<RankStack> take_stacks(const std::vector<StackTarget>& targets, Cloc
 
 namespace {
 
-constexpr std::string_view kForkedTag = "ddprun-forked pid=";
+constexpr std::string_view kForkedFile = "/memfd:ddprun-stacks";  // (as /proc shows it)
 constexpr size_t kMostForked = 16;  // per rank: a DataLoader's workers, say
 
-// The processes that announced in `file` and still run as copies of `parent` (forked: in its
-// tree, its command line): a pid reused since is not among them.
-std::vector<pid_t> forked_from(const std::string& file, pid_t parent) {
-  std::vector<pid_t> out;
-  const auto cmdline = [](pid_t pid) { return read_file(fmt::format("/proc/{}/cmdline", pid), 65536); };
-  const auto own = cmdline(parent);
-  if (!own) return out;
-  // (Read whole, 4 MiB at a time: a rank that forks for ever adds a line each time.)
-  std::string text;
-  for (off_t at = 0; out.size() < kMostForked && at < (off_t{64} << 20);) {
-    const std::string more = read_from(file, at);
-    if (more.empty()) break;
-    at += static_cast<off_t>(more.size());
-    text += more;
-    size_t from = 0;
-    for (size_t nl; (nl = text.find('\n', from)) != std::string::npos && out.size() < kMostForked; from = nl + 1) {
-      const std::string_view line(text.data() + from, nl - from);
-      if (!line.starts_with(kForkedTag)) continue;
-      pid_t pid = -1;
-      std::from_chars(line.data() + kForkedTag.size(), line.data() + line.size(), pid);
-      if (pid > 0 && pid != parent && std::find(out.begin(), out.end(), pid) == out.end() && in_tree(pid, parent) &&
-          cmdline(pid) == own)
-        out.push_back(pid);
+// The number of pid's descriptor that is `file` (the bootstrap's, 900 or above), or -1.
+int descriptor_of(pid_t pid, const std::string& file) {
+  struct stat want {};
+  if (::stat(file.c_str(), &want) != 0) return -1;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(fmt::format("/proc/{}/fd", pid), ec)) {
+    struct stat st {};
+    if (::stat(e.path().c_str(), &st) == 0 && st.st_dev == want.st_dev && st.st_ino == want.st_ino) {
+      int fd = -1;
+      const std::string name = e.path().filename().string();
+      std::from_chars(name.data(), name.data() + name.size(), fd);
+      return fd;
     }
-    text.erase(0, from);  // (a line cut by the 4 MiB: completed by the next read)
+  }
+  return -1;
+}
+
+// The processes `t`'s rank (pid `who`) forked that answer into a file of their own: the
+// bootstrap's at-fork hook put one on the rank's descriptor number; one that exec'd since
+// has none.
+std::vector<StackTarget> forked_targets(const StackTarget& t, pid_t who) {
+  std::vector<StackTarget> out;
+  const int fd = descriptor_of(who, t.file);
+  if (fd < 0) return out;
+  for (pid_t kid : descendants(-1, who)) {
+    const std::string path = fmt::format("/proc/{}/fd/{}", kid, fd);
+    std::error_code ec;
+    if (!fs::read_symlink(path, ec).string().starts_with(kForkedFile)) continue;
+    out.push_back(StackTarget{t.rank, t.local_rank, kid, path});
+    if (out.size() == kMostForked) break;
   }
   return out;
 }
@@ -213,43 +218,21 @@ std::vector<pid_t> forked_from(const std::string& file, pid_t parent) {
 
 void take_forked_stacks(const std::vector<StackTarget>& targets, std::vector<RankStack>& stacks,
                         Clock::time_point deadline, const std::function<bool()>& interrupted) {
-  std::vector<std::vector<pid_t>> left(targets.size());
-  for (size_t i = 0; i < targets.size() && i < stacks.size(); ++i)
-    if (stacks[i].kind == RankStack::Kind::kStack)
-      left[i] = forked_from(targets[i].file + ".forked", announced_pid(targets[i].file));
-  const auto stop = [&] { return Clock::now() >= deadline || (interrupted && interrupted()); };
-  for (;;) {  // a round: one child of each rank that has one left
-    std::vector<Asked> asked;
-    std::vector<StackTarget> asking(targets.size());
-    std::vector<RankStack> got(targets.size());
-    for (size_t i = 0; i < left.size(); ++i) {
-      if (left[i].empty()) continue;
-      const pid_t pid = left[i].front();
-      left[i].erase(left[i].begin());
-      asking[i] = StackTarget{targets[i].rank, targets[i].local_rank, pid, targets[i].file + ".forked"};
-      const off_t start = file_size(asking[i].file);
-      if (kill(pid, kWorkerSignal) == 0) asked.push_back(Asked{i, pid, start, start, Clock::now()});
+  std::vector<StackTarget> kids;
+  std::vector<size_t> owner;
+  for (size_t i = 0; i < targets.size() && i < stacks.size(); ++i) {
+    if (stacks[i].kind != RankStack::Kind::kStack) continue;
+    for (auto& k : forked_targets(targets[i], announced_pid(targets[i].file))) {
+      kids.push_back(std::move(k));
+      owner.push_back(i);
     }
-    if (asked.empty()) return;
-    std::vector<Asked> waiting = asked;
-    while (!waiting.empty()) {
-      const auto now = Clock::now();
-      std::erase_if(waiting, [&](Asked& a) { return settled(asking[a.idx], a, got[a.idx], now); });
-      if (waiting.empty() || stop()) break;
-      std::this_thread::sleep_for(kPoll);
-    }
-    for (const Asked& a : asked) {
-      RankStack& child = got[a.idx];
-      const bool answered = std::none_of(waiting.begin(), waiting.end(), [&](const Asked& w) { return w.idx == a.idx; });
-      if (!answered) {
-        child.text = read_from(asking[a.idx].file, a.start);
-        child.kind = child.text.empty() ? RankStack::Kind::kNoAnswer : RankStack::Kind::kIncomplete;
-      }
-      child.rank = targets[a.idx].rank, child.local_rank = targets[a.idx].local_rank, child.pid = a.pid;
-      if (child.kind != RankStack::Kind::kExited) stacks[a.idx].forked.push_back(std::move(child));
-    }
-    if (stop()) return;
   }
+  if (kids.empty() || Clock::now() >= deadline || (interrupted && interrupted())) return;
+  // Each in a file of its own, announced there as a rank is in its: asked as the ranks were.
+  auto answers = take_stacks(kids, deadline, interrupted);
+  for (size_t j = 0; j < answers.size(); ++j)
+    if (answers[j].kind != RankStack::Kind::kExited && answers[j].kind != RankStack::Kind::kNoBootstrap)
+      stacks[owner[j]].forked.push_back(std::move(answers[j]));
 }
 
 namespace {
@@ -490,7 +473,9 @@ std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, cons
                                 [](auto& s) { return s.kind == RankStack::Kind::kStack; });
   spdlog::warn("{}: the stacks of {} rank{} on {} ({} answered in {:.2f} s{}){}", why, ts.size(),
                ts.size() == 1 ? "" : "s", hostname_, answered, took,
-               (o_.log_dir.empty() && !forked) || file.empty() ? "" : ", saved in " + file,
+               file.empty() || (o_.log_dir.empty() && !forked) ? ""
+               : o_.log_dir.empty() ? fmt::format(", saved in {} (with the forked processes'; kept with --log-dir)", file)
+                                    : ", saved in " + file,
                dump_kind(what) == DumpKind::kHang ? ""
                : stopping                         ? "; the workers are being stopped"
                                                   : "; the job runs on");
@@ -571,6 +556,7 @@ std::string StackDumps::job_wide(const rdzv::DumpAnswers& got, const JobPlan& pl
   auto kept = take_kept(got.what);
   if (!kept) return "";
   std::vector<NodeStacks> nodes{mine(plan, std::move(kept->stacks))};
+  for (auto& r : nodes[0].ranks) r.forked.clear();  // (the other nodes send none: one rule for all)
   for (const auto& a : got.answers)
     if (auto n = decode_node_stacks(a)) nodes.push_back(std::move(*n));
   const JobView v = job_view(std::move(nodes), plan, kept->root, hostname_,

@@ -46,9 +46,10 @@ std::vector<RankStack> take_stacks(const std::vector<StackTarget>& targets,
                                    std::chrono::steady_clock::time_point deadline,
                                    const std::function<bool()>& interrupted = nullptr);
 
-// Then asks the processes each answering rank forked (its children that announced in
-// "<file>.forked", as the bootstrap has them do, and still run its program), one at a
-// time per rank (they share that file), until the deadline: into each RankStack's forked.
+// Then asks the processes each answering rank forked (16 at most per rank), those that answer
+// into a file of their own (the bootstrap's at-fork hook gives them one: not a process that
+// exec'd since), as take_stacks asks the ranks, by the same deadline: into each rank's
+// RankStack::forked. Nothing is asked once the deadline has passed.
 void take_forked_stacks(const std::vector<StackTarget>& targets, std::vector<RankStack>& stacks,
                         std::chrono::steady_clock::time_point deadline,
                         const std::function<bool()>& interrupted = nullptr);

@@ -124,12 +124,18 @@ std::string crash_stack(const std::string& text, const std::string& fatal, const
   // (Of another signal: not this death's, an older crash's, as of a child that forked
   // without Python's hooks, with the worker's handler.)
   if (at == std::string::npos || fatal.empty() || text.compare(at + tag.size(), fatal.size(), fatal) != 0) return "";
-  const auto threads = parse_faulthandler(text.substr(at));
-  auto crashed = std::find_if(threads.begin(), threads.end(), [](const ThreadStack& t) { return t.current; });
+  const std::string dump = text.substr(at);
+  const auto threads = parse_faulthandler(dump);
+  // The crashing thread is "Current thread"; a free-threaded Python writes it alone, as "Stack".
+  auto crashed = std::find_if(threads.begin(), threads.end(), [](const ThreadStack& t) {
+    return t.current || t.header.starts_with("Stack (most recent call first)");
+  });
   std::string whose = "Python stack at the crash";
   if (crashed == threads.end() || crashed->frames.empty()) {
-    if (threads.empty() || threads.back().frames.empty()) return "";
-    crashed = threads.end() - 1;  // faulthandler writes the main thread last
+    // The main thread, written last; unless faulthandler left threads out ("..."): then the
+    // last one shown is not it.
+    if (threads.empty() || threads.back().frames.empty() || dump.find("\n...\n") != std::string::npos) return "";
+    crashed = threads.end() - 1;
     whose += ": the crashing thread ran no Python; the main thread's";
   }
   std::string out = fmt::format("{} (most recent call first; every thread: {}):", whose, file);
@@ -142,11 +148,15 @@ std::string crash_stack(const std::string& text, const std::string& fatal, const
            frames[i + same].func == f.func)
       ++same;
     out += fmt::format("\n  File \"{}\", line {} in {}", f.file, f.line, f.func);
-    if (same > 1 && ++lines < depth) out += fmt::format("\n  [Previous line repeated {} more times]", same - 1);
-    i += same;
+    ++i;
+    if (same > 1 && lines + 1 < depth) {
+      out += fmt::format("\n  [Previous line repeated {} more times]", same - 1);
+      ++lines;
+      i += same - 1;
+    }
   }
+  if (i < frames.size()) out += fmt::format("\n  ... ({} more frame{})", frames.size() - i, frames.size() - i == 1 ? "" : "s");
   if (crashed->cut) out += "\n  ... (and more: faulthandler writes 100 frames at most)";
-  else if (i < frames.size()) out += fmt::format("\n  ... ({} outer frame{})", frames.size() - i, frames.size() - i == 1 ? "" : "s");
   return out;
 }
 
@@ -379,9 +389,10 @@ std::string full_dump(const std::vector<RankStack>& stacks, const std::vector<st
     for (std::string line; std::getline(in, line);)
       if (!line.empty()) out += p + line + "\n";
     if (s.kind == RankStack::Kind::kIncomplete) out += p + "(the dump was still being written at the deadline)\n";
-    for (const RankStack& c : forked ? s.forked : std::vector<RankStack>{}) {
+    if (!forked) continue;
+    for (const RankStack& c : s.forked) {
       out += fmt::format("{}Process {}, forked by this rank:\n", p, c.pid);
-      out += full_dump({c}, {p});
+      out += full_dump(std::vector<RankStack>{c}, {p});
     }
   }
   return out;

@@ -75,6 +75,12 @@ std::string stopped_text(milliseconds stopped, milliseconds interval) {
 
 }  // namespace
 
+std::string LeaseKeeper::going_on_without_this_node() const {
+  if (s_.fixed) return without_this_node(true, "");
+  return fmt::format("{} (if {} itself went silent, every node stops likewise)",
+                     without_this_node(false, "the nodes that still reach it"), s_.backend);
+}
+
 // A lease that ended (the backend said so, or no renewal got through for the whole
 // window) means the others go on without this node: it must stop. A renewal waits at least
 // as long as this thread woke late from its pause (at most the window): when the whole host
@@ -86,12 +92,6 @@ std::string stopped_text(milliseconds stopped, milliseconds interval) {
 // node still there when it runs again (before: a pause of 10 s of a 15 s window could end
 // the others' leases from their side). A node really cut off stops at most an interval after
 // the store ended its lease; its workers cannot reach the others then anyway.
-std::string LeaseKeeper::going_on_without_this_node() const {
-  if (s_.fixed) return without_this_node(true, "");
-  return fmt::format("{} (if {} itself went silent, every node stops likewise)",
-                     without_this_node(false, "the nodes that still reach it"), s_.backend);
-}
-
 void LeaseKeeper::loop() {
   auto last_ok = Clock::now();
   milliseconds stalled{0}, stopped{0};  // how late this thread woke: capped, and as it was

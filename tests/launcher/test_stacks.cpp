@@ -235,9 +235,6 @@ TEST(LauncherStacks, StandingOutNamesTheOddRanksOrWhyNone) {
   EXPECT_EQ(ddprun::standing_out(two), "no rank stands out (no majority)");
 }
 
-// The failure view: a rank caught exiting or not answering that then exited 0 by itself is
-// named so (often the one the others waited for); not one that ddprun's stop signal ended,
-// nor one caught in its own code, nor one that failed.
 // faulthandler at a fatal signal, after an on-demand dump in the same file: the crash's
 // thread, innermost first, if it is of the signal the rank died of; the main thread's when
 // the crashing one ran no Python; a recursion's frames once, with faulthandler's cut said.
@@ -262,7 +259,7 @@ TEST(LauncherStacks, CrashStackIsTheCrashingThreadsOfTheLastCrash) {
   EXPECT_EQ(ddprun::fatal_signal_name(SIGSEGV), "Segmentation fault");
   EXPECT_EQ(ddprun::fatal_signal_name(SIGKILL), "");
   EXPECT_EQ(ddprun::crash_stack(crash, "Segmentation fault", "/r/stacks", 1),
-            head + "\n  File \"/usr/lib/python3.11/ctypes/__init__.py\", line 519 in string_at\n  ... (1 outer frame)");
+            head + "\n  File \"/usr/lib/python3.11/ctypes/__init__.py\", line 519 in string_at\n  ... (1 more frame)");
   const std::string native = "Fatal Python error: Aborted\n\nCurrent thread 0x4 (most recent call first):\n"
                              "  <no Python frame>\n\nThread 0x1 (most recent call first):\n"
                              "  File \"/j/train.py\", line 20 in step\n";
@@ -274,8 +271,26 @@ TEST(LauncherStacks, CrashStackIsTheCrashingThreadsOfTheLastCrash) {
   EXPECT_EQ(ddprun::crash_stack(deep + "  ...\n", "Segmentation fault", "/r/stacks"),
             head + "\n  File \"/j/train.py\", line 21 in deep\n  [Previous line repeated 99 more times]\n"
                    "  ... (and more: faulthandler writes 100 frames at most)");
+  // Cut by the depth too (one line: the repeat line is not written, its frames are counted).
+  EXPECT_EQ(ddprun::crash_stack(deep + "  ...\n", "Segmentation fault", "/r/stacks", 1),
+            head + "\n  File \"/j/train.py\", line 21 in deep\n  ... (99 more frames)\n"
+                   "  ... (and more: faulthandler writes 100 frames at most)");
+  // A free-threaded Python writes the crashing thread alone, as "Stack".
+  EXPECT_EQ(ddprun::crash_stack("Fatal Python error: Segmentation fault\n\n<Cannot show all threads while the GIL is "
+                                "disabled>\nStack (most recent call first):\n  File \"/j/train.py\", line 3 in bad\n",
+                                "Segmentation fault", "/r/stacks"),
+            head + "\n  File \"/j/train.py\", line 3 in bad");
+  // More than 100 threads ("..."): the last one written is not the main thread.
+  EXPECT_EQ(ddprun::crash_stack("Fatal Python error: Aborted\n\nCurrent thread 0x4 (most recent call first):\n"
+                                "  <no Python frame>\n...\nThread 0x9 (most recent call first):\n"
+                                "  File \"/j/load.py\", line 4 in fetch\n",
+                                "Aborted", "/r/stacks"),
+            "");
 }
 
+// The failure view: a rank caught exiting or not answering that then exited 0 by itself is
+// named so (often the one the others waited for); not one that ddprun's stop signal ended,
+// nor one caught in its own code, nor one that failed.
 TEST(LauncherStacks, RanksThatExited0ByThemselvesAreNamedSo) {
   const char* exiting = "Thread 0x00007f027dbd3b80 (most recent call first):\n  <no Python frame>\n";
   const char* shutting = "Thread 0x00007f027dbd3b80 (most recent call first):\n"

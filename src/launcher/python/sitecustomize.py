@@ -12,7 +12,7 @@
 #      there first): ddprun only ever sends SIGURG to a worker that announced (and SIGURG's
 #      default action is to ignore it anyway). faulthandler's dump needs no GIL: it works
 #      while a thread holds it or sits in a C call. Forked children (DataLoader workers)
-#      register theirs into a second file, "<that file>.forked" (_forked). An uncaught
+#      answer into an anonymous file of their own (_forked). An uncaught
 #      exception first sends SIGURG to ddprun (DDPRUN_PID), then goes on to the hook that
 #      was there: ddprun takes the other ranks' stacks while they still wait for this one
 #      (its sockets are still open), for the failure summary;
@@ -47,38 +47,43 @@ def _ddprun_bootstrap():
 
         fd = _high_fd(os.open(stack_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644))
         faulthandler.register(_signal.SIGURG, file=fd, all_threads=True)
+        os.register_at_fork(after_in_child=lambda: _forked(fd))
         os.write(fd, b"ddprun-stacks pid=%d\n" % os.getpid())
+        if ddprun_pid.isdigit():
+            _notice_failures(int(ddprun_pid), _signal.SIGURG)
         # A fatal signal (SIGSEGV in an extension, SIGABRT) writes every thread's stack into
         # the same file, not stderr (whose last lines, the crash's own, the summary shows):
         # ddprun puts the crashing thread's in the summary. PYTHONFAULTHANDLER, -X
-        # faulthandler or the script's own faulthandler.enable() win.
-        crashes = not faulthandler.is_enabled()
-        if crashes:
+        # faulthandler, -X dev or the script's own faulthandler.enable() win.
+        if not faulthandler.is_enabled():
             faulthandler.enable(file=fd, all_threads=True)
-        os.register_at_fork(after_in_child=lambda: _forked(stack_file + ".forked", crashes))
-        if ddprun_pid.isdigit():
-            _notice_failures(int(ddprun_pid), _signal.SIGURG)
     except Exception:  # noqa: BLE001  (no stacks, but the worker runs)
         pass
 
 
-def _forked(path, crashes):
-    """In a child forked from the worker (a DataLoader worker): its dumps (and crash) go to
-    the worker's second file, shared by all its children, whose line "ddprun-forked pid=<pid>"
-    tells ddprun it may be asked (one at a time: the file is shared)."""
-    import _signal
-    import faulthandler
+def _forked(fd):
+    """In a child forked from the worker (a DataLoader's worker): descriptor `fd`, the one the
+    worker's faulthandler writes to, now holds an anonymous file of this child's own
+    ("memfd:ddprun-stacks", announced as the worker's file is), which ddprun finds and reads
+    through /proc: its answers never land in the worker's file, nothing is made on disk, and
+    faulthandler's settings (the script's own included) stay as they are."""
     import os
 
-    faulthandler.unregister(_signal.SIGURG)  # (the worker's file: not this process's answers)
     try:
-        fd = _high_fd(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644))
-        faulthandler.register(_signal.SIGURG, file=fd, all_threads=True)
-        if crashes:
-            faulthandler.enable(file=fd, all_threads=True)
-        os.write(fd, b"ddprun-forked pid=%d\n" % os.getpid())
-    except Exception:  # noqa: BLE001  (no stacks for this child, but it runs)
-        pass
+        own = os.memfd_create("ddprun-stacks", os.MFD_CLOEXEC)
+        try:
+            os.dup2(own, fd, inheritable=False)
+        finally:
+            os.close(own)
+        os.write(fd, b"ddprun-stacks pid=%d\n" % os.getpid())
+    except Exception:  # noqa: BLE001  (no memfd: no stacks of this child, nor into the worker's file)
+        try:
+            import _signal
+            import faulthandler
+
+            faulthandler.unregister(_signal.SIGURG)
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def _high_fd(fd):
@@ -134,6 +139,6 @@ try:
     _ddprun_bootstrap()
 except Exception:  # noqa: BLE001
     pass
-del _ddprun_bootstrap, _notice_failures  # (_forked and _high_fd run in forked children)
+del _ddprun_bootstrap, _notice_failures, _high_fd  # (_forked runs in forked children)
 if __name__ == "sitecustomize":  # not when --preload's warm process runs this file for a worker
     _ddprun_chain(__import__("sys").modules[__name__])

@@ -366,8 +366,10 @@ class Stacks(StacksTest):
         self.assertLess(time.monotonic() - t0, scaled(2), "the relay is one events line away")
         for r in (0, 1):
             self.assertRegex(node0(), rf"\[rank{r}\]:  File .*blocker.py\", line \d+ in <module>")
+        # (Node 1's own dump may come after node 0's: each writes when its ranks answered.)
+        self.wait_for(lambda: re.search(r"SIGQUIT \(" + name + r"\): the stacks of 2 ranks(?:.*\n)*\[rank3\]:",
+                                        read_text(self.path("node1.stderr"))), scaled(10), "node 1's dump")
         node1 = read_text(self.path("node1.stderr"))
-        self.assertRegex(node1, r"SIGQUIT \(" + name + r"\): the stacks of 2 ranks")
         for r in (2, 3):
             self.assertRegex(node1, rf"\[rank{r}\]:  File .*blocker.py\", line \d+ in <module>")
         for p in nodes:
@@ -828,34 +830,51 @@ class Stacks(StacksTest):
         self.assertEqual(self.finish(p, 60), 0)
 
     def test_the_processes_a_rank_forked_are_shown_where_they_are(self):
-        """Rank 1's two forked children (as a DataLoader's workers: multiprocessing's fork)
-        are stuck in decode() while it waits for them in a queue. On demand (SIGQUIT), the
-        where lines name the children's place under rank 1's ("rank 1's forked processes:
-        pids A, B: decode (job.py:6) <- ..."), and their every thread is in the saved file,
-        not the output; at --hang-timeout, the report names them the same way."""
-        script = self.write("forks.py", "import multiprocessing as mp, os, time\n"
+        """Rank 1's forked children (as a DataLoader's workers: multiprocessing's fork): two
+        stuck in decode() while it waits for them in a queue, one that blocks SIGURG (it never
+        answers). On demand (SIGQUIT), the where lines name the children's places under rank
+        1's ("rank 1's forked processes: pids A-B: decode (forks.py:6) <- ...; pid C: no
+        answer"), their every thread is in the saved file, not the output, and the dump ends
+        by its deadline; rank 0's children, which exec'd sleep (one through preexec_fn, whose
+        at-fork hook ran), are not asked. At --hang-timeout the report names them the same way."""
+        script = self.write("forks.py", "import multiprocessing as mp, os, signal, subprocess, time\n"
                                         "def decode(q):\n"
                                         "    if os.environ['RANK'] == '1':\n"
                                         "        open(f'stuck_{os.getpid()}', 'w').close()\n"
                                         "        while True:\n"
                                         "            time.sleep(1)\n"
                                         "    q.put(1)\n"
+                                        "def deaf():\n"
+                                        "    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGURG])\n"
+                                        "    open(f'deaf_{os.getpid()}', 'w').close()\n"
+                                        "    time.sleep(600)\n"
                                         "if __name__ == '__main__' and os.environ['RANK'] == '1':\n"
-                                        "    q = mp.get_context('fork').Queue()\n"
-                                        "    kids = [mp.get_context('fork').Process(target=decode, args=(q,)) for _ in range(2)]\n"
-                                        "    for k in kids:\n"
+                                        "    ctx = mp.get_context('fork')\n"
+                                        "    q = ctx.Queue()\n"
+                                        "    kids = [ctx.Process(target=decode, args=(q,)) for _ in range(2)]\n"
+                                        "    for k in kids + [ctx.Process(target=deaf)]:\n"
                                         "        k.start()\n"
                                         "    print(q.get(), q.get(), flush=True)\n"
+                                        "if os.environ['RANK'] == '0':\n"
+                                        "    subprocess.Popen(['sleep', '600'])\n"
+                                        "    subprocess.Popen(['sleep', '600'], preexec_fn=lambda: None)\n"
+                                        "    open('execd', 'w').close()\n"
                                         "time.sleep(600)\n")
-        p = self.start(["--standalone", "--nproc-per-node", "2", "--hang-timeout", str(scaled(8)), script])
-        self.wait_for(lambda: len(glob.glob(self.path("stuck_*"))) == 2, scaled(30), "rank 1's children stuck")
+        p = self.start(["--standalone", "--nproc-per-node", "2", "--hang-timeout", str(scaled(12)), script])
+        self.wait_for(lambda: len(glob.glob(self.path("stuck_*"))) == 2 and glob.glob(self.path("deaf_*")) and
+                      os.path.exists(self.path("execd")), scaled(30), "rank 1's children stuck, rank 0's exec'd")
         kids = sorted(int(f.rsplit("_", 1)[1]) for f in glob.glob(self.path("stuck_*")))
+        deaf = int(glob.glob(self.path("deaf_*"))[0].rsplit("_", 1)[1])
+        t0 = time.monotonic()
         os.kill(p.pid, signal.SIGQUIT)
         m = self.wait_stderr(r"^\[ddprun\] where each rank is.*\n(?:  .*\n)+", 30)
+        self.assertLess(time.monotonic() - t0, scaled(4), "the dump's deadline (2 s) holds for the children too")
         pids = "%d-%d" % tuple(kids) if kids[1] == kids[0] + 1 else "%d, %d" % tuple(kids)
-        forked = r"    rank 1's forked processes: pids %s: decode \(forks.py:6\) <- run \(process.py:\d+\)" % pids
-        self.assertRegex(m.group(0), r"  rank 1: .* <- get \(queues.py:\d+\) <- <module> \(forks.py:13\)\n" + forked, m.group(0))
-        self.assertNotIn("rank 0's forked", m.group(0))  # it forked none
+        forked = (r"    rank 1's forked processes: pids %s: decode \(forks.py:6\) <- run \(process.py:\d+\)"
+                  r".*; pid %d: no answer\n" % (pids, deaf))
+        self.assertRegex(m.group(0), r"  rank 1: .* <- get \(queues.py:\d+\) <- <module> \(forks.py:18\)\n" + forked,
+                         m.group(0))
+        self.assertNotIn("rank 0's forked", m.group(0))  # exec'd: not asked
         dump = self.stderr_text()[:m.end()]
         self.assertNotIn("forked by this rank", dump)  # every thread of theirs: in the file only
         saved = re.search(r"dump 1 .* saved in (\S+stacks_1.txt)", dump)
