@@ -60,15 +60,19 @@ bool in_tree(pid_t pid, pid_t root) {
   return false;
 }
 
-// The pid the bootstrap announced in the file's first line, or -1.
-pid_t announced_pid(const std::string& file) {
+// A number of the bootstrap's first line in the file ("ddprun-stacks pid=<pid> fd=<fd>"):
+// the one after `tag`, or -1.
+int announced(const std::string& file, std::string_view tag) {
   auto head = read_file(file, 64);
-  const std::string_view tag = kAnnounce;
-  if (!head || !head->starts_with(tag)) return -1;
-  pid_t pid = -1;
-  std::from_chars(head->data() + tag.size(), head->data() + head->size(), pid);
-  return pid;
+  if (!head || !head->starts_with(kAnnounce)) return -1;
+  const std::string line = head->substr(0, head->find('\n'));
+  const size_t at = line.find(tag);
+  int n = -1;
+  if (at != std::string::npos) std::from_chars(line.data() + at + tag.size(), line.data() + line.size(), n);
+  return n;
 }
+
+pid_t announced_pid(const std::string& file) { return announced(file, kAnnounce); }
 
 off_t file_size(const std::string& path) {
   struct stat st {};
@@ -109,7 +113,7 @@ bool settled(const StackTarget& t, Asked& a, RankStack& out, Clock::time_point n
     out.kind = RankStack::Kind::kStack;
     return true;
   }
-  if (size == a.start && process_gone(a.pid)) {
+  if (size <= a.start && process_gone(a.pid)) {  // (a forked child's /proc file goes with it: size 0)
     out.kind = RankStack::Kind::kExited;
     return true;
   }
@@ -177,38 +181,27 @@ std::vector<RankStack> take_stacks(const std::vector<StackTarget>& targets, Cloc
 
 namespace {
 
-constexpr std::string_view kForkedFile = "/memfd:ddprun-stacks";  // (as /proc shows it)
 constexpr size_t kMostForked = 16;  // per rank: a DataLoader's workers, say
 
-// The number of pid's descriptor that is `file` (the bootstrap's, 900 or above), or -1.
-int descriptor_of(pid_t pid, const std::string& file) {
-  struct stat want {};
-  if (::stat(file.c_str(), &want) != 0) return -1;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(fmt::format("/proc/{}/fd", pid), ec)) {
-    struct stat st {};
-    if (::stat(e.path().c_str(), &st) == 0 && st.st_dev == want.st_dev && st.st_ino == want.st_ino) {
-      int fd = -1;
-      const std::string name = e.path().filename().string();
-      std::from_chars(name.data(), name.data() + name.size(), fd);
-      return fd;
-    }
-  }
-  return -1;
-}
-
 // The processes `t`'s rank (pid `who`) forked that answer into a file of their own: the
-// bootstrap's at-fork hook put one on the rank's descriptor number; one that exec'd since
-// has none.
+// bootstrap's at-fork hook put one on the rank's descriptor number (its announcement says
+// which) and announced the child there; one that exec'd since has none. Read through /proc
+// (no file system is asked: a stalled one never stalls ddprun here).
 std::vector<StackTarget> forked_targets(const StackTarget& t, pid_t who) {
   std::vector<StackTarget> out;
-  const int fd = descriptor_of(who, t.file);
-  if (fd < 0) return out;
-  for (pid_t kid : descendants(-1, who)) {
-    const std::string path = fmt::format("/proc/{}/fd/{}", kid, fd);
+  const int fd = announced(t.file, " fd=");
+  if (fd < 0 || who <= 0) return out;
+  const auto link = [fd](pid_t pid) {
     std::error_code ec;
-    if (!fs::read_symlink(path, ec).string().starts_with(kForkedFile)) continue;
-    out.push_back(StackTarget{t.rank, t.local_rank, kid, path});
+    return fs::read_symlink(fmt::format("/proc/{}/fd/{}", pid, fd), ec).string();
+  };
+  const std::string rank_file = link(who);
+  for (pid_t kid : descendants(-1, who)) {
+    std::string path = fmt::format("/proc/{}/fd/{}", kid, fd);
+    // (Still the rank's file, as in a child forked from C: not read.)
+    const std::string own = link(kid);
+    if (own.empty() || own == rank_file || announced_pid(path) != kid) continue;
+    out.push_back(StackTarget{t.rank, t.local_rank, kid, std::move(path)});
     if (out.size() == kMostForked) break;
   }
   return out;
@@ -474,7 +467,7 @@ std::string StackDumps::on_demand(const std::vector<WorkerResult>& workers, cons
   spdlog::warn("{}: the stacks of {} rank{} on {} ({} answered in {:.2f} s{}){}", why, ts.size(),
                ts.size() == 1 ? "" : "s", hostname_, answered, took,
                file.empty() || (o_.log_dir.empty() && !forked) ? ""
-               : o_.log_dir.empty() ? fmt::format(", saved in {} (with the forked processes'; kept with --log-dir)", file)
+               : o_.log_dir.empty() ? fmt::format(", every thread of the processes they forked in {}", file)
                                     : ", saved in " + file,
                dump_kind(what) == DumpKind::kHang ? ""
                : stopping                         ? "; the workers are being stopped"

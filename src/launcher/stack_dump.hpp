@@ -32,12 +32,13 @@ namespace ddprun {
 struct StackTarget {
   int rank = 0, local_rank = 0;
   pid_t pid = -1;
-  std::string file;  // the worker's stack file (DDPRUN_STACK_FILE)
+  std::string file;  // the worker's stack file (DDPRUN_STACK_FILE); a forked child's: /proc/<pid>/fd/<n>
 };
 
 // Asks each target for its stack and returns one RankStack per target, in order, by
 // `deadline`. Call it on the thread that reaps the workers: a pid it signals cannot have
-// been reused (an unreaped worker keeps its pid). Workers without the bootstrap are not
+// been reused (an unreaped worker keeps its pid; a forked child's announcement, read through
+// /proc the moment before, names it). Workers without the bootstrap are not
 // signalled (their kernel-side state is shown instead). This is what a dump asked on
 // another node will call on this one, once the rendezvous relays it.
 // `interrupted` (polled while waiting) ends the wait early, as the deadline would: the

@@ -47,8 +47,9 @@ def _ddprun_bootstrap():
 
         fd = _high_fd(os.open(stack_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644))
         faulthandler.register(_signal.SIGURG, file=fd, all_threads=True)
-        os.register_at_fork(after_in_child=lambda: _forked(fd))
-        os.write(fd, b"ddprun-stacks pid=%d\n" % os.getpid())
+        link = os.readlink("/proc/self/fd/%d" % fd)
+        os.register_at_fork(after_in_child=lambda: _forked(fd, link))
+        os.write(fd, b"ddprun-stacks pid=%d fd=%d\n" % (os.getpid(), fd))
         if ddprun_pid.isdigit():
             _notice_failures(int(ddprun_pid), _signal.SIGURG)
         # A fatal signal (SIGSEGV in an extension, SIGABRT) writes every thread's stack into
@@ -61,28 +62,33 @@ def _ddprun_bootstrap():
         pass
 
 
-def _forked(fd):
-    """In a child forked from the worker (a DataLoader's worker): descriptor `fd`, the one the
-    worker's faulthandler writes to, now holds an anonymous file of this child's own
-    ("memfd:ddprun-stacks", announced as the worker's file is), which ddprun finds and reads
-    through /proc: its answers never land in the worker's file, nothing is made on disk, and
-    faulthandler's settings (the script's own included) stay as they are."""
+def _forked(fd, link):
+    """In a child forked from the rank's Python (a DataLoader's worker process): descriptor
+    `fd`, the one faulthandler writes to, still the stack file (`link` as /proc shows it: not
+    a number the script reused), now holds an anonymous file of this child's own, announced
+    as the rank's file is; ddprun finds and reads it through /proc. The child's answers never
+    land in the rank's file, no file is named (none is left behind), and faulthandler's
+    settings (the script's own included) stay as they are."""
     import os
 
     try:
-        own = os.memfd_create("ddprun-stacks", os.MFD_CLOEXEC)
+        if os.readlink("/proc/self/fd/%d" % fd) != link:
+            raise OSError("not the stack file")
         try:
+            own = os.memfd_create("ddprun-stacks", os.MFD_CLOEXEC)
+        except (AttributeError, OSError):  # (a glibc without it; vm.memfd_noexec=2)
+            own = os.open(os.environ.get("TMPDIR") or "/tmp", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        if own != fd:
             os.dup2(own, fd, inheritable=False)
-        finally:
             os.close(own)
-        os.write(fd, b"ddprun-stacks pid=%d\n" % os.getpid())
-    except Exception:  # noqa: BLE001  (no memfd: no stacks of this child, nor into the worker's file)
+        os.write(fd, b"ddprun-stacks pid=%d fd=%d\n" % (os.getpid(), fd))
+    except BaseException:  # noqa: BLE001  (no stacks of this child: its SIGURG dump goes nowhere)
         try:
             import _signal
             import faulthandler
 
             faulthandler.unregister(_signal.SIGURG)
-        except Exception:  # noqa: BLE001
+        except BaseException:  # noqa: BLE001
             pass
 
 
