@@ -183,12 +183,16 @@ class TorchStacks(StacksTest):
         self.assertLess(root.index("Where the other ranks were"), root.index("=" * 60))
 
 
+# The workers of BLOCKER, STRAGGLER, HALF_DONE and the ticker run until the test creates
+# DIR/done (the test's checks are over), at most SECONDS: a loop on one line of C calls, so a
+# dump taken at any moment shows the same frame and line.
 BLOCKER = """
 import os, signal, sys, time
 if os.environ["RANK"] == "0" and os.environ.get("RANK_BLOCKS") != "no":
     signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
 open(os.path.join(sys.argv[1], "ready_" + os.environ["RANK"]), "w").close()
-time.sleep(float(sys.argv[2]))
+DONE, END = os.path.join(sys.argv[1], "done"), time.monotonic() + float(sys.argv[2])
+while not os.access(DONE, os.F_OK) and time.monotonic() < END: time.sleep(0.05)
 """
 
 # Rank 1 blocks SIGURG, so that the failure's dump waits out its deadline; rank 0 fails;
@@ -230,8 +234,11 @@ time.sleep(float(sys.argv[2]))
 # Rank 1 (node 0 of two static nodes) is somewhere else than ranks 0, 2 and 3.
 STRAGGLER = """
 import os, sys, time
-def wait_for_peers(): time.sleep(float(sys.argv[2]))
-def load_batch(): time.sleep(float(sys.argv[2]))
+DONE, END = os.path.join(sys.argv[1], "done"), time.monotonic() + float(sys.argv[2])
+def wait_for_peers():
+    while not os.access(DONE, os.F_OK) and time.monotonic() < END: time.sleep(0.05)
+def load_batch():
+    while not os.access(DONE, os.F_OK) and time.monotonic() < END: time.sleep(0.05)
 open(os.path.join(sys.argv[1], "ready_" + os.environ["RANK"]), "w").close()
 load_batch() if os.environ["RANK"] == "1" else wait_for_peers()
 """
@@ -252,7 +259,8 @@ import os, sys, time
 if int(os.environ["RANK"]) < 2:
     sys.exit(0)
 open(os.path.join(sys.argv[1], "ready_" + os.environ["RANK"]), "w").close()
-time.sleep(float(sys.argv[2]))
+DONE, END = os.path.join(sys.argv[1], "done"), time.monotonic() + float(sys.argv[2])
+while not os.access(DONE, os.F_OK) and time.monotonic() < END: time.sleep(0.05)
 """
 
 RANK0_TALKS = """
@@ -274,19 +282,27 @@ print("PROBE " + json.dumps({"argv": sys.argv, "path": sys.path, "main": __file_
 """
 
 
+@unittest.skipIf(RUNTIME.is_torch2 and RUNTIME.skip_reason(), f"{RUNTIME.name}: {RUNTIME.skip_reason()}")
 class Stacks(StacksTest):
-    """Jobs without torch: the bootstrap and the triggers themselves."""
+    """Jobs without torch: the bootstrap and the triggers themselves, in the runtime's interpreter
+    (test_stacks.no_torch and .no_torch.torch2, beside other tests; test_stacks runs the
+    other classes, with the torch jobs' lock)."""
 
     def ticker(self):
-        """ticker.py DIR SECONDS: each rank writes DIR/pid_RANK; rank 0 prints every 0.3 s."""
+        """ticker.py DIR SECONDS: each rank writes DIR/pid_RANK; rank 0 prints every 0.3 s, until
+        DIR/done (self.done()), at most SECONDS."""
         return self.write("ticker.py", "import os, sys, time\n"
                                        "d, r = sys.argv[1], os.environ['RANK']\n"
                                        "open(os.path.join(d, 'pid_' + r), 'w').write(str(os.getpid()))\n"
                                        "end = time.monotonic() + float(sys.argv[2])\n"
-                                       "while time.monotonic() < end:\n"
+                                       "while time.monotonic() < end and not os.path.exists(os.path.join(d, 'done')):\n"
                                        "    if r == '0':\n"
                                        "        print('tick', flush=True)\n"
                                        "    time.sleep(0.3)\n")
+
+    def done(self):
+        """The test's checks are over: the workers that wait for DIR/done end."""
+        open(self.path("done"), "w").close()
 
     def write(self, name, text):
         path = self.path(name)
@@ -332,6 +348,7 @@ class Stacks(StacksTest):
         self.assertRegex(self.stderr_text(), r"\[rank0\]:no answer \(pid \d+\): \d+ threads?: ")
         self.assertRegex(self.stderr_text(), r"\[rank1\]:.*\n\[rank1\]:  File .*blocker.py\", line \d+ in <module>")
         self.assertIn("rank 0: no answer", m.group(0))
+        self.done()
         self.assertEqual(self.finish(p, 60), 0)  # the job ran on
 
     def test_a_rank_that_fails_while_the_failures_stacks_are_taken_is_a_failure(self):
@@ -372,6 +389,7 @@ class Stacks(StacksTest):
         node1 = read_text(self.path("node1.stderr"))
         for r in (2, 3):
             self.assertRegex(node1, rf"\[rank{r}\]:  File .*blocker.py\", line \d+ in <module>")
+        self.done()
         for p in nodes:
             self.assertEqual(self.finish(p, 60), 0, node0() + read_text(self.path("node1.stderr")))
 
@@ -393,6 +411,7 @@ class Stacks(StacksTest):
             self.assertEqual(err.count("[ddprun] where each rank is (main thread"), 1, err)
             for r in (2 * n, 2 * n + 1):
                 self.assertEqual(len(re.findall(rf"\[rank{r}\]:  File .*blocker.py\", line \d+ in <module>", err)), 1, err)
+        self.done()
         for p in nodes:
             self.assertEqual(self.finish(p, 60), 0, "".join(errs()))
 
@@ -412,13 +431,13 @@ class Stacks(StacksTest):
         m = self.job_view_asked_on_node_1(nodes)
         self.assertRegex(m.group(1), r"^every node answered \(2 nodes, 4 ranks, in \d+\.\d\d s\); every node's saved in "
                                      + re.escape(logs))
-        self.assertRegex(m.group(2), r"^  ranks 0, 2-3: wait_for_peers \(straggler.py:3\) <- <module> \(straggler.py:6\)\n"
-                                     r"  rank 1: load_batch \(straggler.py:4\) <- <module> \(straggler.py:6\)\n"
+        self.assertRegex(m.group(2), r"^  ranks 0, 2-3: wait_for_peers \(straggler.py:5\) <- <module> \(straggler.py:9\)\n"
+                                     r"  rank 1: load_batch \(straggler.py:7\) <- <module> \(straggler.py:9\)\n"
                                      r"  rank 1 not where the others are: on node 0 \(\S+\)\n$")
         saved = glob.glob(os.path.join(logs, "*", "attempt_0", "stacks_1_all_nodes.txt"))
         self.assertEqual(len(saved), 1, os.listdir(logs))
         for r in range(4):
-            self.assertRegex(read_text(saved[0]), rf"\[rank{r}\]:  File .*straggler.py\", line 6 in <module>")
+            self.assertRegex(read_text(saved[0]), rf"\[rank{r}\]:  File .*straggler.py\", line 9 in <module>")
         self.assertNotIn("of the job", read_text(self.path("node0.stderr")), "only the node that asked")
 
         os.kill(nodes[0].pid, signal.SIGSTOP)
@@ -435,7 +454,8 @@ class Stacks(StacksTest):
         self.assertLess(took, 3 + scaled(1.5), "the deadline is 3 s")
         self.assertRegex(m.group(1), r"^0 of 1 other node answered within 3\.\d\d s; no answer from node 0")
         self.assertIn("  ranks 0-1: no answer from its node\n", m.group(2))
-        self.assertIn("  ranks 2-3: wait_for_peers (straggler.py:3)", m.group(2))
+        self.assertIn("  ranks 2-3: wait_for_peers (straggler.py:5)", m.group(2))
+        self.done()
         for n, p in enumerate(nodes):
             self.assertEqual(self.finish(p, 60), 0, read_text(self.path(f"node{n}.stderr")))
 
@@ -527,8 +547,9 @@ class Stacks(StacksTest):
         m = self.job_view_asked_on_node_1(nodes)
         self.assertRegex(m.group(1), r"^every node answered \(2 nodes, 4 ranks, in 0\.\d\d s\)")
         self.assertIn("  ranks 0-1: finished (exit code 0), its node waits for the others\n", m.group(2))
-        self.assertRegex(m.group(2), r"  ranks 2-3: <module> \(half_done.py:6\)\n")
+        self.assertRegex(m.group(2), r"  ranks 2-3: <module> \(half_done.py:7\)\n")
         self.assertRegex(node0(), r"dump 1 asked on node 1 \(\S+\): this node's workers have all finished")
+        self.done()
         for n, p in enumerate(nodes):
             self.assertEqual(self.finish(p, 60), 0, read_text(self.path(f"node{n}.stderr")))
 
@@ -568,8 +589,8 @@ class Stacks(StacksTest):
                 self.assertRegex(e, r"the job failed on another node: .*: no rank made progress for 2 s", errs)
         for block in summaries:
             self.assertRegex(block, r"rank 1 not where the others are: on node 0 \(\S+\)\n"
-                                    r"  ranks 0, 2-3: wait_for_peers \(straggler.py:3\) <- <module> \(straggler.py:6\)\n"
-                                    r"  rank 1: load_batch \(straggler.py:4\)", errs)
+                                    r"  ranks 0, 2-3: wait_for_peers \(straggler.py:5\) <- <module> \(straggler.py:9\)\n"
+                                    r"  rank 1: load_batch \(straggler.py:7\)", errs)
             self.assertRegex(block, r"every thread of every rank: .*stacks_at_hang_all_nodes.txt")
 
     def test_a_dump_after_megabytes_of_earlier_ones_is_read_whole(self):
@@ -609,13 +630,15 @@ class Stacks(StacksTest):
         self.assertEqual(self.finish(p, 30), 128 + signal.SIGTERM, self.stderr_text())
 
     def test_no_python_workers_are_named_at_once_and_run_on(self):
-        p = self.start(["--standalone", "--nproc-per-node", "2", "--no-python", "sleep", str(scaled(4))])
+        p = self.start(["--standalone", "--nproc-per-node", "2", "--no-python", "sh", "-c",
+                        'i=0; while [ ! -e "$0/done" ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done', self.tmp])
         time.sleep(0.5)
         t0 = time.monotonic()
         os.kill(p.pid, signal.SIGQUIT)
         self.wait_stderr(r"ranks 0-1: no stack \(no ddprun bootstrap", 30)
         self.assertLess(time.monotonic() - t0, scaled(1.5), "no worker was asked, so nothing was waited for")
         self.assertRegex(self.stderr_text(), r"\[rank0\]:no stack .*\(pid \d+\): 1 thread: 1x S")
+        self.done()
         self.assertEqual(self.finish(p, 60), 0)
 
     def test_stacks_say_whose_they_are_under_a_raw_prefix_template(self):
@@ -827,6 +850,7 @@ class Stacks(StacksTest):
         self.assertEqual(r.returncode, 0, r)
         self.wait_stderr(r"SIGURG \(dump 1 asked on node 0 \(\S+\)\): the stacks of 2 ranks", 30)
         self.assertRegex(self.stderr_text(), r"ranks 0-1: <module> \(blocker.py:\d+\)")
+        self.done()
         self.assertEqual(self.finish(p, 60), 0)
 
     def test_the_processes_a_rank_forked_are_shown_where_they_are(self):
@@ -862,10 +886,10 @@ class Stacks(StacksTest):
                                         "    subprocess.Popen(['sleep', '600'], preexec_fn=lambda: None)\n"
                                         "    open('execd', 'w').close()\n"
                                         "time.sleep(600)\n")
-        p = self.start(["--standalone", "--nproc-per-node", "2", "--hang-timeout", str(scaled(15)), script])
+        p = self.start(["--standalone", "--nproc-per-node", "2", "--hang-timeout", str(scaled(10)), script])
         # (Well before the hang: its report would be taken for the dump's.)
         self.wait_for(lambda: len(glob.glob(self.path("stuck_*"))) == 2 and glob.glob(self.path("deaf_*")) and
-                      os.path.exists(self.path("execd")), scaled(8), "rank 1's children stuck, rank 0's exec'd")
+                      os.path.exists(self.path("execd")), scaled(6), "rank 1's children stuck, rank 0's exec'd")
         kids = sorted(int(f.rsplit("_", 1)[1]) for f in glob.glob(self.path("stuck_*")))
         deaf = int(glob.glob(self.path("deaf_*"))[0].rsplit("_", 1)[1])
         t0 = time.monotonic()
@@ -941,6 +965,7 @@ class Stacks(StacksTest):
             self.assertIsNone(p.poll(), "the job was stopped as hung:\n" + self.stderr_text()[-2000:])
         finally:
             os.kill(stopped, signal.SIGCONT)
+        self.done()
         self.assertEqual(self.finish(p, 60), 0, self.stderr_text()[-2000:])
 
     def test_a_pause_of_the_whole_job_is_not_a_hang(self):
@@ -961,6 +986,8 @@ class Stacks(StacksTest):
         finally:
             for pid in reversed(frozen):
                 os.kill(pid, signal.SIGCONT)
+        time.sleep(scaled(2))  # ddprun's checks after the pause (its first comes at once)
+        self.done()
         self.assertEqual(self.finish(p, 60), 0, self.stderr_text()[-2000:])
 
     def test_a_rank_that_ended_early_is_named_where_each_rank_is(self):
