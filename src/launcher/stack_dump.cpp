@@ -181,13 +181,12 @@ std::vector<RankStack> take_stacks(const std::vector<StackTarget>& targets, Cloc
 
 namespace {
 
-constexpr size_t kMostForked = 16;  // per rank: a DataLoader's workers, say
-
 // The processes `t`'s rank (pid `who`) forked that answer into a file of their own: the
 // bootstrap's at-fork hook put one on the rank's descriptor number (its announcement says
 // which) and announced the child there; one that exec'd since has none. Read through /proc
-// (no file system is asked: a stalled one never stalls ddprun here).
-std::vector<StackTarget> forked_targets(const StackTarget& t, pid_t who) {
+// (no file system is asked: a stalled one never stalls ddprun here). At most kMostForked;
+// `more` counts those past it.
+std::vector<StackTarget> forked_targets(const StackTarget& t, pid_t who, size_t& more) {
   std::vector<StackTarget> out;
   const int fd = announced(t.file, " fd=");
   if (fd < 0 || who <= 0) return out;
@@ -201,8 +200,10 @@ std::vector<StackTarget> forked_targets(const StackTarget& t, pid_t who) {
     // (Still the rank's file, as in a child forked from C: not read.)
     const std::string own = link(kid);
     if (own.empty() || own == rank_file || announced_pid(path) != kid) continue;
-    out.push_back(StackTarget{t.rank, t.local_rank, kid, std::move(path)});
-    if (out.size() == kMostForked) break;
+    if (out.size() == kMostForked)
+      ++more;
+    else
+      out.push_back(StackTarget{t.rank, t.local_rank, kid, std::move(path)});
   }
   return out;
 }
@@ -215,7 +216,7 @@ void take_forked_stacks(const std::vector<StackTarget>& targets, std::vector<Ran
   std::vector<size_t> owner;
   for (size_t i = 0; i < targets.size() && i < stacks.size(); ++i) {
     if (stacks[i].kind != RankStack::Kind::kStack) continue;
-    for (auto& k : forked_targets(targets[i], announced_pid(targets[i].file))) {
+    for (auto& k : forked_targets(targets[i], announced_pid(targets[i].file), stacks[i].forked_not_asked)) {
       kids.push_back(std::move(k));
       owner.push_back(i);
     }
@@ -549,7 +550,7 @@ std::string StackDumps::job_wide(const rdzv::DumpAnswers& got, const JobPlan& pl
   auto kept = take_kept(got.what);
   if (!kept) return "";
   std::vector<NodeStacks> nodes{mine(plan, std::move(kept->stacks))};
-  for (auto& r : nodes[0].ranks) r.forked.clear();  // (the other nodes send none: one rule for all)
+  for (auto& r : nodes[0].ranks) r.forked.clear(), r.forked_not_asked = 0;  // (the other nodes send none: one rule for all)
   for (const auto& a : got.answers)
     if (auto n = decode_node_stacks(a)) nodes.push_back(std::move(*n));
   const JobView v = job_view(std::move(nodes), plan, kept->root, hostname_,

@@ -257,6 +257,8 @@ std::string forked_line(const RankStack& s, const std::string& indent) {
   std::vector<std::string> parts;
   for (const auto& [sig, pids] : group_by_signature(by_pid))
     parts.push_back(fmt::format("{} {}: {}", pids.size() > 1 ? "pids" : "pid", rank_ranges(pids), sig));
+  if (s.forked_not_asked > 0)
+    parts.push_back(fmt::format("{} more not asked (at most {} a rank are asked)", s.forked_not_asked, kMostForked));
   return fmt::format("{}  rank {}'s forked processes: {}\n", indent, s.rank, fmt::join(parts, "; "));
 }
 
@@ -267,7 +269,7 @@ std::string where_lines(const std::vector<RankStack>& stacks, const std::string&
   for (const auto& [sig, ranks] : group_by_signature(stacks)) {
     out += fmt::format("{}{} {}: {}\n", indent, ranks.size() > 1 ? "ranks" : "rank", rank_ranges(ranks), sig);
     for (const auto& s : stacks)
-      if (!s.forked.empty() && std::find(ranks.begin(), ranks.end(), s.rank) != ranks.end())
+      if ((!s.forked.empty() || s.forked_not_asked > 0) && std::find(ranks.begin(), ranks.end(), s.rank) != ranks.end())
         out += forked_line(s, indent);
   }
   return out;

@@ -67,6 +67,8 @@ std::string fatal_signal_name(int sig);
 std::string innermost(const ThreadStack& t, size_t depth = 4);
 
 // One rank's answer to a stack request.
+constexpr size_t kMostForked = 16;  // the forked processes asked per rank: a DataLoader's workers, say
+
 struct RankStack {
   int rank = 0, local_rank = 0;
   pid_t pid = -1;
@@ -77,6 +79,7 @@ struct RankStack {
   // The answers of the processes it forked (a DataLoader's workers; on demand and at a hang,
   // on this node): each with the rank's numbers and its own pid.
   std::vector<RankStack> forked;
+  size_t forked_not_asked = 0;  // past kMostForked
 
   // What grouping and majorities compare: the main thread's innermost frames, or why
   // there is none ("no answer", "no Python bootstrap", "exited"); `given` when set.

@@ -214,6 +214,13 @@ TEST(LauncherStacks, ForkedProcessesHaveTheirWhereLineAndTheirDumpInTheFile) {
       << file;
   EXPECT_NE(file.find("[rank1]:Process 315, forked by this rank:\n"), std::string::npos) << file;
   EXPECT_EQ(ddprun::standing_out(s), "rank 2 not where the others are");  // (the forked are not counted)
+  // More than are asked: the line says how many were left out.
+  s[1].forked_not_asked = 24;
+  EXPECT_NE(ddprun::where_lines(s).find("<module> (train.py:44); 24 more not asked (at most 16 a rank are asked)\n"),
+            std::string::npos) << ddprun::where_lines(s);
+  s[1].forked.clear();
+  EXPECT_NE(ddprun::where_lines(s).find("\n    rank 1's forked processes: 24 more not asked"), std::string::npos)
+      << ddprun::where_lines(s);
 }
 
 TEST(LauncherStacks, StandingOutNamesTheOddRanksOrWhyNone) {

@@ -914,6 +914,32 @@ class Stacks(StacksTest):
         report = self.stderr_text()[self.stderr_text().index(" HUNG: "):]
         self.assertRegex(report, forked)
 
+    def test_more_forked_processes_than_are_asked_are_counted(self):
+        """Rank 0 forks 18 processes that wait: 16 are asked, and its forked line says that 2
+        more were not. Before, nothing said that some were left out."""
+        script = self.write("many.py", "import os, sys, time\n"
+                                       "DONE = os.path.join(sys.argv[1], 'done')\n"
+                                       "for _ in range(18):\n"
+                                       "    if os.fork() == 0:\n"
+                                       "        while not os.access(DONE, os.F_OK): time.sleep(0.05)\n"
+                                       "        os._exit(0)\n"
+                                       "open(os.path.join(sys.argv[1], 'ready_0'), 'w').close()\n"
+                                       "while not os.access(DONE, os.F_OK): time.sleep(0.05)\n"
+                                       "while True:\n"
+                                       "    try:\n"
+                                       "        os.wait()\n"
+                                       "    except ChildProcessError:\n"
+                                       "        break\n")
+        p = self.start(["--standalone", "--nproc-per-node", "1", script, self.tmp])
+        self.wait_markers(["ready_0"])
+        time.sleep(0.2)
+        os.kill(p.pid, signal.SIGQUIT)
+        m = self.wait_stderr(r"^\[ddprun\] where each rank is.*\n(?:  .*\n)+", 30)
+        self.assertRegex(m.group(0), r"\n    rank 0's forked processes: pids [\d, -]+: <module> \(many.py:5\); "
+                                     r"2 more not asked \(at most 16 a rank are asked\)\n")
+        self.done()
+        self.assertEqual(self.finish(p, 60), 0, self.stderr_text()[-2000:])
+
     def test_a_heartbeat_is_progress(self):
         """Silent workers that touch $DDPRUN_HEARTBEAT_FILE (docs/stacks.md's snippet) outlive
         a --hang-timeout three times shorter than their run; the same without it would hang
