@@ -542,7 +542,8 @@ class ScenarioTest(C10dTestCase):
         # runs again it reads its own lost line and stops at once (before: it wrote itself
         # back onto the list at every step and off again at the next, a loop of writes until
         # its join_timeout). The running job is not touched.
-        args = ["--sleep", "12"]
+        until = self.path("checked")
+        args = ["--sleep", "12", "--until", until]
         kw = dict(nnodes="1:2")
         a = self.start_node("A", "127.0.0.2", args, **kw)
         b = self.start_node("B", "127.0.0.3", args, **kw)
@@ -561,6 +562,7 @@ class ScenarioTest(C10dTestCase):
         self.assertRegex(c.stderr(), r"ddprun: error: rendezvous: this node was declared lost by .* while it joined "
                                      r"the next round of job 'job' \(no keep-alive for .*\): the other nodes go on "
                                      r"without it\n", self.describe())
+        open(until, "w").close()  # A's and B's workers end now (not after their 12 s)
         self.wait_nodes([a, b], 30)
         self.assertEqual((a.rc, b.rc), (0, 0), self.describe())
         self.assertEqual([[r["pid"] for r in rs] for rs in self.rounds()], [[r["pid"] for r in r0]])
@@ -572,7 +574,8 @@ class ScenarioTest(C10dTestCase):
         # more). When B runs again it cannot read that it was lost; its lease tells it, and it
         # stops. Before, it wrote itself onto the wait list: A's round restarted to take it in,
         # left it out (lost), and restarted again, in a loop.
-        args = ["--sleep", "14"]
+        until = self.path("checked")
+        args = ["--sleep", "14", "--until", until]
         kw = dict(nnodes="1:3", extra=["--max-restarts", "5"])
         a = self.start_node("A", "127.0.0.2", args, conf=CONF + ",is_host=1", **kw)
         b = self.start_node("B", "127.0.0.3", args, conf=CONF + ",is_host=0", **kw)
@@ -593,6 +596,7 @@ class ScenarioTest(C10dTestCase):
         self.assertLess(b.exited_at - t_cont, scaled(3), self.describe())
         self.assertRegex(b.stderr(), r"ddprun: error: rendezvous: this node was declared lost by the c10d store at "
                                      r"\S+ while it joined the next round of job 'job'", self.describe())
+        open(until, "w").close()  # A's workers end now (not after their 14 s)
         self.wait_nodes([a], 30)
         self.assertEqual(a.rc, 0, self.describe())
         self.assertNotIn("a node is waiting to join", a.stderr(), self.describe())

@@ -3,7 +3,7 @@ then sleeps, and may fail.
 
 usage: rdzv_env.py DIR [--sleep S] [--sleep-at-world W=S ...] [--fail-rank R] [--fail-code N]
                        [--fail-after S] [--fail-restarts K,K..] [--fail-when FILE]
-                       [--term-delay S] [--short-if FILE=S]
+                       [--term-delay S] [--short-if FILE=S] [--until FILE]
 
 Writes DIR/start_<pid>.json at once: {"t": time.time(), "pid", "env": the whole environment,
 "store_reachable": whether MASTER_ADDR:MASTER_PORT accepts a connection}. A round is told
@@ -13,7 +13,8 @@ instead exits --fail-code after --fail-after seconds, only on the restart counts
 --fail-restarts (default: every one), and only once --fail-when FILE exists (when given).
 Writes DIR/end_<pid> when it exits normally. --term-delay: a SIGTERM is printed ("rank R got
 SIGTERM") and obeyed S seconds later (exit 143). --short-if: a worker that starts when FILE
-exists sleeps S seconds instead.
+exists sleeps S seconds instead. --until: the sleep ends early once FILE exists (the test's
+checks are over).
 """
 import argparse
 import json
@@ -36,6 +37,7 @@ p.add_argument("--fail-restarts", default="")
 p.add_argument("--fail-when", default="")
 p.add_argument("--term-delay", type=float, default=None)
 p.add_argument("--short-if", default="")
+p.add_argument("--until", default="")
 a = p.parse_args()
 
 env = dict(os.environ)
@@ -78,5 +80,7 @@ for spec in a.sleep_at_restart:
         sleep = float(s)
 if a.short_if and os.path.exists(a.short_if.split("=")[0]):
     sleep = float(a.short_if.split("=")[1])
-time.sleep(sleep)
+end = time.monotonic() + sleep
+while time.monotonic() < end and not (a.until and os.path.exists(a.until)):
+    time.sleep(min(0.05, max(0.0, end - time.monotonic())) if a.until else max(0.0, end - time.monotonic()))
 open(os.path.join(a.dir, f"end_{pid}"), "w").close()
