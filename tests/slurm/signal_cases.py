@@ -14,7 +14,14 @@ proctrack/linuxproc clusters (test_slurm_signals*.py). What Slurm delivers to wh
 Under proctrack/cgroup Slurm signals ddprun alone, so the workers' signals come from ddprun.
 Under proctrack/linuxproc Slurm signals every process itself, so they come from slurmstepd
 and ddprun must add none (at a time limit Slurm itself sends its SIGTERM twice).
+
+The time limit's case cannot take less than about 90 s of the cluster's life: slurmctld looks
+at time limits every 30 s from its start (PERIODIC_TIMEOUT), so a 1-minute job started in the
+first 30 s ends at the check 90 s in, and each check the job starts after adds 30 s. Its first
+job is therefore submitted as the cluster starts (setUpClass), on nodes of its own (n3, n4), and
+the other cases run beside it on n1 and n2; the case itself then only checks what that job did.
 """
+import contextlib
 import os
 import re
 import signal
@@ -26,25 +33,57 @@ import slurm_testlib as lib
 
 class SignalCases:
     NPROC = 2
+    NODES = 4               # n1, n2: every case's job; n3, n4: the time limit's (see the module's note)
+    JOB_NODES = "n1,n2"     # (the skewed cases hold n1's or n2's slurmd)
+    TIME_LIMIT_NODES = "n3,n4"
+    TIME_LIMIT_OPTIONS = ("--time=1", "--signal=USR1@45")
+    early_time_limit_job = None  # the time limit case's first job, submitted by setUpClass
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.early_time_limit_job = None
+        try:
+            first = cls("test_time_limit_usr1_then_one_stop")
+            cls.early_time_limit_job = first.submit_signal_job(
+                "timelimit0", "hold", *cls.TIME_LIMIT_OPTIONS, nodes=cls.TIME_LIMIT_NODES)
+        except BaseException:
+            cls.tearDownClass()
+            raise
 
     def sender(self):
         return "slurmstepd" if self.PROCTRACK == "linuxproc" else "ddprun"
 
-    def start_signal_job(self, name, mode, *sbatch_options, rdzv="", flags="", early_signal_ok=False):
+    def submit_signal_job(self, name, mode, *sbatch_options, rdzv="", flags="", nodes=JOB_NODES):
         d = self.job_dir(name)
-        job = self.submit(name, f"""
+        return self.submit(name, f"""
 HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
      $DDPRUN --log-level info {rdzv} {flags} --nproc-per-node {self.NPROC} $WORKERS/sig_worker.py {d} {mode}
-""", "-N2", *sbatch_options)
+""", "-N2", "-w", nodes, *sbatch_options)
+
+    def start_signal_job(self, name, mode, *sbatch_options, rdzv="", flags="", early_signal_ok=False, job=None,
+                         nodes=JOB_NODES):
+        """Submits the job (or takes `job`, submitted earlier under `name`) and waits until its
+        workers are ready; with early_signal_ok, returns (job, None) when Slurm's USR1 came
+        before them."""
+        d = self.job_dir(name)
+        submitted_earlier = job is not None
+        if not submitted_earlier:
+            job = self.submit_signal_job(name, mode, *sbatch_options, rdzv=rdzv, flags=flags, nodes=nodes)
         ranks = 2 * self.NPROC
         deadline = time.monotonic() + lib.scaled(60)
-        while not all(os.path.exists(os.path.join(d, f"ready_{r}")) for r in range(ranks)):
+        while True:
+            ready = all(os.path.exists(os.path.join(d, f"ready_{r}")) for r in range(ranks))
+            if ready and not submitted_earlier:
+                break
             info = self.cluster.job(job)
-            if early_signal_ok and (info["JobState"] == "SIGNALING" or
+            if early_signal_ok and ((info["JobState"] == "SIGNALING" and not ready) or
                                     "User defined signal 1" in self.job_output(name) or
                                     any("SIGUSR1 reached no worker" in log for log in self.ddprun_logs(d))):
                 return job, None  # (the caller tries again: see test_time_limit_usr1_then_one_stop)
+            if ready:  # (a job submitted earlier: its ready workers, and no early signal, checked once)
+                break
             self.assertIn(info["JobState"], ("PENDING", "RUNNING"), self.job_story(name, d))
             self.assertLess(time.monotonic(), deadline, f"workers never got ready: {self.job_story(name, d)}")
             time.sleep(0.1)
@@ -217,9 +256,21 @@ srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
             self.assertNotIn("stopped after", log)
         self.assert_nothing_left(name)
 
+    def before_its_time_limit(self, name, job):
+        """The job still runs and no worker of it has had a SIGTERM yet."""
+        if self.cluster.job(job)["JobState"] not in ("PENDING", "RUNNING"):
+            return False
+        d = self.job_dir(name)
+        for r in range(2 * self.NPROC):
+            with contextlib.suppress(FileNotFoundError), open(os.path.join(d, f"sig_{r}.log")) as f:
+                if " SIGTERM " in f.read():
+                    return False
+        return True
+
     def test_time_limit_usr1_then_one_stop(self):
-        # A 1-minute limit: Slurm checks every 30 s, so USR1 (45 s before the end) comes 15-45 s
-        # in and the time limit's SIGTERM 60-90 s in.
+        # A 1-minute limit: Slurm checks every 30 s (from slurmctld's start), so USR1 (45 s
+        # before the end) comes at the first check after the job starts, and the time limit's
+        # SIGTERM at the check 60-90 s after that start.
         # Slurm may send the signal "up to 60 seconds earlier than specified" (sbatch(1)), so
         # with a 1-minute limit it can come before ddprun has started (it then dies of it, as
         # any program whose start Slurm signals), or before its workers have (ddprun says it
@@ -228,9 +279,24 @@ srun --ntasks-per-node=1 --output={d}/task_%t.out --error={d}/task_%t.err \\
         # Under load a job has also reached its limit with no USR1 heard by any ddprun (sent, it
         # seems, before srun had started the step, as it usually comes at once): its stop is
         # checked, and another job tried for the USR1.
+        # The first job was submitted with the cluster (setUpClass): taken when its time limit's
+        # SIGTERM is still to come, so that its stop is watched as it happens; else (the other
+        # cases ran that long) cancelled, and a job of the case's own tried in its place.
+        early, type(self).early_time_limit_job = type(self).early_time_limit_job, None
         for attempt in range(3):
             name = f"timelimit{attempt}"
-            job, d = self.start_signal_job(name, "hold", "--time=1", "--signal=USR1@45", early_signal_ok=True)
+            job = None
+            if attempt == 0 and early is not None:
+                if self.before_its_time_limit(name, early):
+                    job = early
+                else:
+                    print(f"  {name}: job {early} (submitted with the cluster) reached its time limit before "
+                          f"this test began: trying a new one", file=sys.stderr)
+                    self.cluster.run("scancel", str(early))
+                    self.cluster.wait(early, lib.scaled(150))
+                    name += "_again"
+            job, d = self.start_signal_job(name, "hold", *self.TIME_LIMIT_OPTIONS, early_signal_ok=True, job=job,
+                                           nodes=self.TIME_LIMIT_NODES)
             if d is None:
                 print(f"  {name}: Slurm signalled job {job} before its workers started: trying again", file=sys.stderr)
                 self.cluster.run("scancel", str(job))

@@ -364,7 +364,7 @@ srun --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node gpu --no-pyth
         """The preempt example, signalled once it trains: (its job id, its final state, its output)."""
         worker = os.path.join(lib.SOURCE_DIR, "examples", "slurm", "checkpoint_train.py")
         job = self.submit_example(name, "preempt.sbatch", NPROC=2, EPOCHS=30, WORKER=worker,
-                                  WORKER_ARGS="--epoch-seconds 0.3")
+                                  WORKER_ARGS="--epoch-seconds 0.1")
         deadline = time.monotonic() + lib.scaled(120)
         while "epoch 3 loss" not in self.job_output(name):
             self.assertLess(time.monotonic(), deadline, self.job_output(name))
@@ -376,7 +376,7 @@ srun --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node gpu --no-pyth
             if info["JobState"] in ("COMPLETED", "FAILED", "TIMEOUT") and int(info.get("Restarts", 0)) >= 1:
                 break
             self.assertLess(time.monotonic(), deadline, f"{info}\n{self.job_output(name)}")
-            time.sleep(0.5)
+            time.sleep(0.2)
         return job, info, self.job_output(name)
 
     @lib.torch_workers
