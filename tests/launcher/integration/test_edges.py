@@ -110,7 +110,10 @@ class EdgeTest(DdprunTestCase):
         job finishes untouched. Before, the store's lease timers could fire the moment it ran
         again, ahead of the keepers' pings: a node was declared lost ("closed the connection
         during PING")."""
-        nodes = [start_node(i, [worker("edge_worker.py"), self.tmp, "--sleep", f"{WORK:g}"]) for i in (0, 1)]
+        # The workers work until the test says (WORK: a hang guard), a window after the pause.
+        done = self.path("done")
+        nodes = [start_node(i, [worker("edge_worker.py"), self.tmp, "--sleep", f"{WORK:g}", "--until", done])
+                 for i in (0, 1)]
         self.wait_for(lambda: all(self.stamp(f"start_{r}") for r in range(4)), scaled(30), "4 workers to start")
         pids = [n.proc.pid for n in nodes] + [int(read_text(self.path(f"pid_{r}"))) for r in range(4)]
         for pid in pids:
@@ -121,6 +124,10 @@ class EdgeTest(DdprunTestCase):
         finally:
             for pid in pids:
                 os.kill(pid, signal.SIGCONT)
+        # The job runs on for twice BEAT's window (a lease the pause ended is found within
+        # one), then its workers end.
+        time.sleep(3.0)
+        open(done, "w").close()
         self.assertEqual(jobwatch.wait_exited(nodes, WORK + scaled(30)), [], self.describe())
         for n in nodes:
             self.assertEqual(n.rc, 0, self.describe())
@@ -374,7 +381,8 @@ class EdgeTest(DdprunTestCase):
     PAUSE_CONF = f"last_call_timeout=0.3,join_timeout={JOIN:g},keep_alive_interval=1,keep_alive_max_attempt=3"
 
     def pause_work(self):
-        return [worker("edge_worker.py"), self.tmp, "--sleep", f"{scaled(22):g}"]
+        # Until the test says (22 s: a hang guard), once the pauses are over.
+        return [worker("edge_worker.py"), self.tmp, "--sleep", f"{scaled(22):g}", "--until", self.path("done")]
 
     def check_pauses_lose_nobody(self, pid, nodes):
         self.wait_for(lambda: all(self.stamp(f"start_{r}") for r in range(4)), scaled(30), "4 workers to start")
@@ -385,6 +393,10 @@ class EdgeTest(DdprunTestCase):
                 time.sleep(2.5)
             finally:
                 os.kill(pid, signal.SIGCONT)
+        # The job runs on for a keep-alive window and a half (a lease the last pause ended is
+        # found within one), then its workers end.
+        time.sleep(4.5)
+        open(self.path("done"), "w").close()
         self.assertEqual(jobwatch.wait_exited(nodes, scaled(60)), [], self.describe())
         self.assertEqual([n.rc for n in nodes], [0, 0], self.describe())
         for n in nodes:

@@ -468,21 +468,28 @@ with open(os.path.join(os.environ["OUT"], "big_" + os.environ["TORCHELASTIC_REST
 
     def test_a_dead_warm_process_is_replaced_and_said(self):
         # The warm process is killed while attempt 0 runs; attempt 1's workers come from a
-        # new one (a second import), and ddprun says so.
+        # new one (a second import), and ddprun says so. Rank 1 fails once ddprun said that
+        # the warm process died (the test creates DIE_NOW then; DIE_AFTER: a hang guard).
         script = self.write("restart.py", RESTART.replace(
-            'sys.exit(3)', 'import time; time.sleep(float(os.environ["DIE_AFTER"])); sys.exit(3)'))
+            'sys.exit(3)', 'end = time.monotonic() + float(os.environ["DIE_AFTER"])\n'
+                           '    while not os.access(os.environ["DIE_NOW"], os.F_OK) and time.monotonic() < end: '
+                           'time.sleep(0.05)\n    sys.exit(3)'))
         p = self.start(["--standalone", "--nproc-per-node", "2", "--preload", "probe_mod", "--max-restarts", "1",
-                        "--log-level", "info", script], env=self.env(DIE_AFTER=scaled(5)))
+                        "--log-level", "info", script], env=self.env(DIE_AFTER=scaled(5),
+                                                                     DIE_NOW=self.path("die_now")))
         m = self.wait_for(lambda: re.search(r"warm process pid (\d+)", read_text(self.path("ddprun.stderr"))),
                           what="the warm process's pid")
         warm = int(m.group(1))
         self.wait_for(lambda: os.path.exists(self.path("starts")) and len(read_text(self.path("starts")).split("\n"))
                       > 2, what="attempt 0's workers")
         os.kill(warm, signal.SIGKILL)  # ddprun's child, started for this test
+        died = (f"--preload: the warm Python process (pid {warm}) was killed by SIGKILL: the next workers "
+                "come from a new one")
+        self.wait_for(lambda: died in read_text(self.path("ddprun.stderr")), what="ddprun to see the warm process die")
+        open(self.path("die_now"), "w").close()
         self.assertEqual(p.wait(timeout=scaled(60)), 0)
         err = read_text(self.path("ddprun.stderr"))
-        self.assertIn(f"--preload: the warm Python process (pid {warm}) was killed by SIGKILL: the next workers "
-                      "come from a new one", err)
+        self.assertIn(died, err)
         self.assertIn("--preload: started a new warm Python process", err)
         self.assertEqual(len(self.probe_imports()), 2)
 
@@ -509,9 +516,12 @@ with open(os.path.join(os.environ["OUT"], "big_" + os.environ["TORCHELASTIC_REST
         """SIGQUIT (or ddprun --dump-stacks) while the warm process imports, before any worker
         runs: its stack, then the job goes on. Before: "no worker is running", and nothing."""
         with open(os.path.join(self.mods, "slow_mod.py"), "w") as f:
-            # (one line: the dump may come while the marker is still being written)
-            f.write("import os, time\nopen(os.path.join(os.environ['OUT'], 'importing'), 'w').close(); "
-                    "time.sleep(3)\n")
+            # Until the test says, once it saw the dump (30 s: a hang guard). (One line, the
+            # marker's too: the dump may come while the marker is still being written.)
+            f.write("import os, time; end = time.monotonic() + 30; out = os.environ['OUT']\n"
+                    "while not os.access(os.path.join(out, 'done'), os.F_OK) and time.monotonic() < end: "
+                    "time.sleep(0.05) if os.access(os.path.join(out, 'importing'), os.F_OK) else "
+                    "open(os.path.join(out, 'importing'), 'w').close()\n")
         script = self.write("hello.py", "print('hello')\n")
         err_path = self.path("ddprun.stderr")
         with open(err_path, "w") as err:
@@ -521,6 +531,9 @@ with open(os.path.join(os.environ["OUT"], "big_" + os.environ["TORCHELASTIC_REST
             while not os.path.exists(self.path("importing")) and time.monotonic() < deadline:
                 time.sleep(0.02)
             os.kill(p.pid, signal.SIGQUIT)
+            self.wait_for(lambda: re.search(r'File ".*slow_mod.py", line \d+ in <module>', read_text(err_path)),
+                          what="the warm process's stack")
+            open(self.path("done"), "w").close()
             self.assertEqual(p.wait(timeout=scaled(30)), 0)
         err = read_text(err_path)
         self.assertRegex(err, r"SIGQUIT: no worker runs yet: the warm Python process \(pid \d+, --preload\) is "
