@@ -19,6 +19,7 @@
 #include "launcher/options.hpp"
 #include "launcher/process.hpp"
 #include "launcher/random.hpp"
+#include "launcher/report.hpp"
 #include "launcher/rendezvous.hpp"
 #include "launcher/stack_dump.hpp"
 #include "rendezvous/backend.hpp"
@@ -111,6 +112,7 @@ int run_main(const std::vector<std::string>& args) {
     if (!rdzv) {
       spdlog::warn("received {} while connecting to the rendezvous (before any worker started): stopping",
                    signal_name(sig));
+      write_launcher_error_file("SignalException", fmt::format("Process {} got signal: {}", ::getpid(), sig));
       spdlog::default_logger()->flush();
       std::fflush(nullptr);
       std::_Exit(128 + sig);  // (the thread that was opening it may still be in a call)
@@ -132,12 +134,14 @@ int run_main(const std::vector<std::string>& args) {
     return outcome.exit_code;
   } catch (const ddp::UsageError& e) {
     print_error(e.what());
+    write_launcher_error_file("UsageError", e.what());
     return 2;
   } catch (const rdzv::NotNeeded& e) {
     spdlog::warn("{}", e.what());  // (shown by default: it is the node's one line about its exit 0)
     return 0;
   } catch (const std::exception& e) {
     print_error(e.what());
+    write_launcher_error_file(error_kind(e), e.what());
     return 1;
   }
 }

@@ -561,6 +561,13 @@ bool typed(const Flags& g, const char* f) { return g.has(f) && g.at(f).source.st
 
 // --standalone: one node, a store on localhost at a free port, a random run id (set later).
 void check_standalone(Options& o, const Flags& g) {
+  // torchrun takes a range from 1 (a job's line templated as --nnodes=1:$MAX), waits out its
+  // last call for nodes that cannot come (its store's port is known to no other), and runs one.
+  if (o.max_nodes > 1 && o.min_nodes == 1) {
+    o.warnings.push_back(fmt::format("--standalone runs one node: {} {} is taken as 1 (no other node can join it)",
+                                     g.source("nnodes"), g.value("nnodes")));
+    o.max_nodes = 1;
+  }
   if (o.max_nodes > 1)
     throw UsageError(fmt::format("--standalone runs one node, but {} asks for {}", g.source("nnodes"),
                                  g.value("nnodes")));

@@ -26,10 +26,11 @@ std::optional<json> read_error_json(const std::string& path) {
   auto text = read_file(path);
   if (!text) return std::nullopt;
   try {
-    return json::parse(*text);
+    json j = json::parse(*text);
+    if (j.is_object()) return j;  // (a record is one; `[1]` is valid JSON, and no record)
   } catch (const std::exception&) {
-    return std::nullopt;
   }
+  return std::nullopt;
 }
 
 // A worker's bytes (its stderr's tail, a script path) need not be UTF-8: shown as U+FFFD,
@@ -175,9 +176,12 @@ std::string failure_summary(const std::string& script, const WorkerResult& root,
 
 void write_root_cause_error_file(const std::string& path, const WorkerResult& root, const std::string& script) {
   json out;
-  if (auto j = read_error_json(root.error_file); j && (*j)["message"].is_object()) {
+  auto j = read_error_json(root.error_file);
+  if (j && (*j)["message"].is_object()) {
     out = *j;
     out["message"]["errorCode"] = root.torch_exit_code();
+  } else if (j && (*j)["message"].is_string()) {
+    out = *j;  // an older record's string message: copied as it is, as torchrun does
   } else {
     out["message"] = {
         {"message", fmt::format("ChildFailedError: {} failed: rank {} (local_rank {}) exited with {}", script,
@@ -188,6 +192,26 @@ void write_root_cause_error_file(const std::string& path, const WorkerResult& ro
   }
   if (!write_file(path, dump_json(out)))
     spdlog::error("cannot write TORCHELASTIC_ERROR_FILE {}: {}", path, ddp::errno_text(errno));
+}
+
+void write_launcher_error_file(const std::string& kind, const std::string& text, const std::string& detail) {
+  const char* path = getenv("TORCHELASTIC_ERROR_FILE");
+  if (!path || !*path) return;
+  const std::string message = kind + ": " + text;
+  json out;
+  out["message"] = {{"message", message},
+                    {"extraInfo", {{"py_callstack", detail.empty() ? "ddprun: error: " + text + "\n" : detail},
+                                   {"timestamp", std::to_string(static_cast<long>(::time(nullptr)))}}}};
+  if (!write_file(path, dump_json(out)))
+    spdlog::error("cannot write TORCHELASTIC_ERROR_FILE {}: {}", path, ddp::errno_text(errno));
+}
+
+std::string error_kind(const std::exception& e) {
+  if (dynamic_cast<const ddp::TimeoutError*>(&e)) return "TimeoutError";
+  if (dynamic_cast<const ddp::NetworkError*>(&e)) return "NetworkError";
+  if (dynamic_cast<const ddp::StoreError*>(&e)) return "StoreError";
+  if (dynamic_cast<const ddp::SystemError*>(&e)) return "SystemError";
+  return "Error";
 }
 
 bool write_summary_json(const std::string& path, const JobOutcome& o, const std::string& run_id) {
@@ -257,6 +281,7 @@ void conclude(JobOutcome& outcome, const JobEnd& e, const std::string& script, c
     outcome.signal = e.signal;
     outcome.exit_code = 128 + e.signal;
     spdlog::warn("stopped after {}: exiting with {}", signal_name(e.signal), outcome.exit_code);
+    write_launcher_error_file("SignalException", fmt::format("Process {} got signal: {}", ::getpid(), e.signal));
   } else if (e.root) {
     outcome.reason = "worker_failed";
     outcome.root_cause = *e.root;
@@ -267,12 +292,18 @@ void conclude(JobOutcome& outcome, const JobEnd& e, const std::string& script, c
     outcome.reason = "hang";
     outcome.exit_code = kHangExitCode;
     show(*e.hang_report);
+    // (Its "<script> HUNG: <why>" line; the whole report in the callstack's place.)
+    const std::string& r = *e.hang_report;
+    const size_t at = r.find(" HUNG: "), start = r.rfind('\n', at) + 1;
+    write_launcher_error_file("TimeoutError", at == std::string::npos ? r : r.substr(start, r.find('\n', at) - start), r);
   } else if (e.remote) {
     outcome.reason = e.remote_node_only ? "lost_contact" : "another_node";
     outcome.message = *e.remote;
     outcome.exit_code = 1;
     if (e.remote_node_only) spdlog::error("{}", *e.remote);
     else spdlog::error("the job failed on another node: {}{}", *e.remote, e.where.empty() ? "" : "\n" + e.where);
+    write_launcher_error_file(e.remote_node_only ? "NetworkError" : "ChildFailedError",
+                              e.remote_node_only ? *e.remote : "the job failed on another node: " + *e.remote);
   } else {
     outcome.status = "succeeded";
     outcome.reason = "succeeded";

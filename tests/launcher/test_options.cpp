@@ -564,6 +564,18 @@ TEST_F(LauncherOptions, StandaloneStaysStaticWithC10dBackend) {
   EXPECT_TRUE(o.warnings.empty()) << o.warnings.front();  // what torchrun's --standalone is
 }
 
+// torchrun takes --standalone --nnodes 1:N (a templated line), waits out its last call for
+// nodes that cannot come and runs one: one node here at once, and a warning that says so.
+TEST_F(LauncherOptions, StandaloneTakesARangeFromOneAsOneNode) {
+  Options o = parse_with_script({"--standalone", "--nnodes", "1:4"});
+  EXPECT_EQ(o.min_nodes, 1);
+  EXPECT_EQ(o.max_nodes, 1);
+  EXPECT_FALSE(o.dynamic());
+  ASSERT_EQ(o.warnings.size(), 1u);
+  EXPECT_EQ(o.warnings[0], "--standalone runs one node: --nnodes 1:4 is taken as 1 (no other node can join it)");
+  EXPECT_THROW(parse_with_script({"--standalone", "--nnodes", "2:4"}), ddp::UsageError);  // at least 2: never
+}
+
 TEST_F(LauncherOptions, LocalRanksFilter) {
   Options o = parse_with_script({"--local-ranks-filter", "0,2"});
   ASSERT_TRUE(o.local_ranks_filter.has_value());

@@ -1,12 +1,14 @@
 // What ddprun reports when a job ends: torchrun's failure summary, tracebacks from torch's
 // @record error files (else the stderr tail), the root-cause error file, --summary-json.
 #include <csignal>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "ddp/error.hpp"
 #include "launcher/report.hpp"
 #include "test_util.hpp"
 
@@ -260,6 +262,47 @@ TEST(LauncherReport, RootCauseErrorFileWithoutWorkerRecord) {
   EXPECT_NE(msg.find("SIGKILL"), std::string::npos) << msg;
   EXPECT_TRUE(j["message"]["extraInfo"].contains("py_callstack"));
   EXPECT_TRUE(j["message"]["extraInfo"].contains("timestamp"));
+}
+
+// A record whose message is a string (an older torch's, a hand-written one) is copied as it
+// is, as torchrun does; JSON that is no record (an array) is no record, and no exception.
+TEST(LauncherReport, RootCauseErrorFileKeepsAStringMessage) {
+  ddprun_test::TempDir dir;
+  WorkerResult root = failed_worker(0, 4);
+  root.error_file = dir.write("worker.json", R"({"message": "custom failure: disk full on /data", "extra": 1})");
+  const std::string out = dir.file("root.json");
+  ddprun::write_root_cause_error_file(out, root, "train.py");
+  json j = json::parse(ddprun_test::read_file(out));
+  EXPECT_EQ(j["message"], "custom failure: disk full on /data");
+  EXPECT_EQ(j["extra"], 1);
+  root.error_file = dir.write("array.json", "[1, 2]");
+  ddprun::write_root_cause_error_file(out, root, "train.py");
+  EXPECT_NE(json::parse(ddprun_test::read_file(out))["message"]["message"].get<std::string>().find("ChildFailedError"),
+            std::string::npos);
+}
+
+// ddprun's own end, as torchrun's @record writes its launcher's: only when the variable is set.
+TEST(LauncherReport, LauncherErrorFileAsTorchrunsRecord) {
+  ddprun_test::TempDir dir;
+  const std::string out = dir.file("launcher.json");
+  unsetenv("TORCHELASTIC_ERROR_FILE");
+  ddprun::write_launcher_error_file("TimeoutError", "nothing");
+  EXPECT_FALSE(std::filesystem::exists(out));
+  setenv("TORCHELASTIC_ERROR_FILE", out.c_str(), 1);
+  ddprun::write_launcher_error_file("TimeoutError", "rendezvous: no round formed within join_timeout 5 s");
+  json j = json::parse(ddprun_test::read_file(out));
+  EXPECT_EQ(j["message"]["message"], "TimeoutError: rendezvous: no round formed within join_timeout 5 s");
+  EXPECT_EQ(j["message"]["extraInfo"]["py_callstack"],
+            "ddprun: error: rendezvous: no round formed within join_timeout 5 s\n");
+  EXPECT_FALSE(j["message"].contains("errorCode"));  // (as torch's record_exception)
+  EXPECT_GT(std::stol(j["message"]["extraInfo"]["timestamp"].get<std::string>()), 1700000000L);
+  ddprun::write_launcher_error_file("TimeoutError", "train.py HUNG: x", "=====\ntrain.py HUNG: x\n");
+  EXPECT_EQ(json::parse(ddprun_test::read_file(out))["message"]["extraInfo"]["py_callstack"], "=====\ntrain.py HUNG: x\n");
+  unsetenv("TORCHELASTIC_ERROR_FILE");
+  EXPECT_EQ(ddprun::error_kind(ddp::TimeoutError("t")), "TimeoutError");
+  EXPECT_EQ(ddprun::error_kind(ddp::NetworkError("n")), "NetworkError");
+  EXPECT_EQ(ddprun::error_kind(ddp::SystemError("s", ENOENT)), "SystemError");
+  EXPECT_EQ(ddprun::error_kind(std::runtime_error("r")), "Error");
 }
 
 TEST(LauncherReport, SummaryJsonFields) {

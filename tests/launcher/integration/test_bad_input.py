@@ -20,6 +20,7 @@ CASES = [
     ("missing script", ["--nproc-per-node", "2"], "training_script", False),
     ("no-python with -m", ["--no-python", "-m"], "--no-python", True),
     ("standalone with nnodes 2", ["--standalone", "--nnodes", "2"], "--nnodes", True),
+    ("standalone with nnodes 2:3", ["--standalone", "--nnodes", "2:3"], "--nnodes", True),
     ("etcd without endpoint", ["--rdzv-backend", "etcd"], "--rdzv-endpoint", True),
     ("etcd bad endpoint list", ["--rdzv-backend", "etcd", "--rdzv-endpoint", "a:2379,,b"], "--rdzv-endpoint", True),
     ("etcd protocol ftp", ["--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "a", "--rdzv-conf", "protocol=ftp"],
@@ -95,6 +96,17 @@ class BadInputTest(DdprunTestCase):
                               (self.path("a_file"), "--log-dir: ")):
             with self.subTest(where):
                 self.check(["--log-dir", where, worker("marker.py"), self.path("marker")], expect)
+
+    def test_standalone_with_a_range_from_1_runs_one_node_at_once(self):
+        """torchrun takes `--standalone --nnodes 1:4` (a templated line), waits out its 30 s last
+        call for nodes that cannot come, and runs one: ddprun runs one at once, and says so.
+        Before: exit 2 ("--standalone runs one node, but --nnodes asks for 1:4")."""
+        res = self.run_ddprun(["--standalone", "--nnodes", "1:4", "--nproc-per-node", "2", "--no-python", "sh", "-c",
+                               'echo "rank $RANK of $WORLD_SIZE, nodes $GROUP_WORLD_SIZE"'], timeout=20)
+        self.assertEqual(res.rc, 0, res)
+        self.assertIn("--standalone runs one node: --nnodes 1:4 is taken as 1 (no other node can join it)", res.stderr)
+        self.assertIn("rank 1 of 2, nodes 1", res.stdout)
+        self.assertLess(res.elapsed, 10, "no last call waited for")
 
     def test_nonexistent_script(self):
         self.check(["/nonexistent/train.py", self.path("marker")], "/nonexistent/train.py")

@@ -6,7 +6,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddprun_testlib import DdprunTestCase, clean_env, scaled, worker
+from ddprun_testlib import DdprunTestCase, clean_env, free_port, scaled, worker
 
 
 class SummaryTest(DdprunTestCase):
@@ -54,6 +54,57 @@ class SummaryTest(DdprunTestCase):
         self.assertIn("x" + "\u00e9" * 511, tb)
         self.assertNotIn("\ufffd", tb.split("here", 1)[1], "the cut split a character")
         self.assertIn("bad byte \ufffd here", self.load_json(err_file)["message"]["extraInfo"]["py_callstack"])
+
+    def test_a_worker_error_file_that_is_no_record_gives_the_workers_code(self):
+        """A worker's error file that is JSON but no record (`[1, 2]`): ddprun exits with the
+        worker's code and writes its own record. Before: "ddprun: error:
+        [json.exception.type_error.305] ...", exit 1."""
+        err_file = self.path("root_cause.json")
+        res = self.run_ddprun(["--no-python", "sh", "-c", 'echo "[1, 2]" > "$TORCHELASTIC_ERROR_FILE"; exit 3'],
+                              env=clean_env(TORCHELASTIC_ERROR_FILE=err_file))
+        self.assertEqual(res.rc, 3, res)
+        self.assertNotIn("json.exception", res.stderr)
+        self.assertIn("ChildFailedError", self.load_json(err_file)["message"]["message"])
+
+    def test_ddprun_s_own_end_is_in_its_error_file(self):
+        """As torchrun's @record on its main: when ddprun itself ends the job (no round formed,
+        a signal, a hang, bad usage), TORCHELASTIC_ERROR_FILE says why, as torch's
+        record_exception writes it ({"message": {"message": "<kind>: <text>", "extraInfo"}});
+        a scheduler (TorchX) shows it. Before, only a worker's failure was written (QA)."""
+        def ended(args, rc, start=None):
+            err_file = self.path(f"launcher_{rc}.json")
+            env = clean_env(TORCHELASTIC_ERROR_FILE=err_file)
+            if start is None:
+                res = self.run_ddprun(args, env=env, timeout=60)
+                self.assertEqual(res.rc, rc, res)
+            else:
+                p = self.start(args, env=env)
+                start(p)
+                self.assertEqual(p.wait(timeout=scaled(60)), rc)
+            j = self.load_json(err_file)["message"]
+            self.assertTrue(j["extraInfo"]["timestamp"].isdigit(), j)
+            self.assertNotIn("errorCode", j)
+            return j
+        port = free_port()
+        j = ended(["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf",
+                   "join_timeout=1", "--no-python", "true"], 1)
+        self.assertRegex(j["message"], r"^\w+Error: rendezvous: no round of job '[^']+' formed at the c10d store at "
+                                       r"127\.0\.0\.1:\d+ .*within join_timeout 1 s")
+        self.assertTrue(j["extraInfo"]["py_callstack"].startswith("ddprun: error: rendezvous: no round"), j)
+
+        def sigterm(p):
+            self.wait_for_files([self.path(f"ready_{r}") for r in range(2)])
+            os.kill(p.pid, signal.SIGTERM)
+        p_args = ["--nproc-per-node", "2", worker("signals.py"), self.tmp, "term"]
+        j = ended(p_args, 143, start=sigterm)
+        self.assertRegex(j["message"], r"^SignalException: Process \d+ got signal: 15$")
+
+        j = ended(["--hang-timeout", "1", "--no-stack-dumps", "--no-python", "sleep", "30"], 124)
+        self.assertRegex(j["message"], r"^TimeoutError: sleep HUNG: no rank made progress for 1 s \(--hang-timeout\)$")
+        self.assertIn("=" * 60, j["extraInfo"]["py_callstack"])  # the whole report
+
+        j = ended(["--nnodes", "0", "--no-python", "true"], 2)
+        self.assertRegex(j["message"], r"^UsageError: --nnodes")
 
     def test_no_error_file_on_success(self):
         err_file = self.path("root_cause.json")
