@@ -86,6 +86,10 @@ std::unique_ptr<Rendezvous> open_rendezvous(const Options& o, const std::string&
 
 int run_main(const std::vector<std::string>& args) {
   Options o;
+  // A job is being launched (not a command line refused as parsed, as torchrun's argparse
+  // exits with no record, nor --dump-stacks, run where TORCHELASTIC_ERROR_FILE is a
+  // worker's): its end goes to that file.
+  bool launching = false;
   try {
     auto env = current_environment();
     o = parse_options(args, env);
@@ -98,6 +102,7 @@ int run_main(const std::vector<std::string>& args) {
       return 0;
     }
     if (o.dump_stacks >= 0) return dump_stacks_command(o.dump_stacks);
+    launching = true;
     setup_logging(o.log_level);
     for (const auto& w : o.warnings) spdlog::warn("{}", w);
     for (const auto& i : o.infos) spdlog::info("{}", i);
@@ -112,7 +117,7 @@ int run_main(const std::vector<std::string>& args) {
     if (!rdzv) {
       spdlog::warn("received {} while connecting to the rendezvous (before any worker started): stopping",
                    signal_name(sig));
-      write_launcher_error_file("SignalException", fmt::format("Process {} got signal: {}", ::getpid(), sig));
+      write_signal_error_file(sig);
       spdlog::default_logger()->flush();
       std::fflush(nullptr);
       std::_Exit(128 + sig);  // (the thread that was opening it may still be in a call)
@@ -134,14 +139,14 @@ int run_main(const std::vector<std::string>& args) {
     return outcome.exit_code;
   } catch (const ddp::UsageError& e) {
     print_error(e.what());
-    write_launcher_error_file("UsageError", e.what());
+    if (launching) write_launcher_error_file("UsageError", e.what());  // (the others' command line refused)
     return 2;
   } catch (const rdzv::NotNeeded& e) {
     spdlog::warn("{}", e.what());  // (shown by default: it is the node's one line about its exit 0)
     return 0;
   } catch (const std::exception& e) {
     print_error(e.what());
-    write_launcher_error_file(error_kind(e), e.what());
+    if (launching) write_launcher_error_file(error_kind(e), e.what());
     return 1;
   }
 }

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ddp/error.hpp"
+#include "ddp/error_file.hpp"
 #include "launcher/fileio.hpp"
 #include "launcher/options.hpp"
 
@@ -174,6 +175,12 @@ std::string failure_summary(const std::string& script, const WorkerResult& root,
   return s;
 }
 
+namespace {
+void write_record(const std::string& path, const std::string& doc) {
+  if (!write_file(path, doc)) spdlog::error("cannot write TORCHELASTIC_ERROR_FILE {}: {}", path, ddp::errno_text(errno));
+}
+}  // namespace
+
 void write_root_cause_error_file(const std::string& path, const WorkerResult& root, const std::string& script) {
   json out;
   auto j = read_error_json(root.error_file);
@@ -190,20 +197,18 @@ void write_root_cause_error_file(const std::string& path, const WorkerResult& ro
         {"errorCode", root.torch_exit_code()},
         {"extraInfo", {{"py_callstack", traceback_of(root)}, {"timestamp", std::to_string(static_cast<long>(epoch_seconds(root.end)))}}}};
   }
-  if (!write_file(path, dump_json(out)))
-    spdlog::error("cannot write TORCHELASTIC_ERROR_FILE {}: {}", path, ddp::errno_text(errno));
+  write_record(path, dump_json(out));
 }
 
 void write_launcher_error_file(const std::string& kind, const std::string& text, const std::string& detail) {
   const char* path = getenv("TORCHELASTIC_ERROR_FILE");
   if (!path || !*path) return;
-  const std::string message = kind + ": " + text;
-  json out;
-  out["message"] = {{"message", message},
-                    {"extraInfo", {{"py_callstack", detail.empty() ? "ddprun: error: " + text + "\n" : detail},
-                                   {"timestamp", std::to_string(static_cast<long>(::time(nullptr)))}}}};
-  if (!write_file(path, dump_json(out)))
-    spdlog::error("cannot write TORCHELASTIC_ERROR_FILE {}: {}", path, ddp::errno_text(errno));
+  write_record(path, ddp::error_file_json(kind, text, detail.empty() ? "ddprun: error: " + text + "\n" : detail,
+                                          static_cast<long long>(::time(nullptr))));
+}
+
+void write_signal_error_file(int sig) {
+  write_launcher_error_file("SignalException", fmt::format("Process {} got signal: {}", ::getpid(), sig));
 }
 
 std::string error_kind(const std::exception& e) {
@@ -281,7 +286,7 @@ void conclude(JobOutcome& outcome, const JobEnd& e, const std::string& script, c
     outcome.signal = e.signal;
     outcome.exit_code = 128 + e.signal;
     spdlog::warn("stopped after {}: exiting with {}", signal_name(e.signal), outcome.exit_code);
-    write_launcher_error_file("SignalException", fmt::format("Process {} got signal: {}", ::getpid(), e.signal));
+    write_signal_error_file(e.signal);
   } else if (e.root) {
     outcome.reason = "worker_failed";
     outcome.root_cause = *e.root;
@@ -302,8 +307,7 @@ void conclude(JobOutcome& outcome, const JobEnd& e, const std::string& script, c
     outcome.exit_code = 1;
     if (e.remote_node_only) spdlog::error("{}", *e.remote);
     else spdlog::error("the job failed on another node: {}{}", *e.remote, e.where.empty() ? "" : "\n" + e.where);
-    write_launcher_error_file(e.remote_node_only ? "NetworkError" : "ChildFailedError",
-                              e.remote_node_only ? *e.remote : "the job failed on another node: " + *e.remote);
+    if (e.remote_node_only) write_launcher_error_file("NetworkError", *e.remote);  // (another node's: written there)
   } else {
     outcome.status = "succeeded";
     outcome.reason = "succeeded";

@@ -61,13 +61,16 @@ std::string failure_summary(const std::string& script, const WorkerResult& root,
 // or a ChildFailedError record). Errors are logged, not thrown.
 void write_root_cause_error_file(const std::string& path, const WorkerResult& root, const std::string& script);
 
-// ddprun's own end (an error of its, a signal, a hang, another node's failure) in
-// TORCHELASTIC_ERROR_FILE when set, as torchrun's @record on its main writes its launcher's
-// (torch's ErrorHandler.record_exception): {"message": {"message": "<kind>: <text>",
-// "extraInfo": {"py_callstack", "timestamp"}}}; a scheduler (TorchX) shows it. Errors are
-// logged, not thrown.
-// `detail` (py_callstack's place): the report shown, else "ddprun: error: <text>".
+// ddprun's own end (an error of its, a signal, a hang, this node cut off) in
+// TORCHELASTIC_ERROR_FILE when set, in the form torchrun's @record on its main writes its
+// launcher's (torch's ErrorHandler.record_exception; ddp::error_file_json): {"message":
+// {"message": "<kind>: <text>", "extraInfo": {"py_callstack", "timestamp"}}}; a scheduler
+// (TorchX) shows it. Not when another node failed: the root cause's node writes that. Errors
+// are logged, not thrown. `detail` (py_callstack's place): the report shown, else
+// "ddprun: error: <text>".
 void write_launcher_error_file(const std::string& kind, const std::string& text, const std::string& detail = "");
+// torch's SignalException record: "Process <ddprun's pid> got signal: <n>".
+void write_signal_error_file(int sig);
 // The error family's name for `e` ("TimeoutError", "NetworkError", ...), as that record's kind.
 std::string error_kind(const std::exception& e);
 

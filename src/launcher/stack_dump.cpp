@@ -221,7 +221,10 @@ void take_forked_stacks(const std::vector<StackTarget>& targets, std::vector<Ran
       owner.push_back(i);
     }
   }
-  if (kids.empty() || Clock::now() >= deadline || (interrupted && interrupted())) return;
+  if (kids.empty() || Clock::now() >= deadline || (interrupted && interrupted())) {
+    for (auto& s : stacks) s.forked_not_asked = 0;  // (none was asked: no "more not asked")
+    return;
+  }
   // Each in a file of its own, announced there as a rank is in its: asked as the ranks were.
   auto answers = take_stacks(kids, deadline, interrupted);
   for (size_t j = 0; j < answers.size(); ++j)

@@ -66,8 +66,9 @@ std::string fatal_signal_name(int sig);
 // frames of the thread, file names without folders; "" when it has none.
 std::string innermost(const ThreadStack& t, size_t depth = 4);
 
-// One rank's answer to a stack request.
 constexpr size_t kMostForked = 16;  // the forked processes asked per rank: a DataLoader's workers, say
+
+// One rank's answer to a stack request.
 
 struct RankStack {
   int rank = 0, local_rank = 0;

@@ -364,7 +364,7 @@ srun --ntasks-per-node=1 $DDPRUN --log-level info --nproc-per-node gpu --no-pyth
         """The preempt example, signalled once it trains: (its job id, its final state, its output)."""
         worker = os.path.join(lib.SOURCE_DIR, "examples", "slurm", "checkpoint_train.py")
         job = self.submit_example(name, "preempt.sbatch", NPROC=2, EPOCHS=30, WORKER=worker,
-                                  WORKER_ARGS="--epoch-seconds 0.1")
+                                  WORKER_ARGS="--epoch-seconds 0.3")
         deadline = time.monotonic() + lib.scaled(120)
         while "epoch 3 loss" not in self.job_output(name):
             self.assertLess(time.monotonic(), deadline, self.job_output(name))

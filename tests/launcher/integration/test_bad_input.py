@@ -6,7 +6,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddprun_testlib import DdprunTestCase, clean_env, free_port, worker
+from ddprun_testlib import DdprunTestCase, clean_env, free_port, scaled, worker
 
 # (name, ddprun flags before the script, text the error must contain, script given?)
 CASES = [
@@ -106,7 +106,7 @@ class BadInputTest(DdprunTestCase):
         self.assertEqual(res.rc, 0, res)
         self.assertIn("--standalone runs one node: --nnodes 1:4 is taken as 1 (no other node can join it)", res.stderr)
         self.assertIn("rank 1 of 2, nodes 1", res.stdout)
-        self.assertLess(res.elapsed, 10, "no last call waited for")
+        self.assertLess(res.elapsed, scaled(10), "no last call waited for")
 
     def test_nonexistent_script(self):
         self.check(["/nonexistent/train.py", self.path("marker")], "/nonexistent/train.py")

@@ -562,7 +562,8 @@ class ScenarioTest(C10dTestCase):
         self.assertRegex(c.stderr(), r"ddprun: error: rendezvous: this node was declared lost by .* while it joined "
                                      r"the next round of job 'job' \(no keep-alive for .*\): the other nodes go on "
                                      r"without it\n", self.describe())
-        open(until, "w").close()  # A's and B's workers end now (not after their 12 s)
+        time.sleep(1.5)  # a keep-alive window for A and B to show a disturbance, then their workers end
+        open(until, "w").close()
         self.wait_nodes([a, b], 30)
         self.assertEqual((a.rc, b.rc), (0, 0), self.describe())
         self.assertEqual([[r["pid"] for r in rs] for rs in self.rounds()], [[r["pid"] for r in r0]])
@@ -596,7 +597,8 @@ class ScenarioTest(C10dTestCase):
         self.assertLess(b.exited_at - t_cont, scaled(3), self.describe())
         self.assertRegex(b.stderr(), r"ddprun: error: rendezvous: this node was declared lost by the c10d store at "
                                      r"\S+ while it joined the next round of job 'job'", self.describe())
-        open(until, "w").close()  # A's workers end now (not after their 14 s)
+        time.sleep(1.5)  # a keep-alive window for A to show a disturbance, then its workers end
+        open(until, "w").close()
         self.wait_nodes([a], 30)
         self.assertEqual(a.rc, 0, self.describe())
         self.assertNotIn("a node is waiting to join", a.stderr(), self.describe())

@@ -381,8 +381,8 @@ class EdgeTest(DdprunTestCase):
     PAUSE_CONF = f"last_call_timeout=0.3,join_timeout={JOIN:g},keep_alive_interval=1,keep_alive_max_attempt=3"
 
     def pause_work(self):
-        # Until the test says (22 s: a hang guard), once the pauses are over.
-        return [worker("edge_worker.py"), self.tmp, "--sleep", f"{scaled(22):g}", "--until", self.path("done")]
+        # Until the test says (60 s: a hang guard), once the pauses are over.
+        return [worker("edge_worker.py"), self.tmp, "--sleep", f"{scaled(60):g}", "--until", self.path("done")]
 
     def check_pauses_lose_nobody(self, pid, nodes):
         self.wait_for(lambda: all(self.stamp(f"start_{r}") for r in range(4)), scaled(30), "4 workers to start")

@@ -68,9 +68,11 @@ class SummaryTest(DdprunTestCase):
 
     def test_ddprun_s_own_end_is_in_its_error_file(self):
         """As torchrun's @record on its main: when ddprun itself ends the job (no round formed,
-        a signal, a hang, bad usage), TORCHELASTIC_ERROR_FILE says why, as torch's
-        record_exception writes it ({"message": {"message": "<kind>: <text>", "extraInfo"}});
-        a scheduler (TorchX) shows it. Before, only a worker's failure was written (QA)."""
+        a signal, a hang), TORCHELASTIC_ERROR_FILE says why, as torch's record_exception
+        writes it ({"message": {"message": "<kind>: <text>", "extraInfo"}}); a scheduler
+        (TorchX) shows it. Before, only a worker's failure was written (QA). A command line
+        refused as parsed writes none (torchrun's argparse neither), nor does a failed
+        --dump-stacks (run where that variable is a worker's own file)."""
         def ended(args, rc, start=None):
             err_file = self.path(f"launcher_{rc}.json")
             env = clean_env(TORCHELASTIC_ERROR_FILE=err_file)
@@ -103,8 +105,11 @@ class SummaryTest(DdprunTestCase):
         self.assertRegex(j["message"], r"^TimeoutError: sleep HUNG: no rank made progress for 1 s \(--hang-timeout\)$")
         self.assertIn("=" * 60, j["extraInfo"]["py_callstack"])  # the whole report
 
-        j = ended(["--nnodes", "0", "--no-python", "true"], 2)
-        self.assertRegex(j["message"], r"^UsageError: --nnodes")
+        for args, rc in ((["--nnodes", "0", "--no-python", "true"], 2), (["--dump-stacks", "1"], 1)):
+            err_file = self.path("none.json")
+            res = self.run_ddprun(args, env=clean_env(TORCHELASTIC_ERROR_FILE=err_file))
+            self.assertEqual(res.rc, rc, res)
+            self.assertFalse(os.path.exists(err_file), args)
 
     def test_no_error_file_on_success(self):
         err_file = self.path("root_cause.json")
