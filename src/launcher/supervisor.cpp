@@ -589,9 +589,13 @@ class AttemptSupervisor {
   std::string ask_others(DumpKind kind, Clock::duration within) {
     const std::string what = dump_name(kind, job_.plan.group_rank, job_.plan.hostname);
     rdzv_.ask_dump(what);
-    answers_by_ = Clock::now() + within;
+    const auto deadline = Clock::now() + within;
     awaited_ = what;
-    rdzv_.gather_dump(what, static_cast<size_t>(job_.plan.group_world_size - 1), *answers_by_);
+    rdzv_.gather_dump(what, static_cast<size_t>(job_.plan.group_world_size - 1), deadline);
+    // The gather reports at its deadline when a node did not answer ("0 of 1 other node
+    // answered"): its report comes just after it. Waiting to the same instant lost that
+    // report to the summary under load (CI), which then showed this node's ranks alone.
+    answers_by_ = deadline + kGatherReportGrace;
     return what;
   }
 
@@ -612,6 +616,8 @@ class AttemptSupervisor {
   // How long the node that asked for a dump waits for the others' answers: their own dump's
   // deadline, and a second for the ask and the answers to travel.
   static constexpr auto kGatherDeadline = StackDumps::kOnDemand + std::chrono::seconds(1);
+  // How long past the gather's deadline a failure's or a hang's summary waits for its report.
+  static constexpr auto kGatherReportGrace = std::chrono::milliseconds(300);
 
   // The stack dumps other nodes asked for (this node answers with its own ranks'), and the
   // answers to this node's. A failure elsewhere asks first, then ends the round: this node
