@@ -35,7 +35,8 @@ else
   echo "test.sh: not root: no torch 2.x chroot, the *.torch2 tests will be skipped" >&2
 fi
 cd build
-# One test more than cores: many tests mostly wait on timers (Slurm's scheduler, etcd's
+# Two tests more than cores: many tests mostly wait on timers (Slurm's scheduler, etcd's
 # leases, hang guards), and the tests that need the CPU reserve it (PROCESSORS 2, RUN_SERIAL).
-# --stress runs this same command beside two CPU hogs.
-ctest --output-on-failure --timeout "$timeout" -j "$(( $(nproc) + 1 ))" "$@"
+# At one more than cores the 2-core CI kept its cores 56-62% busy. --stress runs this same
+# command beside two CPU hogs.
+ctest --output-on-failure --timeout "$timeout" -j "$(( $(nproc) + 2 ))" "$@"

@@ -50,7 +50,10 @@ void JobRecord::report(const Ending& e, const std::string& run_id, const ShowTex
     end.others = other_failures(e.workers, *e.root);
   }
   end.where = e.stacks.failure_note();
-  if (e.stacks.hang()) end.hang_report = &e.stacks.hang_report();
+  if (e.stacks.hang()) {
+    end.hang_report = &e.stacks.hang_report();
+    end.hang_reason = &*e.stacks.hang();
+  }
   if (e.remote) {
     end.remote = e.remote->describe();
     end.remote_node_only = e.remote->node_only();

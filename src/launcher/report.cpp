@@ -298,9 +298,8 @@ void conclude(JobOutcome& outcome, const JobEnd& e, const std::string& script, c
     outcome.exit_code = kHangExitCode;
     show(*e.hang_report);
     // (Its "<script> HUNG: <why>" line; the whole report in the callstack's place.)
-    const std::string& r = *e.hang_report;
-    const size_t at = r.find(" HUNG: "), start = r.rfind('\n', at) + 1;
-    write_launcher_error_file("TimeoutError", at == std::string::npos ? r : r.substr(start, r.find('\n', at) - start), r);
+    const std::string why = e.hang_reason ? script + " HUNG: " + *e.hang_reason : *e.hang_report;
+    write_launcher_error_file("TimeoutError", why, *e.hang_report);
   } else if (e.remote) {
     outcome.reason = e.remote_node_only ? "lost_contact" : "another_node";
     outcome.message = *e.remote;

@@ -105,6 +105,7 @@ struct JobEnd {
   std::vector<WorkerResult> others;
   std::string where;  // the stacks' note under the root cause or the remote failure
   const std::string* hang_report = nullptr;
+  const std::string* hang_reason = nullptr;  // its "HUNG: <why>" (with hang_report)
   std::optional<std::string> remote;
   bool remote_node_only = false;
 };
