@@ -34,9 +34,15 @@ void AttemptWorkers::make_records(const JobPlan& plan, int attempt, const std::s
     w.round = plan.round;
     w.host = plan.hostname;
     const std::string wdir = fmt::format("{}/{}", dir, lr);
+    // A folder that cannot be made (a full disk) is said, and the attempt runs without it:
+    // its log files are then left out as they fail (the console has their lines), and the
+    // worker's error file cannot be written (its failure is reported from its exit status).
     std::error_code ec;
     fs::create_directories(wdir, ec);
-    if (ec) throw ddp::Error(fmt::format("cannot create {}: {}", wdir, ec.message()));
+    if (ec)
+      spdlog::warn("cannot create {} ({}): rank {} runs without its error file and log files (what they would "
+                   "have had goes to the console)",
+                   wdir, ec.message(), w.rank);
     w.error_file = wdir + "/error.json";
     ::unlink(w.error_file.c_str());  // a stale file must not be mistaken for this attempt's
     workers_.push_back(std::move(w));
@@ -51,6 +57,8 @@ std::vector<WorkerResult*> AttemptWorkers::start(const JobPlan& plan, int attemp
   live_ = 0;
   stopping_ = false;
   kill_deadline_.reset();
+  last_exit_.reset();
+  next_stray_look_ = Clock::now() + std::chrono::seconds(1);
   make_records(plan, attempt, dir);
   std::vector<SpawnSpec> specs;
   for (size_t i = 0; i < workers_.size(); ++i) {
@@ -68,6 +76,7 @@ std::vector<WorkerResult*> AttemptWorkers::start(const JobPlan& plan, int attemp
       for (const char* pager : {"PAGER", "GIT_PAGER", "MANPAGER", "SYSTEMD_PAGER"}) env[pager] = "cat";
     specs.push_back(SpawnSpec{cmd.path, cmd.argv, to_envp(env), stdin_fd, out_fd, err_fd});
     specs.back().ignore_sighup = workers_ignore_sighup(o_.signals_to_handle);
+    specs.back().announce_fd = guardian_.announce_fd();
     if (!o_.worker_cpus.empty()) specs.back().cpus = o_.worker_cpus.at(static_cast<size_t>(w.local_rank));
   }
   // --preload: forked by the warm process, all at once; what it could not, cold.
@@ -76,14 +85,15 @@ std::vector<WorkerResult*> AttemptWorkers::start(const JobPlan& plan, int attemp
   for (size_t i = 0; i < workers_.size(); ++i) {
     WorkerResult& w = workers_[i];
     w.start = std::chrono::system_clock::now();
-    if (started[i].pid <= 0) started[i] = spawn(specs[i]);
+    const bool cold = started[i].pid <= 0;
+    if (cold) started[i] = spawn(specs[i]);
     close(specs[i].stdout_fd);
     close(specs[i].stderr_fd);
     if (started[i].fork_failed) continue;  // no process: failed below
     w.pid = started[i].pid;
     w.state = WorkerResult::State::kRunning;
     groups_[i] = WorkerGroup(w.pid);
-    guardian_.watch(w.pid);
+    if (!cold) guardian_.watch(w.pid);  // (a cold start told the guardian itself, before its exec)
     ++live_;
   }
   std::vector<WorkerResult*> failed;
@@ -157,6 +167,7 @@ std::vector<WorkerResult*> AttemptWorkers::reap() {
   std::vector<WorkerResult*> failed;
   int st;
   pid_t pid;
+  bool worker_left = false;
   while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
     auto it = std::find_if(workers_.begin(), workers_.end(), [&](auto& w) { return w.pid == pid; });
     if (it == workers_.end()) {  // an orphan ddprun adopted as subreaper, or the warm process
@@ -165,6 +176,7 @@ std::vector<WorkerResult*> AttemptWorkers::reap() {
     }
     WorkerResult& w = *it;
     --live_;
+    worker_left = true;
     if (groups_[it - workers_.begin()].leader_reaped()) guardian_.forget(w.pid);
     if (w.state == WorkerResult::State::kExecFailed) continue;
     w.end = std::chrono::system_clock::now();
@@ -179,18 +191,27 @@ std::vector<WorkerResult*> AttemptWorkers::reap() {
       failed.push_back(&w);
     }
   }
+  // What a worker left in sessions of its own is the guardian's at once, not at the next
+  // look (a worker that lived under a second was never looked at): once the worker is gone,
+  // nothing else would kill those if ddprun were SIGKILLed now.
+  if (worker_left) {
+    last_exit_ = Clock::now();
+    watch_strays();
+    next_stray_look_ = *last_exit_ + std::chrono::milliseconds(50);
+  }
   return failed;
 }
 
+void AttemptWorkers::look_for_strays() {
+  const auto now = Clock::now();
+  if (live_ == 0 || now < next_stray_look_) return;
+  watch_strays();
+  const bool just_exited = last_exit_ && now - *last_exit_ < std::chrono::seconds(2);
+  next_stray_look_ = now + (just_exited ? std::chrono::milliseconds(50) : std::chrono::milliseconds(1000));
+}
+
 void AttemptWorkers::watch_strays() {
-  for (auto it = strays_.begin(); it != strays_.end();) {
-    if (::kill(-*it, 0) != 0 && errno == ESRCH) {
-      guardian_.forget(*it);  // (its number is free: never to be killed now)
-      it = strays_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  forget_empty_strays();
   std::set<pid_t> known{::getpgrp()};
   for (const auto& g : groups_)
     if (g.id() > 0) known.insert(g.id());
@@ -210,11 +231,13 @@ void AttemptWorkers::watch_strays() {
 
 namespace {
 
-// "1234 (sleep 300)": a pid and the start of its command line.
+// "1234 (sleep 300)": a pid and the start of its command line; empty when it has just gone
+// (nothing to name as being stopped).
 std::string leftover_name(pid_t p) {
   std::string cmd = cmdline_of(p);
+  if (cmd.empty()) return "";
   if (cmd.size() > 60) cmd = cmd.substr(0, 57) + "...";
-  return fmt::format("{} ({})", p, cmd.empty() ? "gone" : cmd);
+  return fmt::format("{} ({})", p, cmd);
 }
 
 }  // namespace
@@ -236,9 +259,12 @@ std::optional<AttemptWorkers::Clock::time_point> AttemptWorkers::stop_leftovers(
     // (Slurm's probe would report a SIGTERM as Slurm's: it gets its SIGKILL with the rest.)
     if (p == guardian_.pid() || p == helper || process_gone(p)) continue;
     if (const pid_t g = ::getpgid(p); g > 0 && !known.count(g)) {
-      auto& [name, count] = own_groups[g];
-      if (name.empty() || p == g) name = leftover_name(p);
-      ++count;
+      if (strays_.insert(g).second) guardian_.watch(g);  // (if ddprun dies within the grace)
+      if (std::string name = leftover_name(p); !name.empty()) {
+        auto& [named, count] = own_groups[g];
+        if (named.empty() || p == g) named = std::move(name);
+        ++count;
+      }
     }
     kill(p, SIGTERM);
     leftovers_.push_back(p);
@@ -271,12 +297,24 @@ void AttemptWorkers::kill_leftovers() {
   for (pid_t p : descendants(warm_ ? warm_->pid() : -1))
     if (p != guardian_.pid()) kill(p, SIGKILL);
   leftovers_.clear();
-  for (auto& g : groups_) {  // each is gone, or has its SIGKILL (the empty ones were forgotten when reaped)
-    if (!g.empty()) guardian_.forget(g.id());
+  // Forgotten once empty, not before: a process a listing missed (reparented to ddprun as
+  // it was read) stays the guardian's. Those not yet empty are looked at as strays are.
+  for (auto& g : groups_) {
+    if (!g.empty()) strays_.insert(g.id());
     g = WorkerGroup();
   }
-  for (pid_t g : strays_) guardian_.forget(g);  // (their members were descendants: killed above)
-  strays_.clear();
+  forget_empty_strays();
+}
+
+void AttemptWorkers::forget_empty_strays() {
+  for (auto it = strays_.begin(); it != strays_.end();) {
+    if (::kill(-*it, 0) != 0 && errno == ESRCH) {
+      guardian_.forget(*it);  // (its number is free: never to be killed now)
+      it = strays_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 }  // namespace ddprun

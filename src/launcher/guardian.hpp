@@ -17,6 +17,9 @@ class Guardian {
 
   void start();            // starts it (call before any thread starts)
   void watch(pid_t pgid);  // a worker group to kill if ddprun dies
+  // Where a child about to exec says watch(its pid) itself (SpawnSpec::announce_fd): the
+  // messages are watch()'s; -1 once disarmed.
+  int announce_fd() const { return fd_; }
   // A group that is gone: its number is free, and the kernel may give it to an unrelated
   // group (after a wrap of the pid space: minutes on a busy host), which the guardian must
   // then never kill. Told as soon as ddprun knows (launcher/attempt.cpp).

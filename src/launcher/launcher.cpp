@@ -85,6 +85,7 @@ std::unique_ptr<Rendezvous> open_rendezvous(const Options& o, const std::string&
 }  // namespace
 
 int run_main(const std::vector<std::string>& args) {
+  open_closed_standard_fds();
   Options o;
   // A job is being launched (not a command line refused as parsed, as torchrun's argparse
   // exits with no record, nor --dump-stacks, run where TORCHELASTIC_ERROR_FILE is a

@@ -89,6 +89,7 @@ SpawnResult spawn(const SpawnSpec& spec) {
   const int in_fd = spec.stdin_fd, out_fd = spec.stdout_fd, err_fd = spec.stderr_fd, keep_fd = spec.inherit_fd;
   const pid_t parent = getpid();
   const bool hup_ignored = spec.ignore_sighup;
+  const int announce_fd = spec.announce_fd;
   sigset_t none;
   sigemptyset(&none);
   const CpuMask cpus(spec.cpus);
@@ -103,6 +104,11 @@ SpawnResult spawn(const SpawnSpec& spec) {
     setsid();  // a session and group of its own, no controlling terminal (as torchrun 2.x's)
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(128 + SIGKILL);  // ddprun died before the signal was armed
+    if (announce_fd >= 0) {
+      const int32_t me = static_cast<int32_t>(getpid());
+      while (write(announce_fd, &me, sizeof me) < 0 && errno == EINTR) {
+      }
+    }
     // Dispositions ddprun changed must not leak into the worker (ignored ones survive exec);
     // nohup's ignored SIGHUP is the worker's too.
     struct sigaction dfl {}, ign {};
@@ -204,6 +210,18 @@ std::string describe_exec_failure(const std::string& path, int err) {
 }
 
 void become_subreaper() { prctl(PR_SET_CHILD_SUBREAPER, 1); }
+
+void open_closed_standard_fds() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    // The lowest free number: fd itself, as the ones below it are open by now.
+    const int n = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+    if (n >= 0 && n != fd) {
+      ::dup2(n, fd);
+      ::close(n);
+    }
+  }
+}
 
 bool kernel_at_least(int major, int minor) {
   utsname u{};

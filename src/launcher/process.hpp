@@ -29,6 +29,11 @@ struct SpawnSpec {
   int inherit_fd = -1;            // a close-on-exec descriptor the child keeps (same number)
   std::set<int> cpus{};           // the CPUs it may run on (--numa-binding); empty: ddprun's
   bool ignore_sighup = false;     // starts with SIGHUP ignored (nohup's; else every signal at its default)
+  // Before its exec, the child writes its pid (the group it leads) there as an int32: the
+  // guardian's (Guardian::announce_fd), which then knows the group before anything in it can
+  // fork. Told after spawn() returned, a ddprun SIGKILLed in between left what the worker
+  // had started by then to run on.
+  int announce_fd = -1;
 };
 
 // Whether the workers start with SIGHUP ignored: under nohup, unless ddprun handles SIGHUP
@@ -57,6 +62,11 @@ std::string describe_exec_failure(const std::string& path, int err);
 
 // Makes ddprun the reaper of every orphan its workers leave behind.
 void become_subreaper();
+
+// Opens /dev/null on each of stdin, stdout and stderr that ddprun was started with closed
+// (`ddprun ... <&- >&-`), first thing: the next descriptor ddprun opened (its signalfd, the
+// guardian's pipe) would otherwise take that number, and the workers' output would go into it.
+void open_closed_standard_fds();
 
 // Whether the running kernel is at least major.minor (false when it cannot tell).
 bool kernel_at_least(int major, int minor);

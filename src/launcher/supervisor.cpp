@@ -189,16 +189,17 @@ class NodeOutput {
     int file_fd = -1;
     if (redirect || tee) {
       cfg.file_name = dir + (is_stderr ? "/stderr.log" : "/stdout.log");
-      file_fd = cfg.file_fd = open_log(cfg.file_name);
+      file_fd = cfg.file_fd = open_log(cfg.file_name, redirect && !tee && shown(lr) ? "the console instead" : "");
+      if (file_fd < 0) cfg.file_name.clear();
     }
-    if (!(redirect && !tee) && shown(lr)) cfg.console = is_stderr ? err_ : &out_console_;
+    if ((!(redirect && !tee) || file_fd < 0) && shown(lr)) cfg.console = is_stderr ? err_ : &out_console_;
     cfg.prefix = expand_prefix(o_.log_line_prefix_template.value_or("[rank${rank}]:"), w.rank, lr, o_.role,
                                plan_.hostname);
     cfg.timestamps = o_.log_timestamps;
     cfg.tail_lines = is_stderr ? kTailLines : 0;
     if (tee && shown(lr) && !o_.duplicate_filters[is_stderr].empty()) {  // torchrun's rule: tee'd lines only
-      cfg.filters = &o_.duplicate_filters[is_stderr];
       cfg.filtered_fd = filtered_file(dir, is_stderr);
+      if (cfg.filtered_fd >= 0) cfg.filters = &o_.duplicate_filters[is_stderr];
     }
     const auto tty = terminal_of(cfg);
     return streams_->open(idx, what, std::move(cfg), file_fd, tty ? &*tty : nullptr);
@@ -219,9 +220,13 @@ class NodeOutput {
     if (attempt != filtered_attempt_) {
       close_filtered();
       filtered_attempt_ = attempt;
+      filtered_failed_[0] = filtered_failed_[1] = false;
     }
     int& fd = filtered_[is_stderr];
-    if (fd < 0) fd = open_log(attempt + (is_stderr ? "/filtered_stderr.log" : "/filtered_stdout.log"));
+    if (fd < 0 && !filtered_failed_[is_stderr]) {
+      fd = open_log(attempt + (is_stderr ? "/filtered_stderr.log" : "/filtered_stdout.log"), "");
+      filtered_failed_[is_stderr] = fd < 0;  // (said once this attempt, not once a worker)
+    }
     return fd;
   }
   void close_filtered() {
@@ -235,9 +240,15 @@ class NodeOutput {
     return !o_.local_ranks_filter || o_.local_ranks_filter->count(local_rank) > 0;
   }
 
-  static int open_log(const std::string& path) {
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) throw ddp::SystemError(fmt::format("open log file {}", path), errno);
+  // O_APPEND: a log rotated by copying and truncating it in place (logrotate's copytruncate)
+  // goes on from its new end, not from the old offset behind a run of NUL bytes. A log that
+  // cannot be made (a full disk) is said and left out, -1: the job runs on without it, and
+  // its lines go to `instead` when that is named (else they are on the console already).
+  static int open_log(const std::string& path, const char* instead) {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0 && errno != ENOENT)  // (no folder: said as it failed, AttemptWorkers::make_records)
+      spdlog::warn("cannot create {} ({}): the job runs on without it{}{}", path, ddp::errno_text(errno),
+                   *instead ? ", its lines go to " : "", instead);
     return fd;
   }
 
@@ -250,6 +261,7 @@ class NodeOutput {
   std::unique_ptr<WorkerStreams> streams_;  // this attempt's output pipes
   std::string filtered_attempt_;            // the attempt folder filtered_ belong to
   int filtered_[2] = {-1, -1};              // its filtered_stdout.log, filtered_stderr.log
+  bool filtered_failed_[2] = {false, false};  // could not be made this attempt
 };
 
 // The answers to this node's dumps, each shown as the whole job's view; the dumps answered.
@@ -312,7 +324,6 @@ class AttemptSupervisor {
     root_.reset();
     remote_end_.reset();
     hang_elsewhere_.reset();
-    next_stray_look_ = Clock::now() + std::chrono::seconds(1);
     stacks_.attempt_started();
     timers_.on_readable();  // what the last attempt's workers wrote as they ended: dropped
     timers_.clear();
@@ -479,18 +490,14 @@ class AttemptSupervisor {
 
   // The next deadline: the SIGKILL escalation, the drain, the hang check, an unfinished
   // line's idle flush (those due are flushed now).
-  // Once a second while workers run: descendants that left their worker's process group
-  // are handed to the guardian (AttemptWorkers::watch_strays).
-  void look_for_strays() {
-    if (workers_.live() == 0 || Clock::now() < next_stray_look_) return;
-    next_stray_look_ = Clock::now() + std::chrono::seconds(1);
-    workers_.watch_strays();
-  }
+  // Descendants that left their worker's process group are handed to the guardian
+  // (AttemptWorkers::look_for_strays).
+  void look_for_strays() { workers_.look_for_strays(); }
 
   Clock::time_point next_due() {
     const auto now = Clock::now();
     auto next = now + std::chrono::seconds(3600);
-    if (workers_.live() > 0) next = std::min(next, next_stray_look_);
+    if (workers_.live() > 0) next = std::min(next, workers_.next_stray_look());
     for (auto& d : {workers_.kill_deadline(), stacks_.next_hang_check(), timers_.next_expiry()})
       if (d) next = std::min(next, *d);
     // Once passed, streams still paused wait for their console's wake-up, not in a busy loop.
@@ -754,7 +761,6 @@ class AttemptSupervisor {
   std::optional<WorkerResult> root_;
   std::optional<RoundEnd> remote_end_;  // the round ended elsewhere (or the rendezvous ended it)
   std::optional<Clock::time_point> hang_elsewhere_;  // when another node's hang asked this attempt's stacks
-  Clock::time_point next_stray_look_ = Clock::now() + std::chrono::seconds(1);  // look_for_strays
   bool looked_ahead_ = false;           // this round's prejoin() was asked for
   int dumps_asked_ = 0;  // dumps asked on this node (they name the dump on every node)
   std::optional<Clock::time_point> answers_by_;  // until when the summary waits for the others' answers

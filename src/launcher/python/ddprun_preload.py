@@ -612,6 +612,9 @@ def _serve(ddprun_pid, sock, spares_wanted, refill):
         _send(sock, {"pids": [-1 if p is None else p for p in pids]})
         for go_w, count in go_ahead:
             _hand_over(go_w, count)
+        # The earlier requests' children between, after the reply: a crash loop (a request
+        # within each 0.3 s) never leaves this process idle, and each left a zombie.
+        _reap(betweens)
 
 
 def _adopted(ddprun_pid, gone):

@@ -207,6 +207,27 @@ class LogFilesTest(DdprunTestCase):
         d = self.attempt_dir(log_dir, "none")
         self.assertEqual(read_text(os.path.join(d, "1", "stdout.log")).splitlines(), lines_of("q", [1]))
 
+    def test_a_log_truncated_in_place_goes_on_from_its_new_end(self):
+        # logrotate's copytruncate: the log is copied, then truncated to 0 while the job writes
+        # on. Opened without O_APPEND, the next write went to the old offset, behind NULs.
+        script = self.path("rotated.py")
+        with open(script, "w") as f:
+            f.write("import os, sys, time\n"
+                    "print('before ' + 'x' * 4000, flush=True)\n"
+                    "while not os.path.exists(sys.argv[1]):\n"
+                    "    time.sleep(0.02)\n"
+                    "print('after', flush=True)\n")
+        for flags in (["--redirects", "1"], ["--tee", "1"]):
+            with self.subTest(flags=flags):
+                log_dir, go = self.path(f"logs{flags[0]}"), self.path(f"go{flags[0]}")
+                p = self.start(["--nproc-per-node", "1", "--log-dir", log_dir, *flags, script, go])
+                log = lambda: glob.glob(os.path.join(log_dir, "*", "attempt_0", "0", "stdout.log"))
+                self.wait_for(lambda: log() and "before" in read_text(log()[0]), what="the first line in the log")
+                os.truncate(log()[0], 0)
+                open(go, "w").close()
+                self.assertEqual(p.wait(timeout=scaled(60)), 0, read_text(self.path("ddprun.stderr")))
+                self.assertEqual(read_text(log()[0]), "after\n")
+
     def test_attempt_dirs_per_restart(self):
         log_dir = self.path("logs")
         res = self.run_ddprun(["--nproc-per-node", "1", "--log-dir", log_dir, "--tee", "2", "--max-restarts", "1",

@@ -7,8 +7,12 @@ says so once per place, naming it and the system's reason.
 - --log-dir on a full disk (a 32 kB tmpfs in a mount namespace of the test's own): one line
   per log file, naming it; what was written before is intact;
 - ddprun's stderr a file on a full disk: nothing can be said, and a failing job still ends at
-  once with the worker's exit status (a failed log line once waited forever for the logger).
+  once with the worker's exit status (a failed log line once waited forever for the logger);
+- ddprun started with stdin and stdout (or all three) closed: the job runs, its output is
+  dropped (the descriptor ddprun opened next once took the number: the guardian's pipe, and
+  the workers' output into it SIGKILLed them; or its signalfd, "Invalid argument").
 """
+import json
 import os
 import re
 import shutil
@@ -59,6 +63,21 @@ class OutputLost(DdprunTestCase):
             rc = self.start(["--nproc-per-node", "2", self.worker()], **{stream: full}).wait(timeout=scaled(60))
         return rc, read_text(self.path("ddprun.stderr" if stream == "stdout" else "ddprun.stdout"))
 
+    def test_started_with_standard_streams_closed(self):
+        for closes in ("<&- >&-", ">&-", "<&- >&- 2>&-"):
+            with self.subTest(closes=closes):
+                for f in os.listdir(self.tmp):
+                    if f.startswith("done."):
+                        os.remove(os.path.join(self.tmp, f))
+                summary = self.path("summary.json")
+                p = self.start(["--nproc-per-node", "2", "--summary-json", summary, self.worker(lines=5)],
+                               cmd_prefix=("sh", "-c", f'exec "$0" "$@" {closes}'))
+                rc = p.wait(timeout=scaled(60))
+                err = read_text(self.path("ddprun.stderr"))
+                self.assert_finished(rc, err)
+                self.assertNotIn("cannot write", err)
+                self.assertEqual(json.loads(read_text(summary))["status"], "succeeded")
+
     def test_stdout_on_a_full_device(self):
         rc, err = self.run_on_full_device("stdout")
         self.assert_finished(rc, err)
@@ -69,7 +88,7 @@ class OutputLost(DdprunTestCase):
         self.assert_finished(rc, out)
         self.assertEqual(len(out.splitlines()), 100, out[-2000:])  # stdout unharmed
 
-    def on_small_disk(self, before, args, after=""):
+    def on_small_disk(self, before, args, after="", mount="size=32k"):
         """ddprun `args` in a mount namespace of its own, with a 32 kB tmpfs at $D (the
         returned folder): the shell lines `before` run first (on it), `after` once ddprun
         has exited (its status is kept)."""
@@ -77,7 +96,7 @@ class OutputLost(DdprunTestCase):
             self.skipTest("needs root for a tmpfs in a mount namespace of its own")
         disk = self.path("disk")
         os.mkdir(disk)
-        script = f'mount -t tmpfs -o size=32k tmpfs "$D" || exit 99; {before}\n"$@"; rc=$?; {after}\nexit $rc'
+        script = f'mount -t tmpfs -o {mount} tmpfs "$D" || exit 99; {before}\n"$@"; rc=$?; {after}\nexit $rc'
         p = subprocess.Popen(["unshare", "-m", "sh", "-c", script, "sh", DDPRUN, *args],
                              env=dict(clean_env(), TMPDIR=self.tmp, D=disk), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, cwd=self.tmp, start_new_session=True)
@@ -106,6 +125,35 @@ class OutputLost(DdprunTestCase):
         for i, line in enumerate(lines):
             whole = f"line {i} {'x' * 60}"
             self.assertTrue(line == whole or (i == len(lines) - 1 and whole.startswith(line)), (i, line))
+
+    def test_a_restart_on_a_full_disk_runs_without_its_folder(self):
+        """The first attempt's worker uses up the disk's inodes and fails: the next attempts'
+        folders cannot be made (ENOSPC). They run all the same, their output on the console,
+        and the job ends as its failure made it end (it was ended by 'cannot create', exit 1)."""
+        fail = self.path("fill.py")
+        with open(fail, "w") as f:
+            f.write("import os, sys\n"
+                    "n = os.environ['TORCHELASTIC_RESTART_COUNT']\n"
+                    "print('hello', n, flush=True)\n"
+                    "try:\n"
+                    "    for i in range(100000):\n"
+                    "        open(os.path.join(os.environ['D'], f'fill{n}.{i}'), 'w').close()\n"
+                    "except OSError:\n"
+                    "    pass\n"
+                    "sys.exit(5)\n")
+        summary = self.path("summary.json")
+        p, disk = self.on_small_disk("", ["--log-dir", f"{self.tmp}/disk/logs", "--redirects", "1", "--max-restarts",
+                                          "2", "--summary-json", summary, "--nproc-per-node", "1", fail],
+                                     mount="size=32k,nr_inodes=64")
+        self.assertEqual(p.returncode, 5, p.stderr)
+        for attempt in (1, 2):
+            self.assertRegex(p.stderr, rf"cannot create {re.escape(disk)}/logs/[^/]+/attempt_{attempt}/0 \(No space "
+                                       rf"left on device\): rank 0 runs without its error file and log files")
+            self.assertIn(f"[rank0]:hello {attempt}\n", p.stdout)  # redirected, but no file: the console
+        self.assertNotIn("hello 0", p.stdout)  # attempt 0 had its file
+        self.assertIn("restarting all workers: attempt 2 of 2", p.stderr)
+        self.assertIn("exitcode  : 5", p.stderr)
+        self.assertEqual(json.loads(read_text(summary))["exit_code"], 5)
 
     def test_ddpruns_stderr_a_file_on_a_full_disk(self):
         """ddprun's own log lines fail to be written as they are logged (a regular file: no

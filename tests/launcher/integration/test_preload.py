@@ -304,6 +304,34 @@ class PreloadTest(DdprunTestCase):
         self.assertEqual(len(self.probe_imports()), 1)  # ... one import
         self.assertNotIn("warm Python process", res.stderr)
 
+    def test_a_crash_loop_leaves_no_zombies_under_the_warm_process(self):
+        # Workers that fail at once never leave the warm process idle: it reaped its children
+        # between only when idle for 0.3 s, and kept one zombie per restart until the loop ended.
+        script = self.write("fail.py", "import sys\nsys.exit(3)\n")
+        p = self.start(["--standalone", "--nproc-per-node", "2", "--preload", "probe_mod", "--max-restarts", "40",
+                        "--log-level", "info", script], env=self.env())
+        m = self.wait_for(lambda: re.search(r"warm process pid (\d+)", read_text(self.path("ddprun.stderr"))),
+                          what="the warm process's pid")
+        warm, most = int(m.group(1)), 0
+        while p.poll() is None:
+            try:
+                kids = [c for t in os.listdir(f"/proc/{warm}/task")
+                        for c in read_text(f"/proc/{warm}/task/{t}/children").split()]
+            except OSError:
+                kids = []
+            zombies = 0
+            for c in kids:
+                try:
+                    zombies += read_text(f"/proc/{c}/stat").rsplit(")", 1)[1].split()[0] == "Z"
+                except OSError:
+                    pass
+            most = max(most, zombies)
+            time.sleep(0.02)
+        err = read_text(self.path("ddprun.stderr"))
+        self.assertEqual(p.wait(), 3, err)
+        self.assertEqual(err.count("restarting all workers"), 40, err)
+        self.assertLessEqual(most, 8, "zombies under the warm process at once (one a restart before)")
+
     def spares(self, warm):
         """The spare workers waiting under the warm process (children of its child between,
         a `cat` by then)."""

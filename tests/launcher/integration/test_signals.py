@@ -331,6 +331,19 @@ class NoOrphansTest(DdprunTestCase):
                     self.assertGreater(took, 3.0, res)
                     self.assertLess(took, scaled(6), res)
 
+    def test_kill_9_during_the_leftovers_grace_leaves_none(self):
+        """The worker exited at once, leaving an upload in a session of its own that ignores
+        SIGTERM; ddprun is SIGKILLed during that leftover's 3 s grace. Before, only ddprun's
+        sweep knew the upload (the worker lived under the second between looks for such
+        groups): it ran on, reparented to init."""
+        p = self.start(["--nproc-per-node", "1", worker("leaves_uploader.py"), self.tmp, "deaf"])
+        upload = self.read_pid(self.path("up_0"))
+        self.wait_for(lambda: "is stopped (SIGTERM, SIGKILL 3 s later)" in read_text(self.path("ddprun.stderr")),
+                      what="the leftover's grace")
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=scaled(30))
+        self.assert_all_gone("kill -9 of ddprun in the leftovers' grace", [], [upload])
+
     def test_what_the_workers_left_gets_its_grace_when_ddprun_is_stopped(self):
         """SIGTERM to ddprun (a pre-emption, scancel): the workers stop, and what they left
         still gets its SIGTERM grace (before the review's mend, the stop signal already taken
