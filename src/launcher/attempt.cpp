@@ -26,6 +26,8 @@ namespace fs = std::filesystem;
 
 void AttemptWorkers::make_records(const JobPlan& plan, int attempt, const std::string& dir) {
   workers_.clear();
+  std::vector<int> folderless;
+  std::string why;
   for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
     WorkerResult w;
     w.attempt = attempt;
@@ -35,18 +37,25 @@ void AttemptWorkers::make_records(const JobPlan& plan, int attempt, const std::s
     w.host = plan.hostname;
     const std::string wdir = fmt::format("{}/{}", dir, lr);
     // A folder that cannot be made (a full disk) is said, and the attempt runs without it:
-    // its log files are then left out as they fail (the console has their lines), and the
-    // worker's error file cannot be written (its failure is reported from its exit status).
+    // no error file, heartbeat or progress file is named to the worker, its log files are
+    // left out (redirected lines go to the console), and its failure is reported from its
+    // exit status.
     std::error_code ec;
     fs::create_directories(wdir, ec);
-    if (ec)
-      spdlog::warn("cannot create {} ({}): rank {} runs without its error file and log files (what they would "
-                   "have had goes to the console)",
-                   wdir, ec.message(), w.rank);
+    if (ec) {
+      w.no_folder = true;
+      folderless.push_back(w.rank);
+      if (why.empty()) why = fmt::format("{} ({})", wdir, ec.message());
+    }
     w.error_file = wdir + "/error.json";
     ::unlink(w.error_file.c_str());  // a stale file must not be mistaken for this attempt's
     workers_.push_back(std::move(w));
   }
+  if (!folderless.empty())
+    spdlog::warn("cannot create {}: rank{} {} run{} without error file{} and log files this attempt (what "
+                 "--redirects sends to them goes to the console)",
+                 why, folderless.size() > 1 ? "s" : "", fmt::join(folderless, ", "),
+                 folderless.size() > 1 ? "" : "s", folderless.size() > 1 ? "s" : "");
   groups_.clear();
   groups_.resize(workers_.size());
 }
@@ -57,7 +66,6 @@ std::vector<WorkerResult*> AttemptWorkers::start(const JobPlan& plan, int attemp
   live_ = 0;
   stopping_ = false;
   kill_deadline_.reset();
-  last_exit_.reset();
   next_stray_look_ = Clock::now() + std::chrono::seconds(1);
   make_records(plan, attempt, dir);
   std::vector<SpawnSpec> specs;
@@ -68,6 +76,8 @@ std::vector<WorkerResult*> AttemptWorkers::start(const JobPlan& plan, int attemp
     w.interpreter = cmd.interpreter;
     Env env = worker_environment(o_, plan, w.local_rank, w.error_file, base_env);
     if (env_hook) env_hook(env, w);
+    if (w.no_folder)  // (files in a folder that is not there: torch's @record would fail writing its own)
+      for (const char* k : {"TORCHELASTIC_ERROR_FILE", "DDPRUN_HEARTBEAT_FILE", "DDPRUN_PROGRESS_FILE"}) env.erase(k);
     const auto [out_fd, err_fd] = open_stream(static_cast<int>(i), wdir);
     // A worker writing into a terminal of ddprun's (streams.hpp) has no keyboard on it: a
     // pager (`git log`, pydoc's help(), psql) would wait there for keys that never come, the
@@ -92,6 +102,9 @@ std::vector<WorkerResult*> AttemptWorkers::start(const JobPlan& plan, int attemp
     if (started[i].fork_failed) continue;  // no process: failed below
     w.pid = started[i].pid;
     w.state = WorkerResult::State::kRunning;
+    // A stray group whose number this worker now has emptied unseen (a wrap of the pid
+    // space): the guardian forgets that copy and keeps this worker's.
+    if (strays_.erase(w.pid)) guardian_.forget(w.pid);
     groups_[i] = WorkerGroup(w.pid);
     if (!cold) guardian_.watch(w.pid);  // (a cold start told the guardian itself, before its exec)
     ++live_;
@@ -167,8 +180,9 @@ std::vector<WorkerResult*> AttemptWorkers::reap() {
   std::vector<WorkerResult*> failed;
   int st;
   pid_t pid;
-  bool worker_left = false;
+  bool reaped = false;
   while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+    reaped = true;
     auto it = std::find_if(workers_.begin(), workers_.end(), [&](auto& w) { return w.pid == pid; });
     if (it == workers_.end()) {  // an orphan ddprun adopted as subreaper, or the warm process
       if (warm_) warm_->exited(pid, st);
@@ -176,7 +190,7 @@ std::vector<WorkerResult*> AttemptWorkers::reap() {
     }
     WorkerResult& w = *it;
     --live_;
-    worker_left = true;
+    next_stray_look_ = Clock::now();  // what it left, at the loop's next look (after the failure's handling)
     if (groups_[it - workers_.begin()].leader_reaped()) guardian_.forget(w.pid);
     if (w.state == WorkerResult::State::kExecFailed) continue;
     w.end = std::chrono::system_clock::now();
@@ -191,23 +205,17 @@ std::vector<WorkerResult*> AttemptWorkers::reap() {
       failed.push_back(&w);
     }
   }
-  // What a worker left in sessions of its own is the guardian's at once, not at the next
-  // look (a worker that lived under a second was never looked at): once the worker is gone,
-  // nothing else would kill those if ddprun were SIGKILLed now.
-  if (worker_left) {
-    last_exit_ = Clock::now();
-    watch_strays();
-    next_stray_look_ = *last_exit_ + std::chrono::milliseconds(50);
-  }
+  if (reaped && !strays_.empty()) forget_empty_strays();  // (their numbers are free once empty)
   return failed;
 }
 
 void AttemptWorkers::look_for_strays() {
   const auto now = Clock::now();
-  if (live_ == 0 || now < next_stray_look_) return;
+  if ((live_ == 0 && leftovers_.empty()) || now < next_stray_look_) return;
   watch_strays();
-  const bool just_exited = last_exit_ && now - *last_exit_ < std::chrono::seconds(2);
-  next_stray_look_ = now + (just_exited ? std::chrono::milliseconds(50) : std::chrono::milliseconds(1000));
+  // (During the leftovers' grace, as often as ddprun looks whether they are gone: a SIGTERM
+  // handler may start a clean-up of its own in a new session.)
+  next_stray_look_ = now + (live_ == 0 ? std::chrono::milliseconds(50) : std::chrono::milliseconds(1000));
 }
 
 void AttemptWorkers::watch_strays() {
@@ -300,7 +308,7 @@ void AttemptWorkers::kill_leftovers() {
   // Forgotten once empty, not before: a process a listing missed (reparented to ddprun as
   // it was read) stays the guardian's. Those not yet empty are looked at as strays are.
   for (auto& g : groups_) {
-    if (!g.empty()) strays_.insert(g.id());
+    if (!g.empty() && g.id() > 0) strays_.insert(g.id());
     g = WorkerGroup();
   }
   forget_empty_strays();

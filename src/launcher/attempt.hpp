@@ -71,10 +71,9 @@ class AttemptWorkers {
   void kill_leftovers();
   // Hands the guardian the process groups of descendants that left their worker's group (a
   // new session: setsid, Popen(start_new_session=True)), which a SIGKILLed ddprun's guardian
-  // would otherwise miss, and forgets those that emptied: when due (next_stray_look()),
-  // while workers run. Once a second; every 50 ms for 2 s after a worker exited (what it
-  // left may still be leaving its group: a setsid starting; only the guardian would kill it
-  // if ddprun were SIGKILLed before the leftovers' sweep), and at once as one exits.
+  // would otherwise miss, and forgets those that emptied: when due (next_stray_look()).
+  // Once a second while workers run, at once when one has exited (what it left would
+  // otherwise be known to the leftovers' sweep alone), every 50 ms in the leftovers' grace.
   void look_for_strays();
   Clock::time_point next_stray_look() const { return next_stray_look_; }
 
@@ -104,7 +103,6 @@ class AttemptWorkers {
   std::vector<WorkerGroup> groups_;  // workers_[i]'s process group
   std::set<pid_t> strays_;           // other groups of descendants, watched by the guardian
   Clock::time_point next_stray_look_ = Clock::now() + std::chrono::seconds(1);
-  std::optional<Clock::time_point> last_exit_;  // this attempt's last worker exit
   std::vector<pid_t> leftovers_;     // the descendants stop_leftovers() signalled
   pid_t leftover_helper_ = -1;       // stop_leftovers()'s helper: not waited for
   int live_ = 0;

@@ -82,7 +82,8 @@ bool workers_ignore_sighup(const std::vector<int>& signals_to_handle) {
 
 SpawnResult spawn(const SpawnSpec& spec) {
   // Everything the child needs is prepared here: after vfork only async-signal-safe calls,
-  // and no writes to memory but exec_err (the child borrows ddprun's memory until exec).
+  // and no writes to memory but exec_err, bind_failed and announce_pid (the child borrows
+  // ddprun's memory until exec).
   std::vector<char*> argv = c_strings(spec.argv);
   std::vector<char*> envp = c_strings(spec.env);
   const char* path = spec.path.c_str();
@@ -90,6 +91,7 @@ SpawnResult spawn(const SpawnSpec& spec) {
   const pid_t parent = getpid();
   const bool hup_ignored = spec.ignore_sighup;
   const int announce_fd = spec.announce_fd;
+  volatile int32_t announce_pid = 0;  // the child's pid, written by the child (announce_fd)
   sigset_t none;
   sigemptyset(&none);
   const CpuMask cpus(spec.cpus);
@@ -105,8 +107,9 @@ SpawnResult spawn(const SpawnSpec& spec) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(128 + SIGKILL);  // ddprun died before the signal was armed
     if (announce_fd >= 0) {
-      const int32_t me = static_cast<int32_t>(getpid());
-      while (write(announce_fd, &me, sizeof me) < 0 && errno == EINTR) {
+      announce_pid = static_cast<int32_t>(getpid());
+      const int32_t* me = const_cast<const int32_t*>(&announce_pid);
+      while (write(announce_fd, me, sizeof *me) < 0 && errno == EINTR) {
       }
     }
     // Dispositions ddprun changed must not leak into the worker (ignored ones survive exec);
@@ -215,7 +218,8 @@ void open_closed_standard_fds() {
   for (int fd = 0; fd <= 2; ++fd) {
     if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
     // The lowest free number: fd itself, as the ones below it are open by now.
-    const int n = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+    int n = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+    if (n < 0) n = ::open("/", O_PATH);  // (no /dev/null: the number is taken all the same)
     if (n >= 0 && n != fd) {
       ::dup2(n, fd);
       ::close(n);

@@ -20,6 +20,7 @@ struct WorkerResult {
   pid_t pid = -1;
   std::string host;
   std::string error_file;
+  bool no_folder = false;  // its folder could not be made (a full disk): no file of its is promised it
   enum class State { kRunning, kSucceeded, kFailed, kExecFailed, kStopped } state = State::kRunning;
   int exit_code = 0;  // as waitpid said, 128+N never used here
   int signal = 0;     // killed by this signal
@@ -105,7 +106,7 @@ struct JobEnd {
   std::vector<WorkerResult> others;
   std::string where;  // the stacks' note under the root cause or the remote failure
   const std::string* hang_report = nullptr;
-  const std::string* hang_reason = nullptr;  // its "HUNG: <why>" (with hang_report)
+  const std::string* hang_reason = nullptr;  // the <why> of its "<script> HUNG: <why>" line
   std::optional<std::string> remote;
   bool remote_node_only = false;
 };

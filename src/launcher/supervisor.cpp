@@ -488,16 +488,16 @@ class AttemptSupervisor {
     return true;
   }
 
-  // The next deadline: the SIGKILL escalation, the drain, the hang check, an unfinished
-  // line's idle flush (those due are flushed now).
   // Descendants that left their worker's process group are handed to the guardian
   // (AttemptWorkers::look_for_strays).
   void look_for_strays() { workers_.look_for_strays(); }
 
+  // The next deadline: the SIGKILL escalation, the drain, the hang check, an unfinished
+  // line's idle flush (those due are flushed now), the next look for strays.
   Clock::time_point next_due() {
     const auto now = Clock::now();
     auto next = now + std::chrono::seconds(3600);
-    if (workers_.live() > 0) next = std::min(next, workers_.next_stray_look());
+    if (workers_.live() > 0 || leftovers_until_) next = std::min(next, workers_.next_stray_look());
     for (auto& d : {workers_.kill_deadline(), stacks_.next_hang_check(), timers_.next_expiry()})
       if (d) next = std::min(next, *d);
     // Once passed, streams still paused wait for their console's wake-up, not in a busy loop.

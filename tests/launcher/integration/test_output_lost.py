@@ -134,7 +134,7 @@ class OutputLost(DdprunTestCase):
         with open(fail, "w") as f:
             f.write("import os, sys\n"
                     "n = os.environ['TORCHELASTIC_RESTART_COUNT']\n"
-                    "print('hello', n, flush=True)\n"
+                    "print('hello', n, 'TORCHELASTIC_ERROR_FILE' in os.environ, flush=True)\n"
                     "try:\n"
                     "    for i in range(100000):\n"
                     "        open(os.path.join(os.environ['D'], f'fill{n}.{i}'), 'w').close()\n"
@@ -148,8 +148,9 @@ class OutputLost(DdprunTestCase):
         self.assertEqual(p.returncode, 5, p.stderr)
         for attempt in (1, 2):
             self.assertRegex(p.stderr, rf"cannot create {re.escape(disk)}/logs/[^/]+/attempt_{attempt}/0 \(No space "
-                                       rf"left on device\): rank 0 runs without its error file and log files")
-            self.assertIn(f"[rank0]:hello {attempt}\n", p.stdout)  # redirected, but no file: the console
+                                       rf"left on device\): rank 0 runs without error file and log files this attempt")
+            # Redirected, but no file: the console; no error file named in a folder not there.
+            self.assertIn(f"[rank0]:hello {attempt} False\n", p.stdout)
         self.assertNotIn("hello 0", p.stdout)  # attempt 0 had its file
         self.assertIn("restarting all workers: attempt 2 of 2", p.stderr)
         self.assertIn("exitcode  : 5", p.stderr)

@@ -313,7 +313,8 @@ class PreloadTest(DdprunTestCase):
         m = self.wait_for(lambda: re.search(r"warm process pid (\d+)", read_text(self.path("ddprun.stderr"))),
                           what="the warm process's pid")
         warm, most = int(m.group(1)), 0
-        while p.poll() is None:
+        deadline = time.monotonic() + scaled(120)
+        while p.poll() is None and time.monotonic() < deadline:
             try:
                 kids = [c for t in os.listdir(f"/proc/{warm}/task")
                         for c in read_text(f"/proc/{warm}/task/{t}/children").split()]
@@ -327,8 +328,8 @@ class PreloadTest(DdprunTestCase):
                     pass
             most = max(most, zombies)
             time.sleep(0.02)
+        self.assertEqual(p.wait(timeout=scaled(30)), 3, read_text(self.path("ddprun.stderr")))
         err = read_text(self.path("ddprun.stderr"))
-        self.assertEqual(p.wait(), 3, err)
         self.assertEqual(err.count("restarting all workers"), 40, err)
         self.assertLessEqual(most, 8, "zombies under the warm process at once (one a restart before)")
 

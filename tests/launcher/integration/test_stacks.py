@@ -936,7 +936,8 @@ class Stacks(StacksTest):
         self.wait_for(lambda: len(glob.glob(self.path("kid_*"))) == 18, scaled(30), "18 children")
         os.kill(p.pid, signal.SIGQUIT)
         m = self.wait_stderr(r"^\[ddprun\] where each rank is.*\n(?:  .*\n)+", 30)
-        self.assertRegex(m.group(0), r"\n    rank 0's forked processes: pids [\d, -]+: <module> \(many.py:6\); "
+        # (A child whose marker was just written may still show its line 5: two frames then.)
+        self.assertRegex(m.group(0), r"\n    rank 0's forked processes: (?:pids? [\d, -]+: <module> \(many.py:[56]\); )+"
                                      r"2 more not asked \(at most 16 a rank are asked\)\n")
         self.done()
         self.assertEqual(self.finish(p, 60), 0, self.stderr_text()[-2000:])
