@@ -28,7 +28,7 @@ void DumpGatherer::stop(Gather& g) {
 }
 
 void DumpGatherer::start(std::unique_ptr<Backend> b, int64_t r, std::string what, size_t nodes,
-                         Clock::time_point deadline) {
+                         Clock::time_point t0, Clock::time_point deadline) {
   gathers_.remove_if([](Gather& g) {  // those that reported: a long job keeps no threads
     if (!g.done) return false;
     g.thread.join();
@@ -36,15 +36,15 @@ void DumpGatherer::start(std::unique_ptr<Backend> b, int64_t r, std::string what
   });
   Gather& g = gathers_.emplace_back();
   g.backend = std::move(b);
-  g.thread = std::thread([this, &g, r, what = std::move(what), nodes, deadline] {
-    run(g, r, what, nodes, deadline);
+  g.thread = std::thread([this, &g, r, what = std::move(what), nodes, t0, deadline] {
+    run(g, r, what, nodes, t0, deadline);
     g.done = true;
   });
 }
 
 // Reports at the deadline (or once all answered), then stops the reader.
-void DumpGatherer::run(Gather& g, int64_t r, const std::string& what, size_t nodes, Clock::time_point deadline) {
-  const auto t0 = Clock::now();
+void DumpGatherer::run(Gather& g, int64_t r, const std::string& what, size_t nodes, Clock::time_point t0,
+                       Clock::time_point deadline) {
   std::thread reader([&g, r, &what, nodes, deadline] { read(g, r, what, nodes, deadline); });
   DumpAnswers got{what, {}, nodes, {}};
   bool stopped = false;

@@ -35,9 +35,10 @@ class DumpGatherer {
   DumpGatherer& operator=(const DumpGatherer&) = delete;
 
   // Reads round r's dumps log on `b` (a backend object of its own) for `nodes` answers to
-  // `what`, until `deadline`; then the RoundSignal gets them (DumpAnswers), all or not.
+  // `what`, until `deadline`; then the RoundSignal gets them (DumpAnswers), all or not, with
+  // the time since t0 (when they were asked for).
   void start(std::unique_ptr<Backend> b, int64_t r, std::string what, size_t nodes,
-             std::chrono::steady_clock::time_point deadline);
+             std::chrono::steady_clock::time_point t0, std::chrono::steady_clock::time_point deadline);
 
  private:
   // One gather: its reader (the backend calls) and what it read; the gather's own thread
@@ -52,7 +53,7 @@ class DumpGatherer {
     std::atomic<bool> done{false};
   };
   void run(Gather& g, int64_t r, const std::string& what, size_t nodes,
-           std::chrono::steady_clock::time_point deadline);
+           std::chrono::steady_clock::time_point t0, std::chrono::steady_clock::time_point deadline);
   static void read(Gather& g, int64_t r, const std::string& what, size_t nodes,
                    std::chrono::steady_clock::time_point deadline);
   static void stop(Gather& g);
